@@ -1,0 +1,1 @@
+"""The replay buffer of prompt-group slots."""

@@ -1,0 +1,142 @@
+"""The replay buffer: one slot per prompt group, with its versions and payload.
+
+Owns: slot life cycle `reserved -> ready -> selected | evicted | aborted`, the capacity
+valve (reserved + ready slots never exceed `capacity`), waiting for capacity or for new
+ready groups, per-state counters, and the serialisable state of ready groups.
+
+Does not own: which groups may train (the sampler decides), generation, or scoring.
+All methods run on the controller's event loop thread (no locking needed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from dataclasses import dataclass, field
+
+from rl_core.types import PromptGroup
+
+
+class SlotState(str, enum.Enum):
+    RESERVED = "reserved"
+    READY = "ready"
+    SELECTED = "selected"
+    EVICTED = "evicted"
+    ABORTED = "aborted"
+
+
+LIVE = (SlotState.RESERVED, SlotState.READY)
+
+
+@dataclass
+class Slot:
+    group_id: str
+    dispatch_index: int  # global order of dispatch (0, 1, 2, ...)
+    prompt_index: int
+    epoch: int
+    start_version: int
+    target_step: int | None
+    state: SlotState = SlotState.RESERVED
+    end_version: int | None = None
+    group: PromptGroup | None = None
+    reserved_at: float = field(default_factory=time.monotonic)
+    ready_at: float | None = None
+
+
+class ReplayBuffer:
+    def __init__(self, capacity: int, changed: asyncio.Condition | None = None):
+        self.capacity = capacity
+        self._slots: dict[str, Slot] = {}
+        # shared with the rest of the controller so one wait can cover several conditions
+        self._changed = changed or asyncio.Condition()
+        self.counts = {s.value: 0 for s in SlotState}  # terminal/lifetime counters
+
+    # ------------------------------------------------------------------ queries
+
+    def live(self) -> int:
+        return sum(1 for s in self._slots.values() if s.state in LIVE)
+
+    def ready(self) -> list[Slot]:
+        return sorted((s for s in self._slots.values() if s.state == SlotState.READY), key=lambda s: s.dispatch_index)
+
+    def reserved(self) -> list[Slot]:
+        return sorted((s for s in self._slots.values() if s.state == SlotState.RESERVED),
+                      key=lambda s: s.dispatch_index)
+
+    def get(self, group_id: str) -> Slot:
+        return self._slots[group_id]
+
+    def has_capacity(self) -> bool:
+        return self.live() < self.capacity
+
+    # ------------------------------------------------------------------ waiting
+
+    async def wait_for(self, predicate, timeout: float | None = None) -> bool:
+        """Wait until predicate() is true (re-checked at every buffer change)."""
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait_for(predicate), timeout)
+                return True
+            except asyncio.TimeoutError:
+                return False
+
+    async def notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    # ------------------------------------------------------------------ transitions
+
+    def reserve(self, group_id: str, dispatch_index: int, prompt_index: int, epoch: int, start_version: int,
+                target_step: int | None) -> Slot:
+        if not self.has_capacity():
+            raise RuntimeError("reserve() without capacity; wait for has_capacity() first")
+        slot = Slot(group_id, dispatch_index, prompt_index, epoch, start_version, target_step)
+        self._slots[group_id] = slot
+        self.counts[SlotState.RESERVED.value] += 1
+        return slot
+
+    async def commit(self, group_id: str, group: PromptGroup) -> Slot:
+        slot = self._slots[group_id]
+        assert slot.state == SlotState.RESERVED, slot.state
+        slot.group = group
+        slot.end_version = group.end_version
+        slot.state = SlotState.READY
+        slot.ready_at = time.monotonic()
+        self.counts[SlotState.READY.value] += 1
+        await self.notify()
+        return slot
+
+    async def finish(self, slots: list[Slot], state: SlotState) -> None:
+        """Move slots to a terminal state (selected / evicted / aborted); frees capacity."""
+        for slot in slots:
+            assert slot.state in LIVE, (slot.group_id, slot.state)
+            slot.state = state
+            self.counts[state.value] += 1
+            if state != SlotState.SELECTED:
+                slot.group = None
+            del self._slots[slot.group_id]
+        await self.notify()
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict:
+        """Ready groups with their payloads (in-flight slots are not saved: the controller drains them first)."""
+        return {
+            "capacity": self.capacity,
+            "counts": dict(self.counts),
+            "ready": [
+                {"group_id": s.group_id, "dispatch_index": s.dispatch_index, "prompt_index": s.prompt_index,
+                 "epoch": s.epoch, "start_version": s.start_version, "end_version": s.end_version,
+                 "target_step": s.target_step, "group": s.group}
+                for s in self.ready()
+            ],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self._slots.clear()
+        self.counts = dict(state["counts"])
+        for r in state["ready"]:
+            slot = Slot(r["group_id"], r["dispatch_index"], r["prompt_index"], r["epoch"], r["start_version"],
+                        r["target_step"], SlotState.READY, r["end_version"], r["group"])
+            self._slots[slot.group_id] = slot

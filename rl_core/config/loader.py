@@ -1,0 +1,256 @@
+"""Reading, overriding, validating and writing recipes.
+
+Owns: YAML parsing (with `extends:` to build a recipe on another one), dotted
+command-line overrides (`grpo.max_num_steps=300`), turning pydantic's errors into one
+`RecipeError` paragraph per problem (field, value, expectation, fix), the cheap
+file-system preflight, and writing `resolved_config.json` atomically.
+
+Does not own: the schema itself (`schema.py`) or anything that needs torch.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from rl_core.config.schema import RecipeConfig
+from rl_core.errors import RecipeError
+from rl_core.fsutil import atomic_write_text
+
+RESOLVED_CONFIG = "resolved_config.json"
+
+
+# --------------------------------------------------------------------------- YAML + overrides
+
+
+def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict:
+    if not path.is_file():
+        raise RecipeError.single("(recipe file)", str(path), "an existing YAML recipe file",
+                                 f"check the path; recipes ship in {Path('recipes').resolve()}/.")
+    if path.resolve() in chain:
+        raise RecipeError.single("extends", str(path), "no cycle of `extends:`", "remove the cyclic extends.",
+                                 source=str(chain[-1]))
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise RecipeError.single("(YAML syntax)", str(exc).splitlines()[0], f"valid YAML{at}",
+                                 "fix the indentation or quoting there.", source=str(path)) from None
+    if not isinstance(data, dict):
+        raise RecipeError.single("(top level)", data, "a mapping of sections (model:, grpo:, ...)",
+                                 "write the recipe as `section: {key: value}` YAML.", source=str(path))
+    base = data.pop("extends", None)
+    if base is None:
+        return data
+    parent = _read_yaml((path.parent / base), chain + (path.resolve(),))
+    return deep_merge(parent, data)
+
+
+def deep_merge(base: dict, top: dict) -> dict:
+    """`top` wins; dicts merge recursively, everything else is replaced."""
+    out = dict(base)
+    for k, v in top.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply `a.b.c=value` strings (value parsed as YAML: numbers, bools, null, lists)."""
+    data = json.loads(json.dumps(data))  # deep copy of plain data
+    for item in overrides:
+        if "=" not in item:
+            raise RecipeError.single("(override)", item, "KEY=VALUE with a dotted key, e.g. grpo.max_num_steps=300",
+                                     "write the override as section.field=value.")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[parts[-1]] = value
+    return data
+
+
+# --------------------------------------------------------------------------- pydantic errors -> RecipeError
+
+
+def _is_union(annotation) -> bool:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _is_union(typing.get_args(annotation)[0])
+    return origin in (typing.Union, types.UnionType)
+
+
+def _unwrap(annotation, tag=None):
+    """The model class behind a field annotation (picking the union member whose `type` is `tag`)."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _unwrap(typing.get_args(annotation)[0], tag)
+    members = [annotation]
+    if origin in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if len(members) > 1 or tag is not None:
+        models = [m for m in members if isinstance(m, type) and issubclass(m, BaseModel)]
+        for m in models:
+            t = m.model_fields.get("type")
+            if t is not None and t.default == tag:
+                return m
+        return models[0] if models else None
+    return members[0]
+
+
+def _walk(loc: tuple) -> tuple[list[str], Any]:
+    """Map a pydantic error location to the user's dotted path; also return the model owning the last key."""
+    names: list[str] = []
+    model: Any = RecipeConfig
+    owner: Any = RecipeConfig
+    pending_union = None
+    for i, part in enumerate(loc):
+        if pending_union is not None:  # pydantic inserts the discriminator tag into the location
+            model, pending_union = _unwrap(pending_union, part), None
+            continue
+        if isinstance(part, int):
+            names[-1:] = [f"{names[-1]}[{part}]"] if names else [f"[{part}]"]
+            continue
+        names.append(str(part))
+        owner = model
+        if isinstance(model, type) and issubclass(model, BaseModel) and part in model.model_fields:
+            info = model.model_fields[part]
+            ann = info.annotation
+            if (info.discriminator or _is_union(ann)) and i + 1 < len(loc) and not isinstance(loc[i + 1], int):
+                pending_union = ann
+            model = _unwrap(ann)
+        else:
+            model = None
+    return names, owner
+
+
+def _problem(err: dict) -> list[dict]:
+    ctx = err.get("ctx") or {}
+    inner = ctx.get("error")
+    if isinstance(inner, RecipeError):
+        return inner.problems
+    loc = tuple(err["loc"])
+    names, owner = _walk(loc)
+    path = ".".join(names) or "(top level)"
+    kind = err["type"]
+    value = err.get("input")
+    if kind == "extra_forbidden":
+        key = str(loc[-1])
+        valid = sorted(owner.model_fields) if isinstance(owner, type) and issubclass(owner, BaseModel) else []
+        close = difflib.get_close_matches(key, valid, n=1)
+        where = ".".join(names[:-1]) or "the top level"
+        hint = f"did you mean `{close[0]}`? " if close else ""
+        return [{"field": path, "value": value, "missing": False,
+                 "expected": f"one of the known keys of {where}: {', '.join(valid)}",
+                 "fix": f"{hint}remove or rename `{key}` (`rl-core docs` lists every field)."}]
+    if kind == "missing":
+        return [{"field": path, "value": None, "missing": True, "expected": "a value (this field is required)",
+                 "fix": f"add `{path}` to the recipe."}]
+    if kind == "union_tag_invalid":
+        return [{"field": path + ".type", "value": ctx.get("tag"), "expected": f"one of {ctx.get('expected_tags')}",
+                 "fix": "set `type:` to one of the listed values."}]
+    msg = err["msg"]
+    for prefix in ("Input should be ", "Value error, "):
+        if msg.startswith(prefix):
+            msg = msg[len(prefix):]
+    return [{"field": path, "value": value, "expected": msg,
+             "fix": f"change `{path}` in the recipe or on the command line (`{path}=...`)."}]
+
+
+def _default_tags(data: Any, model: Any = RecipeConfig) -> None:
+    """Give a discriminated section without `type:` the type of its default (e.g. sampler -> in_order)."""
+    if not isinstance(data, dict) or not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return
+    for name, info in model.model_fields.items():
+        sub = data.get(name)
+        if not isinstance(sub, dict):
+            continue
+        if info.discriminator and "type" not in sub and isinstance(info.default, BaseModel):
+            sub["type"] = info.default.type
+        _default_tags(sub, _unwrap(info.annotation, sub.get("type")))
+
+
+def validate_dict(data: dict, source: str | None = None) -> RecipeConfig:
+    data = json.loads(json.dumps(data))
+    _default_tags(data)
+    try:
+        return RecipeConfig.model_validate(data)
+    except ValidationError as exc:
+        problems: list[dict] = []
+        for err in exc.errors(include_url=False):
+            problems.extend(_problem(err))
+        raise RecipeError(problems, source) from None
+    except RecipeError as exc:  # raised by a validator outside pydantic's wrapping
+        exc.source = exc.source or source
+        raise RecipeError(exc.problems, source) from None
+
+
+# --------------------------------------------------------------------------- public entry points
+
+
+def load_recipe(path: str | os.PathLike, overrides: list[str] | None = None, preflight_files: bool = True) -> RecipeConfig:
+    """parse -> override -> validate -> cheap preflight. Raises RecipeError; never builds a model."""
+    data = _read_yaml(Path(path))
+    data = apply_overrides(data, list(overrides or []))
+    cfg = validate_dict(data, source=str(path))
+    if preflight_files:
+        preflight(cfg, source=str(path))
+    return cfg
+
+
+def preflight(cfg: RecipeConfig, source: str | None = None) -> None:
+    """Checks that need the file system but nothing heavy: data files, model directory."""
+    problems = []
+    for field in ("train_file", "val_file"):
+        p = Path(getattr(cfg.data, field))
+        if not p.is_file():
+            problems.append({"field": f"data.{field}", "value": str(p),
+                             "expected": f"an existing JSON-lines file (looked for {p.resolve()})",
+                             "fix": "fix the path, or generate the toy data with `rl-core make-data addition`."})
+    if cfg.model.source == "hf" and cfg.model.path:
+        d = Path(cfg.model.path)
+        if not (d / "config.json").is_file():
+            problems.append({"field": "model.path", "value": str(d),
+                             "expected": "an HF model directory containing config.json",
+                             "fix": "point model.path at a saved transformers model directory."})
+    if problems:
+        raise RecipeError(problems, source)
+
+
+def run_dir(cfg: RecipeConfig) -> Path:
+    return Path(cfg.output_dir) / cfg.run_name
+
+
+def write_resolved(cfg: RecipeConfig, directory: str | os.PathLike) -> Path:
+    path = Path(directory) / RESOLVED_CONFIG
+    atomic_write_text(path, json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")
+    return path
+
+
+def load_resolved(path: str | os.PathLike) -> RecipeConfig:
+    """Load a resolved_config.json (written by write_resolved) back into a RecipeConfig."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / RESOLVED_CONFIG
+    if not p.is_file():
+        raise RecipeError.single("(resolved config)", str(p), "an existing resolved_config.json",
+                                 "run `rl-core validate RECIPE` first or pass the right path.")
+    return validate_dict(json.loads(p.read_text()), source=str(p))

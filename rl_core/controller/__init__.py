@@ -1,0 +1,1 @@
+"""The single controller: rollout pump, train pump, refit, and their coordination."""

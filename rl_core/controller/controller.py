@@ -1,0 +1,169 @@
+"""The single controller: wires the parts and runs the two pumps concurrently.
+
+Owns: the run's life cycle on one asyncio event loop: start the generation backend,
+validate at start, run the rollout pump and the train pump side by side (the first
+failure of either stops both), periodic and final validation pinned to one weight
+version, metric logging, progress, the timeline, and the run summary.
+
+Does not own: building the parts from a recipe (`rl_core.launch.train`), the policy of
+either pump, or persistence of checkpoints (the workflow stages own those).
+
+Validation during training runs inside the train pump's step boundary, after refit: the
+weight version cannot change while it runs; rollout admission is *not* paused, so
+rollouts for later steps keep generating on the same engine alongside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rl_core.buffer.replay_buffer import ReplayBuffer
+from rl_core.config.schema import RecipeConfig
+from rl_core.controller.events import Timeline, VersionClock, overlap_seconds
+from rl_core.controller.refit import Refitter
+from rl_core.controller.rollout_pump import RolloutPump
+from rl_core.controller.train_pump import TrainPump
+from rl_core.fsutil import atomic_write_json
+from rl_core.metrics.logger import MetricsLogger
+from rl_core.metrics.progress import Progress
+from rl_core.rollout.group import sampling_params
+from rl_core.rollout.validation import Validator
+
+
+@dataclass
+class Parts:
+    """Everything the controller drives, already built."""
+
+    tokenizer: Any
+    env: Any
+    source: Any  # PromptSource
+    backend: Any  # GenerationBackend
+    trainer: Any  # TrainerBackend
+    loss: Any
+    sampler: Any
+    val_examples: list[dict]
+    stop_token_ids: tuple[int, ...]
+    pad_id: int
+
+
+class Controller:
+    def __init__(self, cfg: RecipeConfig, parts: Parts, run_dir: str | Path, total_steps: int):
+        self.cfg = cfg
+        self.p = parts
+        self.run_dir = Path(run_dir)
+        self.total_steps = total_steps
+        self.timeline = Timeline()
+        self.validations: list[dict] = []
+        self.logger: MetricsLogger | None = None
+        self.progress: Progress | None = None
+        self.rollout: RolloutPump | None = None
+        self.train: TrainPump | None = None
+
+    # ------------------------------------------------------------------ validation
+
+    async def _validate(self, label: str) -> dict:
+        val = Validator(self.cfg.validation, self.p.env, self.p.tokenizer, self.p.val_examples, self.cfg.grpo.seed,
+                        self.p.stop_token_ids)
+        res = await val.run(self.p.backend, label)
+        res["label"] = label
+        self.validations.append(res)
+        k = self.cfg.validation.num_val_generations_per_prompt
+        self.logger.log(res["weight_version"], {f"val/{m}": res[m] for m in
+                                                ("accuracy", f"pass@{k}", "reward_mean", "mean_length",
+                                                 "truncation_rate", "seconds")}, kind="val")
+        self.progress.message(f"[validate:{label}] weight version {res['weight_version']}: accuracy "
+                              f"{res['accuracy']:.3f}, pass@{k} {res[f'pass@{k}']:.3f} on {res['num_prompts']} "
+                              f"prompts ({res['seconds']:.1f}s)")
+        return res
+
+    async def _on_step(self, step: int, metrics: dict) -> None:
+        tm = self.p.backend.metrics()
+        metrics["throughput/generated_tokens_total"] = float(self.rollout.stats.generated_tokens)
+        for k, v in tm.items():
+            metrics[f"generation/{k}"] = v
+        self.logger.log(step + 1, metrics)
+        self.progress.update(step + 1, reward=metrics["train/reward_mean"], acc=metrics["train/accuracy"],
+                             stale=metrics["staleness/max"], gen_tok_s=tm.get("tokens_per_s"))
+        vcfg = self.cfg.validation
+        if vcfg.val_period and (step + 1) % vcfg.val_period == 0 and step + 1 < self.total_steps:
+            await self._validate(f"step{step + 1}")
+
+    # ------------------------------------------------------------------ run
+
+    async def run(self) -> dict:
+        cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.logger = MetricsLogger(self.run_dir, cfg.logging.tensorboard, cfg.logging.jsonl)
+        self.progress = Progress(self.total_steps, cfg.logging.progress)
+        cond = asyncio.Condition()
+        clock = VersionClock(cond, self.p.trainer.version)
+        buffer = ReplayBuffer(cfg.async_rl.max_buffered_groups, cond)
+        params = sampling_params(cfg.generation, self.p.stop_token_ids, self.p.env.stop_strings())
+        self.rollout = RolloutPump(
+            source=self.p.source, sampler=self.p.sampler, buffer=buffer, backend=self.p.backend, env=self.p.env,
+            tokenizer=self.p.tokenizer, clock=clock, cond=cond, timeline=self.timeline, params=params,
+            num_generations=cfg.grpo.num_generations_per_prompt, max_inflight_groups=cfg.async_rl.max_inflight_groups,
+            total_steps=self.total_steps, seed=cfg.grpo.seed)
+        refitter = Refitter([self.p.backend], self.p.trainer, self.rollout, cfg.async_rl.refit_mode)
+        self.train = TrainPump(
+            cfg=cfg, sampler=self.p.sampler, buffer=buffer, trainer=self.p.trainer, loss=self.p.loss,
+            refitter=refitter, clock=clock, cond=cond, timeline=self.timeline, rollout=self.rollout,
+            total_steps=self.total_steps, pad_id=self.p.pad_id, on_step=self._on_step)
+        t0 = time.monotonic()
+        await self.p.backend.start()
+        try:
+            if cfg.validation.val_at_start:
+                await self._validate("start")
+            t_pumps = time.monotonic()
+            rollout_task = asyncio.create_task(self.rollout.run(), name="rollout_pump")
+            train_task = asyncio.create_task(self.train.run(), name="train_pump")
+            done, _ = await asyncio.wait({rollout_task, train_task}, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                if task.exception() is not None:
+                    for other in (rollout_task, train_task):
+                        other.cancel()
+                    await asyncio.gather(rollout_task, train_task, return_exceptions=True)
+                    raise task.exception()
+            await asyncio.gather(train_task)
+            await self.rollout.stop()
+            await rollout_task
+            pump_s = time.monotonic() - t_pumps
+            self.progress.close()
+            if cfg.validation.val_at_end:
+                await self._validate("end")
+        finally:
+            self.progress.close()
+            await self.p.backend.shutdown()
+            self.logger.close()
+            self.timeline.write(self.run_dir / "timeline.jsonl")
+        return self._summary(time.monotonic() - t0, pump_s)
+
+    def _summary(self, wall_s: float, pump_s: float) -> dict:
+        gen = self.timeline.of("generate")
+        train = self.timeline.of("train")
+        start = next((v for v in self.validations if v["label"] == "start"), None)
+        end = next((v for v in self.validations if v["label"] == "end"), None)
+        summary = {
+            "run_name": self.cfg.run_name,
+            "rl_steps": self.p.trainer.version,
+            "optimizer_steps": getattr(self.p.trainer, "optimizer_steps", None),
+            "epoch": self.p.source.epoch,
+            "wall_s": wall_s,
+            "pumps_s": pump_s,
+            "generation_train_overlap_s": overlap_seconds(gen, train),
+            "train_busy_s": sum(s.end - s.start for s in train),
+            "train_idle_s": self.train.idle_s,
+            "rollout_idle_s": self.rollout.stats.idle_s,
+            "generated_tokens": self.rollout.stats.generated_tokens,
+            "max_staleness": max(self.train.staleness_log) if self.train.staleness_log else 0,
+            "staleness_bound": self.p.sampler.staleness_bound,
+            "val_start": {k: start[k] for k in ("accuracy", "weight_version")} if start else None,
+            "val_end": {k: end[k] for k in ("accuracy", "weight_version")} if end else None,
+            "validations": [{k: v for k, v in r.items() if k != "examples"} for r in self.validations],
+        }
+        atomic_write_json(self.run_dir / "summary.json", summary)
+        return summary

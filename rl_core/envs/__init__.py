@@ -1,0 +1,9 @@
+"""Environments: prompts in, rewards out (`base` holds the registry, one module per task).
+
+Importing this package registers the built-in environments, so `make_env` finds them.
+"""
+
+from rl_core.envs.base import BaseEnv, Completion, make_env, register_env, registered_envs
+from rl_core.envs.addition import AdditionEnv  # noqa: E402  (registers "addition")
+
+__all__ = ["AdditionEnv", "BaseEnv", "Completion", "make_env", "register_env", "registered_envs"]

@@ -1,0 +1,169 @@
+"""Environments: the registry and the base class every built-in environment extends.
+
+Owns:
+- the registry: `@register_env("addition")` on a class, `make_env(env_config, tokenizer)`
+  builds the class registered under `env_config.type` (the recipe's `env.type`);
+- `BaseEnv`, which implements the `Environment` protocol (`rl_core.protocols`) around two
+  hooks a subclass fills in: `prompt_text(example)` (the observation as text) and
+  `_score(example, completion)` (the rewards). The public methods hold the guards:
+  * `prompt_ids` encodes the raw prompt text without special tokens, or, when the class
+    sets `use_chat_template = True`, renders `messages(example)` through the tokenizer's
+    chat template with the assistant turn opened;
+  * `score` checks `finish_reason`, masks aborted samples out of the loss (reward 0),
+    and hands `_score` a `Completion` whose text has the end token removed and whose
+    `ended` says whether the sample stopped on an end token;
+  * `reference_completion_ids` is the ideal completion (reference text + end token),
+    which the supervised warm-up trains on, so warm-up and RL see the same format.
+
+End tokens: the tokenizer's eos token, plus `<|im_end|>` for environments that use the
+chat template (a chat turn ends there). A sample *ended* when its finish reason is "stop"
+and its last completion id is an end token; generation backends keep the end token in
+`completion_ids` (as vLLM and transformers do), and its text, if decoded, is stripped here.
+
+Does not own: generation, the dataset, or what a reward means for training (advantages).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from rl_core.types import EnvResult
+
+FINISH_REASONS = ("stop", "length", "abort")
+CHAT_END_TOKEN = "<|im_end|>"
+
+_REGISTRY: dict[str, type["BaseEnv"]] = {}
+
+
+def register_env(type_name: str) -> Callable[[type["BaseEnv"]], type["BaseEnv"]]:
+    """Class decorator: make `make_env` build this class for `env.type: <type_name>`."""
+
+    def wrap(cls: type[BaseEnv]) -> type[BaseEnv]:
+        if type_name in _REGISTRY and _REGISTRY[type_name] is not cls:
+            raise ValueError(f"environment type {type_name!r} is already registered by "
+                             f"{_REGISTRY[type_name].__qualname__}")
+        _REGISTRY[type_name] = cls
+        return cls
+
+    return wrap
+
+
+def registered_envs() -> tuple[str, ...]:
+    """The environment types `make_env` knows, sorted."""
+    return tuple(sorted(_REGISTRY))
+
+
+def make_env(env_config: Any, tokenizer: Any) -> "BaseEnv":
+    """Build the environment registered under `env_config.type` for this tokenizer."""
+    kind = getattr(env_config, "type", None)
+    cls = _REGISTRY.get(kind)
+    if cls is None:
+        from rl_core.errors import RecipeError
+
+        raise RecipeError.single("env.type", kind, f"one of {', '.join(registered_envs())}",
+                                 "pick a registered environment type.")
+    return cls(env_config, tokenizer)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A completion as `_score` sees it."""
+
+    ids: list[int]
+    text: str  # the completion text with trailing end-token strings removed
+    ended: bool  # finish_reason == "stop" and the last id is an end token
+    finish_reason: str
+
+
+class BaseEnv(ABC):
+    """A single-turn environment over a HF tokenizer; subclasses implement `_score`."""
+
+    name: str = "base"
+    use_chat_template: bool = False
+    """Render prompts through the tokenizer's chat template (else: raw text, no special tokens)."""
+    system_prompt: str | None = None
+    """System message prepended to the chat (only with `use_chat_template`)."""
+    reward_names: tuple[str, ...] = ()
+    """Names of the reward components `_score` returns (aborted samples get zeros for each)."""
+
+    def __init__(self, config: Any, tokenizer: Any):
+        self.config = config
+        self.tokenizer = tokenizer
+        eos = tokenizer.eos_token_id
+        if eos is None:
+            raise ValueError(f"{type(self).__name__} needs a tokenizer with an eos token "
+                             f"(it ends every completion)")
+        end_ids = [eos]
+        if self.use_chat_template:
+            if not getattr(tokenizer, "chat_template", None):
+                raise ValueError(f"{type(self).__name__} renders prompts with a chat template, "
+                                 f"but the tokenizer has none")
+            im_end = tokenizer.convert_tokens_to_ids(CHAT_END_TOKEN)
+            if im_end is not None and im_end != tokenizer.unk_token_id:
+                end_ids.insert(0, im_end)
+        self.end_token_ids: tuple[int, ...] = tuple(end_ids)
+        self._end_strings = tuple(tokenizer.convert_ids_to_tokens(i) for i in end_ids)
+
+    # ------------------------------------------------------------------ observations
+
+    def prompt_text(self, example: dict[str, Any]) -> str:
+        """The observation as text (hook; default: the example's `prompt`)."""
+        return str(example["prompt"])
+
+    def messages(self, example: dict[str, Any]) -> list[dict[str, str]]:
+        """The chat messages of the observation (used with `use_chat_template`)."""
+        msgs = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        msgs.append({"role": "user", "content": self.prompt_text(example)})
+        return msgs
+
+    def prompt_ids(self, example: dict[str, Any]) -> list[int]:
+        """Token ids of the (templated) prompt."""
+        if self.use_chat_template:
+            ids = self.tokenizer.apply_chat_template(self.messages(example), add_generation_prompt=True,
+                                                     tokenize=True, return_dict=False)
+            return [int(i) for i in ids]
+        return list(self.tokenizer.encode(self.prompt_text(example), add_special_tokens=False))
+
+    def stop_strings(self) -> tuple[str, ...]:
+        """Strings that end a completion besides the end token (none by default)."""
+        return ()
+
+    def reference_text(self, example: dict[str, Any]) -> str:
+        """The ideal completion text without the end token (hook; default: the example's `answer`)."""
+        return str(example["answer"])
+
+    def reference_completion_ids(self, example: dict[str, Any]) -> list[int]:
+        """The ideal completion as token ids: reference text, then the end token."""
+        text_ids = self.tokenizer.encode(self.reference_text(example), add_special_tokens=False)
+        return list(text_ids) + [self.end_token_ids[0]]
+
+    # ------------------------------------------------------------------ scoring
+
+    def score(self, example: dict[str, Any], completion_ids: list[int], completion_text: str,
+              finish_reason: str) -> EnvResult:
+        """Reward(s) of one completion; an aborted sample scores 0 and is masked out of the loss."""
+        if finish_reason not in FINISH_REASONS:
+            raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {finish_reason!r}")
+        if finish_reason == "abort":
+            return EnvResult(reward=0.0, rewards={k: 0.0 for k in self.reward_names}, mask=True,
+                             info={"aborted": True})
+        return self._score(example, self.parse_completion(completion_ids, completion_text, finish_reason))
+
+    def parse_completion(self, completion_ids: list[int], completion_text: str, finish_reason: str) -> Completion:
+        """Strip trailing end-token strings from the text and decide whether the sample ended."""
+        ids = [int(i) for i in completion_ids]
+        ended = finish_reason == "stop" and bool(ids) and ids[-1] in self.end_token_ids
+        text = completion_text
+        stripped = True
+        while stripped:
+            stripped = False
+            for end in self._end_strings:
+                if end and text.endswith(end):
+                    text, stripped = text[: -len(end)], True
+        return Completion(ids=ids, text=text, ended=ended, finish_reason=finish_reason)
+
+    @abstractmethod
+    def _score(self, example: dict[str, Any], completion: Completion) -> EnvResult:
+        """Rewards of a stopped or truncated completion (hook)."""

@@ -1,0 +1,255 @@
+"""NativeBackend: the `GenerationBackend` protocol over a `NativeEngine` in one worker thread.
+
+Owns: the thread that drives the engine, and the hand-off between it and the asyncio event
+loop of the controller. Every engine call happens on the worker thread: the loop side only
+appends commands (generate, abort, update weights, invalidate, stop) to a deque guarded by
+a `threading.Condition` and awaits an asyncio future; the worker drains the commands
+between steps, loops `engine.step()` while there is work and sleeps on the condition
+otherwise, and resolves futures with `loop.call_soon_threadsafe`.
+
+Errors: a request the engine refuses (ValueError) fails that caller only. An exception
+inside a step fails every in-flight request with `GenerationError` (its `__cause__` is the
+original exception), their slots are freed and the worker keeps serving. A failed
+`update_weights` leaves the old weights in place and raises in its caller. If the worker
+itself dies, every waiting caller gets `GenerationError` and later calls raise it at once.
+
+Cancellation: cancelling a `generate()` call aborts its request in the engine. `shutdown()`
+aborts what is still pending (those callers get finish_reason "abort") and joins the thread.
+
+Does not own: scheduling, sampling or stop rules (engine.py), or which weights to load
+(the controller's refit calls `update_weights`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from rl_core.generation.engine import NativeEngine
+from rl_core.generation.model import load_safetensors_dir
+from rl_core.types import GenerationRequest, GenerationResult
+
+log = logging.getLogger(__name__)
+
+
+class GenerationError(RuntimeError):
+    """Generation failed inside the backend's worker (the cause is chained)."""
+
+
+@dataclass
+class _Command:
+    kind: str  # "generate" | "abort" | "update_weights" | "invalidate" | "stop"
+    payload: Any
+    future: asyncio.Future | None
+    loop: asyncio.AbstractEventLoop | None
+
+
+def _settle(future: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
+    """Resolve a future on its loop's thread, unless its caller gave up on it."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+class NativeBackend:
+    """Async generation over a `NativeEngine` driven by one dedicated thread."""
+
+    def __init__(self, engine: NativeEngine, name: str = "native"):
+        self.engine = engine
+        self.name = name
+        self._cond = threading.Condition()
+        self._commands: deque[_Command] = deque()
+        self._waiters: dict[str, _Command] = {}  # worker thread only: request id -> its generate command
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._dead: BaseException | None = None
+        self._started_at = 0.0
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path, **engine_kwargs: Any) -> "NativeBackend":
+        """A backend over `NativeEngine.from_pretrained(model_dir, **engine_kwargs)`."""
+        return cls(NativeEngine.from_pretrained(model_dir, **engine_kwargs))
+
+    # ------------------------------------------------------------------ protocol
+
+    @property
+    def weight_version(self) -> int:
+        """The version of the weights applied in the engine (updated by the worker)."""
+        return self.engine.version
+
+    async def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("NativeBackend.start() was already called")
+        self._started_at = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name=f"{self.name}-engine", daemon=True)
+        self._thread.start()
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        future = self._submit("generate", request)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):  # a dead worker has nothing to abort
+                self._submit("abort", request.request_id, want_future=False)
+            raise
+
+    async def abort(self, request_id: str) -> None:
+        await self._submit("abort", request_id)
+
+    async def update_weights(self, version: int, weights: Mapping[str, torch.Tensor] | str | Path) -> None:
+        """Apply new weights between two steps; returns once they are live. A directory is
+        read (safetensors) off the event loop first. Do not modify the tensors of a state
+        dict until this returns."""
+        if isinstance(weights, (str, Path)):
+            weights = await asyncio.to_thread(load_safetensors_dir, weights)
+        await self._submit("update_weights", (version, weights))
+
+    async def invalidate_kv_cache(self) -> None:
+        await self._submit("invalidate", None)
+
+    def capacity(self) -> int:
+        return self.engine.max_batch_size
+
+    def metrics(self) -> dict[str, float]:
+        """Counters since start; read without locking (each value is a consistent number,
+        the set may straddle a step)."""
+        s = self.engine.stats
+        uptime = time.monotonic() - self._started_at if self._started_at else 0.0
+        return {
+            "steps": float(s.steps),
+            "tokens_generated": float(s.tokens_generated),
+            "tokens_fed": float(s.tokens_fed),
+            "busy_s": s.busy_s,
+            "uptime_s": uptime,
+            "busy_fraction": s.busy_s / uptime if uptime > 0 else 0.0,
+            "tokens_per_busy_s": s.tokens_generated / s.busy_s if s.busy_s > 0 else 0.0,
+            "mean_batch_size": s.tokens_generated / s.steps if s.steps else 0.0,
+            "batch_size": float(s.last_batch_size),
+            "running": float(self.engine.num_running),
+            "waiting": float(self.engine.num_waiting),
+            "requests_added": float(s.requests_added),
+            "requests_finished": float(s.requests_finished),
+            "requests_aborted": float(s.requests_aborted),
+            "weight_updates": float(s.weight_updates),
+            "kv_invalidations": float(s.kv_invalidations),
+            "weight_version": float(self.engine.version),
+        }
+
+    def step_trace(self) -> list:
+        """The most recent `StepRecord`s (start time, duration, rows, tokens), oldest first."""
+        return list(self.engine.stats.trace)
+
+    async def shutdown(self) -> None:
+        """Abort pending requests (finish_reason "abort") and join the worker thread."""
+        if self._thread is None:
+            return
+        with self._cond:
+            self._stopping = True
+            self._commands.append(_Command("stop", None, None, None))
+            self._cond.notify()
+        await asyncio.to_thread(self._thread.join)
+
+    # ------------------------------------------------------------------ loop side
+
+    def _submit(self, kind: str, payload: Any, want_future: bool = True) -> asyncio.Future | None:
+        if self._thread is None:
+            raise RuntimeError(f"{type(self).__name__}.start() must be awaited before {kind}")
+        loop = asyncio.get_running_loop() if want_future else None
+        future = loop.create_future() if loop is not None else None
+        with self._cond:  # the worker sets _dead and drains under this lock: nothing is lost
+            if self._dead is not None:
+                raise GenerationError(f"the {self.name} backend's worker died: {self._dead!r}") from self._dead
+            if self._stopping and want_future:
+                raise RuntimeError(f"the {self.name} backend is shut down")
+            self._commands.append(_Command(kind, payload, future, loop))
+            self._cond.notify()
+        return future
+
+    # ------------------------------------------------------------------ worker side
+
+    def _resolve(self, command: _Command, result: Any = None, error: BaseException | None = None) -> None:
+        if command.future is not None:
+            try:
+                command.loop.call_soon_threadsafe(_settle, command.future, result, error)
+            except RuntimeError:  # the caller's event loop is closed: nobody is waiting
+                pass
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._commands and not self.engine.has_work():
+                        self._cond.wait()
+                    commands = list(self._commands)
+                    self._commands.clear()
+                stop = False
+                for command in commands:
+                    stop |= command.kind == "stop"
+                    self._execute(command)
+                if stop:
+                    for result in self.engine.abort_all():
+                        self._finish(result)
+                    return
+                if self.engine.has_work():
+                    self._step()
+        except BaseException as exc:  # a bug in the worker itself: fail everyone, loudly
+            log.exception("the %s backend's worker died", self.name)
+            error = GenerationError(f"the {self.name} backend's worker died: {exc!r}")
+            error.__cause__ = exc
+            with self._cond:
+                self._dead = exc
+                pending = list(self._commands)
+                self._commands.clear()
+            for command in list(self._waiters.values()) + pending:
+                self._resolve(command, error=error)
+            self._waiters.clear()
+
+    def _execute(self, command: _Command) -> None:
+        try:
+            if command.kind == "generate":
+                self.engine.add_request(command.payload)
+                self._waiters[command.payload.request_id] = command
+                return
+            if command.kind == "abort":
+                result = self.engine.abort(command.payload)
+                if result is not None:
+                    self._finish(result)
+            elif command.kind == "update_weights":
+                version, weights = command.payload
+                self.engine.update_weights(version, weights)
+            elif command.kind == "invalidate":
+                self.engine.invalidate_kv_cache()
+            self._resolve(command)
+        except Exception as exc:  # the caller's request or weights were refused
+            self._resolve(command, error=exc)
+
+    def _step(self) -> None:
+        try:
+            finished = self.engine.step()
+        except Exception as exc:
+            error = GenerationError(f"the {self.name} engine failed in a step: {exc!r}")
+            error.__cause__ = exc
+            self.engine.abort_all()
+            for command in self._waiters.values():
+                self._resolve(command, error=error)
+            self._waiters.clear()
+            return
+        for result in finished:
+            self._finish(result)
+
+    def _finish(self, result: GenerationResult) -> None:
+        command = self._waiters.pop(result.request_id, None)
+        if command is not None:
+            self._resolve(command, result)

@@ -1,0 +1,334 @@
+"""NativeEngine: synchronous, step-based continuous batching over the slot KV cache.
+
+Owns: the life of a request inside the engine (waiting queue -> slot -> finished), the
+schedule of one step, stop conditions, weight refits and KV invalidation, and per-step
+statistics. One `step()` is one forward of the model over every running sequence:
+
+- each running sequence holds a slot and a list of *pending* tokens, fed at positions
+  `cache.lengths[slot]..`: its prompt at first, then the one token it sampled last;
+- a step feeds decode rows first (one token each), then prefill rows (chunks cut to the
+  step's token budget `max_step_tokens`: chunked prefill), then admits waiting requests
+  into free slots while budget is left; a row that fed all its pending tokens samples;
+- requests join and leave at any step; finished and aborted slots are free at once.
+
+Stop rules, checked after every sampled token, in this order: an eos id or one of
+`params.stop_token_ids` -> "stop"; a stop string in the decoded completion -> "stop" (the
+token that completed it is kept; only the completion's tail is decoded, see `_stop_reason`);
+`params.max_tokens` tokens, or the sequence reaching `max_seq_len` -> "length".
+
+Versions: `start_version` is the version served when the engine accepted the request (its
+wait in the engine's queue counts as staleness); `token_versions[i]` is the version of the
+weights that produced token i; `end_version` the version served when it finished.
+`update_weights` swaps parameters between steps; in-flight sequences keep their cache
+(computed under the old weights) unless `invalidate_kv_cache()` is called, which makes each
+of them re-feed prompt + tokens so far at its next step.
+
+Not thread-safe: one thread drives an engine (backend.py owns the thread). Does not own the
+model maths (model.py), cache layout (kv_cache.py) or sampling (sampling.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+import torch
+
+from rl_core.generation.kv_cache import KVCache, StepLayout
+from rl_core.generation.model import CausalLM, ModelSpec, load_safetensors_dir, read_config
+from rl_core.generation.sampling import SamplingBatch, new_generator, sample
+from rl_core.types import GenerationRequest, GenerationResult
+
+DEFAULT_MAX_SEQ_LEN_CAP = 4096  # max_seq_len=None: the model's context, at most this (bounds the cache)
+
+
+@dataclass
+class StepRecord:
+    """Timing of one step (kept in a bounded deque: `NativeEngine.stats.trace`)."""
+
+    started_at: float  # time.monotonic()
+    duration_s: float
+    num_rows: int  # sequences fed
+    num_tokens: int  # tokens fed (prefill chunks + decode tokens)
+    num_sampled: int  # tokens generated
+    num_finished: int
+
+
+@dataclass
+class EngineStats:
+    """Counters since the engine was built."""
+
+    steps: int = 0
+    tokens_generated: int = 0
+    tokens_fed: int = 0  # all tokens run through the model (prompts, re-prefills, decodes)
+    busy_s: float = 0.0
+    requests_added: int = 0
+    requests_finished: int = 0  # stop or length
+    requests_aborted: int = 0
+    weight_updates: int = 0
+    kv_invalidations: int = 0
+    last_batch_size: int = 0
+    trace: deque = field(default_factory=lambda: deque(maxlen=1024))
+
+
+class _Sequence:
+    """A request inside the engine."""
+
+    __slots__ = ("request", "slot", "pending", "tokens", "logprobs", "versions", "generator",
+                 "stop_ids", "start_version", "started_at")
+
+    def __init__(self, request: GenerationRequest, stop_ids: frozenset[int], version: int):
+        self.request = request
+        self.slot = -1  # -1: waiting for a slot
+        self.pending = list(request.prompt_ids)
+        self.tokens: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+        seed = request.params.seed
+        self.generator = None if seed is None else new_generator(seed)
+        self.stop_ids = stop_ids
+        self.start_version = version
+        self.started_at = time.monotonic()
+
+
+class NativeEngine:
+    """Continuous-batching generation for Llama/Qwen2 models in plain torch.
+
+    `config`: a transformers config or a `config.json` dict; `state_dict`: HF-named tensors.
+    `max_seq_len` (prompt + completion) defaults to the model's context capped at 4096; the
+    cache takes `2 * layers * max_batch_size * kv_heads * max_seq_len * head_dim` elements.
+    `eos_token_ids` defaults to the config's `eos_token_id` (one id or a list). `decode`
+    (token ids -> text) is needed only by requests with stop strings. `seed` seeds the
+    generator of requests without their own seed. `max_step_tokens` bounds the tokens fed
+    in one forward (default max(8192, max_batch_size)); longer prefills are chunked.
+    """
+
+    def __init__(self, config: Any, state_dict: Mapping[str, torch.Tensor], *, device: str | torch.device = "cpu",
+                 dtype: torch.dtype | str = torch.float32, max_batch_size: int = 256, max_seq_len: int | None = None,
+                 eos_token_ids: Iterable[int] | None = None, decode: Callable[[list[int]], str] | None = None,
+                 seed: int = 0, max_step_tokens: int | None = None, weight_version: int = 0):
+        self.spec = ModelSpec.from_config(config)
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size is {max_batch_size}; it must be >= 1.")
+        context = self.spec.max_position_embeddings
+        max_seq_len = max_seq_len or min(context, DEFAULT_MAX_SEQ_LEN_CAP)
+        if not 2 <= max_seq_len <= context:
+            raise ValueError(f"max_seq_len is {max_seq_len}; it must be in [2, {context}] "
+                             f"(config.max_position_embeddings). Lower max_seq_len.")
+        max_step_tokens = max_step_tokens or max(8192, max_batch_size)
+        if max_step_tokens < max_batch_size:
+            raise ValueError(f"max_step_tokens ({max_step_tokens}) must be >= max_batch_size ({max_batch_size}) "
+                             "so that every running sequence can decode in each step.")
+        self.device = torch.device(device)
+        self.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        self.max_batch_size, self.max_seq_len, self.max_step_tokens = max_batch_size, max_seq_len, max_step_tokens
+        self.eos_token_ids = frozenset(self.spec.eos_token_ids if eos_token_ids is None else eos_token_ids)
+        self.decode = decode
+        self.model = CausalLM.build(self.spec, state_dict, self.device, self.dtype, max_positions=max_seq_len)
+        self.cache = KVCache(self.spec.num_layers, max_batch_size, max_seq_len, self.spec.num_kv_heads,
+                             self.spec.head_dim, dtype=self.dtype, device=self.device)
+        self.generator = new_generator(seed)
+        self.version = weight_version
+        self.stats = EngineStats()
+        self._waiting: deque[_Sequence] = deque()
+        self._running: dict[str, _Sequence] = {}  # admission order
+        self._ids: set[str] = set()
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path, device: str | torch.device = "cpu",
+                        dtype: torch.dtype | str = torch.float32, max_batch_size: int = 256,
+                        max_seq_len: int | None = None, **kwargs: Any) -> "NativeEngine":
+        """From an HF directory (config.json, *.safetensors; eos ids of config.json and
+        generation_config.json are merged). Other keyword arguments go to the constructor."""
+        return cls(read_config(model_dir), load_safetensors_dir(model_dir), device=device, dtype=dtype,
+                   max_batch_size=max_batch_size, max_seq_len=max_seq_len, **kwargs)
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def weight_version(self) -> int:
+        return self.version
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def has_work(self) -> bool:
+        return bool(self._running or self._waiting)
+
+    # ------------------------------------------------------------------ requests
+
+    def add_request(self, request: GenerationRequest) -> None:
+        """Queue a request; it starts at the first step with a free slot. Raises ValueError
+        for a request the engine cannot honour (it is then not queued)."""
+        self._validate(request)
+        params = request.params
+        stop_ids = self.eos_token_ids.union(params.stop_token_ids)
+        self._waiting.append(_Sequence(request, stop_ids, self.version))
+        self._ids.add(request.request_id)
+        self.stats.requests_added += 1
+
+    def abort(self, request_id: str) -> GenerationResult | None:
+        """End a waiting or running request now, freeing its slot. Returns its result
+        (finish_reason "abort", tokens so far), or None if the id is not in the engine.
+        The result is not returned again by `step()`."""
+        seq = self._running.get(request_id)
+        if seq is None:
+            seq = next((s for s in self._waiting if s.request.request_id == request_id), None)
+            if seq is None:
+                return None
+            self._waiting.remove(seq)
+        return self._finish(seq, "abort")
+
+    def abort_all(self) -> list[GenerationResult]:
+        """Abort every waiting and running request (results in admission order)."""
+        ids = [s.request.request_id for s in list(self._running.values()) + list(self._waiting)]
+        return [r for r in map(self.abort, ids) if r is not None]
+
+    # ------------------------------------------------------------------ weights
+
+    def update_weights(self, version: int, state_dict: Mapping[str, torch.Tensor], strict: bool = True) -> None:
+        """Copy HF-named tensors into the live parameters; tokens sampled from now on record
+        `version`. All names/shapes are checked first: on error nothing changes."""
+        self.model.load_weights(state_dict, strict=strict)
+        self.version = version
+        self.stats.weight_updates += 1
+
+    def invalidate_kv_cache(self) -> None:
+        """Drop every in-flight sequence's cache: its next step re-feeds prompt + tokens so
+        far under the current weights (then samples as usual)."""
+        for seq in self._running.values():
+            self.cache.lengths[seq.slot] = 0
+            seq.pending = list(seq.request.prompt_ids) + seq.tokens
+        self.stats.kv_invalidations += 1
+
+    # ------------------------------------------------------------------ stepping
+
+    def step(self) -> list[GenerationResult]:
+        """Run one forward over the scheduled rows; returns the requests that finished."""
+        if not self.has_work():
+            return []
+        started = time.monotonic()
+        rows = self._schedule()
+        layout = StepLayout.build([(s.slot, self.cache.lengths[s.slot], s.pending[:n]) for s, n in rows],
+                                  want_logits=[n == len(s.pending) for s, n in rows], device=self.device)
+        with torch.no_grad():
+            logits = self.model(layout, self.cache)
+        for seq, n in rows:
+            self.cache.lengths[seq.slot] += n
+            del seq.pending[:n]
+        sampling = [rows[i][0] for i in layout.logit_rows]
+        finished = []
+        if sampling:
+            batch = SamplingBatch.build([s.request.params for s in sampling], [s.generator for s in sampling],
+                                        self.generator, self.device)
+            tokens, logprobs = sample(logits, batch)
+            for seq, token, logprob in zip(sampling, tokens.tolist(), logprobs.tolist()):
+                seq.tokens.append(token)
+                seq.logprobs.append(logprob)
+                seq.versions.append(self.version)
+                seq.pending = [token]
+                reason = self._stop_reason(seq, token)
+                if reason is not None:
+                    finished.append(self._finish(seq, reason))
+        duration = time.monotonic() - started
+        stats = self.stats
+        stats.steps += 1
+        stats.busy_s += duration
+        stats.tokens_generated += len(sampling)
+        stats.tokens_fed += int(layout.input_ids.shape[0])
+        stats.last_batch_size = len(rows)
+        stats.trace.append(StepRecord(started, duration, len(rows), int(layout.input_ids.shape[0]),
+                                      len(sampling), len(finished)))
+        return finished
+
+    def _schedule(self) -> list[tuple[_Sequence, int]]:
+        """(sequence, tokens to feed) of this step: decodes, then prefill chunks, then
+        newly admitted requests, within `max_step_tokens`."""
+        budget = self.max_step_tokens
+        decoding = [(s, 1) for s in self._running.values() if len(s.pending) == 1]
+        budget -= len(decoding)
+        prefilling = []
+        for seq in self._running.values():
+            if len(seq.pending) > 1 and budget > 0:
+                n = min(len(seq.pending), budget)
+                prefilling.append((seq, n))
+                budget -= n
+        while self._waiting and self.cache.num_free and budget > 0:
+            seq = self._waiting.popleft()
+            seq.slot = self.cache.allocate()
+            self._running[seq.request.request_id] = seq
+            n = min(len(seq.pending), budget)
+            prefilling.append((seq, n))
+            budget -= n
+        return decoding + prefilling
+
+    def _stop_reason(self, seq: _Sequence, token: int) -> str | None:
+        params = seq.request.params
+        if token in seq.stop_ids:
+            return "stop"
+        if params.stop_strings:
+            # A stop string was absent before this token, so a new one ends in its text and
+            # spans at most 4 bytes per char, i.e. 4 * len tokens of at least one byte each:
+            # decoding that tail (plus a margin for a partial char or a leading space) is
+            # enough, and keeps the check O(1) per token instead of O(completion length).
+            window = 4 * max(map(len, params.stop_strings)) + 8
+            text = self.decode(seq.tokens[-window:])
+            if any(s in text for s in params.stop_strings):
+                return "stop"
+        if len(seq.tokens) >= params.max_tokens:
+            return "length"
+        if len(seq.request.prompt_ids) + len(seq.tokens) >= self.max_seq_len:
+            return "length"
+        return None
+
+    def _finish(self, seq: _Sequence, reason: str) -> GenerationResult:
+        request = seq.request
+        if seq.slot >= 0:
+            self.cache.free(seq.slot)
+            seq.slot = -1
+            del self._running[request.request_id]
+        self._ids.discard(request.request_id)
+        if reason == "abort":
+            self.stats.requests_aborted += 1
+        else:
+            self.stats.requests_finished += 1
+        return GenerationResult(
+            request_id=request.request_id, prompt_ids=list(request.prompt_ids), token_ids=seq.tokens,
+            logprobs=seq.logprobs, finish_reason=reason, start_version=seq.start_version, end_version=self.version,
+            token_versions=seq.versions, started_at=seq.started_at, finished_at=time.monotonic(),
+        )
+
+    def _validate(self, request: GenerationRequest) -> None:
+        rid, prompt, params = request.request_id, request.prompt_ids, request.params
+        problems = []
+        if rid in self._ids:
+            problems.append(f"request_id {rid!r} is already in the engine (ids must be unique while in flight)")
+        if not prompt:
+            problems.append("prompt_ids is empty")
+        elif len(prompt) >= self.max_seq_len:
+            problems.append(f"the prompt has {len(prompt)} tokens; max_seq_len is {self.max_seq_len} "
+                            "(raise max_seq_len or shorten the prompt)")
+        elif min(prompt) < 0 or max(prompt) >= self.spec.vocab_size:
+            problems.append(f"prompt_ids must lie in [0, {self.spec.vocab_size})")
+        if params.max_tokens < 1:
+            problems.append(f"params.max_tokens is {params.max_tokens}; it must be >= 1")
+        if params.temperature < 0:
+            problems.append(f"params.temperature is {params.temperature}; it must be >= 0 (0 = greedy)")
+        if not 0.0 < params.top_p <= 1.0:
+            problems.append(f"params.top_p is {params.top_p}; it must be in (0, 1] (1 = off)")
+        if params.top_k < 0:
+            problems.append(f"params.top_k is {params.top_k}; it must be >= 0 (0 = off)")
+        if any(not s for s in params.stop_strings):
+            problems.append("params.stop_strings holds an empty string")
+        if params.stop_strings and self.decode is None:
+            problems.append("params.stop_strings needs a decode function: pass decode= to NativeEngine")
+        if problems:
+            raise ValueError(f"request {rid!r}: " + "; ".join(problems) + ".")

@@ -1,0 +1,174 @@
+"""The preallocated slot KV cache and the index tensors of one batched forward.
+
+Owns: `KVCache`, a fixed block of keys and values `[layers, slots, kv_heads, max_seq_len,
+head_dim]` (one slot per running sequence, its filled length, a free-slot heap that hands
+out the lowest slot first so that busy slots stay dense), and `StepLayout`, which turns
+"these rows feed these new tokens starting at these positions" into the tensors the model
+needs: packed token ids and positions, where each token's key/value goes, and one
+`AttentionGroup` per kind of row (single-token decode rows, multi-token prefill rows) with
+its padded query grid and mask.
+
+Why packed + grouped: projections and MLP run on the packed tokens (no padding), while
+attention pads only within a group, so a long prefill never pads the decode rows that share
+its step. Masks are boolean (True = attend); a group whose rows all see every key (decode
+rows of one length) or that is plainly causal (prefills from position 0 of one length) gets
+no mask, which lets fused SDPA kernels run on a GPU.
+
+Does not own: the model maths (model.py) or which rows run in a step (engine.py).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+
+class KVCache:
+    """Keys and values of every slot, their filled lengths and the free slots."""
+
+    def __init__(self, num_layers: int, num_slots: int, max_seq_len: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+        shape = (num_layers, num_slots, num_kv_heads, max_seq_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.num_slots, self.max_seq_len = num_slots, max_seq_len
+        self.lengths = [0] * num_slots  # positions 0 .. lengths[s]-1 of slot s hold valid keys/values
+        self._free = list(range(num_slots))  # a heap: allocate() returns the lowest free slot
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self) -> int:
+        if not self._free:
+            raise RuntimeError("KV cache has no free slot")
+        slot = heapq.heappop(self._free)
+        self.lengths[slot] = 0
+        return slot
+
+    def free(self, slot: int) -> None:
+        assert 0 <= slot < self.num_slots and slot not in self._free, f"slot {slot} is not in use"
+        self.lengths[slot] = 0
+        heapq.heappush(self._free, slot)
+
+    def write(self, layer: int, token_slots: torch.Tensor, positions: torch.Tensor,
+              k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store keys/values [T, kv_heads, head_dim] of T tokens at (slot, position)."""
+        self.k[layer][token_slots, :, positions] = k
+        self.v[layer][token_slots, :, positions] = v
+
+    def gather(self, layer: int, slots: torch.Tensor, key_len: int,
+               slot_start: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [rows, kv_heads, key_len, head_dim] of the given slots: a view
+        when the slots are one ascending run starting at `slot_start`, else a copy."""
+        if slot_start is not None:
+            stop = slot_start + slots.shape[0]
+            return self.k[layer, slot_start:stop, :, :key_len], self.v[layer, slot_start:stop, :, :key_len]
+        return (self.k[layer, :, :, :key_len].index_select(0, slots),
+                self.v[layer, :, :, :key_len].index_select(0, slots))
+
+
+@dataclass
+class AttentionGroup:
+    """Rows of a step that attend together: their packed tokens are
+    `token_start:token_stop`, padded into a [rows, chunk] query grid."""
+
+    token_start: int
+    token_stop: int
+    num_rows: int
+    chunk: int  # longest new-token count of the group's rows
+    key_len: int  # longest filled length after this step (keys attended over)
+    slots: torch.Tensor  # [rows] long
+    slot_start: int | None  # first slot when slots are consecutive (lets the cache return a view)
+    mask: torch.Tensor | None  # [rows, 1, chunk, key_len] bool, True = attend; None = all / causal
+    causal: bool  # with mask None: apply a plain causal mask (key_len == chunk)
+    grid_index: torch.Tensor | None  # [tokens] index of each packed token in the grid; None when chunk == 1
+
+
+@dataclass
+class StepLayout:
+    """The index tensors of one forward over new tokens of several slots."""
+
+    input_ids: torch.Tensor  # [T] long, packed new tokens (group by group)
+    positions: torch.Tensor  # [T] long, absolute position of each token
+    token_slots: torch.Tensor  # [T] long, cache slot of each token
+    groups: list[AttentionGroup]
+    logit_index: torch.Tensor | None  # packed tokens whose logits are returned; None = all
+    logit_rows: list[int]  # for each returned logit row: index into the `rows` given to build()
+
+    @classmethod
+    def build(cls, rows: Sequence[tuple[int, int, Sequence[int]]], want_logits: Sequence[bool],
+              device: str | torch.device, all_logits: bool = False) -> "StepLayout":
+        """`rows[i] = (slot, start, tokens)` feeds `tokens` at positions start.. of `slot`.
+
+        Logits come back for the last token of each row with `want_logits[i]` (in the
+        order of `logit_rows`), or for every packed token with `all_logits`.
+        """
+        single = [i for i, r in enumerate(rows) if len(r[2]) == 1]
+        multi = [i for i, r in enumerate(rows) if len(r[2]) > 1]
+        ids: list[int] = []
+        positions: list[int] = []
+        token_slots: list[int] = []
+        logit_tokens: list[int] = []
+        logit_rows: list[int] = []
+        groups = []
+        for members in (single, multi):
+            if not members:
+                continue
+            token_start = len(ids)
+            for i in members:
+                slot, start, tokens = rows[i]
+                ids.extend(tokens)
+                positions.extend(range(start, start + len(tokens)))
+                token_slots.extend([slot] * len(tokens))
+                if want_logits[i]:
+                    logit_tokens.append(len(ids) - 1)
+                    logit_rows.append(i)
+            groups.append(_group([rows[i] for i in members], token_start, len(ids), device))
+        as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
+        return cls(
+            input_ids=as_long(ids),
+            positions=as_long(positions),
+            token_slots=as_long(token_slots),
+            groups=groups,
+            logit_index=None if all_logits else as_long(logit_tokens),
+            logit_rows=list(range(len(rows))) if all_logits else logit_rows,
+        )
+
+
+def _group(rows: Sequence[tuple[int, int, Sequence[int]]], token_start: int, token_stop: int,
+           device: str | torch.device) -> AttentionGroup:
+    slots = [r[0] for r in rows]
+    starts = [r[1] for r in rows]
+    counts = [len(r[2]) for r in rows]
+    ends = [s + c for s, c in zip(starts, counts)]
+    chunk, key_len = max(counts), max(ends)
+    consecutive = slots == list(range(slots[0], slots[0] + len(slots)))
+    same_end = min(ends) == key_len
+    if chunk == 1:
+        grid_index, causal = None, False
+        needs_mask = not same_end  # decode rows of one length see all their keys
+    else:
+        grid_index = torch.tensor([r * chunk + i for r, c in enumerate(counts) for i in range(c)],
+                                  dtype=torch.long, device=device)
+        causal = max(starts) == 0 and same_end and min(counts) == chunk
+        needs_mask = not causal
+    mask = None
+    if needs_mask:
+        start_t = torch.tensor(starts, dtype=torch.long, device=device)
+        end_t = torch.tensor(ends, dtype=torch.long, device=device)
+        key = torch.arange(key_len, device=device)
+        query_pos = start_t[:, None] + torch.arange(chunk, device=device)[None, :]  # [rows, chunk]
+        # Key j is visible to the query at position p iff j <= p (causal) and j is filled.
+        # Padded query cells (i >= count) still see their row's keys, so no row is all-masked.
+        mask = (key[None, None, :] <= query_pos[:, :, None]) & (key[None, None, :] < end_t[:, None, None])
+        mask = mask.unsqueeze(1)
+    return AttentionGroup(
+        token_start=token_start, token_stop=token_stop, num_rows=len(rows), chunk=chunk, key_len=key_len,
+        slots=torch.tensor(slots, dtype=torch.long, device=device),
+        slot_start=slots[0] if consecutive else None,
+        mask=mask, causal=causal, grid_index=grid_index,
+    )

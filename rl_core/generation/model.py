@@ -1,0 +1,346 @@
+"""Our own decoder forward for Llama / Qwen2 causal LMs, running on the slot KV cache.
+
+Owns: `ModelSpec` (the shape read from an HF `config.json` or transformers config),
+`CausalLM` (an `nn.Module` whose parameter names are the HF names, so an HF state dict
+loads and refits by name), its forward over one `StepLayout` (packed new tokens, written
+into and attending over the cache), a cache-free `sequence_logits` for scoring, and the
+safetensors loading helpers. The maths mirrors `transformers`' Llama/Qwen2 modelling code
+(fp32 CPU logits agree to ~1e-6).
+
+Does not own: which requests run or when (engine.py), the cache storage and per-step
+index tensors (kv_cache.py), or sampling (sampling.py).
+
+Supported: `model_type` "llama" and "qwen2", SiLU MLP, default RoPE (no rope scaling), no
+sliding window. Anything else raises `ValueError` naming the config field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import nn
+
+from rl_core.generation.kv_cache import AttentionGroup, KVCache, StepLayout
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The shape of a decoder, read from an HF config."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    tie_word_embeddings: bool
+    eos_token_ids: tuple[int, ...]
+
+    @classmethod
+    def from_config(cls, config: Any) -> "ModelSpec":
+        """From a transformers config object or the dict of a `config.json`."""
+        cfg: Mapping[str, Any] = config if isinstance(config, Mapping) else config.to_dict()
+        model_type = cfg.get("model_type")
+        if model_type not in ("llama", "qwen2"):
+            raise ValueError(f"config.model_type is {model_type!r}; the native engine runs 'llama' and 'qwen2' "
+                             "models. Use another generation backend for this architecture.")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"config.hidden_act is {cfg['hidden_act']!r}; the native engine implements 'silu' only.")
+        if model_type == "qwen2" and cfg.get("use_sliding_window"):
+            raise ValueError("config.use_sliding_window is true; the native engine has no sliding-window attention.")
+        # transformers >= 5 keeps RoPE settings in `rope_parameters`; older configs use
+        # `rope_theta` + `rope_scaling`.
+        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(f"config rope_type is {rope_type!r}; the native engine implements default RoPE only.")
+        theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        heads = cfg["num_attention_heads"]
+        eos = cfg.get("eos_token_id")
+        eos_ids = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+        is_llama = model_type == "llama"
+        return cls(
+            model_type=model_type,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            intermediate_size=cfg["intermediate_size"],
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            qkv_bias=bool(cfg.get("attention_bias", False)) if is_llama else True,
+            o_bias=bool(cfg.get("attention_bias", False)) if is_llama else False,
+            mlp_bias=bool(cfg.get("mlp_bias", False)) if is_llama else False,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            eos_token_ids=eos_ids,
+        )
+
+
+class Weight(nn.Module):
+    """One HF-named `weight` (+ `bias`) that may be a view into a fused tensor: the fused
+    tensor is what the forward uses, the views are what HF names load into."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+
+def _fused(sizes: list[int], in_features: int, bias: bool, device,
+           dtype) -> tuple[torch.Tensor, torch.Tensor | None, list[Weight]]:
+    """One [sum(sizes), in] weight (+ bias) and the `Weight` views of its row blocks, so
+    several projections of the same input run as one matmul (as in vLLM's QKV/gate-up)."""
+    weight = torch.empty(sum(sizes), in_features, device=device, dtype=dtype)
+    fused_bias = torch.empty(sum(sizes), device=device, dtype=dtype) if bias else None
+    parts, offset = [], 0
+    for n in sizes:
+        part_bias = fused_bias[offset:offset + n] if fused_bias is not None else None
+        parts.append(Weight(weight[offset:offset + n], part_bias))
+        offset += n
+    return weight, fused_bias, parts
+
+
+class RMSNorm(Weight):
+    """Root-mean-square norm (Zhang & Sennrich 2019) in fp32, then `weight * x.to(dtype)` as in HF."""
+
+    def __init__(self, dim: int, eps: float, device, dtype):
+        super().__init__(torch.empty(dim, device=device, dtype=dtype))
+        self.dim, self.eps = dim, eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * F.rms_norm(x.float(), (self.dim,), eps=self.eps).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention (Ainslie et al. 2023) over the slot cache, with one fused
+    QKV matmul; `q_proj`/`k_proj`/`v_proj` are views into it."""
+
+    def __init__(self, spec: ModelSpec, device, dtype):
+        super().__init__()
+        h, d = spec.hidden_size, spec.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, d
+        sizes = [spec.num_heads * d, spec.num_kv_heads * d, spec.num_kv_heads * d]
+        self.qkv_weight, self.qkv_bias, (self.q_proj, self.k_proj, self.v_proj) = _fused(
+            sizes, h, spec.qkv_bias, device, dtype)
+        o_bias = torch.empty(h, device=device, dtype=dtype) if spec.o_bias else None
+        self.o_proj = Weight(torch.empty(h, spec.num_heads * d, device=device, dtype=dtype), o_bias)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int,
+                cache: KVCache, layout: StepLayout) -> torch.Tensor:
+        n, heads, kv_heads = x.shape[0], self.num_heads, self.num_kv_heads
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias).view(n, heads + 2 * kv_heads, self.head_dim)
+        # RoPE (Su et al. 2021, "RoFormer"): rotate q and k by an angle proportional to the
+        # token position, so that q.k depends on the relative position only. HF layout:
+        # rotate_half(x) = cat(-x2, x1) = roll(x, D/2) * (-1 | +1), the sign folded into `sin`.
+        qk = qkv[:, :heads + kv_heads]
+        qk = qk * cos + qk.roll(self.head_dim // 2, dims=-1) * sin
+        q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]
+        cache.write(layer, layout.token_slots, layout.positions, k, v)
+        outs = [self._attend(q[g.token_start:g.token_stop], g, layer, cache) for g in layout.groups]
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)
+        return F.linear(out, self.o_proj.weight, self.o_proj.bias)
+
+    def _attend(self, q: torch.Tensor, group: AttentionGroup, layer: int, cache: KVCache) -> torch.Tensor:
+        """Attention of one group's packed queries [n, H, D] -> [n, H*D]."""
+        keys, values = cache.gather(layer, group.slots, group.key_len, group.slot_start)
+        rows, chunk, heads, dim = group.num_rows, group.chunk, self.num_heads, self.head_dim
+        if group.grid_index is None:  # one token per row: the packed queries are the grid
+            grid = q.unsqueeze(2)  # [rows, H, 1, D]
+        else:
+            grid = q.new_zeros(rows * chunk, heads, dim)
+            grid[group.grid_index] = q
+            grid = grid.view(rows, chunk, heads, dim).transpose(1, 2)
+        out = F.scaled_dot_product_attention(grid, keys, values, attn_mask=group.mask, is_causal=group.causal,
+                                             enable_gqa=self.num_kv_heads != heads)
+        if group.grid_index is None:
+            return out.reshape(rows, heads * dim)
+        return out.transpose(1, 2).reshape(rows * chunk, heads * dim)[group.grid_index]
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward (Shazeer 2020): down(silu(gate(x)) * up(x)), gate and up fused."""
+
+    def __init__(self, spec: ModelSpec, device, dtype):
+        super().__init__()
+        h, m = spec.hidden_size, spec.intermediate_size
+        self.gate_up_weight, self.gate_up_bias, (self.gate_proj, self.up_proj) = _fused(
+            [m, m], h, spec.mlp_bias, device, dtype)
+        down_bias = torch.empty(h, device=device, dtype=dtype) if spec.mlp_bias else None
+        self.down_proj = Weight(torch.empty(h, m, device=device, dtype=dtype), down_bias)
+        self.intermediate_size = m
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.gate_up_weight, self.gate_up_bias).split(self.intermediate_size, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_proj.weight, self.down_proj.bias)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, spec: ModelSpec, device, dtype):
+        super().__init__()
+        self.self_attn = Attention(spec, device, dtype)
+        self.mlp = MLP(spec, device, dtype)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, device, dtype)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, device, dtype)
+
+
+class Backbone(nn.Module):
+    """Named `model` inside `CausalLM`, as in HF, so parameter names match."""
+
+    def __init__(self, spec: ModelSpec, device, dtype):
+        super().__init__()
+        self.embed_tokens = Weight(torch.empty(spec.vocab_size, spec.hidden_size, device=device, dtype=dtype))
+        self.layers = nn.ModuleList(DecoderLayer(spec, device, dtype) for _ in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, device, dtype)
+
+
+class CausalLM(nn.Module):
+    """A Llama/Qwen2 causal LM whose `named_parameters()` are the HF names.
+
+    Build with `CausalLM.build(spec, state_dict, device, dtype)`; `forward(layout, cache)`
+    returns the logits of the tokens `layout.logit_index` points at. Parameters are
+    allocated once on `device` (some are views into fused tensors): never `.to()` the
+    module, build another one instead.
+    """
+
+    def __init__(self, spec: ModelSpec, max_positions: int, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.spec = spec
+        self.model = Backbone(spec, device, dtype)
+        self.lm_head = None
+        if not spec.tie_word_embeddings:
+            self.lm_head = Weight(torch.empty(spec.vocab_size, spec.hidden_size, device=device, dtype=dtype))
+        self.max_positions = max_positions
+        self._rope_tables(device, dtype)
+
+    @classmethod
+    def build(cls, spec: ModelSpec, state_dict: Mapping[str, torch.Tensor], device: str | torch.device = "cpu",
+              dtype: torch.dtype = torch.float32, max_positions: int | None = None) -> "CausalLM":
+        """Allocate on `device` (no random init), then copy `state_dict` in (strict)."""
+        model = cls(spec, max_positions or spec.max_position_embeddings, device, dtype).eval()
+        model.load_weights(state_dict, strict=True)
+        return model
+
+    # ------------------------------------------------------------------ weights
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], strict: bool = True) -> int:
+        """Copy HF-named tensors into the live parameters (cast to their dtype/device).
+
+        Names and shapes are all checked before anything is copied, so a bad state dict
+        leaves the weights untouched. Ignored names: `lm_head.weight` of a tied model and
+        rotary `inv_freq` buffers. `strict` also requires every parameter. Returns the
+        number of tensors copied.
+        """
+        params = dict(self.named_parameters())
+        ignored = {"lm_head.weight"} if self.lm_head is None else set()
+        todo = []
+        for name, tensor in state_dict.items():
+            if name in ignored or name.endswith("rotary_emb.inv_freq"):
+                continue
+            if name not in params:
+                raise ValueError(f"weight {name!r} is not a parameter of this {self.spec.model_type} model "
+                                 f"(expected HF names such as 'model.layers.0.self_attn.q_proj.weight').")
+            if tuple(tensor.shape) != tuple(params[name].shape):
+                raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}; "
+                                 f"the model expects {tuple(params[name].shape)}.")
+            todo.append((params[name], tensor))
+        if strict:
+            missing = sorted(set(params) - set(state_dict))
+            if missing:
+                raise ValueError(f"state dict lacks {len(missing)} weight(s), e.g. {missing[:3]}; "
+                                 "pass every parameter (HF names) or load with strict=False.")
+        with torch.no_grad():
+            for param, tensor in todo:
+                param.copy_(tensor)
+        return len(todo)
+
+    def _rope_tables(self, device, dtype) -> None:
+        """cos/sin of every position, computed in fp32 like HF's rotary embedding:
+        angle(p, i) = p * theta^(-2i/D) (Su et al. 2021), repeated over the two halves;
+        `_sin` carries the sign of rotate_half (-sin on the first half)."""
+        d = self.spec.head_dim
+        inv_freq = 1.0 / (self.spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+        freqs = torch.arange(self.max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        self._cos = torch.cat((freqs.cos(), freqs.cos()), dim=-1).to(device=device, dtype=dtype)
+        self._sin = torch.cat((-freqs.sin(), freqs.sin()), dim=-1).to(device=device, dtype=dtype)
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(self, layout: StepLayout, cache: KVCache) -> torch.Tensor:
+        """Feed the packed new tokens of `layout`, writing their keys/values into `cache`;
+        returns the logits [len(layout.logit_index), vocab] in the model dtype."""
+        x = F.embedding(layout.input_ids, self.model.embed_tokens.weight)
+        cos = self._cos[layout.positions].unsqueeze(1)  # [T, 1, D] broadcast over heads
+        sin = self._sin[layout.positions].unsqueeze(1)
+        for i, block in enumerate(self.model.layers):
+            x = x + block.self_attn(block.input_layernorm(x), cos, sin, i, cache, layout)
+            x = x + block.mlp(block.post_attention_layernorm(x))
+        if layout.logit_index is not None:
+            x = x[layout.logit_index]
+        x = self.model.norm(x)
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(x, weight)
+
+    @torch.no_grad()
+    def sequence_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Logits [B, L, V] of equal-length sequences [B, L], through a scratch cache."""
+        batch, length = input_ids.shape
+        if length > self.max_positions:
+            raise ValueError(f"sequences of {length} tokens exceed this model's {self.max_positions} positions.")
+        weight = self.model.embed_tokens.weight
+        cache = KVCache(self.spec.num_layers, batch, length, self.spec.num_kv_heads, self.spec.head_dim,
+                        dtype=weight.dtype, device=weight.device)
+        rows = [(cache.allocate(), 0, ids) for ids in input_ids.tolist()]
+        layout = StepLayout.build(rows, want_logits=[True] * batch, all_logits=True, device=weight.device)
+        return self.forward(layout, cache).view(batch, length, -1)
+
+
+# ---------------------------------------------------------------------- loading
+
+
+def read_config(model_dir: str | Path) -> dict[str, Any]:
+    """`config.json` of an HF directory, with eos ids of `generation_config.json` merged in."""
+    model_dir = Path(model_dir)
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: an HF model directory holds config.json and *.safetensors.")
+    cfg = json.loads(path.read_text())
+    gen_path = model_dir / "generation_config.json"
+    if gen_path.is_file():
+        gen_eos = json.loads(gen_path.read_text()).get("eos_token_id")
+        ids = []
+        for value in (cfg.get("eos_token_id"), gen_eos):
+            if value is not None:
+                ids.extend(value if isinstance(value, list) else [value])
+        cfg["eos_token_id"] = sorted(set(ids)) or None
+    return cfg
+
+
+def load_safetensors_dir(model_dir: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of the `*.safetensors` files of a directory (sharded or not), on CPU."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors file in {model_dir}")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state

@@ -1,0 +1,138 @@
+"""Token sampling for a batch of rows with per-row parameters, and the logprobs we report.
+
+Owns: the one definition of a generation logprob that the trainer must reproduce,
+
+    logprob(token) = log_softmax(logits.float() / T)[token],  T = params.logprob_temperature
+
+(T = 1 for greedy), computed on the raw logits, before any top-k/top-p filtering; and how a
+token is drawn: greedy rows take the arg-max (first index on ties); other rows scale by
+their temperature, keep the top-k tokens (ties at the k-th value kept), then the smallest
+top-p nucleus (sorted by probability, stable), and invert the CDF of the renormalised
+filtered distribution in vocabulary order with one uniform number per row.
+
+Reproducibility: the uniform of a row comes from the request's own `torch.Generator`
+when `params.seed` is set (one draw per sampled token), so its tokens do not depend on
+the other rows of the batch nor on when it arrived; other rows share the engine's
+generator. (The logits themselves are batch-invariant up to float rounding of the
+kernels; a token flips only if its uniform lies within that rounding of a CDF boundary.)
+
+Does not own: the logits (model.py) or when a request stops (engine.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from rl_core.types import SamplingParams
+
+
+def new_generator(seed: int) -> torch.Generator:
+    """A CPU generator for one request (uniforms are drawn on CPU whatever the device)."""
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(seed)
+    return gen
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row sampling parameters of one step, as tensors on the logits' device; a field
+    is None when no row needs it (fewer host-to-device copies per step)."""
+
+    temperature: torch.Tensor | None  # [R] float32 logprob temperature (1 for greedy rows); None = all 1
+    greedy: torch.Tensor | None  # [R] bool; None = no row or every row is greedy (see all_greedy)
+    top_k: torch.Tensor | None  # [R] long, 0 = off; None = off for every row
+    top_p: torch.Tensor | None  # [R] float32, 1 = off; None = off for every row
+    uniform: torch.Tensor | None  # [R] float64 in [0, 1), one per row (greedy rows: unused); None = all greedy
+    all_greedy: bool
+
+    @classmethod
+    def build(cls, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None],
+              default_generator: torch.Generator, device: str | torch.device) -> "SamplingBatch":
+        """One uniform per non-greedy row: from its own generator if it has one, else from
+        `default_generator` (drawn in row order). Greedy rows consume no randomness."""
+        greedy = [p.is_greedy for p in params]
+        all_greedy = all(greedy)
+        uniform = None
+        if not all_greedy:
+            shared = [i for i, (g, gen) in enumerate(zip(greedy, generators)) if not g and gen is None]
+            draws = torch.rand(len(shared), generator=default_generator, dtype=torch.float64)
+            if len(shared) == len(params):
+                uniform = draws.to(device)
+            else:
+                values = [0.0] * len(params)
+                for i, u in zip(shared, draws.tolist()):
+                    values[i] = u
+                for i, (g, gen) in enumerate(zip(greedy, generators)):
+                    if not g and gen is not None:
+                        values[i] = torch.rand(1, generator=gen, dtype=torch.float64).item()
+                uniform = torch.tensor(values, dtype=torch.float64, device=device)
+        temperature = [p.logprob_temperature for p in params]
+        top_k = [0 if g else p.top_k for p, g in zip(params, greedy)]
+        top_p = [1.0 if g else p.top_p for p, g in zip(params, greedy)]
+        return cls(
+            temperature=None if all(t == 1.0 for t in temperature) else _tensor(temperature, torch.float32, device),
+            greedy=_tensor(greedy, torch.bool, device) if any(greedy) and not all_greedy else None,
+            top_k=_tensor(top_k, torch.long, device) if any(top_k) else None,
+            top_p=_tensor(top_p, torch.float32, device) if any(p < 1.0 for p in top_p) else None,
+            uniform=uniform,
+            all_greedy=all_greedy,
+        )
+
+
+def _tensor(values: list, dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens [R] (long) and their reported logprobs [R] (float32) for logits [R, V]."""
+    logits = logits.float()
+    # x / 1.0 == x exactly, so skipping the division when every T is 1 changes no value.
+    scaled = logits if batch.temperature is None else logits / batch.temperature[:, None]
+    logprobs_all = torch.log_softmax(scaled, dim=-1)
+    if batch.all_greedy:
+        tokens = logits.argmax(dim=-1)
+    else:
+        # A row's probabilities are computed the same way whatever the other rows ask for
+        # (filtering leaves an unfiltered row's values bit-identical), so seeded rows stay
+        # batch-invariant.
+        filtered = scaled if batch.top_k is None and batch.top_p is None else filter_logits(scaled, batch)
+        tokens = inverse_cdf(torch.softmax(filtered, dim=-1), batch.uniform)
+        if batch.greedy is not None:
+            tokens = torch.where(batch.greedy, logits.argmax(dim=-1), tokens)
+    return tokens, logprobs_all.gather(1, tokens[:, None]).squeeze(1)
+
+
+def filter_logits(scaled: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Temperature-scaled logits with the tokens outside top-k / top-p set to -inf."""
+    sorted_logits, order = scaled.sort(dim=-1, descending=True, stable=True)
+    vocab = scaled.shape[-1]
+    remove_sorted = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if batch.top_k is not None:
+        # Top-k (Fan et al. 2018): drop tokens strictly below the k-th largest value.
+        k = batch.top_k.clamp(min=1, max=vocab)
+        kth = sorted_logits.gather(1, (k - 1)[:, None])
+        below = (sorted_logits < kth) & (batch.top_k > 0)[:, None]
+        remove_sorted |= below
+    if batch.top_p is not None:
+        # Nucleus / top-p (Holtzman et al. 2019): keep the shortest prefix of the sorted
+        # distribution whose mass reaches p, i.e. drop a token once the mass before it >= p.
+        probs = torch.softmax(sorted_logits.masked_fill(remove_sorted, float("-inf")), dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs
+        remove_sorted |= (mass_before >= batch.top_p[:, None]) & (batch.top_p < 1.0)[:, None]
+        remove_sorted[:, 0] = False  # the most likely token always stays
+    remove = torch.zeros_like(remove_sorted).scatter(1, order, remove_sorted)
+    return scaled.masked_fill(remove, float("-inf"))
+
+
+def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Token index i with cdf[i-1] <= u * total < cdf[i] (vocabulary order), per row.
+
+    The cdf is summed in float64 and u is capped at 1 - 2^-40, so u * total stays below the
+    total and a zero-probability token (which does not raise the cdf) is never chosen.
+    """
+    cdf = probs.double().cumsum(dim=-1)
+    target = uniform.clamp(max=1.0 - 2.0**-40) * cdf[:, -1]
+    return torch.searchsorted(cdf, target[:, None], right=True).squeeze(1)

@@ -1,0 +1,119 @@
+"""Building a run's parts from a validated recipe, and running it in this process.
+
+Owns: the order *validate -> write resolved config -> initial policy -> build parts ->
+run the controller -> save the final policy*, process-level settings (torch threads,
+seeds, device choice), and the wiring of recipe sections to implementations (native
+engine, torch trainer, environment, sampler, loss).
+
+Does not own: the controller's behaviour, or workflow stages (the Snakemake rules call
+the same functions through `workflow/scripts`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from pathlib import Path
+
+from rl_core.config import RecipeConfig, run_dir, write_resolved
+
+
+def pick_device(cfg: RecipeConfig) -> str:
+    import torch
+
+    if cfg.runtime.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if cfg.runtime.device == "cuda" and not torch.cuda.is_available():
+        from rl_core.errors import RecipeError
+
+        raise RecipeError.single("runtime.device", "cuda", "a machine with a CUDA device",
+                                 "set runtime.device: auto (or cpu) on this machine.")
+    return cfg.runtime.device
+
+
+def setup_process(cfg: RecipeConfig) -> None:
+    import numpy as np
+    import torch
+
+    if cfg.runtime.torch_num_threads:
+        torch.set_num_threads(cfg.runtime.torch_num_threads)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    random.seed(cfg.grpo.seed)
+    np.random.seed(cfg.grpo.seed % (2**32))
+    torch.manual_seed(cfg.grpo.seed)
+
+
+def ensure_policy(cfg: RecipeConfig, out_dir: str | Path) -> Path:
+    """The initial policy as an HF directory: reuse `out_dir` if complete, else build it."""
+    out = Path(out_dir)
+    if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
+        return out
+    from rl_core.model.init_policy import init_policy
+
+    init_policy(cfg, out)
+    return out
+
+
+def build_parts(cfg: RecipeConfig, policy_dir: str | Path, *, trainer_state: dict | None = None,
+                weight_version: int = 0):
+    """Everything the controller drives, built from the recipe and an HF policy directory."""
+    from transformers import AutoTokenizer
+
+    from rl_core.algorithms.losses import make_loss
+    from rl_core.controller.controller import Parts
+    from rl_core.data.dataset import PromptSource, load_task_data
+    from rl_core.envs import make_env
+    from rl_core.generation.backend import NativeBackend
+    from rl_core.generation.engine import NativeEngine
+    from rl_core.samplers import make_sampler
+    from rl_core.train.torch_trainer import TorchTrainer
+
+    device = pick_device(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(str(policy_dir))
+    train_examples, val_examples = load_task_data(cfg.data.train_file, cfg.data.val_file)
+    env = make_env(cfg.env, tokenizer)
+    source = PromptSource(train_examples, cfg.grpo.num_prompts_per_step, shuffle=cfg.data.shuffle,
+                          seed=cfg.grpo.seed, max_num_epochs=cfg.grpo.max_num_epochs)
+    stop_ids = tuple(i for i in {tokenizer.eos_token_id} if i is not None)
+    engine = NativeEngine.from_pretrained(
+        policy_dir, device=device, dtype=cfg.model.dtype, max_batch_size=cfg.generation.max_batch_size,
+        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), seed=cfg.grpo.seed,
+        weight_version=weight_version)
+    backend = NativeBackend(engine)
+    gen = cfg.generation
+    logprob_t = 1.0 if (gen.greedy or gen.temperature == 0) else gen.temperature
+    trainer = TorchTrainer(policy_dir, cfg.trainer, logprob_temperature=logprob_t, device=device,
+                           dtype=cfg.model.dtype, keep_reference=cfg.loss.kl_coef > 0, version=weight_version)
+    if trainer_state is not None:
+        trainer.load_state_dict(trainer_state)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    return Parts(tokenizer=tokenizer, env=env, source=source, backend=backend, trainer=trainer,
+                 loss=make_loss(cfg.loss), sampler=make_sampler(cfg.async_rl, cfg.grpo.num_prompts_per_step),
+                 val_examples=val_examples, stop_token_ids=stop_ids, pad_id=pad)
+
+
+def save_policy(parts, out_dir: str | Path) -> Path:
+    """The trained policy as an HF directory (weights + tokenizer), written atomically."""
+    from rl_core.fsutil import atomic_dir
+
+    with atomic_dir(out_dir) as tmp:
+        parts.trainer.save_pretrained(tmp)
+        parts.tokenizer.save_pretrained(str(tmp))
+    return Path(out_dir)
+
+
+def train_from_recipe(cfg: RecipeConfig) -> dict:
+    """`rl-core train`: the whole run in this process; returns the controller's summary."""
+    from rl_core.controller.controller import Controller
+
+    rd = run_dir(cfg)
+    write_resolved(cfg, rd)
+    setup_process(cfg)
+    policy = ensure_policy(cfg, rd / "init_policy")
+    parts = build_parts(cfg, policy)
+    total = parts.source.total_steps(cfg.grpo.max_num_steps)
+    summary = asyncio.run(Controller(cfg, parts, rd, total).run())
+    save_policy(parts, rd / "final_policy")
+    return summary

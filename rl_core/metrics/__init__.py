@@ -1,0 +1,1 @@
+"""Metric sinks (JSONL, TensorBoard) and terminal progress."""

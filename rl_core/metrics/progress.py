@@ -1,0 +1,71 @@
+"""Terminal progress for long work: one redrawn status line on a terminal, periodic log
+lines otherwise (CI logs, Snakemake logs).
+
+Owns: formatting step / total, reward, accuracy, tokens/s and ETA. Does not own: metric
+computation or persistence (logger.py).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+def _fmt_eta(seconds: float) -> str:
+    if seconds != seconds or seconds < 0:  # NaN
+        return "?"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+class Progress:
+    def __init__(self, total: int, mode: str = "auto", stream=None, label: str = "train"):
+        self.total = max(1, total)
+        self.stream = stream or sys.stderr
+        self.label = label
+        if mode == "auto":
+            mode = "line" if getattr(self.stream, "isatty", lambda: False)() else "log"
+        self.mode = mode
+        self.t0 = time.monotonic()
+        self._last_logged = -1
+        self._every = max(1, self.total // 20)
+        self._open_line = False
+
+    def update(self, step: int, **fields: float) -> None:
+        """step = number of completed steps."""
+        if self.mode == "off":
+            return
+        elapsed = time.monotonic() - self.t0
+        rate = step / elapsed if elapsed > 0 else 0.0
+        eta = (self.total - step) / rate if rate > 0 else float("nan")
+        parts = [f"[{self.label}] step {step}/{self.total}"]
+        for k, v in fields.items():
+            if v is None:
+                continue
+            parts.append(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}")
+        parts.append(f"elapsed {_fmt_eta(elapsed)} eta {_fmt_eta(eta)}")
+        text = " | ".join(parts)
+        if self.mode == "line":
+            self.stream.write("\r" + text[:160].ljust(100))
+            self._open_line = True
+            self.stream.flush()
+        elif step == self.total or step - self._last_logged >= self._every or step == 1:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+            self._last_logged = step
+
+    def message(self, text: str) -> None:
+        if self.mode == "off":
+            return
+        if self._open_line:
+            self.stream.write("\n")
+            self._open_line = False
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self._open_line:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._open_line = False

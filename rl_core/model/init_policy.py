@@ -1,0 +1,162 @@
+"""The initial policy of a run: one HF directory that trainer and generation both load.
+
+Owns `init_policy(cfg, out_dir)`, the step before RL:
+- `model.source: tiny`: read the task files (`data.train_file`, `data.val_file`), train the
+  byte-level BPE tokenizer on the training text, build the random-init model from
+  `model.tiny` seeded with `grpo.seed`, run the supervised warm-up to
+  `model.warmup.target_accuracy` (if `model.warmup.enabled`), and save;
+- `model.source: hf`: copy an existing HF directory (`model.path`): config, safetensors
+  weights (sharded or not, with their index), generation config and tokenizer files;
+  other weight formats (`*.bin`, `*.gguf`, ...) are left behind. The copy is verified by
+  loading tokenizer and model from it before it is published.
+
+Either way `out_dir` appears atomically (built beside it, then renamed), holding the HF
+files plus `init_report.json` (what was built, the warm-up's steps, accuracy, seconds and
+history); the report is also returned. The same recipe gives the same weights, byte for
+byte, on the same machine and thread count: model init runs under `torch.manual_seed(
+grpo.seed)` inside a forked RNG and the warm-up draws batches from its own seeded
+generator.
+
+Before anything is built it checks that prompts fit the model: the longest prompt plus
+`generation.max_tokens` (and plus the reference answer) must fit in
+`model.tiny.max_position_embeddings`.
+
+Does not own: parsing the recipe, the torch thread count or the process (the launcher sets
+them), the tokenizer/model/warm-up mechanics (`tokenizer.py`, `tiny.py`, `warmup.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from rl_core.data.dataset import load_task_data
+from rl_core.envs import make_env
+from rl_core.errors import RecipeError
+from rl_core.model.tiny import build_tiny_model, load_hf_dir, num_parameters, save_hf_dir, write_dir_atomically
+from rl_core.model.tokenizer import build_tokenizer
+from rl_core.model.warmup import warmup
+
+INIT_REPORT = "init_report.json"
+
+# Files of an HF model directory that `source: hf` copies (weights only as safetensors).
+_HF_FILES = (
+    "config.json", "generation_config.json", "model.safetensors.index.json",
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model",
+)
+
+
+def init_policy(cfg: Any, out_dir: str | Path, log: Callable[[str], None] | None = print) -> dict[str, Any]:
+    """Build (tiny) or copy (hf) the initial policy into `out_dir`; returns the init report."""
+    if cfg.model.source == "tiny":
+        return _init_tiny(cfg, Path(out_dir), log)
+    if cfg.model.source == "hf":
+        return _init_hf(cfg, Path(out_dir), log)
+    raise RecipeError.single("model.source", cfg.model.source, "'tiny' or 'hf'", "set model.source to tiny or hf.")
+
+
+# --------------------------------------------------------------------------- tiny
+
+
+def _init_tiny(cfg: Any, out_dir: Path, log: Callable[[str], None] | None) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    tiny, seed = cfg.model.tiny, cfg.grpo.seed
+    train, val = load_task_data(cfg.data.train_file, cfg.data.val_file)
+    tokenizer = build_tokenizer(train, tiny.tokenizer_vocab_size, model_max_length=tiny.max_position_embeddings)
+    env = make_env(cfg.env, tokenizer)
+    longest = check_lengths(env, train + val, cfg.generation.max_tokens, tiny.max_position_embeddings)
+    model = build_tiny_model(tiny, tokenizer, seed=seed)
+    if log is not None:
+        log(f"init_policy: tiny {tiny.architecture} model, {num_parameters(model):,} parameters, "
+            f"vocabulary {len(tokenizer)}, seed {seed}")
+
+    if cfg.model.warmup.enabled:
+        stats = warmup(model, env, train, val, cfg.model.warmup, seed=seed, log=log)
+    else:
+        stats = {"enabled": False}
+
+    report = {
+        "source": "tiny",
+        "architecture": tiny.architecture,
+        "num_parameters": num_parameters(model),
+        "vocab_size": len(tokenizer),
+        "seed": seed,
+        "env": env.name,
+        "train_file": str(cfg.data.train_file),
+        "val_file": str(cfg.data.val_file),
+        "num_train": len(train),
+        "num_val": len(val),
+        "longest_prompt_tokens": longest,
+        "warmup": stats,
+    }
+    report["seconds"] = time.perf_counter() - t0
+    save_hf_dir(model, tokenizer, out_dir, extra_json={INIT_REPORT: report})
+    if log is not None:
+        log(f"init_policy: wrote {out_dir} in {report['seconds']:.1f}s")
+    return report
+
+
+def check_lengths(env: Any, examples: list[dict[str, Any]], max_new_tokens: int, max_positions: int) -> int:
+    """Raise a `RecipeError` if a prompt plus `max_new_tokens` (or plus its reference answer)
+    does not fit in `max_positions`; returns the longest prompt in tokens."""
+    longest, longest_full = 0, 0
+    for ex in examples:
+        n = len(env.prompt_ids(ex))
+        longest = max(longest, n)
+        longest_full = max(longest_full, n + len(env.reference_completion_ids(ex)))
+    need = max(longest + max_new_tokens, longest_full)
+    if need > max_positions:
+        raise RecipeError.single(
+            "model.tiny.max_position_embeddings", max_positions,
+            f"at least {need} (longest prompt {longest} tokens + generation.max_tokens {max_new_tokens}, "
+            f"and prompt + reference answer {longest_full})",
+            f"raise model.tiny.max_position_embeddings to {need} or more, or lower generation.max_tokens.")
+    return longest
+
+
+# --------------------------------------------------------------------------- hf
+
+
+def _init_hf(cfg: Any, out_dir: Path, log: Callable[[str], None] | None) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    src = Path(cfg.model.path)
+    weights = sorted(src.glob("*.safetensors")) if src.is_dir() else []
+    if not (src / "config.json").is_file() or not weights:
+        raise RecipeError.single(
+            "model.path", str(src), "an HF model directory holding config.json and *.safetensors weights",
+            "point model.path at such a directory (save_pretrained writes one), or use model.source: tiny.")
+    files = [src / name for name in _HF_FILES if (src / name).is_file()] + weights
+    report: dict[str, Any] = {"source": "hf", "path": str(src), "files": sorted(f.name for f in files)}
+
+    def fill(tmp: Path) -> None:
+        for f in files:
+            shutil.copy2(f, tmp / f.name)
+        try:
+            model, tokenizer = load_hf_dir(tmp)
+        except Exception as exc:  # any failure to load means the directory is not usable
+            raise RecipeError.single(
+                "model.path", str(src), "a directory that AutoModelForCausalLM and AutoTokenizer load offline",
+                f"fix the model directory (loading the copy failed: {type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''})") from exc
+        if tokenizer.eos_token_id is None:
+            raise RecipeError.single("model.path", str(src), "a tokenizer with an eos token",
+                                     "set eos_token in the tokenizer_config.json of the model directory.")
+        env = make_env(cfg.env, tokenizer)
+        report.update({
+            "architecture": model.config.model_type,
+            "num_parameters": num_parameters(model),
+            "vocab_size": len(tokenizer),
+            "env": env.name,
+            "seconds": time.perf_counter() - t0,
+        })
+        (tmp / INIT_REPORT).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+
+    write_dir_atomically(out_dir, fill)
+    if log is not None:
+        log(f"init_policy: copied {src} ({report['num_parameters']:,} parameters) to {out_dir}")
+    return report
+

@@ -1,0 +1,156 @@
+"""The tiny random-init policy and the HF directory format every model is stored in.
+
+Owns:
+- `build_tiny_model`: a transformers causal LM (Qwen2 or Llama, from
+  `model.tiny.architecture`) shaped by `TinyModelConfig`, with the vocabulary and the
+  eos/pad/bos ids of the given tokenizer, fp32, initialised from a seed (under a forked
+  torch RNG, so building a model does not move the caller's random stream);
+- `save_hf_dir`: a normal HF directory (`config.json`, `model.safetensors`, tokenizer
+  files, `generation_config.json` carrying the eos id, plus optional extra JSON files)
+  written **atomically**: everything goes into a temporary directory beside the target,
+  which is then renamed onto it; an existing target is swapped out and removed only after
+  the new one is in place, so readers see the old directory or the new one, never a mix;
+- `load_hf_dir`: model + tokenizer back from such a directory (works offline).
+
+There is no bos token: prompts start with their first text token. The model config sets
+`bos_token_id` to the eos id, as Qwen2 checkpoints do, only so that code expecting an id
+finds one.
+
+Does not own: the tokenizer's training (`tokenizer.py`), warm-up (`warmup.py`), or the
+recipe-level orchestration (`init_policy.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig,
+                          PreTrainedModel, Qwen2Config)
+
+_CONFIG_CLASSES = {"qwen2": Qwen2Config, "llama": LlamaConfig}
+
+
+def tiny_model_config(tiny_cfg: Any, tokenizer: Any) -> Qwen2Config | LlamaConfig:
+    """The transformers config of the tiny model for this tokenizer."""
+    cls = _CONFIG_CLASSES.get(tiny_cfg.architecture)
+    if cls is None:
+        raise ValueError(f"model.tiny.architecture must be one of {sorted(_CONFIG_CLASSES)}, "
+                         f"got {tiny_cfg.architecture!r}")
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError("the tokenizer has no eos token; the tiny model needs one to end completions")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else eos
+    return cls(
+        vocab_size=len(tokenizer),
+        hidden_size=tiny_cfg.hidden_size,
+        num_hidden_layers=tiny_cfg.num_hidden_layers,
+        num_attention_heads=tiny_cfg.num_attention_heads,
+        num_key_value_heads=tiny_cfg.num_key_value_heads,
+        intermediate_size=tiny_cfg.intermediate_size,
+        max_position_embeddings=tiny_cfg.max_position_embeddings,
+        tie_word_embeddings=tiny_cfg.tie_word_embeddings,
+        rope_theta=tiny_cfg.rope_theta,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        bos_token_id=bos,
+        dtype="float32",
+    )
+
+
+def build_tiny_model(tiny_cfg: Any, tokenizer: Any, seed: int) -> PreTrainedModel:
+    """A random-init fp32 causal LM shaped by `tiny_cfg`; the same seed gives the same weights."""
+    config = tiny_model_config(tiny_cfg, tokenizer)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config = make_generation_config(tokenizer)
+    return model
+
+
+def make_generation_config(tokenizer: Any) -> GenerationConfig:
+    """Greedy-by-default generation settings that stop at the tokenizer's eos token."""
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else eos
+    return GenerationConfig(eos_token_id=eos, pad_token_id=pad, bos_token_id=bos, do_sample=False)
+
+
+def num_parameters(model: torch.nn.Module) -> int:
+    """Distinct parameters (tied weights counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+# --------------------------------------------------------------------------- atomic directories
+
+
+def write_dir_atomically(out_dir: str | Path, fill: Callable[[Path], None]) -> Path:
+    """Call `fill(tmp)` on a fresh temporary directory beside `out_dir`, then move it onto `out_dir`.
+
+    An existing `out_dir` is renamed aside first and deleted once the new one is in place.
+    If `fill` raises, the temporary directory is removed and `out_dir` is left untouched.
+    """
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = out.with_name(f".{out.name}.tmp-{tag}")
+    tmp.mkdir()
+    try:
+        fill(tmp)
+        _fsync_tree(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{tag}")
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as fh:
+                os.fsync(fh.fileno())
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_hf_dir(model: PreTrainedModel, tokenizer: Any, out_dir: str | Path,
+                extra_json: dict[str, Any] | None = None) -> Path:
+    """Write model + tokenizer as a normal HF directory, atomically.
+
+    `extra_json` maps file names to JSON-able objects written into the same directory
+    (e.g. `init_report.json`), so they appear together with the weights or not at all.
+    """
+
+    def fill(tmp: Path) -> None:
+        if model.generation_config is None or model.generation_config.eos_token_id is None:
+            model.generation_config = make_generation_config(tokenizer)
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        for name, obj in (extra_json or {}).items():
+            (tmp / name).write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+    return write_dir_atomically(out_dir, fill)
+
+
+def load_hf_dir(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, Any]:
+    """Model and tokenizer from an HF directory on disk (never touches the network)."""
+    p = Path(path)
+    tokenizer = AutoTokenizer.from_pretrained(p, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype, local_files_only=True)
+    return model, tokenizer

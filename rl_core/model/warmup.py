@@ -1,0 +1,194 @@
+"""Supervised warm-up: teach a fresh tiny model the task's format until it is *sometimes* right.
+
+RL needs a policy whose samples are occasionally rewarded: a random-init model never
+emits a correct answer, so GRPO would see only zero-reward groups and learn nothing. The
+warm-up trains on `prompt + ideal completion` (the environment's prompt ids, then its
+reference answer and end token), with the loss on the completion tokens only, and stops
+as soon as the greedy held-out accuracy reaches `model.warmup.target_accuracy` (a low
+value such as 10%, so RL has something to improve).
+
+Owns:
+- packing examples into right-padded tensors with a completion-only loss mask
+  (`encode_sft_examples`);
+- the training loop: AdamW at `warmup.lr`, `warmup.batch_size` examples per step drawn
+  as seeded shuffled epochs, a check every `warmup.eval_every_steps` steps;
+- the check: a batched greedy decode (`greedy_decode`, a plain forward loop without a
+  KV cache, enough for a few new tokens) of the first `warmup.num_eval_prompts`
+  validation examples; one counts as correct when its completion, cut at the first end
+  token, decodes to the reference answer *and* that end token was produced;
+- the stop rule: the first check at or above the target (accuracy jumps sharply over a
+  few tens of steps, so a step count would over- or undershoot); a `RecipeError` naming
+  `model.warmup.max_steps` when the budget runs out first.
+
+Determinism: the batch order comes from a generator seeded with `seed`; given the same
+initial weights and thread count the run is reproducible. The caller owns the model's
+initialisation and the torch thread count.
+
+Does not own: building the model or tokenizer (`tiny.py`, `tokenizer.py`), the prompt
+format or the answer (the environment), or saving (`init_policy.py`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from rl_core.errors import RecipeError
+
+
+@dataclass
+class SFTTensors:
+    """Right-padded supervised examples."""
+
+    input_ids: torch.Tensor  # [N, T] long
+    attention_mask: torch.Tensor  # [N, T] long, 1 = real token
+    loss_mask: torch.Tensor  # [N, T] float, 1 = completion token (predicted from the one before)
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+def encode_sft_examples(prompts: Sequence[list[int]], completions: Sequence[list[int]], pad_id: int) -> SFTTensors:
+    """Pack `prompt + completion` sequences; only completion positions carry loss."""
+    assert len(prompts) == len(completions) and prompts, "need matching, non-empty prompts and completions"
+    width = max(len(p) + len(c) for p, c in zip(prompts, completions))
+    n = len(prompts)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    loss_mask = torch.zeros((n, width), dtype=torch.float32)
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+        input_ids[i, : len(p) + len(c)] = torch.tensor(list(p) + list(c), dtype=torch.long)
+        attention[i, : len(p) + len(c)] = 1
+        loss_mask[i, len(p): len(p) + len(c)] = 1.0
+    return SFTTensors(input_ids, attention, loss_mask)
+
+
+def sft_loss(model: torch.nn.Module, batch: SFTTensors) -> torch.Tensor:
+    """Mean next-token cross-entropy over the completion tokens of the batch."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+    targets = batch.input_ids[:, 1:]
+    mask = batch.loss_mask[:, 1:]
+    nll = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
+                          reduction="none").view_as(mask)
+    return (nll * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+@torch.no_grad()
+def greedy_decode(model: torch.nn.Module, prompts: Sequence[list[int]], max_new_tokens: int, pad_id: int,
+                  batch_size: int = 256) -> list[list[int]]:
+    """Arg-max continuation of each prompt, exactly `max_new_tokens` tokens (cut at the end token yourself).
+
+    Prompts of different lengths are left-padded, with position ids counted from each
+    prompt's first real token. The model is put in eval mode and restored afterwards.
+    """
+    was_training = model.training
+    model.eval()
+    out: list[list[int]] = []
+    try:
+        for start in range(0, len(prompts), batch_size):
+            chunk = prompts[start:start + batch_size]
+            width = max(len(p) for p in chunk)
+            ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+            attention = torch.zeros((len(chunk), width), dtype=torch.long)
+            for i, p in enumerate(chunk):
+                ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+                attention[i, width - len(p):] = 1
+            for _ in range(max_new_tokens):
+                positions = (attention.cumsum(dim=1) - 1).clamp_min(0)
+                logits = model(input_ids=ids, attention_mask=attention, position_ids=positions,
+                               use_cache=False).logits[:, -1]
+                nxt = logits.argmax(dim=-1, keepdim=True)
+                ids = torch.cat([ids, nxt], dim=1)
+                attention = torch.cat([attention, torch.ones_like(nxt)], dim=1)
+            out.extend(ids[:, width:].tolist())
+    finally:
+        model.train(was_training)
+    return out
+
+
+def greedy_accuracy(model: torch.nn.Module, env: Any, examples: Sequence[dict[str, Any]]) -> tuple[float, int]:
+    """(accuracy, number correct) of greedy completions under the environment's reference answers."""
+    prompts = [env.prompt_ids(ex) for ex in examples]
+    max_new = max(len(env.reference_completion_ids(ex)) for ex in examples)
+    pad_id = env.tokenizer.pad_token_id if env.tokenizer.pad_token_id is not None else env.end_token_ids[0]
+    generated = greedy_decode(model, prompts, max_new, pad_id)
+    end_ids = set(env.end_token_ids)
+    correct = 0
+    for ex, gen in zip(examples, generated):
+        cut = next((k for k, tok in enumerate(gen) if tok in end_ids), None)
+        if cut is None:
+            continue
+        if env.tokenizer.decode(gen[:cut]) == env.reference_text(ex):
+            correct += 1
+    return correct / len(examples), correct
+
+
+def warmup(model: torch.nn.Module, env: Any, train_examples: Sequence[dict[str, Any]],
+           val_examples: Sequence[dict[str, Any]], cfg: Any, seed: int,
+           log: Callable[[str], None] | None = print) -> dict[str, Any]:
+    """Train until the greedy held-out accuracy reaches `cfg.target_accuracy` (a `WarmupConfig`).
+
+    Returns stats: steps, accuracy, loss, seconds, target_accuracy, num_eval_prompts and
+    the history of checks. Raises `RecipeError` (field `model.warmup.max_steps`) when
+    `cfg.max_steps` steps never reach the target.
+    """
+    if not train_examples or not val_examples:
+        raise ValueError("the warm-up needs training and validation examples")
+    t0 = time.perf_counter()
+    pad_id = env.tokenizer.pad_token_id if env.tokenizer.pad_token_id is not None else env.end_token_ids[0]
+    data = encode_sft_examples([env.prompt_ids(ex) for ex in train_examples],
+                               [env.reference_completion_ids(ex) for ex in train_examples], pad_id)
+    eval_examples = list(val_examples[: cfg.num_eval_prompts])
+    batch_size = min(cfg.batch_size, len(data))
+    gen = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    model.train()
+
+    order = torch.randperm(len(data), generator=gen)
+    cursor = 0
+    history: list[dict[str, Any]] = []
+    losses: list[float] = []
+    for step in range(1, cfg.max_steps + 1):
+        if cursor + batch_size > len(order):
+            order, cursor = torch.randperm(len(data), generator=gen), 0
+        idx = order[cursor:cursor + batch_size]
+        cursor += batch_size
+        batch = SFTTensors(data.input_ids[idx], data.attention_mask[idx], data.loss_mask[idx])
+        loss = sft_loss(model, batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+
+        if step % cfg.eval_every_steps and step != cfg.max_steps:
+            continue
+        accuracy, num_correct = greedy_accuracy(model, env, eval_examples)
+        mean_loss = sum(losses) / len(losses)
+        losses.clear()
+        record = {"step": step, "loss": round(mean_loss, 6), "accuracy": accuracy,
+                  "num_correct": num_correct, "seconds": round(time.perf_counter() - t0, 3)}
+        history.append(record)
+        if log is not None:
+            log(f"warmup step {step}/{cfg.max_steps}  loss {mean_loss:.4f}  held-out greedy accuracy "
+                f"{accuracy:.1%} ({num_correct}/{len(eval_examples)})  {record['seconds']:.1f}s")
+        if accuracy >= cfg.target_accuracy:
+            return {
+                "steps": step,
+                "accuracy": accuracy,
+                "loss": mean_loss,
+                "seconds": time.perf_counter() - t0,
+                "target_accuracy": cfg.target_accuracy,
+                "num_eval_prompts": len(eval_examples),
+                "history": history,
+            }
+
+    best = max(history, key=lambda r: r["accuracy"])
+    raise RecipeError.single(
+        "model.warmup.max_steps", cfg.max_steps,
+        f"enough steps for the greedy held-out accuracy to reach model.warmup.target_accuracy "
+        f"({cfg.target_accuracy:.1%}); the best check was {best['accuracy']:.1%} at step {best['step']}",
+        "raise model.warmup.max_steps, lower model.warmup.target_accuracy, or change model.warmup.lr.")

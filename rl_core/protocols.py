@@ -1,0 +1,129 @@
+"""The seams between rl_core's parts, as small typing Protocols.
+
+Owns: the method names, arguments and meanings each implementation must honour. Each
+seam has a real small implementation in the package (native engine, torch trainer, toy
+environments, built-in samplers) so the whole loop runs on a CPU; fakes are only for
+unit tests of one part. Does not own: any implementation, or the wiring (controller).
+
+Versions: a *weight version* is the number of RL steps the weights have seen. A backend
+reports the version it serves; a result records the version at its start and at its end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Protocol, runtime_checkable
+
+import torch
+
+from rl_core.types import EnvResult, GenerationRequest, GenerationResult, TrainChunk
+
+# Where new weights come from: an in-process state dict (HF parameter names), or a
+# directory of safetensors files (filesystem handoff).
+WeightSource = Mapping[str, torch.Tensor] | str | Path
+
+
+@runtime_checkable
+class GenerationBackend(Protocol):
+    """Generates completions; all methods are called from the controller's event loop."""
+
+    @property
+    def weight_version(self) -> int: ...
+
+    async def start(self) -> None:
+        """Bring the backend up (load weights, start worker threads or connect to servers)."""
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Generate one sample. An aborted request returns with finish_reason 'abort'."""
+
+    async def abort(self, request_id: str) -> None:
+        """Stop one in-flight request now and free its capacity."""
+
+    async def update_weights(self, version: int, weights: WeightSource) -> None:
+        """Swap in new weights; requests in flight continue on them (their tokens record the version)."""
+
+    async def invalidate_kv_cache(self) -> None:
+        """Recompute/drop cached keys and values computed with older weights."""
+
+    def capacity(self) -> int:
+        """How many requests the backend can usefully run at once."""
+
+    def metrics(self) -> dict[str, float]:
+        """Counters since start (tokens generated, busy time, ...)."""
+
+    async def shutdown(self) -> None: ...
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """Turns a dataset example into the first observation and a completion into rewards.
+
+    It owns the templating of its observations (chat template or raw text), so the
+    controller only ever sees token ids.
+    """
+
+    name: str
+
+    def prompt_ids(self, example: dict[str, Any]) -> list[int]:
+        """Token ids of the (templated) prompt for this example."""
+
+    def stop_strings(self) -> tuple[str, ...]:
+        """Strings that end a completion for this environment (besides the end token)."""
+
+    def score(self, example: dict[str, Any], completion_ids: list[int], completion_text: str,
+              finish_reason: str) -> EnvResult:
+        """Reward(s) for one completion, and whether to mask it out of the loss."""
+
+
+@dataclass
+class LossOutput:
+    """A loss over one microbatch, in *sum* form so that chunks can stream into one step.
+
+    The trainer backpropagates `loss_sum`, adds `normalizer` to the step's total, and at
+    `finish()` divides the accumulated gradients by that total: exact token-level (or
+    sequence-level) averaging over the whole step however the step was chunked.
+    `metrics` maps a name to (sum, count) so that means reduce correctly across chunks.
+    """
+
+    loss_sum: torch.Tensor
+    normalizer: float
+    metrics: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+
+class PolicyLoss(Protocol):
+    """A loss function of the trainer's current logprobs and a chunk."""
+
+    needs_reference_logprobs: bool
+    needs_prev_logprobs: bool
+
+    def __call__(self, logprobs: torch.Tensor, chunk: TrainChunk) -> LossOutput: ...
+
+
+@runtime_checkable
+class TrainerBackend(Protocol):
+    """The training side. One RL step = begin -> train_microbatches (any number of chunks) -> finish."""
+
+    version: int
+
+    def begin(self, loss: PolicyLoss) -> None:
+        """Open one logical step (raises if one is already open)."""
+
+    def train_microbatches(self, chunk: TrainChunk) -> None:
+        """Forward/backward over a chunk in microbatches; gradients accumulate."""
+
+    def finish(self) -> dict[str, float]:
+        """Normalise, clip, take one optimizer step, bump `version`; returns metrics."""
+
+    def abort(self) -> None:
+        """Drop the open step's gradients; no optimizer step is taken."""
+
+    def logprobs(self, chunk: TrainChunk, reference: bool = False) -> torch.Tensor:
+        """Per-token logprobs [B, T] of the chunk's tokens under the current (or reference) weights."""
+
+    def export_weights(self) -> dict[str, torch.Tensor]:
+        """The current weights under HF parameter names (for refit and checkpoints)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...

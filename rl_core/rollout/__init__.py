@@ -1,0 +1,1 @@
+"""Generating and scoring prompt groups, for training rollouts and for validation."""

@@ -1,0 +1,67 @@
+"""Validation: accuracy, pass@k and lengths of a policy on held-out prompts.
+
+Owns: generating k samples per held-out prompt with validation-only sampling parameters
+(greedy by default) on one pinned weight version, and the metrics: accuracy (mean
+correctness over all samples), pass@k (share of prompts with at least one correct
+sample), mean completion length, truncation rate. Used during training (by the
+controller) and on saved checkpoints (by the workflow's validate/evaluate stages).
+
+Does not own: when validation runs, or pinning the version (the caller must not refit
+while `run` is in progress; the returned record names the version it saw).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from typing import Any
+
+from rl_core.config.schema import ValidationConfig
+from rl_core.rollout.group import generate_group, is_correct, sampling_params
+
+
+class Validator:
+    def __init__(self, cfg: ValidationConfig, env, tokenizer, examples: list[dict[str, Any]], seed: int,
+                 stop_token_ids: tuple[int, ...] = (), max_concurrency: int = 256):
+        self.cfg = cfg
+        self.env = env
+        self.tokenizer = tokenizer
+        limit = cfg.max_val_samples or len(examples)
+        self.examples = examples[:limit]
+        self.seed = seed
+        self.params = sampling_params(cfg.sampling, stop_token_ids, env.stop_strings())
+        self.max_concurrency = max_concurrency
+
+    async def run(self, backend, label: str = "val") -> dict[str, Any]:
+        t0 = time.monotonic()
+        version = backend.weight_version
+        k = self.cfg.num_val_generations_per_prompt
+        sem = asyncio.Semaphore(max(1, self.max_concurrency // k))
+
+        async def one(i: int, ex: dict):
+            async with sem:
+                return await generate_group(backend, self.env, self.tokenizer, ex, self.env.prompt_ids(ex), k,
+                                            self.params, f"{label}-v{version}-{i}", (self.seed, 10**9 + version, i))
+
+        groups = await asyncio.gather(*(one(i, ex) for i, ex in enumerate(self.examples)))
+        if backend.weight_version != version:
+            raise RuntimeError(f"weights changed during validation ({version} -> {backend.weight_version})")
+        samples = [s for g in groups for s in g]
+        correct = [[is_correct(s) for s in g] for g in groups]
+        return {
+            "weight_version": version,
+            "num_prompts": len(groups),
+            "num_generations_per_prompt": k,
+            "accuracy": statistics.fmean(c for row in correct for c in row),
+            f"pass@{k}": statistics.fmean(1.0 if any(row) else 0.0 for row in correct),
+            "reward_mean": statistics.fmean(s.reward for s in samples),
+            "mean_length": statistics.fmean(len(s.completion_ids) for s in samples),
+            "truncation_rate": statistics.fmean(1.0 if s.truncated else 0.0 for s in samples),
+            "seconds": time.monotonic() - t0,
+            "examples": [
+                {"prompt": ex.get("prompt"), "answer": ex.get("answer"), "completion": g[0].info.get("text"),
+                 "correct": bool(c[0])}
+                for ex, g, c in list(zip(self.examples, groups, correct))[:8]
+            ],
+        }

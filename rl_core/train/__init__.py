@@ -1,0 +1,1 @@
+"""Training backends behind the TrainerBackend protocol (split step API)."""

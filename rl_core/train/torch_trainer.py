@@ -1,0 +1,176 @@
+"""The torch training backend: one process, a transformers causal LM, AdamW.
+
+Owns: the split step API (`begin` / `train_microbatches` / `finish` / `abort`), per-token
+logprob computation (the same formula the generation engine reports:
+log_softmax(logits / T) of each token given its prefix), microbatching, gradient
+accumulation in sum form with one normalisation at `finish`, gradient clipping, the
+optimizer and its state, the optional frozen reference model, and weight export.
+
+Does not own: what to train on (the train pump), the loss formula (algorithms.losses),
+or distributed training (other backends sit behind the same protocol).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rl_core.config.schema import TrainerConfig
+from rl_core.protocols import PolicyLoss
+from rl_core.types import TrainChunk
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   temperature: float = 1.0) -> torch.Tensor:
+    """[B, T] logprob of token t given tokens < t (position 0 gets 0)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    logits = logits[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    lp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
+
+
+class TorchTrainer:
+    """`trainer.backend: torch`."""
+
+    def __init__(self, model_dir: str | Path, cfg: TrainerConfig, *, logprob_temperature: float = 1.0,
+                 device: str = "cpu", dtype: str = "float32", keep_reference: bool = False, version: int = 0):
+        from transformers import AutoModelForCausalLM
+
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.temperature = logprob_temperature
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=DTYPES[dtype]).to(self.device)
+        self.model.train()
+        self.reference = None
+        if keep_reference:
+            self.reference = copy.deepcopy(self.model).eval()
+            for p in self.reference.parameters():
+                p.requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay,
+        )
+        self.version = version
+        self.optimizer_steps = 0
+        self._loss: PolicyLoss | None = None
+        self._reset_step()
+
+    # ------------------------------------------------------------------ split step API
+
+    def _reset_step(self) -> None:
+        self._normalizer = 0.0
+        self._loss_sum = 0.0
+        self._metric_sums: dict[str, list[float]] = {}
+        self._num_samples = 0
+        self._num_tokens = 0
+        self._t_compute = 0.0
+
+    def begin(self, loss: PolicyLoss) -> None:
+        if self._loss is not None:
+            raise RuntimeError("begin() called while a step is open; call finish() or abort() first")
+        self._loss = loss
+        self._reset_step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def train_microbatches(self, chunk: TrainChunk) -> None:
+        if self._loss is None:
+            raise RuntimeError("train_microbatches() called without begin()")
+        t0 = time.perf_counter()
+        mbs = self.cfg.microbatch_size
+        for start in range(0, chunk.num_samples, mbs):
+            mb = chunk.slice(start, min(start + mbs, chunk.num_samples)).to(self.device)
+            if mb.num_valid_tokens() == 0:
+                continue  # nothing to train: no forward/backward
+            if self._loss.needs_reference_logprobs and mb.ref_logprobs is None:
+                mb.ref_logprobs = self.logprobs(mb, reference=True)
+            lp = token_logprobs(self.model, mb.input_ids, mb.attention_mask, self.temperature)
+            out = self._loss(lp, mb)
+            out.loss_sum.backward()
+            self._normalizer += out.normalizer
+            self._loss_sum += float(out.loss_sum.detach().item())
+            for k, (s, c) in out.metrics.items():
+                acc = self._metric_sums.setdefault(k, [0.0, 0.0])
+                acc[0] += s
+                acc[1] += c
+            self._num_samples += mb.num_samples
+            self._num_tokens += mb.num_valid_tokens()
+        self._t_compute += time.perf_counter() - t0
+
+    def finish(self) -> dict[str, float]:
+        if self._loss is None:
+            raise RuntimeError("finish() called without begin()")
+        t0 = time.perf_counter()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        metrics: dict[str, float] = {}
+        if self._normalizer > 0 and params:
+            scale = 1.0 / self._normalizer
+            for p in params:
+                p.grad.mul_(scale)
+            max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else math.inf
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+            if not math.isfinite(grad_norm):
+                self.optimizer.zero_grad(set_to_none=True)
+                self._loss = None
+                raise FloatingPointError(f"non-finite gradient norm ({grad_norm}) at RL step {self.version}")
+            self.optimizer.step()
+            self.optimizer_steps += 1
+            metrics["grad_norm"] = grad_norm
+            metrics["loss"] = self._loss_sum / self._normalizer
+            metrics["skipped_update"] = 0.0
+        else:
+            metrics["skipped_update"] = 1.0
+        self.optimizer.zero_grad(set_to_none=True)
+        for k, (s, c) in self._metric_sums.items():
+            metrics[k] = s / c if c else 0.0
+        metrics["num_samples"] = float(self._num_samples)
+        metrics["num_tokens"] = float(self._num_tokens)
+        metrics["lr"] = self.optimizer.param_groups[0]["lr"]
+        metrics["compute_s"] = self._t_compute + (time.perf_counter() - t0)
+        self.version += 1
+        self._loss = None
+        return metrics
+
+    def abort(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self._loss = None
+        self._reset_step()
+
+    # ------------------------------------------------------------------ inference / export / state
+
+    @torch.no_grad()
+    def logprobs(self, chunk: TrainChunk, reference: bool = False) -> torch.Tensor:
+        model = self.reference if reference else self.model
+        if model is None:
+            raise RuntimeError("reference logprobs requested but no reference model is kept (loss.kl_coef == 0)")
+        out = []
+        mbs = self.cfg.microbatch_size
+        for start in range(0, chunk.num_samples, mbs):
+            mb = chunk.slice(start, min(start + mbs, chunk.num_samples)).to(self.device)
+            lp = token_logprobs(model, mb.input_ids, mb.attention_mask, self.temperature)
+            pad = chunk.input_ids.shape[1] - lp.shape[1]
+            out.append(torch.nn.functional.pad(lp, (0, pad)))
+        return torch.cat(out, dim=0) if out else torch.zeros_like(chunk.gen_logprobs)
+
+    def export_weights(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    def save_pretrained(self, out_dir: str | Path) -> None:
+        self.model.save_pretrained(str(out_dir), safe_serialization=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "optimizer_steps": self.optimizer_steps,
+                "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.version = int(state["version"])
+        self.optimizer_steps = int(state["optimizer_steps"])
+        self.optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,184 @@
+"""Plain records passed between the parts: requests, samples, prompt groups, train chunks.
+
+Owns: the data shapes every seam agrees on, and the one function that packs samples into
+padded training tensors (`make_train_chunk`). Does not own: behaviour (protocols.py) or
+any policy about what to train (samplers, algorithms).
+
+Token alignment used everywhere: a sequence is `prompt_ids + completion_ids`; per-token
+arrays of a chunk are aligned with `input_ids`, the value at position t describing token t
+(its logprob given tokens < t). Prompt positions and padding carry `loss_mask = 0`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling. `greedy` (or temperature 0) takes the arg-max token."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    greedy: bool = False
+    max_tokens: int = 16
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    seed: int | None = None
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.greedy or self.temperature == 0.0
+
+    @property
+    def logprob_temperature(self) -> float:
+        """Temperature under which logprobs are reported: log_softmax(logits / T) (T=1 when greedy)."""
+        return 1.0 if self.is_greedy else self.temperature
+
+
+@dataclass
+class GenerationRequest:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass
+class GenerationResult:
+    """What a backend returns for one request."""
+
+    request_id: str
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length" | "abort"
+    start_version: int
+    end_version: int
+    token_versions: list[int] | None = None  # weight version that produced each token
+    started_at: float = 0.0
+    finished_at: float = 0.0
+
+
+@dataclass
+class EnvResult:
+    """What an environment says about one completion."""
+
+    reward: float
+    rewards: dict[str, float] = field(default_factory=dict)  # named components (multi-reward)
+    mask: bool = False  # True: exclude this sample from the loss (environment-flagged)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Sample:
+    """One scored completion of a prompt."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    gen_logprobs: list[float]
+    reward: float
+    finish_reason: str
+    start_version: int
+    end_version: int
+    rewards: dict[str, float] = field(default_factory=dict)
+    env_mask: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+
+@dataclass
+class PromptGroup:
+    """All N samples of one prompt: the unit of dispatch, buffering, sampling and eviction."""
+
+    group_id: str
+    prompt_index: int  # index of the example in the training file
+    epoch: int
+    example: dict[str, Any]
+    samples: list[Sample]
+    start_version: int  # weight version served when the group was dispatched
+    end_version: int  # weight version served when its last sample finished
+    target_step: int | None = None
+    dispatched_at: float = 0.0
+    committed_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def rewards(self) -> list[float]:
+        return [s.reward for s in self.samples]
+
+
+@dataclass
+class TrainChunk:
+    """Padded tensors for a set of samples (right padding), aligned with input_ids."""
+
+    input_ids: torch.Tensor  # [B, T] long
+    attention_mask: torch.Tensor  # [B, T] long, 1 = real token
+    loss_mask: torch.Tensor  # [B, T] float, 1 = completion token that is trained
+    gen_logprobs: torch.Tensor  # [B, T] float, generation logprob of token t (0 where masked)
+    advantages: torch.Tensor  # [B, T] float (sequence advantages broadcast over tokens)
+    sample_mask: torch.Tensor  # [B] float, 0 = sample excluded from the loss
+    start_versions: torch.Tensor  # [B] long
+    ref_logprobs: torch.Tensor | None = None  # [B, T] float, reference policy (for KL)
+    prev_logprobs: torch.Tensor | None = None  # [B, T] float, policy before this RL step's updates
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def num_valid_tokens(self) -> int:
+        return int((self.loss_mask * self.sample_mask[:, None]).sum().item())
+
+    def to(self, device: torch.device | str) -> "TrainChunk":
+        def move(t):
+            return None if t is None else t.to(device, non_blocking=True)
+
+        return TrainChunk(**{k: move(getattr(self, k)) for k in self.__dataclass_fields__})
+
+    def slice(self, start: int, stop: int) -> "TrainChunk":
+        def cut(t):
+            return None if t is None else t[start:stop]
+
+        out = TrainChunk(**{k: cut(getattr(self, k)) for k in self.__dataclass_fields__})
+        # trim right padding shared by the slice
+        width = int(out.attention_mask.sum(dim=1).max().item()) if out.num_samples else 0
+        for k in ("input_ids", "attention_mask", "loss_mask", "gen_logprobs", "advantages", "ref_logprobs", "prev_logprobs"):
+            t = getattr(out, k)
+            if t is not None:
+                setattr(out, k, t[:, :width])
+        return out
+
+
+def make_train_chunk(samples: list[Sample], advantages: list[float] | torch.Tensor, pad_id: int = 0,
+                     token_advantages: list[list[float]] | None = None) -> TrainChunk:
+    """Pack samples into right-padded tensors. `advantages` has one value per sample
+    (broadcast over its completion tokens) unless `token_advantages` gives per-token values."""
+    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
+    B, T = len(samples), max(lengths) if samples else 0
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attention = torch.zeros((B, T), dtype=torch.long)
+    loss_mask = torch.zeros((B, T), dtype=torch.float32)
+    gen_lp = torch.zeros((B, T), dtype=torch.float32)
+    adv = torch.zeros((B, T), dtype=torch.float32)
+    sample_mask = torch.ones(B, dtype=torch.float32)
+    versions = torch.zeros(B, dtype=torch.long)
+    adv_list = advantages.tolist() if isinstance(advantages, torch.Tensor) else list(advantages)
+    for i, s in enumerate(samples):
+        p, c = len(s.prompt_ids), len(s.completion_ids)
+        input_ids[i, : p + c] = torch.tensor(s.prompt_ids + s.completion_ids, dtype=torch.long)
+        attention[i, : p + c] = 1
+        loss_mask[i, p : p + c] = 1.0
+        gen_lp[i, p : p + c] = torch.tensor(s.gen_logprobs, dtype=torch.float32)
+        if token_advantages is not None:
+            adv[i, p : p + c] = torch.tensor(token_advantages[i], dtype=torch.float32)
+        else:
+            adv[i, p : p + c] = float(adv_list[i])
+        sample_mask[i] = 0.0 if s.env_mask else 1.0
+        versions[i] = s.start_version
+    return TrainChunk(input_ids, attention, loss_mask, gen_lp, adv, sample_mask, versions)
