@@ -62,6 +62,7 @@ class Controller:
         self.progress: Progress | None = None
         self.rollout: RolloutPump | None = None
         self.train: TrainPump | None = None
+        self._t_pumps = time.monotonic()
 
     # ------------------------------------------------------------------ validation
 
@@ -82,12 +83,15 @@ class Controller:
 
     async def _on_step(self, step: int, metrics: dict) -> None:
         tm = self.p.backend.metrics()
-        metrics["throughput/generated_tokens_total"] = float(self.rollout.stats.generated_tokens)
+        elapsed = time.monotonic() - self._t_pumps
+        gen_tok = self.rollout.stats.generated_tokens
+        metrics["throughput/generated_tokens_total"] = float(gen_tok)
+        metrics["throughput/generated_tokens_per_s"] = gen_tok / elapsed if elapsed > 0 else 0.0
         for k, v in tm.items():
             metrics[f"generation/{k}"] = v
         self.logger.log(step + 1, metrics)
         self.progress.update(step + 1, reward=metrics["train/reward_mean"], acc=metrics["train/accuracy"],
-                             stale=metrics["staleness/max"], gen_tok_s=tm.get("tokens_per_s"))
+                             stale=metrics["staleness/max"], tok_s=metrics["throughput/generated_tokens_per_s"])
         vcfg = self.cfg.validation
         if vcfg.val_period and (step + 1) % vcfg.val_period == 0 and step + 1 < self.total_steps:
             await self._validate(f"step{step + 1}")
@@ -118,7 +122,7 @@ class Controller:
         try:
             if cfg.validation.val_at_start:
                 await self._validate("start")
-            t_pumps = time.monotonic()
+            t_pumps = self._t_pumps = self.progress.t0 = time.monotonic()
             rollout_task = asyncio.create_task(self.rollout.run(), name="rollout_pump")
             train_task = asyncio.create_task(self.train.run(), name="train_pump")
             done, _ = await asyncio.wait({rollout_task, train_task}, return_when=asyncio.FIRST_EXCEPTION)
