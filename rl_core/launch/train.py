@@ -40,6 +40,10 @@ def setup_process(cfg: RecipeConfig) -> None:
         torch.set_num_threads(cfg.runtime.torch_num_threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     random.seed(cfg.grpo.seed)
     np.random.seed(cfg.grpo.seed % (2**32))
     torch.manual_seed(cfg.grpo.seed)
