@@ -1,16 +1,20 @@
 """The single controller: wires the parts and runs the two pumps concurrently.
 
 Owns: the run's life cycle on one asyncio event loop: start the generation backend,
-validate at start, run the rollout pump and the train pump side by side (the first
-failure of either stops both), periodic and final validation pinned to one weight
-version, metric logging, progress, the timeline, and the run summary.
+restore a checkpointed state, validate at start, run the rollout pump and the train
+pump side by side until the trainer reaches `stop_step` (the first failure of either
+stops both), periodic and final validation pinned to one weight version, metric logging,
+progress, the rollout spool, step checkpoints at quiescent points, the timeline, and the
+run summary.
 
-Does not own: building the parts from a recipe (`rl_core.launch.train`), the policy of
-either pump, or persistence of checkpoints (the workflow stages own those).
+Does not own: building the parts from a recipe (rl_core.launch), the policy of either
+pump, or the checkpoint format (rl_core.checkpoint).
 
-Validation during training runs inside the train pump's step boundary, after refit: the
-weight version cannot change while it runs; rollout admission is *not* paused, so
-rollouts for later steps keep generating on the same engine alongside it.
+Validation during training runs at the train pump's step boundary, after refit and
+before the new version is published: the weight version cannot change while it runs;
+rollout admission is not paused, so groups already admitted keep generating alongside.
+A checkpoint is taken at the same boundary after dispatch is closed and every in-flight
+group has committed, so it holds the exact state (ready groups included) to resume from.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rl_core.buffer.replay_buffer import ReplayBuffer
 from rl_core.config.schema import RecipeConfig
@@ -31,6 +35,7 @@ from rl_core.fsutil import atomic_write_json
 from rl_core.metrics.logger import MetricsLogger
 from rl_core.metrics.progress import Progress
 from rl_core.rollout.group import sampling_params
+from rl_core.rollout.spool import RolloutSpool
 from rl_core.rollout.validation import Validator
 
 
@@ -50,21 +55,59 @@ class Parts:
     pad_id: int
 
 
+# save(version, controller_state) -> None; called at quiescent step boundaries
+CheckpointFn = Callable[[int, dict], Any]
+
+
 class Controller:
-    def __init__(self, cfg: RecipeConfig, parts: Parts, run_dir: str | Path, total_steps: int):
+    def __init__(self, cfg: RecipeConfig, parts: Parts, run_dir: str | Path, total_steps: int, *,
+                 stop_step: int | None = None, restore: dict | None = None, checkpoint_fn: CheckpointFn | None = None,
+                 checkpoint_every: int = 0, spool_dir: str | Path | None = None,
+                 val_at_start: bool | None = None, val_at_end: bool | None = None):
         self.cfg = cfg
         self.p = parts
         self.run_dir = Path(run_dir)
         self.total_steps = total_steps
+        self.stop_step = total_steps if stop_step is None else min(stop_step, total_steps)
+        self.restore = restore
+        self.checkpoint_fn = checkpoint_fn
+        self.checkpoint_every = checkpoint_every
+        self.spool = RolloutSpool(spool_dir) if spool_dir else None
+        self.val_at_start = cfg.validation.val_at_start if val_at_start is None else val_at_start
+        self.val_at_end = cfg.validation.val_at_end if val_at_end is None else val_at_end
+        self.start_step = parts.trainer.version
         self.timeline = Timeline()
         self.validations: list[dict] = []
         self.logger: MetricsLogger | None = None
         self.progress: Progress | None = None
         self.rollout: RolloutPump | None = None
         self.train: TrainPump | None = None
+        self.buffer: ReplayBuffer | None = None
         self._t_pumps = time.monotonic()
+        self.checkpoints_written: list[int] = []
 
-    # ------------------------------------------------------------------ validation
+    # ------------------------------------------------------------------ state
+
+    def capture_state(self) -> dict:
+        """The controller's quiescent state (call only with nothing in flight)."""
+        return {
+            "rl_step": self.p.trainer.version,
+            "epoch": self.p.source.epoch,
+            "total_steps": self.total_steps,
+            "source": self.p.source.state_dict(),
+            "sampler": self.p.sampler.state_dict(),
+            "rollout": self.rollout.state_dict(),
+            "buffer": self.buffer.state_dict(),
+        }
+
+    def _apply_restore(self) -> None:
+        st = self.restore
+        self.p.source.load_state_dict(st["source"])
+        self.p.sampler.load_state_dict(st["sampler"])
+        self.rollout.load_state_dict(st["rollout"])
+        self.buffer.load_state_dict(st["buffer"])
+
+    # ------------------------------------------------------------------ hooks
 
     async def _validate(self, label: str) -> dict:
         val = Validator(self.cfg.validation, self.p.env, self.p.tokenizer, self.p.val_examples, self.cfg.grpo.seed,
@@ -81,7 +124,7 @@ class Controller:
                               f"prompts ({res['seconds']:.1f}s)")
         return res
 
-    async def _on_step(self, step: int, metrics: dict) -> None:
+    async def _on_step(self, step: int, metrics: dict, trained) -> None:
         tm = self.p.backend.metrics()
         elapsed = time.monotonic() - self._t_pumps
         gen_tok = self.rollout.stats.generated_tokens
@@ -90,11 +133,29 @@ class Controller:
         for k, v in tm.items():
             metrics[f"generation/{k}"] = v
         self.logger.log(step + 1, metrics)
-        self.progress.update(step + 1, reward=metrics["train/reward_mean"], acc=metrics["train/accuracy"],
-                             stale=metrics["staleness/max"], tok_s=metrics["throughput/generated_tokens_per_s"])
+        if self.spool is not None:
+            await asyncio.to_thread(self.spool.write, step, step, trained)
+        self.progress.update(step + 1 - self.start_step, reward=metrics["train/reward_mean"],
+                             acc=metrics["train/accuracy"], stale=metrics["staleness/max"],
+                             tok_s=metrics["throughput/generated_tokens_per_s"])
         vcfg = self.cfg.validation
         if vcfg.val_period and (step + 1) % vcfg.val_period == 0 and step + 1 < self.total_steps:
             await self._validate(f"step{step + 1}")
+
+    async def _on_checkpoint(self, version: int) -> None:
+        due = version == self.stop_step or (self.checkpoint_every and version % self.checkpoint_every == 0)
+        if self.checkpoint_fn is None or not due:
+            return
+        await self.rollout.set_dispatch_open(False)
+        try:
+            await self.rollout.wait_idle()
+            t0 = time.monotonic()
+            state = self.capture_state()
+            await asyncio.to_thread(self.checkpoint_fn, version, state)
+            self.checkpoints_written.append(version)
+            self.progress.message(f"[checkpoint] RL step {version} saved ({time.monotonic() - t0:.1f}s)")
+        finally:
+            await self.rollout.set_dispatch_open(True)
 
     # ------------------------------------------------------------------ run
 
@@ -102,25 +163,31 @@ class Controller:
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.logger = MetricsLogger(self.run_dir, cfg.logging.tensorboard, cfg.logging.jsonl)
-        self.progress = Progress(self.total_steps, cfg.logging.progress)
+        self.progress = Progress(max(1, self.stop_step - self.start_step), cfg.logging.progress)
         cond = asyncio.Condition()
         clock = VersionClock(cond, self.p.trainer.version)
-        buffer = ReplayBuffer(cfg.async_rl.max_buffered_groups, cond)
+        self.buffer = ReplayBuffer(cfg.async_rl.max_buffered_groups, cond)
         params = sampling_params(cfg.generation, self.p.stop_token_ids, self.p.env.stop_strings())
+        lookahead = getattr(self.p.sampler, "staleness_bound", 0)
         self.rollout = RolloutPump(
-            source=self.p.source, sampler=self.p.sampler, buffer=buffer, backend=self.p.backend, env=self.p.env,
+            source=self.p.source, sampler=self.p.sampler, buffer=self.buffer, backend=self.p.backend, env=self.p.env,
             tokenizer=self.p.tokenizer, clock=clock, cond=cond, timeline=self.timeline, params=params,
             num_generations=cfg.grpo.num_generations_per_prompt, max_inflight_groups=cfg.async_rl.max_inflight_groups,
-            total_steps=self.total_steps, seed=cfg.grpo.seed)
-        refitter = Refitter([self.p.backend], self.p.trainer, self.rollout, cfg.async_rl.refit_mode)
+            dispatch_limit=min(self.total_steps, self.stop_step + lookahead), seed=cfg.grpo.seed)
+        if self.restore is not None:
+            self._apply_restore()
+        mode = "barrier" if cfg.async_rl.reproducible else (cfg.async_rl.refit_mode or "in_flight")
+        refitter = Refitter([self.p.backend], self.p.trainer, self.rollout, mode, lookahead)
         self.train = TrainPump(
-            cfg=cfg, sampler=self.p.sampler, buffer=buffer, trainer=self.p.trainer, loss=self.p.loss,
+            cfg=cfg, sampler=self.p.sampler, buffer=self.buffer, trainer=self.p.trainer, loss=self.p.loss,
             refitter=refitter, clock=clock, cond=cond, timeline=self.timeline, rollout=self.rollout,
-            total_steps=self.total_steps, pad_id=self.p.pad_id, on_step=self._on_step)
+            stop_step=self.stop_step, pad_id=self.p.pad_id, on_step=self._on_step,
+            on_checkpoint=self._on_checkpoint)
         t0 = time.monotonic()
+        pump_s = 0.0
         await self.p.backend.start()
         try:
-            if cfg.validation.val_at_start:
+            if self.val_at_start:
                 await self._validate("start")
             t_pumps = self._t_pumps = self.progress.t0 = time.monotonic()
             rollout_task = asyncio.create_task(self.rollout.run(), name="rollout_pump")
@@ -132,12 +199,14 @@ class Controller:
                         other.cancel()
                     await asyncio.gather(rollout_task, train_task, return_exceptions=True)
                     raise task.exception()
-            await asyncio.gather(train_task)
+            await train_task
+            # the rollout pump stops by itself at its dispatch limit; groups it ran ahead for the
+            # next steps are already committed (they were in the final checkpoint)
             await self.rollout.stop()
             await rollout_task
             pump_s = time.monotonic() - t_pumps
             self.progress.close()
-            if cfg.validation.val_at_end:
+            if self.val_at_end:
                 await self._validate("end")
         finally:
             self.progress.close()
@@ -154,6 +223,9 @@ class Controller:
         summary = {
             "run_name": self.cfg.run_name,
             "rl_steps": self.p.trainer.version,
+            "start_step": self.start_step,
+            "stop_step": self.stop_step,
+            "total_steps": self.total_steps,
             "optimizer_steps": getattr(self.p.trainer, "optimizer_steps", None),
             "epoch": self.p.source.epoch,
             "wall_s": wall_s,
@@ -164,7 +236,8 @@ class Controller:
             "rollout_idle_s": self.rollout.stats.idle_s,
             "generated_tokens": self.rollout.stats.generated_tokens,
             "max_staleness": max(self.train.staleness_log) if self.train.staleness_log else 0,
-            "staleness_bound": self.p.sampler.staleness_bound,
+            "staleness_bound": getattr(self.p.sampler, "staleness_bound", None),
+            "checkpoints": self.checkpoints_written,
             "val_start": {k: start[k] for k in ("accuracy", "weight_version")} if start else None,
             "val_end": {k: end[k] for k in ("accuracy", "weight_version")} if end else None,
             "validations": [{k: v for k, v in r.items() if k != "examples"} for r in self.validations],

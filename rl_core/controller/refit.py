@@ -1,8 +1,13 @@
 """Refit: moving the trainer's new weights into the generation backends.
 
-Owns: the refit modes (`in_flight`: swap while generations run, each token records the
-version that produced it; `drain`: close dispatch, let in-flight generations finish, swap,
-reopen, so no sample spans two versions), the timing and byte counts of each refit.
+Owns: the refit modes, their timing and byte counts:
+- `in_flight`: swap while generations run; each token records the version that made it.
+- `drain`: close dispatch, let in-flight generations finish, swap, reopen: no sample spans
+  two versions.
+- `barrier` (reproducible runs): before leaving version v, wait until every group that
+  may be generated with version v (target steps <= v + lookahead) has been dispatched and
+  committed; then swap. Each step's groups are thus generated with exactly one, known
+  version, whatever the timing.
 
 Does not own: the transport (each backend's `update_weights` takes a state dict or a
 directory; `rl_core.weights` owns filesystem/NCCL handoff), or when to refit (train pump).
@@ -12,24 +17,30 @@ from __future__ import annotations
 
 import time
 
+MODES = ("in_flight", "drain", "barrier")
+
 
 class Refitter:
-    def __init__(self, backends, trainer, rollout, mode: str = "in_flight"):
-        if mode not in ("in_flight", "drain"):
-            raise ValueError(f"unknown refit mode {mode!r}")
+    def __init__(self, backends, trainer, rollout, mode: str = "in_flight", lookahead: int = 0):
+        if mode not in MODES:
+            raise ValueError(f"unknown refit mode {mode!r}; expected one of {MODES}")
         self.backends = list(backends)
         self.trainer = trainer
         self.rollout = rollout
         self.mode = mode
+        self.lookahead = lookahead
         self.count = 0
 
     async def refit(self, version: int) -> dict[str, float]:
+        """Publish weights `version` (= the trainer's new version) to every backend."""
         t0 = time.monotonic()
-        drain_s = 0.0
-        if self.mode == "drain":
+        if self.mode == "barrier":
+            # groups pinned to the outgoing version v = version - 1 are those of steps <= v + lookahead
+            await self.rollout.wait_committed_through(version - 1 + self.lookahead)
+        elif self.mode == "drain":
             await self.rollout.set_dispatch_open(False)
             await self.rollout.wait_idle()
-            drain_s = time.monotonic() - t0
+        wait_s = time.monotonic() - t0
         try:
             weights = self.trainer.export_weights()
             nbytes = sum(t.numel() * t.element_size() for t in weights.values())
@@ -41,6 +52,5 @@ class Refitter:
             if self.mode == "drain":
                 await self.rollout.set_dispatch_open(True)
         self.count += 1
-        total = time.monotonic() - t0
-        return {"seconds": total, "drain_s": drain_s, "update_s": update_s, "bytes": float(nbytes),
+        return {"seconds": time.monotonic() - t0, "wait_s": wait_s, "update_s": update_s, "bytes": float(nbytes),
                 "bytes_per_s": nbytes / update_s if update_s > 0 else 0.0}

@@ -3,17 +3,18 @@
 Owns: drawing prompt batches from the epoch-bounded `PromptSource`, the dispatch valves
 (the sampler's admission gate, buffer capacity, the in-flight cap, and the refit gate),
 launching one task per prompt group, committing finished groups with their start/end
-weight versions, and what it is waiting on (for the watchdog and progress).
+weight versions, its own resumable state (prompts drawn but not yet dispatched,
+counters), and what it is waiting on (for the watchdog and progress).
 
 Does not own: staleness policy (sampler), training, or refit (it only obeys the gate the
-refitter closes and reports how many groups are in flight).
+refitter closes and answers "is everything up to step s committed?").
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from rl_core.buffer.replay_buffer import ReplayBuffer, SlotState
 from rl_core.controller.events import Timeline, VersionClock, notify, wait_until
@@ -26,16 +27,16 @@ from rl_core.types import PromptGroup, SamplingParams
 class RolloutStats:
     dispatched_groups: int = 0
     committed_groups: int = 0
+    aborted_groups: int = 0
     generated_tokens: int = 0
     idle_s: float = 0.0  # time spent waiting on a valve
-    env_s: float = 0.0
     per_step_tokens: dict[int, int] = field(default_factory=dict)
 
 
 class RolloutPump:
     def __init__(self, *, source, sampler, buffer: ReplayBuffer, backend: GenerationBackend, env: Environment,
                  tokenizer, clock: VersionClock, cond: asyncio.Condition, timeline: Timeline,
-                 params: SamplingParams, num_generations: int, max_inflight_groups: int, total_steps: int,
+                 params: SamplingParams, num_generations: int, max_inflight_groups: int, dispatch_limit: int,
                  seed: int):
         self.source = source
         self.sampler = sampler
@@ -49,16 +50,30 @@ class RolloutPump:
         self.params = params
         self.n = num_generations
         self.max_inflight = max_inflight_groups
-        self.total_steps = total_steps
+        self.dispatch_limit = dispatch_limit  # no group is dispatched for a target step >= this
         self.seed = seed
         self.stats = RolloutStats()
         self.inflight: dict[str, asyncio.Task] = {}
-        self.dispatch_open = True  # closed by the refitter's drain gate
+        self.inflight_targets: dict[str, int] = {}
+        self.dispatch_open = True  # closed by the refitter's drain gate and by checkpoints
         self.waiting_on = "not started"
         self.exhausted = False
         self._stop = False
         self._pending: list = []  # prompts drawn from the source but not dispatched yet
         self._failure: BaseException | None = None
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict:
+        """Only valid at a quiescent point (nothing in flight)."""
+        assert not self.inflight, "rollout state captured while groups are in flight"
+        return {"pending": [[int(i), int(e), ex] for i, e, ex in self._pending],
+                "stats": {k: v for k, v in asdict(self.stats).items() if k != "per_step_tokens"}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._pending = [tuple(p) for p in state["pending"]]
+        for k, v in state["stats"].items():
+            setattr(self.stats, k, v)
 
     # ------------------------------------------------------------------ control from other parts
 
@@ -68,7 +83,20 @@ class RolloutPump:
 
     async def wait_idle(self) -> None:
         """Wait until no group is in flight."""
-        await wait_until(self.cond, lambda: not self.inflight)
+        await wait_until(self.cond, lambda: not self.inflight or self._failure is not None)
+        self._raise_failed()
+
+    async def wait_committed_through(self, step: int) -> None:
+        """Wait until every group for target steps <= `step` is dispatched and finished
+        (the reproducible refit barrier). Stops waiting when no more can be dispatched."""
+        def done() -> bool:
+            if self._failure is not None:
+                return True
+            all_dispatched = (self.sampler.next_target_step() > step or self.exhausted or self._stop
+                              or self.sampler.next_target_step() >= self.dispatch_limit)
+            return all_dispatched and not any(t <= step for t in self.inflight_targets.values())
+        await wait_until(self.cond, done)
+        self._raise_failed()
 
     async def stop(self) -> None:
         self._stop = True
@@ -86,7 +114,7 @@ class RolloutPump:
 
     def _describe_wait(self) -> str:
         if not self.dispatch_open:
-            return "refit drain gate (dispatch paused while weights are swapped)"
+            return "dispatch gate (paused for a refit drain or a checkpoint)"
         if not self.sampler.can_admit(self.clock.version):
             return (f"sampler admission ({self.sampler.name}: next target step {self.sampler.next_target_step()} "
                     f"> trainer version {self.clock.version} + lookahead {self.sampler.staleness_bound})")
@@ -99,13 +127,13 @@ class RolloutPump:
     async def run(self) -> None:
         try:
             while not self._stop:
-                if self.sampler.next_target_step() >= self.total_steps:
+                if self.sampler.next_target_step() >= self.dispatch_limit:
                     break
                 if not self._pending:
                     batch = self.source.next_batch()
                     if batch is None:
                         break
-                    self._pending = list(batch)
+                    self._pending = [tuple(d) for d in batch]
                 self.waiting_on = self._describe_wait()
                 t0 = time.monotonic()
                 await wait_until(self.cond, self._admissible)
@@ -134,8 +162,9 @@ class RolloutPump:
         target = self.sampler.admit(version)
         dispatch_index = self.stats.dispatched_groups
         group_id = f"e{epoch}-p{index}-d{dispatch_index}"
-        slot = self.buffer.reserve(group_id, dispatch_index, index, epoch, version, target)
+        self.buffer.reserve(group_id, dispatch_index, index, epoch, version, target)
         self.stats.dispatched_groups += 1
+        self.inflight_targets[group_id] = target
         self.inflight[group_id] = asyncio.create_task(self._guarded(group_id, index, epoch, example, version, target))
 
     async def _guarded(self, group_id: str, *args) -> None:
@@ -149,6 +178,7 @@ class RolloutPump:
                 self._failure = exc
         finally:
             self.inflight.pop(group_id, None)
+            self.inflight_targets.pop(group_id, None)
             await notify(self.cond)
 
     async def _run_group(self, group_id: str, index: int, epoch: int, example: dict, version: int,
@@ -158,6 +188,7 @@ class RolloutPump:
         samples = await generate_group(self.backend, self.env, self.tokenizer, example, prompt_ids, self.n,
                                        self.params, group_id, (self.seed, epoch, index))
         if any(s.finish_reason == "abort" for s in samples):
+            self.stats.aborted_groups += 1
             await self.buffer.finish([self.buffer.get(group_id)], SlotState.ABORTED)
             return
         t1 = time.monotonic()

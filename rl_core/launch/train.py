@@ -77,6 +77,8 @@ def build_parts(cfg: RecipeConfig, policy_dir: str | Path, *, trainer_state: dic
     device = pick_device(cfg)
     tokenizer = AutoTokenizer.from_pretrained(str(policy_dir))
     train_examples, val_examples = load_task_data(cfg.data.train_file, cfg.data.val_file)
+    if cfg.data.max_train_examples is not None:
+        train_examples = train_examples[: cfg.data.max_train_examples]
     env = make_env(cfg.env, tokenizer)
     source = PromptSource(train_examples, cfg.grpo.num_prompts_per_step, shuffle=cfg.data.shuffle,
                           seed=cfg.grpo.seed, max_num_epochs=cfg.grpo.max_num_epochs)
@@ -108,16 +110,71 @@ def save_policy(parts, out_dir: str | Path) -> Path:
     return Path(out_dir)
 
 
-def train_from_recipe(cfg: RecipeConfig) -> dict:
-    """`rl-core train`: the whole run in this process; returns the controller's summary."""
+def run_controller(cfg: RecipeConfig, run_dir: str | Path, *, policy_dir: str | Path, stop_step: int | None = None,
+                   resume=None, checkpoint_dir: str | Path | None = None, spool_dir: str | Path | None = None,
+                   val_at_start: bool | None = None, val_at_end: bool | None = None,
+                   final_policy_dir: str | Path | None = None) -> dict:
+    """Build the parts (from `policy_dir`, or from a `LoadedCheckpoint` to resume) and run the
+    controller until RL step `stop_step`; step checkpoints go to `checkpoint_dir/step_NNNNNN`."""
+    from rl_core.checkpoint import prune, save_run_checkpoint
     from rl_core.controller.controller import Controller
+
+    if resume is not None:
+        parts = build_parts(cfg, resume.model_dir, trainer_state=resume.trainer_state,
+                            weight_version=int(resume.trainer_state["version"]))
+        restore = resume.controller_state
+    else:
+        parts = build_parts(cfg, policy_dir)
+        restore = None
+    total = parts.source.total_steps(cfg.grpo.max_num_steps)
+    resolved = cfg.model_dump(mode="json")
+    checkpoint_fn = None
+    if checkpoint_dir is not None:
+        ckdir = Path(checkpoint_dir)
+
+        def checkpoint_fn(version: int, state: dict) -> None:
+            save_run_checkpoint(ckdir / f"step_{version:06d}", trainer=parts.trainer, tokenizer=parts.tokenizer,
+                                controller_state=state, resolved_config=resolved)
+            prune(ckdir, cfg.checkpoint.keep_last)
+
+    controller = Controller(cfg, parts, run_dir, total, stop_step=stop_step, restore=restore,
+                            checkpoint_fn=checkpoint_fn, checkpoint_every=cfg.checkpoint.save_every_steps,
+                            spool_dir=spool_dir, val_at_start=val_at_start, val_at_end=val_at_end)
+    summary = asyncio.run(controller.run())
+    if final_policy_dir is not None:
+        save_policy(parts, final_policy_dir)
+    return summary
+
+
+def train_from_recipe(cfg: RecipeConfig) -> dict:
+    """`rl-core train`: the whole run in this process; returns the controller's summary.
+
+    Step checkpoints go to <run dir>/steps/; if the run dir already holds one (a killed
+    run), training resumes from the newest complete one."""
+    from rl_core.checkpoint import load_run_checkpoint, newest_complete
 
     rd = run_dir(cfg)
     write_resolved(cfg, rd)
     setup_process(cfg)
-    policy = ensure_policy(cfg, rd / "init_policy")
-    parts = build_parts(cfg, policy)
-    total = parts.source.total_steps(cfg.grpo.max_num_steps)
-    summary = asyncio.run(Controller(cfg, parts, rd, total).run())
-    save_policy(parts, rd / "final_policy")
-    return summary
+    latest = newest_complete(rd / "steps")
+    resume = None
+    if latest is not None:
+        resume = load_run_checkpoint(latest)
+        print(f"[resume] continuing from {latest} (RL step {resume.rl_step})", flush=True)
+        _truncate_metrics(rd / "metrics.jsonl", resume.rl_step)
+    policy = ensure_policy(cfg, rd / "init_policy") if resume is None else None
+    return run_controller(cfg, rd, policy_dir=policy, resume=resume, checkpoint_dir=rd / "steps",
+                          val_at_start=None if resume is None else False, final_policy_dir=rd / "final_policy")
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop metric records logged after `step` by a run that was killed after its last checkpoint."""
+    from rl_core.fsutil import atomic_write_text
+    from rl_core.metrics.logger import read_jsonl
+
+    if not path.exists():
+        return
+    keep = [r for r in read_jsonl(path) if r.get("step", 0) <= step]
+    import json
+
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))

@@ -1,0 +1,86 @@
+"""Saving and restoring a whole run at an RL-step boundary.
+
+Owns: what goes into a run checkpoint (trainer weights as an HF directory, optimizer
+state, RNG states, the controller's quiescent state: versions, counters, dataloader
+position, prompts drawn but not dispatched, sampler state, and the ready prompt groups
+with their payloads) and turning it back into the objects the controller runs with.
+
+Does not own: the directory format and its verification (store.py), or deciding when a
+checkpoint is taken (the train pump, at quiescent points: nothing in flight).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from rl_core.checkpoint.store import load_json, load_torch, rng_state, set_rng_state, verify_checkpoint, write_checkpoint
+from rl_core.types import PromptGroup, Sample
+
+
+def group_to_json(g: PromptGroup) -> dict[str, Any]:
+    return dataclasses.asdict(g)
+
+
+def group_from_json(d: dict[str, Any]) -> PromptGroup:
+    d = dict(d)
+    d["samples"] = [Sample(**s) for s in d["samples"]]
+    return PromptGroup(**d)
+
+
+def save_run_checkpoint(path: str | Path, *, trainer, tokenizer, controller_state: dict[str, Any],
+                        resolved_config: dict[str, Any]) -> Path:
+    """Write a complete run checkpoint atomically (manifest last)."""
+    import torch
+
+    controller_state = dict(controller_state)
+    buffer_state = controller_state.pop("buffer")
+    ready = [{**{k: v for k, v in r.items() if k != "group"}, "group": group_to_json(r["group"])}
+             for r in buffer_state["ready"]]
+    buffer_json = {"capacity": buffer_state["capacity"], "counts": buffer_state["counts"], "ready": ready}
+    trainer_state = trainer.state_dict()
+
+    def fill(tmp: Path) -> None:
+        trainer.save_pretrained(tmp / "model")
+        tokenizer.save_pretrained(str(tmp / "model"))
+        torch.save({"optimizer": trainer_state["optimizer"]}, tmp / "optimizer.pt")
+        torch.save(rng_state(), tmp / "rng.pt")
+        state = dict(controller_state)
+        state["trainer"] = {k: v for k, v in trainer_state.items() if k != "optimizer"}
+        (tmp / "controller_state.json").write_text(json.dumps(state, indent=1))
+        (tmp / "buffer.json").write_text(json.dumps(buffer_json))
+        (tmp / "resolved_config.json").write_text(json.dumps(resolved_config, indent=2))
+
+    meta = {"weight_version": trainer_state["version"], "rl_step": trainer_state["version"],
+            "optimizer_steps": trainer_state.get("optimizer_steps"), "epoch": controller_state.get("epoch")}
+    return write_checkpoint(path, fill, meta)
+
+
+@dataclasses.dataclass
+class LoadedCheckpoint:
+    path: Path
+    manifest: dict[str, Any]
+    model_dir: Path
+    trainer_state: dict[str, Any]
+    controller_state: dict[str, Any]
+
+    @property
+    def rl_step(self) -> int:
+        return int(self.manifest["rl_step"])
+
+
+def load_run_checkpoint(path: str | Path, restore_rng: bool = True) -> LoadedCheckpoint:
+    """Verify every file against the manifest, then load the non-weight state (weights load from model/)."""
+    root = Path(path)
+    manifest = verify_checkpoint(root)
+    state = load_json(root / "controller_state.json")
+    buffer_json = load_json(root / "buffer.json")
+    state["buffer"] = {"capacity": buffer_json["capacity"], "counts": buffer_json["counts"],
+                       "ready": [{**r, "group": group_from_json(r["group"])} for r in buffer_json["ready"]]}
+    trainer_state = dict(state.pop("trainer"))
+    trainer_state["optimizer"] = load_torch(root / "optimizer.pt")["optimizer"]
+    if restore_rng:
+        set_rng_state(load_torch(root / "rng.pt"))
+    return LoadedCheckpoint(root, manifest, root / "model", trainer_state, state)

@@ -1,0 +1,174 @@
+"""Checkpoint directories: atomic writes, a manifest written last, verification on load.
+
+Owns: the on-disk layout of a checkpoint, writing it atomically (built in a hidden
+sibling directory, `manifest.json` written last, then renamed into place, so a killed
+writer never leaves a directory that looks complete), verifying every file against the
+manifest (size and sha256) before anything is loaded, and safe loading (safetensors for
+weights; `torch.load(weights_only=True)` or JSON for everything else; no pickle).
+
+Layout:
+    model/                 HF directory (config.json, model.safetensors, tokenizer files)
+    optimizer.pt           optimizer state
+    rng.pt                 RNG states (torch, numpy, python)
+    controller_state.json  versions, counters, epoch, dataloader / sampler / pump state
+    buffer.json            ready prompt groups with their payloads
+    resolved_config.json   the recipe the run used
+    manifest.json          {"format", "files": {path: {"size", "sha256"}}, "weight_version", "rl_step", "epoch", ...}
+
+Does not own: what the controller puts in its state (controller.state) or when to save.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+from rl_core.errors import CheckpointError
+from rl_core.fsutil import atomic_dir
+
+FORMAT = "rl_core.checkpoint/1"
+MANIFEST = "manifest.json"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _manifest(root: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    files = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and p.name != MANIFEST:
+            rel = p.relative_to(root).as_posix()
+            files[rel] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
+    return {"format": FORMAT, **meta, "files": files}
+
+
+def write_checkpoint(final_dir: str | os.PathLike, fill: Callable[[Path], None], meta: dict[str, Any]) -> Path:
+    """Build a checkpoint with `fill(tmp_dir)`, hash everything, write the manifest last, rename."""
+    with atomic_dir(final_dir) as tmp:
+        fill(tmp)
+        manifest = _manifest(tmp, meta)
+        with open(tmp / MANIFEST, "w") as fh:
+            json.dump(manifest, fh, indent=2)
+            fh.flush()
+            os.fsync(fh.fileno())
+    return Path(final_dir)
+
+
+def is_complete(path: str | os.PathLike) -> bool:
+    return (Path(path) / MANIFEST).is_file()
+
+
+def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
+    p = Path(path) / MANIFEST
+    if not p.is_file():
+        raise CheckpointError(
+            f"Checkpoint {path} is incomplete: {p} is missing (a writer was killed before finishing, or this is "
+            f"not a checkpoint directory). Fix: resume from an earlier checkpoint or delete this directory.")
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"Checkpoint manifest {p} is not valid JSON ({exc}). Fix: delete the checkpoint "
+                              f"directory {path} and resume from an earlier one.") from None
+
+
+def verify_checkpoint(path: str | os.PathLike, hashes: bool = True) -> dict[str, Any]:
+    """Check every file against the manifest; raises CheckpointError naming the first bad file."""
+    root = Path(path)
+    manifest = read_manifest(root)
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(f"Checkpoint {root} has format {manifest.get('format')!r}; expected {FORMAT!r}. "
+                              "Fix: use a checkpoint written by this version of rl_core.")
+    for rel, info in manifest["files"].items():
+        f = root / rel
+        if not f.is_file():
+            raise CheckpointError(f"Checkpoint file {f} is missing (listed in {root / MANIFEST}). "
+                                  "Fix: restore the file or resume from another checkpoint.")
+        size = f.stat().st_size
+        if size != info["size"]:
+            raise CheckpointError(f"Checkpoint file {f} has {size} bytes; the manifest says {info['size']} "
+                                  "(truncated or overwritten). Fix: resume from another checkpoint.")
+        if hashes and sha256_file(f) != info["sha256"]:
+            raise CheckpointError(f"Checkpoint file {f} does not match its sha256 in {root / MANIFEST} "
+                                  "(corrupted). Fix: resume from another checkpoint.")
+    return manifest
+
+
+# --------------------------------------------------------------------------- state pieces
+
+
+def rng_state() -> dict[str, Any]:
+    import numpy as np
+    import torch
+
+    np_state = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "python": json.dumps(random.getstate()),
+             "numpy": {"keys": torch.from_numpy(np_state[1].astype("int64")), "pos": int(np_state[2]),
+                       "gauss": [int(np_state[3]), float(np_state[4])]}}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    py = json.loads(state["python"])
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype("uint32"), n["pos"], n["gauss"][0], n["gauss"][1]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def load_torch(path: Path) -> Any:
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - reported with the file name
+        raise CheckpointError(f"Checkpoint file {path} cannot be loaded ({type(exc).__name__}: {exc}). "
+                              "Fix: resume from another checkpoint.") from None
+
+
+def load_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"Checkpoint file {path} cannot be read ({exc}). "
+                              "Fix: resume from another checkpoint.") from None
+
+
+def newest_complete(parent: str | os.PathLike, prefix: str = "step_") -> Path | None:
+    """The complete checkpoint with the highest number under `parent` (incomplete ones are skipped)."""
+    root = Path(parent)
+    if not root.is_dir():
+        return None
+    cands = sorted((p for p in root.iterdir() if p.is_dir() and p.name.startswith(prefix) and is_complete(p)),
+                   key=lambda p: int(p.name[len(prefix):]) if p.name[len(prefix):].isdigit() else -1)
+    return cands[-1] if cands else None
+
+
+def prune(parent: str | os.PathLike, keep_last: int, prefix: str = "step_") -> None:
+    """Keep the newest `keep_last` complete checkpoints; remove older ones and stale temporaries."""
+    root = Path(parent)
+    if not root.is_dir():
+        return
+    complete = sorted((p for p in root.iterdir() if p.is_dir() and p.name.startswith(prefix) and is_complete(p)),
+                      key=lambda p: int(p.name[len(prefix):]))
+    for p in complete[:-keep_last] if keep_last > 0 else complete:
+        shutil.rmtree(p, ignore_errors=True)
+    for p in root.iterdir():
+        if p.name.startswith(".") and ".tmp" in p.name:
+            shutil.rmtree(p, ignore_errors=True)

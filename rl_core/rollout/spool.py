@@ -1,0 +1,53 @@
+"""The rollout spool: one JSON file per RL step with the rollouts that step trained on.
+
+Owns: writing each step's trained groups (token ids, generation logprobs, rewards,
+advantages, versions, staleness, masks) atomically to `<dir>/step_{n:06d}.json`, and
+dropping records past a resume point. A killed run keeps every finished step's file;
+the workflow compiles an epoch's spool into `rollouts.h5` (rl_core.archive).
+
+Does not own: the HDF5 archive or its inspection.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rl_core.fsutil import atomic_write_text
+
+
+def step_record(step: int, weight_version: int, trained) -> dict:
+    groups = []
+    for t in trained:
+        g = t.group
+        groups.append({
+            "group_id": g.group_id, "prompt_index": g.prompt_index, "epoch": g.epoch, "target_step": g.target_step,
+            "start_version": g.start_version, "end_version": g.end_version, "staleness": t.staleness,
+            "samples": [{
+                "prompt_ids": s.prompt_ids, "completion_ids": s.completion_ids, "gen_logprobs": s.gen_logprobs,
+                "reward": s.reward, "rewards": s.rewards, "advantage": a, "finish_reason": s.finish_reason,
+                "start_version": s.start_version, "end_version": s.end_version, "env_mask": s.env_mask,
+                "token_versions": s.info.get("token_versions"),
+            } for s, a in zip(g.samples, t.advantages)],
+        })
+    return {"step": step, "weight_version": weight_version, "groups": groups}
+
+
+class RolloutSpool:
+    def __init__(self, directory: str | Path):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def write(self, step: int, weight_version: int, trained) -> Path:
+        path = self.dir / f"step_{step:06d}.json"
+        atomic_write_text(path, json.dumps(step_record(step, weight_version, trained)))
+        return path
+
+    def truncate_after(self, step: int) -> None:
+        """Remove records of steps >= `step` (left by a run killed after its last checkpoint)."""
+        for p in self.dir.glob("step_*.json"):
+            if int(p.stem.split("_")[1]) >= step:
+                p.unlink()
+
+    def steps(self) -> list[int]:
+        return sorted(int(p.stem.split("_")[1]) for p in self.dir.glob("step_*.json"))
