@@ -122,6 +122,8 @@ class DataConfig(Section):
     """Held-out prompts used by validation."""
     shuffle: bool = True
     """Shuffle the training prompts each epoch (seeded by grpo.seed and the epoch number)."""
+    max_train_examples: int | None = Field(None, ge=1)
+    """Use only the first N training examples (an epoch is then N // num_prompts_per_step steps); null = all."""
 
 
 class AdditionEnvConfig(Section):
@@ -192,16 +194,66 @@ class GRPOConfig(Section):
 
 
 class AdvantageConfig(Section):
-    """How rewards become per-sample advantages."""
+    """How rewards become advantages: one per sample, or one per token (`gae`, token-level KL in the reward).
 
-    estimator: Literal["grpo"] = "grpo"
-    """`grpo`: reward minus the group baseline, optionally divided by the group's std."""
+    A knob that only one estimator reads (listed before its description) raises when set to
+    a non-default value under another estimator: nothing is silently ignored.
+    """
+
+    estimator: Literal["grpo", "gdpo", "reinforce_pp", "raw_reward", "gae"] = "grpo"
+    """`grpo`: reward minus the group baseline, optionally divided by the group's std (Shao et al. 2024); `gdpo`: every named reward component normalised per group like grpo, summed with `reward_weights`, then whitened over the batch (Liu et al. 2026, arXiv:2601.05242); `reinforce_pp`: reward minus the group mean, whitened over the batch (REINFORCE++-baseline, Hu 2025, arXiv:2501.03262); `raw_reward`: the reward itself, optionally whitened; `gae`: generalised advantage estimation on a learned critic's values (PPO; needs `critic.enabled`)."""
     baseline: Literal["mean", "leave_one_out"] = "mean"
-    """Group baseline: the group mean, or the mean of the other samples (leave-one-out, unbiased)."""
+    """grpo, gdpo: group baseline: the group mean, or the mean of the other samples (leave-one-out, unbiased)."""
     normalize_std: bool = True
-    """Divide by the group's reward standard deviation (+eps); groups of identical rewards get 0."""
+    """grpo, gdpo: divide by the group's reward standard deviation (+std_eps); groups of identical rewards get 0."""
     std_eps: float = Field(1e-6, gt=0)
-    """Added to the std before dividing."""
+    """Added to a standard deviation before dividing by it (group std and batch whitening)."""
+    reward_weights: dict[str, float] = {}
+    """gdpo: weight of each named reward component (the environment's `rewards`, e.g. {correct: 1.0, format: 0.5}); empty = every component the environment reports, weight 1; otherwise exactly the listed components."""
+    subtract_group_mean: bool = True
+    """reinforce_pp: subtract each group's mean reward before whitening (REINFORCE++-baseline); false = plain REINFORCE++ (whiten the rewards themselves)."""
+    whiten: bool = True
+    """raw_reward, reinforce_pp, gae: whiten the advantages over the samples (tokens, when advantages are per token) of one call: subtract the mean, divide by std + std_eps; zero spread is only mean-centred."""
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    """gae: discount per token."""
+    lam: float = Field(0.95, ge=0.0, le=1.0)
+    """gae: lambda of the policy's advantages (0 = one-step TD error, 1 = return minus value)."""
+    value_lam: float | None = Field(None, ge=0.0, le=1.0)
+    """gae: lambda of the critic's return targets (returns = GAE(value_lam) + V); null = same as `lam` (VAPO uses 1.0)."""
+    length_adaptive_alpha: float | None = Field(None, gt=0.0)
+    """gae: per-sequence policy lambda = 1 - 1 / (alpha * completion length), replacing `lam` (VAPO, Yue et al. 2025, arXiv:2504.05118, alpha 0.05); null = off."""
+    kl_in_reward_coef: float = Field(0.0, ge=0.0)
+    """Penalise the reward by this times the KL to the reference policy (KL in the reward, Ouyang et al. 2022); 0 = off. Cannot be combined with loss.kl_coef > 0."""
+    kl_in_reward_estimator: Literal["k1", "k2", "k3"] = "k1"
+    """Estimator of the KL reward penalty (see loss.kl_estimator)."""
+    kl_in_reward_level: Literal["token", "sequence"] = "sequence"
+    """`sequence`: the sample's reward gets -coef * sum_t KL_t before the estimator runs; `token`: token t's reward gets -coef * KL_t (needs a per-token return: reinforce_pp or gae)."""
+
+    @model_validator(mode="after")
+    def _estimator_knobs(self):
+        only = {"baseline": ("grpo", "gdpo"), "normalize_std": ("grpo", "gdpo"), "reward_weights": ("gdpo",),
+                "subtract_group_mean": ("reinforce_pp",), "whiten": ("raw_reward", "reinforce_pp", "gae"),
+                "gamma": ("gae",), "lam": ("gae",), "value_lam": ("gae",), "length_adaptive_alpha": ("gae",)}
+        for name, estimators in only.items():
+            value = getattr(self, name)
+            if self.estimator not in estimators and value != type(self).model_fields[name].default:
+                _fail(f"advantage.{name}", value,
+                      f"its default ({type(self).model_fields[name].default!r}) under estimator '{self.estimator}' "
+                      f"(only {', '.join(estimators)} read it)",
+                      f"remove advantage.{name}, or set advantage.estimator to {' or '.join(estimators)}.")
+        if self.reward_weights and not any(w != 0 for w in self.reward_weights.values()):
+            _fail("advantage.reward_weights", self.reward_weights, "at least one non-zero weight",
+                  "give the components that matter a positive weight (e.g. {correct: 1.0}).")
+        if self.kl_in_reward_coef > 0:
+            if self.estimator == "gdpo":
+                _fail("advantage.kl_in_reward_coef", self.kl_in_reward_coef,
+                      "0 under estimator 'gdpo' (GDPO normalises each named component per group; a KL penalty is not one of them)",
+                      "use loss.kl_coef for a KL term with gdpo, or another estimator.")
+            if self.kl_in_reward_level == "token" and self.estimator not in ("reinforce_pp", "gae"):
+                _fail("advantage.kl_in_reward_level", "token",
+                      f"'sequence' under estimator '{self.estimator}' (it turns one reward per sample into one advantage per sample)",
+                      "set advantage.kl_in_reward_level: sequence, or use estimator reinforce_pp or gae (per-token returns).")
+        return self
 
 
 class ImportanceSamplingConfig(Section):
@@ -210,13 +262,15 @@ class ImportanceSamplingConfig(Section):
     enabled: bool = True
     """Weight each token's loss by exp(trainer_logprob - generation_logprob) (detached)."""
     level: Literal["token", "sequence"] = "token"
-    """Weight per token, or one weight per sequence (exp of the summed log-ratio)."""
-    truncation: Literal["none", "tis"] = "tis"
-    """`tis`: clamp the weight to [min_ratio, max_ratio]; `none`: use it raw."""
+    """Weight per token, or one weight per sequence (exp of the summed log-ratio); `seq-mask-tis` needs `sequence`."""
+    truncation: Literal["none", "tis", "icepop", "seq-mask-tis"] = "tis"
+    """`tis`: clamp the weight to [min_ratio, max_ratio]; `icepop`: weight 0 where it is out of that range; `seq-mask-tis`: weight 0 on every token of a sequence whose geometric-mean ratio is out of range, raw token weights elsewhere; `none`: the raw weight."""
     min_ratio: float = Field(0.0, ge=0.0)
-    """Lower clamp of the importance weight."""
+    """Lower end of the accepted weight range."""
     max_ratio: float = Field(2.0, gt=0.0)
-    """Upper clamp of the importance weight."""
+    """Upper end of the accepted weight range."""
+    max_seq_mult_prob_error: float | None = Field(None, gt=1.0)
+    """Drop from the loss (mask 0) every sequence whose mean over tokens of exp(|generation_logprob - trainer_logprob|) exceeds this (e.g. 1.5); null = keep all. Applies whether or not `enabled`."""
 
     @model_validator(mode="after")
     def _range(self):
@@ -224,26 +278,164 @@ class ImportanceSamplingConfig(Section):
             _fail("loss.importance_sampling.max_ratio", self.max_ratio,
                   f"a value above loss.importance_sampling.min_ratio ({self.min_ratio})",
                   "raise max_ratio (2.0 is common) or lower min_ratio.")
+        if self.truncation == "seq-mask-tis" and self.level != "sequence":
+            _fail("loss.importance_sampling.level", self.level,
+                  "'sequence' with truncation 'seq-mask-tis' (it decides per sequence on the geometric-mean ratio; kept sequences use their raw token weights)",
+                  "set loss.importance_sampling.level: sequence, or truncation: icepop to drop single tokens.")
         return self
 
 
 class LossConfig(Section):
     """The policy loss."""
 
-    type: Literal["clipped_pg"] = "clipped_pg"
-    """`clipped_pg`: PPO-style clipped policy gradient (Schulman et al. 2017, eq. 7)."""
+    type: Literal["clipped_pg", "reinforce"] = "clipped_pg"
+    """`clipped_pg`: PPO-style clipped policy gradient (Schulman et al. 2017, eq. 7); `reinforce`: plain policy gradient -A * logprob (no ratio, no clipping)."""
     clip_eps_low: float = Field(0.2, ge=0.0)
-    """Lower clip of the ratio: 1 - clip_eps_low."""
+    """clipped_pg: lower clip of the ratio: 1 - clip_eps_low."""
     clip_eps_high: float = Field(0.2, ge=0.0)
-    """Upper clip of the ratio: 1 + clip_eps_high."""
+    """clipped_pg: upper clip of the ratio: 1 + clip_eps_high (DAPO's clip-higher uses 0.28)."""
+    dual_clip_c: float | None = Field(None, gt=1.0)
+    """clipped_pg: dual clip (Ye et al. 2020): for negative advantages the loss is capped at -c * A (c > 1, e.g. 3); null = off."""
+    ratio_level: Literal["token", "sequence"] = "token"
+    """clipped_pg: `token`: one ratio per token (PPO); `sequence`: the geometric mean of a sequence's token ratios on each of its tokens (GSPO, Zheng et al. 2025; needs aggregation: sequence and much smaller clip_eps, e.g. 3e-4/4e-4)."""
     aggregation: Literal["token", "sequence"] = "token"
     """`token`: sum over all valid tokens of the step / their count; `sequence`: per-sequence mean, then mean over sequences."""
     kl_coef: float = Field(0.0, ge=0.0)
-    """Weight of the KL penalty to the reference (initial) policy; 0 = off (no reference model is kept)."""
+    """Weight of the KL penalty to the reference (initial) policy as a loss term; 0 = off. Cannot be combined with advantage.kl_in_reward_coef > 0."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """KL estimator (Schulman, 'Approximating KL divergence', 2020)."""
+    kl_input_clamp: float | None = Field(20.0, gt=0.0)
+    """Clamp the log-ratio log(pi_ref / pi) to +-this before the KL estimator (null = no clamp)."""
+    kl_output_clamp: float | None = Field(10.0, gt=0.0)
+    """Clamp each token's KL estimate to +-this (null = no clamp)."""
     importance_sampling: ImportanceSamplingConfig = ImportanceSamplingConfig()
     """Off-policy correction between generation and trainer logprobs."""
+
+    @model_validator(mode="after")
+    def _loss_knobs(self):
+        if self.type == "reinforce":
+            for name in ("clip_eps_low", "clip_eps_high", "dual_clip_c", "ratio_level"):
+                value, default = getattr(self, name), type(self).model_fields[name].default
+                if value != default:
+                    _fail(f"loss.{name}", value, f"its default ({default!r}) with loss.type 'reinforce' (no ratio, no clipping)",
+                          f"remove loss.{name}, or set loss.type: clipped_pg.")
+        if self.ratio_level == "sequence" and self.aggregation != "sequence":
+            _fail("loss.aggregation", self.aggregation,
+                  "'sequence' with loss.ratio_level 'sequence' (GSPO's objective averages one clipped ratio per sequence; token aggregation would weight each sequence by its length)",
+                  "set loss.aggregation: sequence, or loss.ratio_level: token.")
+        return self
+
+
+class OverlongPenaltyConfig(Section):
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476, eq. 13), added to the reward."""
+
+    enabled: bool = False
+    """Add the length penalty to every sample's reward."""
+    max_response_tokens: int | None = Field(None, ge=1)
+    """L_max: completions this long get the full penalty; null = generation.max_tokens."""
+    buffer_tokens: int | None = Field(None, ge=1)
+    """L_cache: the penalty ramps linearly from 0 at L_max - L_cache tokens to -penalty at L_max; null = L_max // 5 (DAPO: 4096 of 20480)."""
+    penalty: float = Field(1.0, gt=0.0)
+    """Penalty at L_max tokens and beyond."""
+
+
+class RewardScalingConfig(Section):
+    """Clamp the environment's reward to [source_min, source_max], then map that range linearly onto [target_min, target_max]."""
+
+    enabled: bool = False
+    """Scale every sample's reward (before the overlong penalty is added)."""
+    source_min: float = 0.0
+    """Lower end of the environment's reward range (smaller rewards are clamped to it)."""
+    source_max: float = 1.0
+    """Upper end of the environment's reward range (larger rewards are clamped to it)."""
+    target_min: float = 0.0
+    """What source_min maps to."""
+    target_max: float = 1.0
+    """What source_max maps to."""
+
+    @model_validator(mode="after")
+    def _ranges(self):
+        if self.source_max <= self.source_min:
+            _fail("reward_shaping.scaling.source_max", self.source_max, f"a value above source_min ({self.source_min})",
+                  "set the environment's reward range, e.g. source_min: 0, source_max: 1.")
+        if self.target_max == self.target_min:
+            _fail("reward_shaping.scaling.target_max", self.target_max,
+                  f"a value other than target_min ({self.target_min}) (equal ends make every reward the same)",
+                  "set target_min and target_max to the range you want, e.g. -1 and 1.")
+        return self
+
+
+class DynamicSamplingConfig(Section):
+    """DAPO dynamic sampling (Yu et al. 2025): drop prompt groups whose rewards are all equal (zero advantage) and refill the step with fresh groups."""
+
+    enabled: bool = False
+    """Drop zero-variance groups (decided on the environment's reward before shaping, or on every named component under gdpo)."""
+    max_num_dropped_groups_per_step: int | None = Field(None, ge=0)
+    """The RL step fails with an error once more groups than this were dropped while filling it (the task is too easy or too hard); null = 10 x grpo.num_prompts_per_step."""
+
+
+class RewardShapingConfig(Section):
+    """Reward shaping and filtering applied to every committed group before advantages."""
+
+    overlong_filtering: bool = False
+    """Exclude truncated samples (finish reason `length`) from the loss; they still count in their group's baseline."""
+    overlong_penalty: OverlongPenaltyConfig = OverlongPenaltyConfig()
+    """DAPO length penalty."""
+    scaling: RewardScalingConfig = RewardScalingConfig()
+    """Reward scaling (clamp, then linear map)."""
+    dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
+    """Zero-variance group filtering with refill."""
+
+
+class CriticConfig(Section):
+    """PPO's value model: a separate causal-LM backbone with a scalar head (`rl_core.train.critic`), trained with a clipped value loss.
+
+    A value head on the policy's own backbone is not offered: the critic always has its own
+    weights and optimizer.
+    """
+
+    enabled: bool = False
+    """Train a critic (needed by advantage.estimator: gae)."""
+    model_path: str | None = None
+    """HF causal-LM directory whose backbone the critic starts from (its LM head is dropped; a fresh scalar head is added), or a directory saved by the critic; null = the initial policy."""
+    lr: float = Field(1e-4, gt=0)
+    """AdamW learning rate of the critic."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay of the critic."""
+    microbatch_size: int = Field(64, ge=1)
+    """Samples per critic forward/backward pass."""
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    """Clip the critic's gradient norm to this (null = no clipping)."""
+    value_clip_eps: float | None = Field(0.2, gt=0)
+    """PPO value clipping: the loss is max((V - R)^2, (V_old + clip(V - V_old, +-eps) - R)^2) / 2; null = plain squared error. In reward units."""
+    num_warmup_steps: int = Field(0, ge=0)
+    """RL steps at the start of training in which only the critic is updated (the policy is not)."""
+
+
+# Options the algorithm library implements but the controller does not apply yet (issue 5,
+# phase 2: the train pump wires them). A recipe asking for one fails at load instead of
+# being silently ignored. Remove an entry in the change that wires it.
+_PENDING_CONTROLLER_WIRING: tuple[tuple[str, str], ...] = (
+    ("advantage.estimator", "gdpo"),
+    ("advantage.estimator", "gae"),
+    ("advantage.kl_in_reward_coef", "> 0"),
+    ("critic.enabled", "true"),
+    ("reward_shaping.overlong_filtering", "true"),
+    ("reward_shaping.overlong_penalty.enabled", "true"),
+    ("reward_shaping.scaling.enabled", "true"),
+    ("reward_shaping.dynamic_sampling.enabled", "true"),
+)
+
+
+def _requested(cfg, path: str, when: str) -> tuple[bool, object]:
+    node = cfg
+    for part in path.split("."):
+        node = getattr(node, part)
+    if when == "true":
+        return bool(node), node
+    if when == "> 0":
+        return node > 0, node
+    return node == when, node
 
 
 # --------------------------------------------------------------------------- async controller
@@ -280,18 +472,59 @@ class AsyncRLConfig(Section):
     """Buffer capacity: reserved + ready groups not yet selected for training."""
     min_groups_for_streaming_train: int = Field(1, ge=1)
     """Ready groups handed to the trainer per chunk (streaming: training starts before the step's last group is generated)."""
-    refit_mode: Literal["in_flight", "drain"] = "in_flight"
-    """`in_flight`: swap weights while generations run (each sample records start and end versions); `drain`: let in-flight generations finish first, so no sample spans two versions."""
+    refit_mode: Literal["in_flight", "drain"] | None = None
+    """`in_flight`: swap weights while generations run (each sample records start and end versions); `drain`: let in-flight generations finish first, so no sample spans two versions; null = `in_flight`, or the reproducible barrier when `reproducible: true`."""
+    reproducible: bool = False
+    """Reproducible asynchronous RL: every group of step s is generated entirely with weight version max(0, s - max_lookahead_versions) (refit waits for them: a barrier), samples use per-sample seeds, and each step trains its groups in dispatch order. The same recipe then gives the same weights, run after run and across kill/resume. Needs the `in_order` sampler."""
 
 
 # --------------------------------------------------------------------------- trainer
 
 
+class FSDPConfig(Section):
+    """`trainer.backend: fsdp2`: torch FSDP2 (`fully_shard`, DTensor parameters), one process per device."""
+
+    mixed_precision: Literal["auto", "bf16", "none"] = "auto"
+    """`bf16`: bf16 parameters and compute, fp32 gradient reduction, fp32 master weights and optimizer (GPU only); `none`: everything in model.dtype; `auto`: bf16 on GPU, none on CPU."""
+    reshard_after_forward: bool = True
+    """Free each layer's gathered parameters after its forward and gather them again in backward (ZeRO-3 memory); false keeps them until backward (less communication, more memory)."""
+    data_parallel_replicate_size: int = Field(1, ge=1)
+    """HSDP: number of model replicas; each shards the model over world_size / this many processes (1 = plain FSDP over all processes)."""
+
+
+class MegatronConfig(Section):
+    """`trainer.backend: megatron`: Megatron-core GPTModel (local layer spec) with weights converted from and back to the HF layout."""
+
+    tensor_model_parallel_size: int = Field(1, ge=1)
+    """Tensor parallel size (splits attention heads, MLP width and vocabulary); must divide the number of key/value heads."""
+    pipeline_model_parallel_size: int = Field(1, ge=1)
+    """Pipeline parallel size; only 1 is supported (the split step API streams chunks that a pipeline schedule would reorder)."""
+    mixed_precision: Literal["auto", "bf16", "none"] = "auto"
+    """`bf16`: bf16 parameters and compute with fp32 main weights in Megatron's optimizer (GPU only); `none`: model.dtype; `auto`: bf16 on GPU, none on CPU."""
+    optimizer: Literal["auto", "megatron", "torch"] = "auto"
+    """`megatron`: Megatron's optimizer (fp32 main params, fused Adam; GPU only); `torch`: torch AdamW on Megatron's gradient buffers; `auto`: megatron on GPU, torch on CPU."""
+    use_distributed_optimizer: bool = False
+    """Shard optimizer state over data-parallel ranks (ZeRO-1; needs optimizer `megatron`)."""
+    grad_reduce_in_fp32: bool = True
+    """Accumulate and all-reduce gradients in fp32 even when parameters are bf16."""
+
+
+class WeightSyncConfig(Section):
+    """How new weights reach the generation backends at refit."""
+
+    type: Literal["in_process", "filesystem"] = "in_process"
+    """`in_process`: hand the state dict to in-process engines; `filesystem`: write a versioned safetensors directory plus a ready marker that engines load (works across processes and nodes with a shared file system). NCCL/gloo broadcast to remote generation processes (`rl_core.weights.broadcast`) is wired by remote generation backends."""
+    dir: str | None = None
+    """Root of the versioned weight directories (`filesystem`); null = <run dir>/weights."""
+    keep_last_versions: int = Field(2, ge=1)
+    """Versions kept on disk (`filesystem`); older ones are deleted once a newer one is ready."""
+
+
 class TrainerConfig(Section):
     """The training backend and its optimizer."""
 
-    backend: Literal["torch"] = "torch"
-    """`torch`: one process, plain PyTorch (CPU or one GPU)."""
+    backend: Literal["torch", "fsdp2", "megatron"] = "torch"
+    """`torch`: one process, plain PyTorch (CPU or one GPU); `fsdp2`: torch FSDP2 over N processes (one per device; gloo on CPU, NCCL on GPU); `megatron`: Megatron-core GPTModel (Qwen2/Llama) with tensor and data parallelism."""
     lr: float = Field(1e-4, gt=0)
     """AdamW learning rate."""
     weight_decay: float = Field(0.0, ge=0)
@@ -303,12 +536,51 @@ class TrainerConfig(Section):
     adam_eps: float = Field(1e-8, gt=0)
     """AdamW epsilon."""
     microbatch_size: int = Field(64, ge=1)
-    """Samples per forward/backward pass; gradients accumulate over a step."""
+    """Samples per forward/backward pass (per process for fsdp2/megatron); gradients accumulate over a step."""
     max_grad_norm: float | None = Field(1.0, gt=0)
     """Clip the global gradient norm to this (null = no clipping)."""
+    collective_timeout_s: float = Field(1800.0, gt=0)
+    """fsdp2/megatron: how long a collective (or a worker rank waiting for the driver's next command) may block before the run fails."""
+    fsdp: FSDPConfig = FSDPConfig()
+    """Settings of `backend: fsdp2`."""
+    megatron: MegatronConfig = MegatronConfig()
+    """Settings of `backend: megatron`."""
+    weight_sync: WeightSyncConfig = WeightSyncConfig()
+    """How refit moves the new weights to generation."""
+
+    @model_validator(mode="after")
+    def _backend_options(self):
+        m = self.megatron
+        if m.pipeline_model_parallel_size != 1:
+            _fail("trainer.megatron.pipeline_model_parallel_size", m.pipeline_model_parallel_size,
+                  "1 (pipeline parallelism is not supported by the megatron backend)",
+                  "set it to 1 and use tensor_model_parallel_size or more data-parallel processes instead.")
+        if m.use_distributed_optimizer and m.optimizer == "torch":
+            _fail("trainer.megatron.use_distributed_optimizer", True,
+                  "false with trainer.megatron.optimizer 'torch' (only Megatron's optimizer shards its state)",
+                  "set trainer.megatron.optimizer: megatron (GPU), or use_distributed_optimizer: false.")
+        return self
+
+    def parallel_product(self) -> tuple[int, str] | None:
+        """(product of fixed parallel sizes, their description); the world size must be a multiple of it."""
+        if self.backend == "fsdp2":
+            return self.fsdp.data_parallel_replicate_size, "trainer.fsdp.data_parallel_replicate_size"
+        if self.backend == "megatron":
+            return (self.megatron.tensor_model_parallel_size * self.megatron.pipeline_model_parallel_size,
+                    "trainer.megatron.tensor_model_parallel_size x pipeline_model_parallel_size")
+        return None
 
 
 # --------------------------------------------------------------------------- validation / logging / runtime
+
+
+class CheckpointConfig(Section):
+    """Step checkpoints inside an epoch, so a killed or preempted run resumes without redoing finished steps."""
+
+    save_every_steps: int = Field(100, ge=0)
+    """Write a step checkpoint every this many RL steps (0 = only at the end of each epoch / run)."""
+    keep_last: int = Field(2, ge=1)
+    """Step checkpoints kept (older ones are deleted once a newer one is complete)."""
 
 
 class ValidationConfig(Section):
@@ -348,6 +620,94 @@ class RuntimeConfig(Section):
     """Intra-op threads for torch on CPU (null = torch's default)."""
 
 
+# --------------------------------------------------------------------------- workflow: evaluation / cluster
+
+
+_SET_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
+class EvaluationConfig(Section):
+    """The workflow's `evaluate` stage: chosen checkpoints x named prompt sets, as a submitit job array."""
+
+    sets: dict[str, str] = {}
+    """Eval sets: name -> JSON-lines prompt file (same format as data.val_file); empty = `{val: <data.val_file>}`."""
+    checkpoints: list[Literal["final", "best"]] = ["final", "best"]
+    """Which epoch checkpoints to evaluate: `final` (the last epoch) and/or `best` (highest validation accuracy; ties go to the later epoch)."""
+    num_generations_per_prompt: int = Field(4, ge=1)
+    """Samples per prompt; pass@k is reported with k = this."""
+    max_samples: int | None = Field(None, ge=1)
+    """Use at most this many prompts of each set (null = all)."""
+    sampling: SamplingParamsConfig = SamplingParamsConfig(temperature=1.0)
+    """Evaluation-only sampling parameters (temperature 1 by default, so that pass@k means something)."""
+
+    @model_validator(mode="after")
+    def _names(self):
+        import re
+
+        for name in self.sets:
+            if not re.match(_SET_NAME, name):
+                _fail(f"evaluation.sets.{name}", name, f"a set name matching {_SET_NAME} (it becomes a file name)",
+                      "rename the set with letters, digits, '.', '_' or '-'.")
+        if not self.checkpoints:
+            _fail("evaluation.checkpoints", self.checkpoints, "at least one of 'final', 'best'",
+                  "list the checkpoints to evaluate, e.g. [final, best].")
+        return self
+
+
+class SlurmJobConfig(Section):
+    """Slurm resources of one submitit job (used when the workflow runs with `--profile profiles/slurm`)."""
+
+    partition: str | None = None
+    """Slurm partition (`sbatch --partition`); null = the cluster's default partition."""
+    account: str | None = None
+    """Slurm account to charge (`--account`); null = your default account."""
+    qos: str | None = None
+    """Quality of service (`--qos`); null = the default."""
+    constraint: str | None = None
+    """Node features required (`--constraint`, e.g. `h100`); null = any node."""
+    nodes: int = Field(1, ge=1)
+    """Nodes of the job."""
+    tasks_per_node: int = Field(1, ge=1)
+    """Processes per node (the controller job runs one; multi-process trainers set more)."""
+    gpus_per_node: int = Field(0, ge=0)
+    """GPUs per node (`--gpus-per-node`); 0 = a CPU-only job."""
+    cpus_per_task: int = Field(2, ge=1)
+    """CPU cores per process (`--cpus-per-task`)."""
+    mem_gb: float = Field(8.0, gt=0)
+    """Memory per node in GB (`--mem`)."""
+    timeout_min: int = Field(60, ge=1)
+    """Wall-clock limit of one attempt, in minutes (`--time`; also enforced by the local executor). A job that reaches it checkpoints and is requeued (see cluster.max_num_timeout)."""
+    signal_delay_s: int = Field(90, ge=0)
+    """Seconds before the time limit at which the job gets SIGUSR2, runs submitit's `checkpoint()` and requeues itself."""
+    extra_sbatch: dict[str, str] = {}
+    """Further sbatch options, name without dashes -> value (e.g. `{reservation: big}`), passed as submitit's `slurm_additional_parameters`."""
+
+
+class ClusterConfig(Section):
+    """Where the workflow's long-running stages run: the controller job (train_epoch) and the evaluation job array. The executor (local process or Slurm) is chosen by the workflow profile (`launcher` in config/config.yaml; `profiles/slurm` sets `slurm`), the resources here."""
+
+    controller: SlurmJobConfig = SlurmJobConfig()
+    """Resources of the controller job that trains one epoch (the single controller, generation and trainer in one allocation)."""
+    evaluation: SlurmJobConfig = SlurmJobConfig(cpus_per_task=1, mem_gb=4.0, timeout_min=30)
+    """Resources of each task of the evaluation job array (one checkpoint x one eval set)."""
+    max_num_timeout: int = Field(3, ge=0)
+    """How many times a job that timed out may be requeued (preemptions do not count) before the stage fails."""
+    max_parallel_array_tasks: int = Field(4, ge=1)
+    """Evaluation tasks running at once (`--array=...%N` on Slurm; waves of N local processes otherwise)."""
+    poll_interval_s: float = Field(2.0, gt=0)
+    """How often the waiting workflow rule polls its job and copies the job's log into the rule's log."""
+
+    @model_validator(mode="after")
+    def _delay(self):
+        for name in ("controller", "evaluation"):
+            job = getattr(self, name)
+            if job.signal_delay_s >= job.timeout_min * 60:
+                _fail(f"cluster.{name}.signal_delay_s", job.signal_delay_s,
+                      f"fewer seconds than the time limit (cluster.{name}.timeout_min {job.timeout_min} = "
+                      f"{job.timeout_min * 60} s)", "lower signal_delay_s (90 is typical) or raise timeout_min.")
+        return self
+
+
 # --------------------------------------------------------------------------- top level
 
 
@@ -365,11 +725,62 @@ class RecipeConfig(Section):
     grpo: GRPOConfig = GRPOConfig()
     advantage: AdvantageConfig = AdvantageConfig()
     loss: LossConfig = LossConfig()
+    reward_shaping: RewardShapingConfig = RewardShapingConfig()
+    critic: CriticConfig = CriticConfig()
     async_rl: AsyncRLConfig = AsyncRLConfig()
     trainer: TrainerConfig = TrainerConfig()
     validation: ValidationConfig = ValidationConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
     logging: LoggingConfig = LoggingConfig()
     runtime: RuntimeConfig = RuntimeConfig()
+    evaluation: EvaluationConfig = EvaluationConfig()
+    """The workflow's evaluate stage (checkpoints x eval sets)."""
+    cluster: ClusterConfig = ClusterConfig()
+    """Slurm resources of the workflow's jobs (ignored by the local launcher except the time limits)."""
+
+    @model_validator(mode="after")
+    def _algorithms(self):
+        """Cross-section rules of advantages, losses, reward shaping and the critic."""
+        adv, loss, critic, op = self.advantage, self.loss, self.critic, self.reward_shaping.overlong_penalty
+        if adv.kl_in_reward_coef > 0 and loss.kl_coef > 0:
+            _fail("loss.kl_coef", loss.kl_coef,
+                  f"0 when advantage.kl_in_reward_coef > 0 ({adv.kl_in_reward_coef}): the KL penalty goes either into the reward or into the loss, not both",
+                  "set loss.kl_coef: 0 (KL in the reward) or advantage.kl_in_reward_coef: 0 (KL as a loss term).")
+        if adv.estimator == "gae" and not critic.enabled:
+            _fail("critic.enabled", False, "true with advantage.estimator 'gae' (GAE needs a critic's value per token)",
+                  "set critic.enabled: true, or pick a critic-free estimator (grpo, gdpo, reinforce_pp, raw_reward).")
+        if critic.enabled and adv.estimator != "gae":
+            why = ("raw_reward uses the reward itself as the advantage, so the critic would be trained and never used; "
+                   "for PPO, gae with gamma 1 and lam 1 gives reward minus the critic's value"
+                   if adv.estimator == "raw_reward" else f"'{adv.estimator}' uses group or batch baselines, not values")
+            _fail("critic.enabled", True, f"false with advantage.estimator '{adv.estimator}' ({why})",
+                  "set advantage.estimator: gae, or critic.enabled: false.")
+        if op.enabled:
+            gen_max = self.generation.max_tokens
+            l_max = op.max_response_tokens if op.max_response_tokens is not None else gen_max
+            buf = op.buffer_tokens if op.buffer_tokens is not None else l_max // 5
+            if l_max > gen_max:
+                _fail("reward_shaping.overlong_penalty.max_response_tokens", l_max,
+                      f"at most generation.max_tokens ({gen_max}): no completion is longer",
+                      "remove it (null = generation.max_tokens) or lower it.")
+            if not 1 <= buf < l_max:
+                _fail("reward_shaping.overlong_penalty.buffer_tokens", op.buffer_tokens,
+                      f"between 1 and L_max - 1 = {l_max - 1} (null means L_max // 5 = {l_max // 5})",
+                      "set buffer_tokens explicitly, e.g. a fifth of the longest completion.")
+            if adv.estimator == "gdpo" and adv.reward_weights and "overlong_penalty" not in adv.reward_weights:
+                _fail("advantage.reward_weights", adv.reward_weights,
+                      "an entry for `overlong_penalty` (under gdpo the length penalty is its own reward component)",
+                      "add `overlong_penalty: 1.0` to advantage.reward_weights, or leave reward_weights empty.")
+        if self.reward_shaping.scaling.enabled and adv.estimator == "gdpo":
+            _fail("reward_shaping.scaling.enabled", True,
+                  "false under advantage.estimator 'gdpo' (GDPO normalises each named component per group; scaling the total reward would change nothing)",
+                  "use advantage.reward_weights to weigh components, or another estimator.")
+        for path, when in _PENDING_CONTROLLER_WIRING:
+            hit, value = _requested(self, path, when)
+            if hit:
+                _fail(path, value, "an option the controller applies (the algorithm library has it; the train pump does not apply it yet)",
+                      f"remove {path} for now; it is enabled once the train pump wires it (issue 5, phase 2).")
+        return self
 
     @model_validator(mode="after")
     def _cross(self):
@@ -379,6 +790,14 @@ class RecipeConfig(Section):
             _fail("async_rl.min_groups_for_streaming_train", a.min_groups_for_streaming_train,
                   f"at most grpo.num_prompts_per_step ({p})",
                   f"set it to {p} or less (1 streams each group into the trainer as soon as it is ready).")
+        if a.reproducible and a.sampler.type != "in_order":
+            _fail("async_rl.reproducible", True,
+                  f"the 'in_order' sampler (got sampler type '{a.sampler.type}'): only it pins each step to one weight version",
+                  "set async_rl.sampler.type: in_order, or async_rl.reproducible: false.")
+        if a.reproducible and a.refit_mode is not None:
+            _fail("async_rl.refit_mode", a.refit_mode,
+                  "null when async_rl.reproducible is true (reproducible runs always refit behind a barrier that waits for every group pinned to the current version)",
+                  "remove async_rl.refit_mode, or set async_rl.reproducible: false.")
         need = required_buffer_capacity(self)
         if a.max_buffered_groups < need:
             _fail("async_rl.max_buffered_groups", a.max_buffered_groups,
@@ -394,5 +813,11 @@ class RecipeConfig(Section):
 
 
 def required_buffer_capacity(cfg: RecipeConfig) -> int:
-    """Buffer slots the configured sampler needs so that dispatch can never deadlock."""
-    return cfg.grpo.num_prompts_per_step
+    """Buffer slots the configured sampler needs so that dispatch can never deadlock.
+
+    Reproducible mode holds every group of the next `lookahead` steps at a refit barrier,
+    plus the step being trained."""
+    p = cfg.grpo.num_prompts_per_step
+    if cfg.async_rl.reproducible and cfg.async_rl.sampler.type == "in_order":
+        return p * (cfg.async_rl.sampler.max_lookahead_versions + 1)
+    return p
