@@ -112,8 +112,9 @@ class TrainerBackend(Protocol):
     def train_microbatches(self, chunk: TrainChunk) -> None:
         """Forward/backward over a chunk in microbatches; gradients accumulate."""
 
-    def finish(self) -> dict[str, float]:
-        """Normalise, clip, take one optimizer step, bump `version`; returns metrics."""
+    def finish(self, advance_version: bool = True) -> dict[str, float]:
+        """Normalise, clip, take one optimizer step; bump `version` unless this is an inner
+        mini-step of an RL step (advance_version=False); returns metrics."""
 
     def abort(self) -> None:
         """Drop the open step's gradients; no optimizer step is taken."""

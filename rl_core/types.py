@@ -30,6 +30,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
     seed: int | None = None
+    top_logprobs: int = 0  # also report the this-many most likely tokens at each position (0 = off)
 
     @property
     def is_greedy(self) -> bool:
@@ -60,6 +61,7 @@ class GenerationResult:
     start_version: int
     end_version: int
     token_versions: list[int] | None = None  # weight version that produced each token
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # per token: (id, logprob) of the most likely, when asked
     started_at: float = 0.0
     finished_at: float = 0.0
 
@@ -88,6 +90,8 @@ class Sample:
     rewards: dict[str, float] = field(default_factory=dict)
     env_mask: bool = False
     info: dict[str, Any] = field(default_factory=dict)
+    # multi-turn: 1 for tokens the policy generated, 0 for environment observations inside the completion
+    completion_mask: list[int] | None = None
 
     @property
     def truncated(self) -> bool:
@@ -127,6 +131,8 @@ class TrainChunk:
     start_versions: torch.Tensor  # [B] long
     ref_logprobs: torch.Tensor | None = None  # [B, T] float, reference policy (for KL)
     prev_logprobs: torch.Tensor | None = None  # [B, T] float, policy before this RL step's updates
+    values: torch.Tensor | None = None  # [B, T] float, critic's V(s_t) when advantages were computed (PPO)
+    returns: torch.Tensor | None = None  # [B, T] float, the critic's targets (PPO)
 
     @property
     def num_samples(self) -> int:
@@ -148,7 +154,8 @@ class TrainChunk:
         out = TrainChunk(**{k: cut(getattr(self, k)) for k in self.__dataclass_fields__})
         # trim right padding shared by the slice
         width = int(out.attention_mask.sum(dim=1).max().item()) if out.num_samples else 0
-        for k in ("input_ids", "attention_mask", "loss_mask", "gen_logprobs", "advantages", "ref_logprobs", "prev_logprobs"):
+        for k in ("input_ids", "attention_mask", "loss_mask", "gen_logprobs", "advantages", "ref_logprobs", "prev_logprobs",
+                  "values", "returns"):
             t = getattr(out, k)
             if t is not None:
                 setattr(out, k, t[:, :width])
@@ -173,7 +180,8 @@ def make_train_chunk(samples: list[Sample], advantages: list[float] | torch.Tens
         p, c = len(s.prompt_ids), len(s.completion_ids)
         input_ids[i, : p + c] = torch.tensor(s.prompt_ids + s.completion_ids, dtype=torch.long)
         attention[i, : p + c] = 1
-        loss_mask[i, p : p + c] = 1.0
+        loss_mask[i, p : p + c] = 1.0 if s.completion_mask is None else torch.tensor(s.completion_mask,
+                                                                                     dtype=torch.float32)
         gen_lp[i, p : p + c] = torch.tensor(s.gen_logprobs, dtype=torch.float32)
         if token_advantages is not None:
             adv[i, p : p + c] = torch.tensor(token_advantages[i], dtype=torch.float32)

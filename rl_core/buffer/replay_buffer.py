@@ -118,6 +118,14 @@ class ReplayBuffer:
             del self._slots[slot.group_id]
         await self.notify()
 
+    async def restore_ready(self, slots: list[Slot]) -> None:
+        """Return selected slots (of an RL step that failed) to the buffer as ready; may exceed capacity."""
+        for slot in slots:
+            assert slot.state == SlotState.SELECTED and slot.group is not None, (slot.group_id, slot.state)
+            slot.state = SlotState.READY
+            self._slots[slot.group_id] = slot
+        await self.notify()
+
     # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict:

@@ -56,10 +56,12 @@ def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict:
 
 
 def deep_merge(base: dict, top: dict) -> dict:
-    """`top` wins; dicts merge recursively, everything else is replaced."""
+    """`top` wins; dicts merge recursively, everything else is replaced. A section whose
+    `type:` changes (e.g. another sampler) replaces the base section instead of merging."""
     out = dict(base)
     for k, v in top.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
+        switched = isinstance(v, dict) and isinstance(out.get(k), dict) and "type" in v and v["type"] != out[k].get("type")
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and not switched:
             out[k] = deep_merge(out[k], v)
         else:
             out[k] = v
@@ -84,6 +86,8 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             if not isinstance(node.get(part), dict):
                 node[part] = {}
             node = node[part]
+        if parts[-1] == "type" and node.get("type") not in (None, value):
+            node.clear()  # switching a section's type starts it afresh (its old keys belong to the old type)
         node[parts[-1]] = value
     return data
 
@@ -225,12 +229,21 @@ def preflight(cfg: RecipeConfig, source: str | None = None) -> None:
             problems.append({"field": f"data.{field}", "value": str(p),
                              "expected": f"an existing JSON-lines file (looked for {p.resolve()})",
                              "fix": "fix the path, or generate the toy data with `rl-core make-data addition`."})
+    for name, file in cfg.evaluation.sets.items():
+        if not Path(file).is_file():
+            problems.append({"field": f"evaluation.sets.{name}", "value": file,
+                             "expected": f"an existing JSON-lines prompt file (looked for {Path(file).resolve()})",
+                             "fix": "fix the path or remove the set (an empty evaluation.sets uses data.val_file)."})
     if cfg.model.source == "hf" and cfg.model.path:
         d = Path(cfg.model.path)
         if not (d / "config.json").is_file():
             problems.append({"field": "model.path", "value": str(d),
                              "expected": "an HF model directory containing config.json",
                              "fix": "point model.path at a saved transformers model directory."})
+    if cfg.critic.enabled and cfg.critic.model_path and not (Path(cfg.critic.model_path) / "config.json").is_file():
+        problems.append({"field": "critic.model_path", "value": cfg.critic.model_path,
+                         "expected": "an HF model directory containing config.json (or a directory saved by the critic)",
+                         "fix": "point critic.model_path at a saved transformers model, or remove it to start the critic from the initial policy."})
     if problems:
         raise RecipeError(problems, source)
 

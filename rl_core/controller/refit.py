@@ -21,14 +21,19 @@ MODES = ("in_flight", "drain", "barrier")
 
 
 class Refitter:
-    def __init__(self, backends, trainer, rollout, mode: str = "in_flight", lookahead: int = 0):
+    def __init__(self, backends, trainer, rollout, mode: str = "in_flight", lookahead: int = 0,
+                 recompute_kv: bool = False, sync=None):
         if mode not in MODES:
             raise ValueError(f"unknown refit mode {mode!r}; expected one of {MODES}")
+        from rl_core.weights import InProcessSync
+
+        self.sync = sync if sync is not None else InProcessSync()  # transport: rl_core.weights
         self.backends = list(backends)
         self.trainer = trainer
         self.rollout = rollout
         self.mode = mode
         self.lookahead = lookahead
+        self.recompute_kv = recompute_kv
         self.count = 0
 
     async def refit(self, version: int) -> dict[str, float]:
@@ -43,14 +48,17 @@ class Refitter:
         wait_s = time.monotonic() - t0
         try:
             weights = self.trainer.export_weights()
-            nbytes = sum(t.numel() * t.element_size() for t in weights.values())
             t1 = time.monotonic()
-            for backend in self.backends:
-                await backend.update_weights(version, weights)
+            report = await self.sync.push(version, weights, self.backends)
+            nbytes = report.bytes
+            if self.recompute_kv:
+                for backend in self.backends:
+                    await backend.invalidate_kv_cache()
             update_s = time.monotonic() - t1
         finally:
             if self.mode == "drain":
                 await self.rollout.set_dispatch_open(True)
         self.count += 1
         return {"seconds": time.monotonic() - t0, "wait_s": wait_s, "update_s": update_s, "bytes": float(nbytes),
-                "bytes_per_s": nbytes / update_s if update_s > 0 else 0.0}
+                "bytes_per_s": nbytes / update_s if update_s > 0 else 0.0,
+                **{f"sync_{k}": float(v) for k, v in report.parts.items()}}

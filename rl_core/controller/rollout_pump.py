@@ -1,25 +1,33 @@
 """The rollout pump: prompts -> generation -> environment -> replay buffer.
 
-Owns: drawing prompt batches from the epoch-bounded `PromptSource`, the dispatch valves
-(the sampler's admission gate, buffer capacity, the in-flight cap, and the refit gate),
-launching one task per prompt group, committing finished groups with their start/end
-weight versions, its own resumable state (prompts drawn but not yet dispatched,
-counters), and what it is waiting on (for the watchdog and progress).
+Owns: drawing prompt batches from the epoch-bounded `PromptSource`; the dispatch valves,
+each a config knob with a metric: the sampler's admission gate, buffer capacity, the
+group in-flight cap, generation-level backpressure (in-flight *samples*), the
+over-sampling bound (unstamped samplers) and the dispatch gate closed by refit drains,
+checkpoints and (optionally) validation; one task per prompt group with retries under
+separate infra/data budgets, exponential backoff and deadlines; the drop budget (shrink a
+step, or replace the dropped group with a fresh prompt); aborting in-flight groups the
+sampler declares stale; committing finished groups with their start/end weight versions;
+its resumable state; and what it is waiting on (watchdog, progress).
 
-Does not own: staleness policy (sampler), training, or refit (it only obeys the gate the
-refitter closes and answers "is everything up to step s committed?").
+Does not own: staleness policy (sampler), training, refit, or the failure taxonomy
+(rl_core.resilience).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 from rl_core.buffer.replay_buffer import ReplayBuffer, SlotState
 from rl_core.controller.events import Timeline, VersionClock, notify, wait_until
 from rl_core.protocols import Environment, GenerationBackend
-from rl_core.rollout.group import generate_group
+from rl_core.resilience import Attempts, FailureKind, GroupDropped, backoff_s
+from rl_core.rollout.group import GroupOptions, generate_group
 from rl_core.types import PromptGroup, SamplingParams
 
 
@@ -27,17 +35,24 @@ from rl_core.types import PromptGroup, SamplingParams
 class RolloutStats:
     dispatched_groups: int = 0
     committed_groups: int = 0
-    aborted_groups: int = 0
+    aborted_groups: int = 0  # aborted in flight (stale) or by the backend
+    dropped_groups: int = 0  # exhausted their attempts
+    replaced_groups: int = 0
+    infra_retries: int = 0
+    data_retries: int = 0
+    wasted_samples: int = 0  # generated but never trained (aborted / dropped / evicted)
     generated_tokens: int = 0
     idle_s: float = 0.0  # time spent waiting on a valve
+    env_s: float = 0.0
     per_step_tokens: dict[int, int] = field(default_factory=dict)
 
 
 class RolloutPump:
-    def __init__(self, *, source, sampler, buffer: ReplayBuffer, backend: GenerationBackend, env: Environment,
+    def __init__(self, *, cfg, source, sampler, buffer: ReplayBuffer, backend: GenerationBackend, env: Environment,
                  tokenizer, clock: VersionClock, cond: asyncio.Condition, timeline: Timeline,
-                 params: SamplingParams, num_generations: int, max_inflight_groups: int, dispatch_limit: int,
-                 seed: int):
+                 params: SamplingParams, dispatch_limit: int, demand: Callable[[], int] | None = None):
+        a = cfg.async_rl
+        self.cfg = cfg
         self.source = source
         self.sampler = sampler
         self.buffer = buffer
@@ -48,14 +63,23 @@ class RolloutPump:
         self.cond = cond
         self.timeline = timeline
         self.params = params
-        self.n = num_generations
-        self.max_inflight = max_inflight_groups
-        self.dispatch_limit = dispatch_limit  # no group is dispatched for a target step >= this
-        self.seed = seed
+        self.n = cfg.grpo.num_generations_per_prompt
+        self.groups_per_step = cfg.grpo.num_prompts_per_step
+        self.max_inflight = a.max_inflight_groups
+        self.fail = a.failure
+        self.over_sampling = a.over_sampling_ratio
+        self.dispatch_limit = dispatch_limit  # stamped samplers: no group for a target step >= this
+        self.demand = demand  # unstamped samplers: groups the trainer may still consume
+        self.seed = cfg.grpo.seed
+        self.opts = GroupOptions(
+            generation_timeout_s=a.failure.generation_timeout_s, env_timeout_s=a.failure.env_timeout_s,
+            gen_slots=asyncio.Semaphore(a.max_inflight_generations) if a.max_inflight_generations else None,
+            mask_flagged_samples=getattr(cfg.env, "mask_flagged_samples", True))
         self.stats = RolloutStats()
+        self.dropped_per_step: Counter[int] = Counter()
         self.inflight: dict[str, asyncio.Task] = {}
         self.inflight_targets: dict[str, int] = {}
-        self.dispatch_open = True  # closed by the refitter's drain gate and by checkpoints
+        self.dispatch_open = True  # closed by the refitter's drain gate, checkpoints, validation
         self.waiting_on = "not started"
         self.exhausted = False
         self._stop = False
@@ -68,12 +92,14 @@ class RolloutPump:
         """Only valid at a quiescent point (nothing in flight)."""
         assert not self.inflight, "rollout state captured while groups are in flight"
         return {"pending": [[int(i), int(e), ex] for i, e, ex in self._pending],
-                "stats": {k: v for k, v in asdict(self.stats).items() if k != "per_step_tokens"}}
+                "stats": {k: v for k, v in asdict(self.stats).items() if k != "per_step_tokens"},
+                "dropped_per_step": {str(k): v for k, v in self.dropped_per_step.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         self._pending = [tuple(p) for p in state["pending"]]
         for k, v in state["stats"].items():
             setattr(self.stats, k, v)
+        self.dropped_per_step = Counter({int(k): v for k, v in state.get("dropped_per_step", {}).items()})
 
     # ------------------------------------------------------------------ control from other parts
 
@@ -92,17 +118,36 @@ class RolloutPump:
         def done() -> bool:
             if self._failure is not None:
                 return True
-            all_dispatched = (self.sampler.next_target_step() > step or self.exhausted or self._stop
-                              or self.sampler.next_target_step() >= self.dispatch_limit)
+            nxt = self.sampler.next_target_step()
+            all_dispatched = nxt > step or self.exhausted or self._stop or nxt >= self.dispatch_limit
             return all_dispatched and not any(t <= step for t in self.inflight_targets.values())
         await wait_until(self.cond, done)
         self._raise_failed()
+
+    async def abort_stale(self, trainer_version: int) -> int:
+        """Abort in-flight groups the sampler says can no longer be trained (frees the engine at once)."""
+        stale = [gid for gid in list(self.inflight) if self.sampler.should_abort_inflight(self.buffer.get(gid),
+                                                                                         trainer_version)]
+        for gid in stale:
+            self.inflight[gid].cancel()
+        if stale:
+            await asyncio.gather(*(self.inflight[g] for g in stale if g in self.inflight), return_exceptions=True)
+        return len(stale)
 
     async def stop(self) -> None:
         self._stop = True
         await notify(self.cond)
 
-    # ------------------------------------------------------------------ the pump
+    # ------------------------------------------------------------------ valves
+
+    def _oversampling_ok(self) -> bool:
+        if self.sampler.stamps or self.demand is None:
+            return True
+        window = getattr(self.sampler, "window", None)
+        if window is None:
+            window = self.sampler.staleness_bound or 0
+        need = min(self.demand(), self.groups_per_step * (window + 1))
+        return self.buffer.live() < math.ceil(self.over_sampling * need)
 
     def _admissible(self) -> bool:
         return self._stop or self._failure is not None or (
@@ -110,39 +155,55 @@ class RolloutPump:
             and self.sampler.can_admit(self.clock.version)
             and self.buffer.has_capacity()
             and len(self.inflight) < self.max_inflight
+            and self._oversampling_ok()
         )
 
     def _describe_wait(self) -> str:
         if not self.dispatch_open:
-            return "dispatch gate (paused for a refit drain or a checkpoint)"
+            return "dispatch gate (paused for a refit drain, a checkpoint or validation)"
         if not self.sampler.can_admit(self.clock.version):
-            return (f"sampler admission ({self.sampler.name}: next target step {self.sampler.next_target_step()} "
-                    f"> trainer version {self.clock.version} + lookahead {self.sampler.staleness_bound})")
+            return (f"sampler admission ({self.sampler.name}: next batch {self.sampler.next_target_step()} "
+                    f"> trainer version {self.clock.version} + window {self.sampler.staleness_bound})")
         if not self.buffer.has_capacity():
             return f"buffer capacity ({self.buffer.live()}/{self.buffer.capacity} slots live)"
         if len(self.inflight) >= self.max_inflight:
-            return f"in-flight cap ({len(self.inflight)}/{self.max_inflight} groups generating)"
+            return f"group in-flight cap ({len(self.inflight)}/{self.max_inflight} groups generating)"
+        if not self._oversampling_ok():
+            return f"over-sampling bound ({self.buffer.live()} live groups, ratio {self.over_sampling})"
         return "nothing"
+
+    def _done_dispatching(self) -> bool:
+        if self.sampler.stamps:
+            return self.sampler.next_target_step() >= self.dispatch_limit
+        return self.demand is not None and self.demand() <= 0
+
+    def _next_prompt(self):
+        if not self._pending:
+            batch = self.source.next_batch()
+            if batch is None:
+                return None
+            self._pending = [tuple(d) for d in batch]
+        return self._pending.pop(0)
+
+    # ------------------------------------------------------------------ the pump
 
     async def run(self) -> None:
         try:
-            while not self._stop:
-                if self.sampler.next_target_step() >= self.dispatch_limit:
+            while not self._stop and not self._done_dispatching():
+                if not self._pending and self.source.exhausted:
                     break
-                if not self._pending:
-                    batch = self.source.next_batch()
-                    if batch is None:
-                        break
-                    self._pending = [tuple(d) for d in batch]
                 self.waiting_on = self._describe_wait()
                 t0 = time.monotonic()
-                await wait_until(self.cond, self._admissible)
+                await wait_until(self.cond, lambda: self._admissible() or self._done_dispatching())
                 self.stats.idle_s += time.monotonic() - t0
                 self._raise_failed()
-                if self._stop:
+                if self._stop or self._done_dispatching():
                     break
-                index, epoch, example = self._pending.pop(0)
-                self._dispatch(index, epoch, example)
+                prompt = self._next_prompt()
+                if prompt is None:
+                    break
+                target = self.sampler.admit(self.clock.version)
+                self._dispatch(*prompt, target)
             self.waiting_on = "in-flight groups to finish"
             await wait_until(self.cond, lambda: not self.inflight or self._failure is not None)
             self._raise_failed()
@@ -157,22 +218,44 @@ class RolloutPump:
         if self._failure is not None:
             raise self._failure
 
-    def _dispatch(self, index: int, epoch: int, example: dict) -> None:
+    def _dispatch(self, index: int, epoch: int, example: dict, target: int | None) -> None:
         version = self.clock.version
-        target = self.sampler.admit(version)
         dispatch_index = self.stats.dispatched_groups
         group_id = f"e{epoch}-p{index}-d{dispatch_index}"
         self.buffer.reserve(group_id, dispatch_index, index, epoch, version, target)
         self.stats.dispatched_groups += 1
-        self.inflight_targets[group_id] = target
+        if target is not None:
+            self.inflight_targets[group_id] = target
         self.inflight[group_id] = asyncio.create_task(self._guarded(group_id, index, epoch, example, version, target))
 
-    async def _guarded(self, group_id: str, *args) -> None:
-        """Runs one group; records a failure for the pump to raise, always frees its in-flight place."""
+    async def _guarded(self, group_id: str, index: int, epoch: int, example: dict, version: int,
+                       target: int | None) -> None:
+        """One group with retries; records a fatal failure for the pump to raise; always frees its place."""
         try:
-            await self._run_group(group_id, *args)
+            attempts = Attempts(self.fail.max_infra_attempts_per_group, self.fail.max_data_attempts_per_group)
+            while True:
+                try:
+                    await self._run_group(group_id, index, epoch, example, version, target, attempts)
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - classified, retried or dropped
+                    kind = attempts.record(exc)
+                    if attempts.exhausted:
+                        await self._drop(group_id, index, epoch, example, target, attempts, exc)
+                        return
+                    if kind is FailureKind.INFRA:
+                        self.stats.infra_retries += 1
+                        await asyncio.sleep(backoff_s(attempts.infra, self.fail.backoff_base_s,
+                                                      self.fail.max_backoff_s))
+                    else:
+                        self.stats.data_retries += 1
         except asyncio.CancelledError:
-            raise
+            slot = self.buffer._slots.get(group_id)
+            if slot is not None and slot.state == SlotState.RESERVED:
+                self.stats.aborted_groups += 1
+                self.stats.wasted_samples += self.n
+                await self.buffer.finish([slot], SlotState.ABORTED)
         except BaseException as exc:  # noqa: BLE001 - handed to the pump, which re-raises it
             if self._failure is None:
                 self._failure = exc
@@ -181,23 +264,49 @@ class RolloutPump:
             self.inflight_targets.pop(group_id, None)
             await notify(self.cond)
 
+    async def _drop(self, group_id, index, epoch, example, target, attempts: Attempts, exc: Exception) -> None:
+        self.stats.dropped_groups += 1
+        self.stats.wasted_samples += self.n
+        await self.buffer.finish([self.buffer.get(group_id)], SlotState.ABORTED)
+        if self.stats.dropped_groups > self.fail.max_dropped_groups:
+            raise GroupDropped(
+                f"prompt group {group_id} (example {index}, epoch {epoch}) failed: {attempts.describe()}; the drop "
+                f"budget async_rl.failure.max_dropped_groups={self.fail.max_dropped_groups} is spent. Fix: repair "
+                f"the cause, or raise the retry/drop budgets.") from exc
+        if target is None:
+            return  # unstamped samplers: demand-driven dispatch replaces it by itself
+        if self.fail.on_dropped_group == "replace":
+            prompt = self._next_prompt()
+            if prompt is not None:
+                self.stats.replaced_groups += 1
+                self._dispatch(*prompt, target)
+                return
+        self.dropped_per_step[target] += 1
+        floor = math.ceil(self.fail.min_step_batch_fraction * self.groups_per_step)
+        if self.groups_per_step - self.dropped_per_step[target] < floor:
+            raise GroupDropped(
+                f"step {target} shrank to {self.groups_per_step - self.dropped_per_step[target]} groups, below the "
+                f"floor of {floor} (async_rl.failure.min_step_batch_fraction={self.fail.min_step_batch_fraction}); "
+                f"last failure: {attempts.describe()}. Fix: repair the cause or lower the floor.") from exc
+
     async def _run_group(self, group_id: str, index: int, epoch: int, example: dict, version: int,
-                         target: int) -> None:
+                         target: int | None, attempts: Attempts) -> None:
         t0 = time.monotonic()
         prompt_ids = self.env.prompt_ids(example)
+        key = f"{group_id}/a{attempts.infra + attempts.data}"
         samples = await generate_group(self.backend, self.env, self.tokenizer, example, prompt_ids, self.n,
-                                       self.params, group_id, (self.seed, epoch, index))
+                                       self.params, key, (self.seed, epoch, index), self.opts)
         if any(s.finish_reason == "abort" for s in samples):
-            self.stats.aborted_groups += 1
-            await self.buffer.finish([self.buffer.get(group_id)], SlotState.ABORTED)
-            return
+            raise ConnectionAbortedError(f"the backend aborted a sample of {group_id}")  # INFRA: retried
         t1 = time.monotonic()
         group = PromptGroup(group_id=group_id, prompt_index=index, epoch=epoch, example=example, samples=samples,
                             start_version=version, end_version=max(s.end_version for s in samples),
                             target_step=target, dispatched_at=t0, committed_at=t1)
         ntok = sum(len(s.completion_ids) for s in samples)
         self.stats.generated_tokens += ntok
-        self.stats.per_step_tokens[target] = self.stats.per_step_tokens.get(target, 0) + ntok
+        self.stats.env_s += sum(s.info.get("env_s", 0.0) for s in samples)
+        step = target if target is not None else self.sampler.next_target_step()
+        self.stats.per_step_tokens[step] = self.stats.per_step_tokens.get(step, 0) + ntok
         self.stats.committed_groups += 1
-        self.timeline.add("generate", target, t0, t1, version)
+        self.timeline.add("generate", -1 if target is None else target, t0, t1, version)
         await self.buffer.commit(group_id, group)

@@ -5,5 +5,6 @@ Importing this package registers the built-in environments, so `make_env` finds 
 
 from rl_core.envs.base import BaseEnv, Completion, make_env, register_env, registered_envs
 from rl_core.envs.addition import AdditionEnv  # noqa: E402  (registers "addition")
+from rl_core.envs.chain import ChainAdditionEnv  # noqa: E402  (registers "chain_addition")
 
-__all__ = ["AdditionEnv", "BaseEnv", "Completion", "make_env", "register_env", "registered_envs"]
+__all__ = ["AdditionEnv", "ChainAdditionEnv", "BaseEnv", "Completion", "make_env", "register_env", "registered_envs"]

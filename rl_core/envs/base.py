@@ -87,6 +87,8 @@ class BaseEnv(ABC):
     """System message prepended to the chat (only with `use_chat_template`)."""
     reward_names: tuple[str, ...] = ()
     """Names of the reward components `_score` returns (aborted samples get zeros for each)."""
+    max_turns: int = 1
+    """Turns of a multi-turn rollout (generate -> `observe` -> generate ...); 1 = single turn."""
 
     def __init__(self, config: Any, tokenizer: Any):
         self.config = config
@@ -139,7 +141,18 @@ class BaseEnv(ABC):
         text_ids = self.tokenizer.encode(self.reference_text(example), add_special_tokens=False)
         return list(text_ids) + [self.end_token_ids[0]]
 
+    def observe(self, example: dict[str, Any], turn: int, completion: "Completion") -> list[int] | None:
+        """Multi-turn hook: token ids of the observation that follows turn `turn`'s completion,
+        already templated by the environment (they are fed to the policy as they are, and
+        masked out of the loss); None ends the episode. Single-turn environments return None."""
+        return None
+
     # ------------------------------------------------------------------ scoring
+
+    def score_turns(self, example: dict[str, Any], turns: list["Completion"]) -> EnvResult:
+        """Rewards of a multi-turn episode (hook; default: score the last turn alone)."""
+        last = turns[-1]
+        return self.score(example, last.ids, last.text, last.finish_reason)
 
     def score(self, example: dict[str, Any], completion_ids: list[int], completion_text: str,
               finish_reason: str) -> EnvResult:

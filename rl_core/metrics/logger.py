@@ -33,6 +33,15 @@ class MetricsLogger:
             self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
 
     def log(self, step: int, metrics: dict[str, Any], kind: str = "train") -> None:
+        """Scalars to JSONL and TensorBoard; lists under the key `_histograms` go to TensorBoard only."""
+        metrics = dict(metrics)
+        hists = metrics.pop("_histograms", {}) or {}
+        if self._tb is not None:
+            for name, values in hists.items():
+                if values:
+                    import numpy as np
+
+                    self._tb.add_histogram(name, np.asarray(values, dtype=np.float64), step)
         record = {"kind": kind, "step": step, "time": time.time()}
         record.update({k: _clean(v) for k, v in metrics.items()})
         if self._jsonl is not None:

@@ -1,9 +1,12 @@
 """Generating and scoring one prompt group (used by the rollout pump and by validation).
 
-Owns: per-sample seed derivation (so a sample's randomness depends only on the run seed,
-the epoch, the example and the sample index, never on timing), turning recipe sampling
-knobs into engine `SamplingParams`, fanning the N requests of a group out to a backend,
-and scoring each finished completion with the environment.
+Owns: per-sample seed derivation (a sample's randomness depends only on the run seed, the
+epoch, the example and the sample index, never on timing), turning recipe sampling knobs
+into engine `SamplingParams`, fanning the N samples of a group out to a backend (each
+sample takes a generation place while it generates: generation-level backpressure),
+multi-turn rollouts (generate -> environment observation -> generate ..., with
+observation tokens masked out of the loss), per-generation and per-environment
+deadlines, and scoring each finished sample with the environment.
 
 Does not own: when groups are dispatched (rollout pump), the buffer, or retries.
 """
@@ -11,9 +14,14 @@ Does not own: when groups are dispatched (rollout pump), the buffer, or retries.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rl_core.config.schema import SamplingParamsConfig
+from rl_core.resilience import with_deadline
 from rl_core.protocols import Environment, GenerationBackend
 from rl_core.types import GenerationRequest, GenerationResult, Sample, SamplingParams
 
@@ -45,31 +53,129 @@ def sampling_params(cfg: SamplingParamsConfig, stop_token_ids: tuple[int, ...] =
     )
 
 
-def score_result(env: Environment, tokenizer, example: dict[str, Any], result: GenerationResult) -> Sample:
-    text = tokenizer.decode(result.token_ids, skip_special_tokens=True)
-    scored = env.score(example, result.token_ids, text, result.finish_reason)
+@dataclass
+class GroupOptions:
+    """How one group is generated (shared by every group of a run)."""
+
+    generation_timeout_s: float | None = None
+    env_timeout_s: float | None = None
+    gen_slots: asyncio.Semaphore | None = None  # generation-level backpressure
+    mask_flagged_samples: bool = True
+
+
+@dataclass
+class SampleTimings:
+    generate_s: float = 0.0
+    env_s: float = 0.0
+
+
+def _decode(tokenizer, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+async def _generate(backend: GenerationBackend, request: GenerationRequest, opts: GroupOptions) -> GenerationResult:
+    slots = opts.gen_slots
+    async with slots if slots is not None else contextlib.nullcontext():
+        return await with_deadline(backend.generate(request), opts.generation_timeout_s,
+                                   f"generation of {request.request_id}")
+
+
+# Environment calls with a deadline run here, never in the default executor that the
+# trainer's worker calls use: a hung environment must not starve training.
+_ENV_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rl_core-env")
+
+
+async def _score(env, example, ids, text, finish, opts: GroupOptions, timings: SampleTimings, turns=None):
+    t0 = time.monotonic()
+
+    def call():
+        return env.score_turns(example, turns) if turns is not None else env.score(example, ids, text, finish)
+
+    try:
+        if opts.env_timeout_s is None:
+            return call()  # cheap environments score on the event loop
+        fut = asyncio.get_running_loop().run_in_executor(_ENV_POOL, call)
+        return await with_deadline(fut, opts.env_timeout_s, f"environment {getattr(env, 'name', '?')} scoring")
+    finally:
+        timings.env_s += time.monotonic() - t0
+
+
+async def generate_sample(backend: GenerationBackend, env: Environment, tokenizer, example: dict[str, Any],
+                          prompt_ids: list[int], params: SamplingParams, request_id: str,
+                          opts: GroupOptions) -> Sample:
+    """One sample: a single turn, or up to `env.max_turns` turns with observations in between."""
+    timings = SampleTimings()
+    max_turns = int(getattr(env, "max_turns", 1))
+    t0 = time.monotonic()
+    if max_turns <= 1:
+        res = await _generate(backend, GenerationRequest(request_id, list(prompt_ids), params), opts)
+        timings.generate_s = time.monotonic() - t0
+        text = _decode(tokenizer, res.token_ids)
+        scored = await _score(env, example, res.token_ids, text, res.finish_reason, opts, timings)
+        return _sample(res.prompt_ids, list(res.token_ids), list(res.logprobs), None, res.finish_reason,
+                       res.start_version, res.end_version, res.token_versions, text, scored, opts, timings, 1)
+    completion: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] = []
+    versions: list[int] = []
+    turns = []
+    start_version = end_version = None
+    finish = "stop"
+    for turn in range(max_turns):
+        p = replace(params, seed=None if params.seed is None else derive_seed(params.seed, turn))
+        res = await _generate(backend, GenerationRequest(f"{request_id}/t{turn}", list(prompt_ids) + completion, p),
+                              opts)
+        start_version = res.start_version if start_version is None else start_version
+        end_version, finish = res.end_version, res.finish_reason
+        completion += res.token_ids
+        mask += [1] * len(res.token_ids)
+        logprobs += list(res.logprobs)
+        versions += list(res.token_versions or [res.end_version] * len(res.token_ids))
+        turns.append(env.parse_completion(res.token_ids, _decode(tokenizer, res.token_ids), res.finish_reason))
+        if finish != "stop" or turn == max_turns - 1:
+            break
+        obs = env.observe(example, turn, turns[-1])
+        if not obs:
+            break
+        completion += obs
+        mask += [0] * len(obs)
+        logprobs += [0.0] * len(obs)
+        versions += [-1] * len(obs)
+    timings.generate_s = time.monotonic() - t0
+    text = _decode(tokenizer, completion)
+    scored = await _score(env, example, completion, text, finish, opts, timings, turns=turns)
+    return _sample(list(prompt_ids), completion, logprobs, mask, finish, start_version, end_version, versions, text,
+                   scored, opts, timings, len(turns))
+
+
+def _sample(prompt_ids, completion, logprobs, mask, finish, v0, v1, token_versions, text, scored,
+            opts: GroupOptions, timings: SampleTimings, num_turns: int) -> Sample:
     info = dict(scored.info)
-    info["text"] = text
-    if result.token_versions is not None:
-        info["token_versions"] = result.token_versions
-    return Sample(
-        prompt_ids=list(result.prompt_ids), completion_ids=list(result.token_ids),
-        gen_logprobs=list(result.logprobs), reward=float(scored.reward), finish_reason=result.finish_reason,
-        start_version=result.start_version, end_version=result.end_version, rewards=dict(scored.rewards),
-        env_mask=bool(scored.mask), info=info,
-    )
+    info.update(text=text, generate_s=timings.generate_s, env_s=timings.env_s, turns=num_turns)
+    if token_versions is not None:
+        info["token_versions"] = token_versions
+    return Sample(prompt_ids=list(prompt_ids), completion_ids=completion, gen_logprobs=logprobs,
+                  reward=float(scored.reward), finish_reason=finish, start_version=v0, end_version=v1,
+                  rewards=dict(scored.rewards), env_mask=bool(scored.mask) and opts.mask_flagged_samples,
+                  info=info, completion_mask=mask)
 
 
 async def generate_group(backend: GenerationBackend, env: Environment, tokenizer, example: dict[str, Any],
                          prompt_ids: list[int], n: int, params: SamplingParams, key: str,
-                         seed_parts: tuple[int, ...]) -> list[Sample]:
-    """N samples of one prompt, generated concurrently, each with its own derived seed."""
-    from dataclasses import replace
-
-    requests = [GenerationRequest(f"{key}/{i}", list(prompt_ids), replace(params, seed=derive_seed(*seed_parts, i)))
-                for i in range(n)]
-    results = await asyncio.gather(*(backend.generate(r) for r in requests))
-    return [score_result(env, tokenizer, example, r) for r in results]
+                         seed_parts: tuple[int, ...], opts: GroupOptions | None = None) -> list[Sample]:
+    """N samples of one prompt, generated concurrently, each with its own derived seed.
+    If one sample fails, the others are cancelled and the error propagates."""
+    opts = opts or GroupOptions()
+    tasks = [asyncio.ensure_future(generate_sample(backend, env, tokenizer, example, prompt_ids,
+                                                   replace(params, seed=derive_seed(*seed_parts, i)), f"{key}/{i}",
+                                                   opts)) for i in range(n)]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def is_correct(sample: Sample) -> bool:

@@ -1,16 +1,69 @@
 """Samplers: the staleness policy of the controller (which ready groups train now).
 
-`make_sampler(async_rl_config, num_prompts_per_step)` builds the configured one.
+`make_sampler(recipe)` builds the configured one: `in_order`, `weight_fifo`, `windowed`,
+`ready_first`, or `custom` (`target: "module:ClassName"`, constructed as
+`ClassName(num_prompts_per_step=P, **kwargs)` and checked against the `Sampler` protocol).
 """
 
+from __future__ import annotations
+
+import importlib
+
+from rl_core.errors import RecipeError
+from rl_core.samplers.base import BaseSampler, Sampler
 from rl_core.samplers.in_order import InOrderSampler
+from rl_core.samplers.ready_first import ReadyFirstSampler
+from rl_core.samplers.weight_fifo import WeightFifoSampler
+from rl_core.samplers.windowed import WindowedSampler
+
+PROTOCOL_METHODS = ("next_target_step", "can_admit", "admit", "select", "evict", "should_abort_inflight",
+                    "required_capacity", "state_dict", "load_state_dict")
 
 
-def make_sampler(async_cfg, num_prompts_per_step: int):
-    cfg = async_cfg.sampler
-    if cfg.type == "in_order":
-        return InOrderSampler(cfg, num_prompts_per_step)
-    raise ValueError(f"unknown sampler type {cfg.type!r}")
+def load_custom_class(target: str):
+    """Import `module:ClassName` and check it against the Sampler protocol (at config load)."""
+    field = "async_rl.sampler.target"
+    if target.count(":") != 1:
+        raise RecipeError.single(field, target, "'module.path:ClassName'", "write the import path as module:Class.")
+    module_name, cls_name = target.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - reported as a recipe error
+        raise RecipeError.single(field, target, f"an importable module ({type(exc).__name__}: {exc})",
+                                 "check the module path and that it is on PYTHONPATH.") from None
+    cls = getattr(module, cls_name, None)
+    if cls is None:
+        raise RecipeError.single(field, target, f"a class named {cls_name} in module {module_name}",
+                                 "check the class name.")
+    missing = [m for m in PROTOCOL_METHODS + ("name", "stamps", "staleness_bound") if not hasattr(cls, m)]
+    if missing:
+        raise RecipeError.single(field, target, "a class implementing the Sampler protocol "
+                                 f"(rl_core.samplers.base.Sampler); missing: {', '.join(missing)}",
+                                 "subclass rl_core.samplers.base.BaseSampler or add the missing members.")
+    return cls
 
 
-__all__ = ["InOrderSampler", "make_sampler"]
+def make_sampler(cfg) -> Sampler:
+    """Build the sampler of a whole recipe (`cfg.async_rl.sampler`)."""
+    scfg = cfg.async_rl.sampler
+    p = cfg.grpo.num_prompts_per_step
+    if scfg.type == "in_order":
+        return InOrderSampler(scfg, p, reproducible=cfg.async_rl.reproducible)
+    if scfg.type == "weight_fifo":
+        return WeightFifoSampler(scfg, p)
+    if scfg.type == "windowed":
+        return WindowedSampler(scfg, p)
+    if scfg.type == "ready_first":
+        return ReadyFirstSampler(scfg, p)
+    if scfg.type == "custom":
+        obj = load_custom_class(scfg.target)(num_prompts_per_step=p, **scfg.kwargs)
+        if not isinstance(obj, Sampler):
+            raise RecipeError.single("async_rl.sampler.target", scfg.target,
+                                     "an object satisfying rl_core.samplers.base.Sampler",
+                                     "subclass rl_core.samplers.base.BaseSampler.")
+        return obj
+    raise ValueError(f"unknown sampler type {scfg.type!r}")
+
+
+__all__ = ["BaseSampler", "InOrderSampler", "ReadyFirstSampler", "Sampler", "WeightFifoSampler", "WindowedSampler",
+           "load_custom_class", "make_sampler"]

@@ -2,62 +2,35 @@
 
 Owns: stamping each dispatched group with its target step (dispatch order, one step =
 `num_prompts_per_step` groups), the admission gate (dispatch for step s opens once the
-trainer holds weight version s - max_lookahead_versions), selection (ready groups of the
-current step), and its resumable state. Because a group for step s is dispatched at a
-version >= s - L and trained at version s, its staleness (trainer version - start version)
-is at most L = `max_lookahead_versions`; L = 0 is synchronous RL.
+trainer holds weight version s - max_lookahead_versions), and selection (ready groups of
+the current step). A group for step s is dispatched at a version >= s - L and trained at
+version s, so its staleness is at most L = `max_lookahead_versions`; L = 0 is synchronous.
 
 Does not own: the buffer (it only reads slots), waiting (the pumps wait on its answers).
 """
 
 from __future__ import annotations
 
-from rl_core.buffer.replay_buffer import Slot
-from rl_core.config.schema import InOrderSamplerConfig
+from rl_core.buffer.replay_buffer import ReplayBuffer, Slot
+from rl_core.samplers.base import BaseSampler
 
 
-class InOrderSampler:
+class InOrderSampler(BaseSampler):
     name = "in_order"
+    stamps = True
 
-    def __init__(self, cfg: InOrderSamplerConfig, num_prompts_per_step: int):
+    def __init__(self, cfg, num_prompts_per_step: int, reproducible: bool = False):
+        super().__init__(num_prompts_per_step, cfg.max_lookahead_versions)
         self.lookahead = cfg.max_lookahead_versions
-        self.groups_per_step = num_prompts_per_step
-        self.dispatched = 0  # groups stamped so far (the next one gets dispatched // groups_per_step)
+        self.reproducible = reproducible
 
-    @property
-    def staleness_bound(self) -> int:
-        return self.lookahead
+    def select(self, buffer: ReplayBuffer, trainer_version: int, max_groups: int) -> list[Slot]:
+        return [s for s in buffer.ready() if s.target_step == trainer_version][:max_groups]
 
-    def next_target_step(self) -> int:
-        return self.dispatched // self.groups_per_step
-
-    def can_admit(self, trainer_version: int) -> bool:
-        return self.next_target_step() <= trainer_version + self.lookahead
-
-    def admit(self, trainer_version: int) -> int:
-        """Stamp the next dispatched group; only call when can_admit() is true."""
-        if not self.can_admit(trainer_version):
-            raise RuntimeError("admit() called while the in_order gate is closed")
-        step = self.next_target_step()
-        self.dispatched += 1
-        return step
-
-    def select(self, ready: list[Slot], trainer_version: int, max_groups: int) -> list[Slot]:
-        return [s for s in ready if s.target_step == trainer_version][:max_groups]
-
-    def evict(self, ready: list[Slot], trainer_version: int) -> list[Slot]:
-        return []  # stamped groups can never exceed the bound, nothing to evict
-
-    def should_abort_inflight(self, slot: Slot, trainer_version: int) -> bool:
-        return False
+    def evict(self, buffer: ReplayBuffer, trainer_version: int) -> list[Slot]:
+        # a group stamped for a step that already trained (e.g. restored from an older checkpoint)
+        return [s for s in buffer.ready() if s.target_step is not None and s.target_step < trainer_version]
 
     def required_capacity(self) -> int:
-        return self.groups_per_step
-
-    def state_dict(self) -> dict:
-        return {"name": self.name, "dispatched": self.dispatched}
-
-    def load_state_dict(self, state: dict) -> None:
-        if state.get("name") != self.name:
-            raise ValueError(f"sampler state is for {state.get('name')!r}, not {self.name!r}")
-        self.dispatched = int(state["dispatched"])
+        # a reproducible refit barrier holds every group of the next `lookahead` steps, plus the current one
+        return self.groups_per_step * ((self.lookahead + 1) if self.reproducible else 1)

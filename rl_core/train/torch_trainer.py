@@ -57,7 +57,7 @@ class TorchTrainer:
                 p.requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
-            weight_decay=cfg.weight_decay,
+            weight_decay=cfg.weight_decay, fused=self.device.type == "cuda",  # one kernel per step on GPU
         )
         self.version = version
         self.optimizer_steps = 0
@@ -105,7 +105,9 @@ class TorchTrainer:
             self._num_tokens += mb.num_valid_tokens()
         self._t_compute += time.perf_counter() - t0
 
-    def finish(self) -> dict[str, float]:
+    def finish(self, advance_version: bool = True) -> dict[str, float]:
+        """One optimizer step. `advance_version=False` for the inner mini-steps of an RL step
+        (PPO epochs/minibatches): the weight version counts RL steps, not optimizer steps."""
         if self._loss is None:
             raise RuntimeError("finish() called without begin()")
         t0 = time.perf_counter()
@@ -135,7 +137,8 @@ class TorchTrainer:
         metrics["num_tokens"] = float(self._num_tokens)
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["compute_s"] = self._t_compute + (time.perf_counter() - t0)
-        self.version += 1
+        if advance_version:
+            self.version += 1
         self._loss = None
         return metrics
 
@@ -174,3 +177,8 @@ class TorchTrainer:
         self.version = int(state["version"])
         self.optimizer_steps = int(state["optimizer_steps"])
         self.optimizer.load_state_dict(state["optimizer"])
+        # the recipe's hyperparameters win over the saved ones: equal when resuming, changed on
+        # purpose when a run branches from a checkpoint with another trainer.lr (README: Workflow)
+        for group in self.optimizer.param_groups:
+            group.update(lr=self.cfg.lr, betas=(self.cfg.adam_beta1, self.cfg.adam_beta2), eps=self.cfg.adam_eps,
+                         weight_decay=self.cfg.weight_decay)

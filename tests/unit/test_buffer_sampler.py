@@ -71,9 +71,9 @@ def test_in_order_selects_only_current_step_in_dispatch_order():
             buf.reserve(f"g{i}", i, i, 0, 0, t)
         for gid in ("g3", "g1", "g2"):
             await buf.commit(gid, group(gid, 0))
-        assert [x.group_id for x in s.select(buf.ready(), 0, 10)] == ["g1"]
-        assert [x.group_id for x in s.select(buf.ready(), 1, 10)] == ["g2", "g3"]
-        assert [x.group_id for x in s.select(buf.ready(), 1, 1)] == ["g2"]
+        assert [x.group_id for x in s.select(buf, 0, 10)] == ["g1"]
+        assert [x.group_id for x in s.select(buf, 1, 10)] == ["g2", "g3"]
+        assert [x.group_id for x in s.select(buf, 1, 1)] == ["g2"]
 
     asyncio.run(main())
 

@@ -1,0 +1,91 @@
+"""Per-RL-step metrics: what the train-step log reports about the step and its rollouts.
+
+Owns: turning one step's trained groups, the trainer's and the refit's metrics and the
+pumps' counters into one flat dict: rewards and accuracy, advantages, lengths (mean and
+percentiles of generated / input / total tokens; histograms go to TensorBoard), truncation
+rate, environment and generation timings, staleness in versions and trajectory age in
+seconds, per-worker token counts, and the aborted / evicted / dropped / wasted counts.
+
+Does not own: where metrics go (metrics.logger) or how they are computed upstream.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from rl_core.rollout.group import is_correct
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return float(s[min(len(s) - 1, int(round(q * (len(s) - 1))))])
+
+
+def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: dict, t_step0: float,
+                 idle: float) -> dict:
+    samples = [smp for t in trained for smp in t.group.samples]
+    rewards = [smp.reward for smp in samples]
+    advs = [a for t in trained for a in t.advantages]
+    stal = [t.staleness for t in trained]
+    now = time.monotonic()
+    ages = [now - t.slot.ready_at for t in trained if t.slot.ready_at is not None]
+    gen_len = [len(s.completion_ids) if s.completion_mask is None else sum(s.completion_mask) for s in samples]
+    in_len = [len(s.prompt_ids) for s in samples]
+    tot_len = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
+    env_s = [s.info.get("env_s", 0.0) for s in samples]
+    gen_s = [s.info.get("generate_s", 0.0) for s in samples]
+    step_s = now - t_step0
+    rs = pump.rollout.stats
+    m = {
+        "train/reward_mean": statistics.fmean(rewards),
+        "train/accuracy": statistics.fmean(1.0 if is_correct(s) else 0.0 for s in samples),
+        "train/advantage_mean": statistics.fmean(advs),
+        "train/advantage_abs_mean": statistics.fmean(abs(a) for a in advs),
+        "train/advantage_std": statistics.pstdev(advs),
+        "train/zero_variance_groups": sum(1 for t in trained if len(set(t.group.rewards)) == 1) / len(trained),
+        "train/num_groups": float(len(trained)),
+        "train/completion_len_mean": statistics.fmean(gen_len),
+        "train/truncation_rate": statistics.fmean(1.0 if s.truncated else 0.0 for s in samples),
+        "rollout/gen_tokens_per_sample_mean": statistics.fmean(gen_len),
+        "rollout/gen_tokens_p50": _pct(gen_len, 0.5),
+        "rollout/gen_tokens_p95": _pct(gen_len, 0.95),
+        "rollout/gen_tokens_max": float(max(gen_len)),
+        "rollout/input_tokens_mean": statistics.fmean(in_len),
+        "rollout/total_tokens_mean": statistics.fmean(tot_len),
+        "rollout/total_tokens_max": float(max(tot_len)),
+        "rollout/turns_per_sample_mean": statistics.fmean(s.info.get("turns", 1) for s in samples),
+        "rollout/env_s_mean": statistics.fmean(env_s),
+        "rollout/env_s_max": max(env_s),
+        "rollout/generate_s_mean": statistics.fmean(gen_s),
+        "rollout/generate_s_max": max(gen_s),
+        "rollout/dispatched_groups": float(rs.dispatched_groups),
+        "rollout/committed_groups": float(rs.committed_groups),
+        "rollout/aborted_groups": float(rs.aborted_groups),
+        "rollout/aborted_stale_inflight_groups": float(pump.stale_aborted_groups),
+        "rollout/evicted_groups": float(pump.evicted_groups),
+        "rollout/dropped_groups": float(rs.dropped_groups),
+        "rollout/replaced_groups": float(rs.replaced_groups),
+        "rollout/infra_retries": float(rs.infra_retries),
+        "rollout/data_retries": float(rs.data_retries),
+        "rollout/wasted_samples": float(rs.wasted_samples),
+        "rollout/buffer_live_groups": float(pump.buffer.live()),
+        "train/step_retries_total": float(pump.train_retries),
+        "staleness/mean": statistics.fmean(stal),
+        "staleness/max": float(max(stal)),
+        "staleness/age_s_mean": statistics.fmean(ages) if ages else 0.0,
+        "staleness/age_s_max": max(ages) if ages else 0.0,
+        "timing/step_s": step_s,
+        "timing/train_idle_s": idle,
+        "timing/rollout_idle_s_total": rs.idle_s,
+        "throughput/trained_tokens_per_s": sum(gen_len) / step_s if step_s > 0 else 0.0,
+        "epoch": float(max(t.group.epoch for t in trained)),
+    }
+    for k, v in train_metrics.items():
+        m[f"train/{k}"] = v
+    for k, v in refit_metrics.items():
+        m[f"refit/{k}"] = v
+    m["_histograms"] = {"rollout/gen_tokens": gen_len, "rollout/input_tokens": in_len, "rollout/total_tokens": tot_len}
+    return m

@@ -1,0 +1,89 @@
+"""The sampler protocol and the shared machinery of the built-in samplers.
+
+Owns: the `Sampler` protocol every sampler (built-in or `custom`) satisfies, the dispatch
+counter with its notion of a "batch" (every `num_prompts_per_step` dispatched groups), the
+admission gate shared by the gated samplers, and version-window helpers.
+
+A sampler decides, for the controller: whether the rollout pump may dispatch now
+(`can_admit` / `admit`, which may stamp a target step), which ready groups train now
+(`select`), which ready groups can never train and must go (`evict`), and which in-flight
+groups are already too old to be worth finishing (`should_abort_inflight`). It owns its
+staleness rule and its `state_dict`. It reads the buffer; it never changes it.
+
+Does not own: waiting (the pumps wait on its answers), the buffer, or the trainer.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from rl_core.buffer.replay_buffer import ReplayBuffer, Slot
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    name: str
+    stamps: bool  # True: admit() returns a target step and select() trains exactly that step's groups
+    staleness_bound: int | None  # largest trainer_version - start_version of a trained group (None = unbounded)
+
+    def next_target_step(self) -> int: ...
+    def can_admit(self, trainer_version: int) -> bool: ...
+    def admit(self, trainer_version: int) -> int | None: ...
+    def select(self, buffer: ReplayBuffer, trainer_version: int, max_groups: int) -> list[Slot]: ...
+    def evict(self, buffer: ReplayBuffer, trainer_version: int) -> list[Slot]: ...
+    def should_abort_inflight(self, slot: Slot, trainer_version: int) -> bool: ...
+    def required_capacity(self) -> int: ...
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class BaseSampler:
+    """Dispatch counting, the batch gate, and state; subclasses define select/evict/abort."""
+
+    name = "base"
+    stamps = False
+
+    def __init__(self, num_prompts_per_step: int, window: int | None):
+        self.groups_per_step = num_prompts_per_step
+        self.window = window  # gate: batch b may dispatch once trainer_version >= b - window (None: no gate)
+        self.dispatched = 0
+
+    @property
+    def staleness_bound(self) -> int | None:
+        return self.window
+
+    def next_target_step(self) -> int:
+        """The notional step (batch) of the next dispatched group: dispatched // groups_per_step."""
+        return self.dispatched // self.groups_per_step
+
+    def can_admit(self, trainer_version: int) -> bool:
+        return self.window is None or self.next_target_step() <= trainer_version + self.window
+
+    def admit(self, trainer_version: int) -> int | None:
+        if not self.can_admit(trainer_version):
+            raise RuntimeError(f"admit() called while the {self.name} gate is closed")
+        step = self.next_target_step()
+        self.dispatched += 1
+        return step if self.stamps else None
+
+    def evict(self, buffer: ReplayBuffer, trainer_version: int) -> list[Slot]:
+        return []
+
+    def should_abort_inflight(self, slot: Slot, trainer_version: int) -> bool:
+        return False
+
+    def required_capacity(self) -> int:
+        return self.groups_per_step
+
+    def state_dict(self) -> dict:
+        return {"name": self.name, "dispatched": self.dispatched}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("name") != self.name:
+            raise ValueError(f"sampler state is for {state.get('name')!r}, not {self.name!r}; "
+                             "a run must resume with the sampler it was checkpointed with")
+        self.dispatched = int(state["dispatched"])
+
+
+def in_window(slot: Slot, trainer_version: int, staleness: int) -> bool:
+    return trainer_version - slot.start_version <= staleness

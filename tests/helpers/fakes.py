@@ -1,0 +1,135 @@
+"""Fakes for unit-testing the controller's coordination in isolation (samplers, buffer,
+pumps): a generation backend with scripted latencies, an instant trainer, a trivial
+environment and tokenizer. The real parts are exercised by the integration tier."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from rl_core.types import EnvResult, GenerationResult
+
+
+class FakeTokenizer:
+    eos_token_id = 0
+    pad_token_id = 0
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(97 + (i % 26)) for i in ids)
+
+    def save_pretrained(self, path):
+        pass
+
+
+class FakeEnv:
+    name = "fake"
+    max_turns = 1
+
+    def prompt_ids(self, example):
+        return [1, 2, int(example["id"]) % 50 + 3]
+
+    def stop_strings(self):
+        return ()
+
+    def score(self, example, completion_ids, completion_text, finish_reason):
+        r = float((int(example["id"]) + len(completion_ids)) % 3 == 0)
+        return EnvResult(reward=r, rewards={"r": r}, info={"correct": bool(r)})
+
+
+class FakeBackend:
+    """Answers after a random latency (seeded); tracks the served version like a real engine."""
+
+    def __init__(self, seed: int = 0, max_latency_s: float = 0.004, fail=None):
+        self.rng = random.Random(seed)
+        self.max_latency_s = max_latency_s
+        self.version = 0
+        self.fail = fail  # optional callable(request) -> Exception | None
+        self.calls = 0
+
+    @property
+    def weight_version(self):
+        return self.version
+
+    async def start(self):
+        pass
+
+    async def shutdown(self):
+        pass
+
+    async def generate(self, request):
+        self.calls += 1
+        v0 = self.version
+        await asyncio.sleep(self.rng.random() * self.max_latency_s)
+        if self.fail is not None:
+            err = self.fail(request)
+            if err is not None:
+                raise err
+        n = 1 + self.rng.randrange(3)
+        return GenerationResult(request.request_id, request.prompt_ids, [5] * n, [-0.5] * n, "stop", v0,
+                                self.version)
+
+    async def abort(self, request_id):
+        pass
+
+    async def update_weights(self, version, weights):
+        self.version = version
+
+    async def invalidate_kv_cache(self):
+        pass
+
+    def capacity(self):
+        return 64
+
+    def metrics(self):
+        return {"running": 0.0}
+
+
+class FakeTrainer:
+    def __init__(self, fail_at: set | None = None):
+        self.version = 0
+        self.optimizer_steps = 0
+        self.fail_at = set(fail_at or ())
+        self.chunks = 0
+
+    def begin(self, loss):
+        pass
+
+    def train_microbatches(self, chunk):
+        self.chunks += 1
+        if self.version in self.fail_at:
+            self.fail_at.discard(self.version)
+            raise RuntimeError("injected microbatch failure")
+
+    def finish(self, advance_version=True):
+        self.optimizer_steps += 1
+        if advance_version:
+            self.version += 1
+        return {"loss": 0.0}
+
+    def abort(self):
+        pass
+
+    def export_weights(self):
+        return {}
+
+    def logprobs(self, chunk, reference=False):
+        return chunk.gen_logprobs.clone()
+
+    def state_dict(self):
+        return {"version": self.version, "optimizer_steps": self.optimizer_steps, "optimizer": {}}
+
+    def load_state_dict(self, state):
+        self.version = state["version"]
+
+
+def make_parts(cfg, backend=None, trainer=None, num_examples=64):
+    from rl_core.controller.controller import Parts
+    from rl_core.data.dataset import PromptSource
+    from rl_core.samplers import make_sampler
+
+    examples = [{"id": i, "prompt": str(i), "answer": "x"} for i in range(num_examples)]
+    source = PromptSource(examples, cfg.grpo.num_prompts_per_step, shuffle=True, seed=cfg.grpo.seed,
+                          max_num_epochs=cfg.grpo.max_num_epochs)
+    return Parts(tokenizer=FakeTokenizer(), env=FakeEnv(), source=source, backend=backend or FakeBackend(),
+                 trainer=trainer or FakeTrainer(), loss=None, sampler=make_sampler(cfg), val_examples=[],
+                 stop_token_ids=(0,), pad_id=0)
