@@ -1,22 +1,29 @@
-"""Policy losses: clipped policy gradient with KL and importance-sampling correction.
+"""Policy losses: clipped policy gradient (PPO / dual clip / GSPO) and plain REINFORCE.
 
-Owns: per-token loss formulas and their aggregation into the *sum form* of
+Owns: per-token policy-loss formulas and their aggregation into the *sum form* of
 `protocols.LossOutput` (loss_sum + normalizer), so that a step streamed in chunks is
-averaged exactly. Does not own: logprob computation (the trainer) or advantages.
+averaged exactly: the trainer sums `loss_sum` gradients and `normalizer`s over the step
+and divides once at `finish()`. Metrics are (sum, count) pairs (`metrics.py`).
+Does not own: logprob computation (trainer), advantages (`advantages.py`, `gae.py`),
+importance weights (`offpolicy.py`) or KL estimators (`kl.py`).
 
-Formulas (all masked by mask = loss_mask * sample_mask):
-- ratio r_t = exp(logp_t - logp_prev_t); clipped surrogate (Schulman et al. 2017, PPO eq. 7)
-  with separate low/high clip (Yu et al. 2025, DAPO "clip-higher"):
-  pg_t = -min(r_t * A_t, clip(r_t, 1 - eps_low, 1 + eps_high) * A_t).
-- With one optimizer step per RL step, logp_prev = logp.detach(): r = 1 in value and the
-  gradient is the policy gradient; off-policy drift between the generation engine and the
-  trainer is corrected by the importance weight w_t = exp(logp_prev_t - logp_gen_t)
-  (detached), optionally truncated (TIS: clamp to [min, max]; Yao et al. 2025, "Your
-  efficient RL framework secretly brings you off-policy RL training").
-  Sequence level: w = exp(sum_t mask_t (logp_prev_t - logp_gen_t)) per sample.
-- KL to the reference policy, with log r = logp_ref - logp (clamped to +-20) (Schulman 2020,
-  "Approximating KL divergence"): k1 = -log r, k2 = (log r)^2 / 2, k3 = exp(log r) - 1 - log r.
-- per-token loss l_t = w_t * pg_t + kl_coef * kl_t.
+Formulas (all masked by mask = loss_mask * sample_mask, then by the off-policy mask):
+- ratio r_t = exp(logp_t - logp_prev_t). `prev` is the policy at the start of the RL
+  step (`chunk.prev_logprobs`), or `logp.detach()` when a step takes one optimizer step
+  (r = 1 in value; the gradient is then exactly the policy gradient).
+- `clipped_pg` (Schulman et al. 2017, "Proximal policy optimization algorithms", eq. 7),
+  with separate low/high clip (Yu et al. 2025, DAPO, arXiv:2503.14476, "clip-higher"):
+  pg_t = -min(r_t A_t, clip(r_t, 1 - eps_low, 1 + eps_high) A_t).
+  Dual clip (Ye et al. 2020, "Mastering complex control in MOBA games with deep
+  reinforcement learning", AAAI, eq. 5), for A_t < 0 only: pg_t = min(pg_t, -c A_t), c > 1,
+  which bounds the loss of a negative-advantage token whose ratio exploded.
+  Sequence-level ratio (GSPO: Zheng et al. 2025, "Group sequence policy optimization",
+  arXiv:2507.18071, eq. 7): s_i = exp(mean_t (logp_t - logp_prev_t)), the geometric mean of
+  the token ratios of sequence i, replaces r_t on each of its tokens (and is clipped the same
+  way); GSPO averages per sequence, so it requires `aggregation: sequence`.
+- `reinforce` (Williams 1992): pg_t = -A_t logp_t (no ratio, no clipping).
+- off-policy weight w_t (detached, `offpolicy.py`): l_t = w_t * pg_t.
+- KL to the reference policy as a loss term: l_t += kl_coef * KL_t (`kl.py`), unweighted.
 - aggregation `token`: sum_t mask_t l_t / sum_t mask_t over the whole step;
   `sequence`: mean over valid sequences of (sum_t mask_t l_t / sum_t mask_t).
 """
@@ -25,97 +32,117 @@ from __future__ import annotations
 
 import torch
 
+from rl_core.algorithms.kl import kl_penalty  # noqa: F401  (re-exported: historical import path)
+from rl_core.algorithms.metrics import masked_sum_pair, pairs_to_floats
+from rl_core.algorithms.offpolicy import LOG_RATIO_CLAMP, correct_off_policy, importance_weights  # noqa: F401
 from rl_core.config.schema import LossConfig
 from rl_core.protocols import LossOutput
 from rl_core.types import TrainChunk
 
-LOG_RATIO_CLAMP = 20.0
 
-
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
-    log_r = (ref_logprobs - logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    if estimator == "k1":
-        return -log_r
-    if estimator == "k2":
-        return 0.5 * log_r.pow(2)
-    if estimator == "k3":
-        return torch.exp(log_r) - 1.0 - log_r
-    raise ValueError(f"unknown KL estimator {estimator!r}")
-
-
-def importance_weights(prev: torch.Tensor, gen: torch.Tensor, mask: torch.Tensor, level: str,
-                       truncation: str, min_ratio: float, max_ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Detached IS weights [B, T] and a [B, T] flag of tokens whose weight was clamped."""
-    log_w = (prev - gen) * mask
+def aggregate_tensors(per_token: torch.Tensor, mask: torch.Tensor, level: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum form of the aggregation as tensors: (loss_sum, normalizer), without a device sync."""
+    if level == "token":
+        return (per_token * mask).sum(), mask.sum()
     if level == "sequence":
-        log_w = log_w.sum(dim=1, keepdim=True).expand_as(prev)
-    raw = torch.exp(log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    if truncation == "none":
-        return raw, torch.zeros_like(raw, dtype=torch.bool)
-    if truncation == "tis":
-        clamped = raw.clamp(min_ratio, max_ratio)
-        return clamped, (raw < min_ratio) | (raw > max_ratio)
-    raise ValueError(f"unknown truncation {truncation!r}")
+        tokens = mask.sum(dim=1)
+        valid = (tokens > 0).to(per_token.dtype)
+        per_seq = (per_token * mask).sum(dim=1) / tokens.clamp(min=1)
+        return (per_seq * valid).sum(), valid.sum()
+    raise ValueError(f"unknown aggregation {level!r}; expected 'token' or 'sequence'")
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, level: str) -> tuple[torch.Tensor, float]:
     """Sum form of the aggregation: (loss_sum, normalizer)."""
-    if level == "token":
-        return (per_token * mask).sum(), float(mask.sum().item())
-    if level == "sequence":
-        tokens = mask.sum(dim=1)
-        valid = tokens > 0
-        per_seq = (per_token * mask).sum(dim=1) / tokens.clamp(min=1)
-        return per_seq[valid].sum(), float(valid.sum().item())
-    raise ValueError(f"unknown aggregation {level!r}")
+    loss_sum, normalizer = aggregate_tensors(per_token, mask, level)
+    return loss_sum, float(normalizer.item())
 
 
-class ClippedPGLoss:
-    """`loss.type: clipped_pg`."""
+def sequence_log_ratio(logprobs: torch.Tensor, prev: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B, T]: mean over each sequence's valid tokens of (logp - prev), broadcast over its tokens (GSPO)."""
+    n = mask.sum(dim=1, keepdim=True).clamp(min=1)
+    return (((logprobs - prev) * mask).sum(dim=1, keepdim=True) / n).expand_as(logprobs)
 
-    def __init__(self, cfg: LossConfig):
+
+def clipped_pg_terms(logprobs: torch.Tensor, prev: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                     eps_low: float, eps_high: float, dual_clip_c: float | None = None,
+                     ratio_level: str = "token") -> tuple[torch.Tensor, dict]:
+    """Per-token clipped surrogate loss [B, T] and its metrics (ratio, clip fractions) as tensor pairs."""
+    if ratio_level == "token":
+        log_ratio = logprobs - prev
+    elif ratio_level == "sequence":
+        log_ratio = sequence_log_ratio(logprobs, prev, mask)
+    else:
+        raise ValueError(f"unknown ratio level {ratio_level!r}; expected 'token' or 'sequence'")
+    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    pg = torch.maximum(-ratio * adv, -clipped * adv)
+    metrics = {}
+    with torch.no_grad():
+        metrics["ratio"] = masked_sum_pair(ratio, mask)
+        metrics["clip_frac"] = masked_sum_pair(((ratio * adv) > (clipped * adv)).float(), mask)
+    if dual_clip_c is not None:
+        cap = -dual_clip_c * adv
+        capped = (adv < 0) & (pg > cap)
+        pg = torch.where(capped, cap, pg)
+        metrics["dual_clip_frac"] = masked_sum_pair(capped.float(), mask)
+    return pg, metrics
+
+
+class PolicyGradientLoss:
+    """`loss.type: clipped_pg` and `loss.type: reinforce` (one class: they share IS, KL and aggregation).
+
+    `multi_update=True` declares that an RL step takes several optimizer steps (PPO epochs or
+    minibatches): the trainer must then fill `chunk.prev_logprobs` with the policy's logprobs
+    at the start of the RL step (`needs_prev_logprobs`), or the ratio would always be 1.
+    """
+
+    def __init__(self, cfg: LossConfig, *, multi_update: bool = False):
+        if cfg.type not in ("clipped_pg", "reinforce"):
+            raise ValueError(f"unknown loss type {cfg.type!r}")
         self.cfg = cfg
         self.needs_reference_logprobs = cfg.kl_coef > 0
-        self.needs_prev_logprobs = False  # one optimizer step per RL step: prev = current (detached)
+        self.needs_prev_logprobs = multi_update
 
     def __call__(self, logprobs: torch.Tensor, chunk: TrainChunk) -> LossOutput:
         cfg = self.cfg
-        mask = chunk.loss_mask * chunk.sample_mask[:, None]
+        if chunk.prev_logprobs is None and self.needs_prev_logprobs:
+            raise ValueError("this loss takes several optimizer steps per RL step and needs chunk.prev_logprobs "
+                             "(the policy's logprobs at the start of the step); the trainer did not provide them")
         prev = chunk.prev_logprobs if chunk.prev_logprobs is not None else logprobs.detach()
+        base_mask = chunk.loss_mask * chunk.sample_mask[:, None]
+        isc = cfg.importance_sampling
+        corr = correct_off_policy(prev, chunk.gen_logprobs, base_mask, enabled=isc.enabled, level=isc.level,
+                                  truncation=isc.truncation, min_ratio=isc.min_ratio, max_ratio=isc.max_ratio,
+                                  max_seq_mult_prob_error=isc.max_seq_mult_prob_error, as_floats=False)
+        mask = corr.mask
         adv = chunk.advantages
-        ratio = torch.exp((logprobs - prev).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-        clipped = ratio.clamp(1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high)
-        pg = -torch.minimum(ratio * adv, clipped * adv)
-        per_token = pg
-        is_cfg = cfg.importance_sampling
-        metrics: dict[str, tuple[float, float]] = {}
-        n_tok = float(mask.sum().item())
-        if is_cfg.enabled:
-            w, was_clamped = importance_weights(prev, chunk.gen_logprobs, mask, is_cfg.level, is_cfg.truncation,
-                                                is_cfg.min_ratio, is_cfg.max_ratio)
-            per_token = w.detach() * pg
-            metrics["is_weight"] = (float((w * mask).sum().item()), n_tok)
-            metrics["is_clamped_frac"] = (float((was_clamped.float() * mask).sum().item()), n_tok)
+        metrics = dict(corr.metrics)  # tensor pairs until the one conversion below
+        if cfg.type == "reinforce":
+            pg = -adv * logprobs
+        else:
+            pg, pg_metrics = clipped_pg_terms(logprobs, prev, adv, mask, cfg.clip_eps_low, cfg.clip_eps_high,
+                                              cfg.dual_clip_c, cfg.ratio_level)
+            metrics.update(pg_metrics)
+        per_token = corr.weights * pg if isc.enabled else pg
         if cfg.kl_coef > 0:
             if chunk.ref_logprobs is None:
-                raise ValueError("loss.kl_coef > 0 needs reference logprobs in the chunk")
-            kl = kl_penalty(logprobs, chunk.ref_logprobs, cfg.kl_estimator)
+                raise ValueError("loss.kl_coef > 0 needs reference logprobs in the chunk (chunk.ref_logprobs)")
+            kl = kl_penalty(logprobs, chunk.ref_logprobs, cfg.kl_estimator, cfg.kl_input_clamp, cfg.kl_output_clamp)
             per_token = per_token + cfg.kl_coef * kl
-            metrics["kl_ref"] = (float((kl.detach() * mask).sum().item()), n_tok)
-        loss_sum, normalizer = aggregate(per_token, mask, cfg.aggregation)
-        with torch.no_grad():
-            metrics["pg_loss"] = (float((pg * mask).sum().item()), n_tok)
-            metrics["ratio"] = (float((ratio * mask).sum().item()), n_tok)
-            clip_hit = ((ratio * adv) > (clipped * adv)).float()
-            metrics["clip_frac"] = (float((clip_hit * mask).sum().item()), n_tok)
-            diff = (logprobs.detach() - chunk.gen_logprobs)
-            metrics["gen_logprob_abs_error"] = (float((diff.abs() * mask).sum().item()), n_tok)
-            # KL(gen || train) estimated with k3 on the generation samples
-            metrics["gen_train_kl"] = (float((kl_penalty(chunk.gen_logprobs, logprobs.detach(), "k3") * mask).sum().item()), n_tok)
-        return LossOutput(loss_sum=loss_sum, normalizer=normalizer, metrics=metrics)
+            metrics["kl_ref"] = masked_sum_pair(kl, mask)
+        loss_sum, normalizer = aggregate_tensors(per_token, mask, cfg.aggregation)
+        metrics["pg_loss"] = masked_sum_pair(pg, mask)
+        metrics["_normalizer"] = (normalizer, normalizer)
+        floats = pairs_to_floats(metrics)  # one device-to-host transfer per microbatch
+        return LossOutput(loss_sum=loss_sum, normalizer=floats.pop("_normalizer")[0], metrics=floats)
 
 
-def make_loss(cfg: LossConfig) -> ClippedPGLoss:
-    if cfg.type == "clipped_pg":
-        return ClippedPGLoss(cfg)
+ClippedPGLoss = PolicyGradientLoss  # historical name
+
+
+def make_loss(cfg: LossConfig, *, multi_update: bool = False) -> PolicyGradientLoss:
+    """The policy loss of `loss.type`; `multi_update` as in `PolicyGradientLoss`."""
+    if cfg.type in ("clipped_pg", "reinforce"):
+        return PolicyGradientLoss(cfg, multi_update=multi_update)
     raise ValueError(f"unknown loss type {cfg.type!r}")

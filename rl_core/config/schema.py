@@ -847,6 +847,8 @@ class CheckpointConfig(Section):
     """Write a step checkpoint every this many RL steps (0 = only at the end of each epoch / run)."""
     keep_last: int = Field(2, ge=1)
     """Step checkpoints kept (older ones are deleted once a newer one is complete)."""
+    save_every_optimizer_steps: int = Field(0, ge=0)
+    """With several optimizer steps per RL step (grpo.ppo_epochs x num_minibatches): also checkpoint between mini-steps every this many optimizer steps, so a long RL step resumes where it stopped (0 = off)."""
 
 
 class ValidationConfig(Section):

@@ -1,11 +1,11 @@
-"""Clipped policy-gradient loss, KL estimators and importance weights against hand-computed values."""
+"""Policy losses (clipped PG, dual clip, GSPO, REINFORCE), KL estimators and importance weights against hand-computed values."""
 
 import math
 
 import pytest
 import torch
 
-from rl_core.algorithms.losses import ClippedPGLoss, aggregate, importance_weights, kl_penalty
+from rl_core.algorithms.losses import ClippedPGLoss, aggregate, importance_weights, kl_penalty, make_loss
 from rl_core.config.schema import LossConfig
 from rl_core.types import TrainChunk
 
@@ -65,7 +65,7 @@ def test_importance_weight_token_level_truncated():
     loss = ClippedPGLoss(cfg(importance_sampling={"enabled": True, "truncation": "tis", "max_ratio": 2.0}))
     out = loss(lp, c)
     assert out.loss_sum.item() == pytest.approx(-(2.0 + 0.5), abs=1e-5)
-    assert out.metrics["is_clamped_frac"] == (1.0, 2.0)
+    assert out.metrics["is_oob_frac"] == (1.0, 2.0)
 
 
 def test_importance_weight_sequence_level():
@@ -117,3 +117,89 @@ def test_single_valid_sample_single_token():
     out = ClippedPGLoss(cfg(aggregation="sequence"))(lp, c)
     assert (out.loss_sum.item(), out.normalizer) == (pytest.approx(2.0), 1.0)
     assert out.metrics["gen_logprob_abs_error"] == (0.0, 1.0)
+
+
+# ---------------------------------------------------------------- dual clip, GSPO, REINFORCE, KL clamps
+
+
+def test_dual_clip_caps_negative_advantages_only():
+    lp = torch.tensor([[math.log(4.0), math.log(4.0)]])  # ratio 4 on both tokens
+    c = chunk([[0.0, 0.0]], [[-1.0, 1.0]], [[1, 1]], prev=[[0.0, 0.0]])
+    # A=-1: max(-rA, -clip(r)A) = max(4, 1.2) = 4 -> capped at -c*A = 3 ; A=+1: max(-4, -1.2) = -1.2
+    out = ClippedPGLoss(cfg(dual_clip_c=3.0))(lp, c)
+    assert out.loss_sum.item() == pytest.approx(3.0 - 1.2, abs=1e-5)
+    assert out.metrics["dual_clip_frac"] == (1.0, 2.0)
+    out = ClippedPGLoss(cfg())(lp, c)  # without dual clip the negative-advantage token costs 4
+    assert out.loss_sum.item() == pytest.approx(4.0 - 1.2, abs=1e-5)
+
+
+def test_gspo_sequence_ratio_value_clip_and_gradient():
+    # token log-ratios ln 1.21 and 0 -> sequence ratio exp(ln 1.21 / 2) = 1.1 on both valid tokens
+    lp = torch.tensor([[0.0, math.log(1.21), 0.0]], requires_grad=True)
+    c = chunk([[0.0] * 3], [[0.0, 1.0, 1.0]], [[0, 1, 1]], prev=[[0.0, 0.0, 0.0]])
+    loss = ClippedPGLoss(cfg(ratio_level="sequence", aggregation="sequence"))
+    out = loss(lp, c)
+    assert (out.loss_sum.item(), out.normalizer) == (pytest.approx(-1.1, abs=1e-6), 1.0)
+    out.loss_sum.backward()
+    # d(-s)/d lp_t = -s / n_valid = -0.55 on each valid token, 0 on the prompt position
+    assert torch.allclose(lp.grad, torch.tensor([[0.0, -0.55, -0.55]]), atol=1e-6)
+    out = ClippedPGLoss(cfg(ratio_level="sequence", aggregation="sequence", clip_eps_high=0.05))(lp.detach(), c)
+    assert out.loss_sum.item() == pytest.approx(-1.05, abs=1e-6)  # clipped at 1 + 0.05
+    assert out.metrics["clip_frac"] == (2.0, 2.0)
+
+
+def test_reinforce_loss_and_gradient():
+    lp = torch.log(torch.tensor([[0.5, 0.25, 0.9]])).requires_grad_()
+    c = chunk([[0.0] * 3], [[2.0, 1.0, 7.0]], [[1, 1, 0]])
+    out = make_loss(cfg(type="reinforce"))(lp, c)
+    # -A logp = -2 ln 0.5 - 1 ln 0.25 = 4 ln 2 ; gradient -A on valid tokens
+    assert out.loss_sum.item() == pytest.approx(4 * math.log(2.0), abs=1e-6)
+    out.loss_sum.backward()
+    assert torch.allclose(lp.grad, torch.tensor([[-2.0, -1.0, 0.0]]))
+    assert "clip_frac" not in out.metrics
+
+
+def test_kl_input_and_output_clamps():
+    lp, ref = torch.tensor([0.0]), torch.tensor([-30.0])
+    # log r = -30 -> clamped to -20 ; k3 = e^-20 - 1 + 20 ~ 19 -> output clamp 10
+    assert kl_penalty(lp, ref, "k3", 20.0, None).item() == pytest.approx(19.0, abs=1e-6)
+    assert kl_penalty(lp, ref, "k3", 20.0, 10.0).item() == 10.0
+    assert kl_penalty(lp, ref, "k1", None, None).item() == 30.0
+    assert kl_penalty(lp, ref, "k1", 20.0, 10.0).item() == 10.0
+    c = chunk([[0.0]], [[0.0]], [[1]], ref=[[-30.0]])
+    out = ClippedPGLoss(cfg(kl_coef=0.5, kl_estimator="k1"))(lp[None], c)  # default clamps 20 / 10
+    assert out.loss_sum.item() == pytest.approx(5.0)
+
+
+def test_kl_needs_reference_logprobs():
+    c = chunk([[0.0]], [[0.0]], [[1]])
+    with pytest.raises(ValueError, match="reference"):
+        ClippedPGLoss(cfg(kl_coef=0.1))(torch.zeros(1, 1), c)
+
+
+def test_multi_update_loss_needs_prev_logprobs():
+    loss = make_loss(cfg(), multi_update=True)
+    assert loss.needs_prev_logprobs and not make_loss(cfg()).needs_prev_logprobs
+    with pytest.raises(ValueError, match="prev_logprobs"):
+        loss(torch.zeros(1, 2), chunk([[0.0, 0.0]], [[1.0, 1.0]], [[1, 1]]))
+
+
+def test_icepop_zero_weight_keeps_the_token_in_the_normalizer():
+    lp = torch.tensor([[-1.0, -2.0]])
+    gen = [[-1.0 - math.log(3.0), -2.0]]  # weights 3 (out of [0.5, 2]) and 1
+    c = chunk(gen, [[1.0, 1.0]], [[1, 1]])
+    isc = {"enabled": True, "truncation": "icepop", "min_ratio": 0.5, "max_ratio": 2.0}
+    out = ClippedPGLoss(cfg(importance_sampling=isc))(lp, c)
+    assert (out.loss_sum.item(), out.normalizer) == (pytest.approx(-1.0), 2.0)
+    assert out.metrics["is_weight_min"] == (0.0, 1.0) and out.metrics["is_weight_max"] == (1.0, 1.0)
+
+
+def test_logprob_error_threshold_masks_a_sequence_out_of_the_normalizer():
+    lp = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]])
+    gen = [[-1.0, -1.0], [-1.0 - math.log(3.0), -1.0]]  # errors: row 0 -> 1, row 1 -> (3 + 1) / 2 = 2
+    c = chunk(gen, [[1.0, 1.0], [5.0, 5.0]], [[1, 1], [1, 1]])
+    isc = {"enabled": False, "max_seq_mult_prob_error": 1.5}
+    out = ClippedPGLoss(cfg(importance_sampling=isc))(lp, c)
+    assert (out.loss_sum.item(), out.normalizer) == (pytest.approx(-2.0), 2.0)
+    assert out.metrics["seq_masked_by_prob_error_frac"] == (1.0, 2.0)
+    assert out.metrics["seq_mult_prob_error_max"] == (pytest.approx(2.0), 1.0)

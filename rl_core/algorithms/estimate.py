@@ -1,0 +1,104 @@
+"""Advantages for one training chunk: every estimator, KL in the reward, and GAE on critic values.
+
+Owns: `estimate_advantages`, the one call the train pump makes per chunk once its samples
+are packed (`types.make_train_chunk`), and the order of operations:
+1. KL in the reward (`advantage.kl_in_reward_coef > 0`): per token
+   pen_t = coef * KL_t(pi_gen || pi_ref) on the generated tokens (`kl.kl_reward_penalty`,
+   with the generation logprobs as the sampling policy). `sequence` level subtracts
+   sum_t pen_t from the sample's reward; `token` level keeps pen_t per token.
+2. `gae`: token rewards (reward on the last valid token, minus pen_t) and the critic's
+   values -> GAE advantages and returns (`gae.py`), then optional whitening over the
+   chunk's valid tokens.
+3. `reinforce_pp` with token-level KL: A_t = (r_i - group mean) - sum_{s >= t} pen_s (the
+   return to go with gamma = 1, Hu 2025, eq. 5), whitened over the chunk's valid tokens.
+4. every other case: one advantage per sample (`advantages.sequence_advantages`),
+   broadcast over the sample's completion tokens.
+Statistics (group baselines, whitening) include every sample and token of the chunk's
+completions (`loss_mask`), also samples excluded from the loss (`sample_mask` = 0, e.g.
+overlong-filtered). Batch whitening is therefore over the chunk: hand the step's groups
+in one chunk (`async_rl.min_groups_for_streaming_train = grpo.num_prompts_per_step`) to
+whiten over the whole step.
+
+Does not own: computing reference logprobs or critic values (trainer / critic), or writing
+the result into the chunk (the caller sets `chunk.advantages`, `chunk.values`, `chunk.returns`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import torch
+
+from rl_core.algorithms.advantages import (group_ids_from_sizes, sequence_advantages, stack_components,
+                                           whiten, group_stats)
+from rl_core.algorithms.gae import compute_gae, token_rewards
+from rl_core.algorithms.kl import kl_reward_penalty
+from rl_core.algorithms.metrics import Pair, masked_sum_pair, pairs_to_floats
+from rl_core.config.schema import AdvantageConfig
+from rl_core.types import TrainChunk
+
+
+@dataclass
+class AdvantageEstimate:
+    advantages: torch.Tensor  # [B, T] float32, 0 outside loss_mask
+    sample_advantages: torch.Tensor | None = None  # [B] float32 when the estimator gives one value per sample
+    returns: torch.Tensor | None = None  # [B, T] float32, gae only: the critic's targets
+    metrics: dict[str, Pair] = field(default_factory=dict)
+
+
+def estimate_advantages(cfg: AdvantageConfig, chunk: TrainChunk, rewards: Sequence[float] | torch.Tensor,
+                        group_sizes: Sequence[int], *,
+                        components: Sequence[Mapping[str, float]] | Mapping[str, torch.Tensor] | None = None,
+                        ref_logprobs: torch.Tensor | None = None,
+                        values: torch.Tensor | None = None) -> AdvantageEstimate:
+    """Advantages for the B samples of `chunk`, which hold consecutive groups of `group_sizes`.
+
+    rewards: [B] (shaped) scalar rewards. components: the samples' named rewards (gdpo).
+    ref_logprobs: [B, T] reference-policy logprobs (needed when kl_in_reward_coef > 0).
+    values: [B, T] the critic's values of the chunk (`Critic.values(chunk)`, needed by gae).
+    """
+    mask = chunk.loss_mask.to(torch.float64)
+    B = mask.shape[0]
+    if sum(group_sizes) != B:
+        raise ValueError(f"group_sizes add up to {sum(group_sizes)} samples but the chunk holds {B}")
+    r = torch.as_tensor(rewards, dtype=torch.float64).reshape(B).to(mask.device)
+    gid = group_ids_from_sizes(group_sizes).to(mask.device)
+    metrics: dict = {}
+    token_pen = None
+    if cfg.kl_in_reward_coef > 0:
+        if ref_logprobs is None:
+            raise ValueError("advantage.kl_in_reward_coef > 0 needs the reference policy's logprobs of the chunk "
+                             "(trainer.logprobs(chunk, reference=True))")
+        pen = kl_reward_penalty(chunk.gen_logprobs, ref_logprobs, mask, cfg.kl_in_reward_coef,
+                                cfg.kl_in_reward_estimator).to(torch.float64)
+        metrics["kl_in_reward"] = masked_sum_pair(pen / cfg.kl_in_reward_coef, mask)
+        if cfg.kl_in_reward_level == "sequence":
+            r = r - pen.sum(dim=1)
+        else:
+            token_pen = pen
+    if cfg.estimator == "gae":
+        if values is None:
+            raise ValueError("advantage.estimator 'gae' needs the critic's values of the chunk (critic.values(chunk))")
+        tok_r = token_rewards(r, mask, token_pen)
+        adv, ret = compute_gae(tok_r, values, mask, cfg.gamma, cfg.lam, cfg.value_lam, cfg.length_adaptive_alpha)
+        if cfg.whiten:
+            adv = whiten(adv, mask, cfg.std_eps)
+        metrics["value_mean"] = masked_sum_pair(values.to(torch.float64), mask)
+        metrics["return_mean"] = masked_sum_pair(ret, mask)
+        return AdvantageEstimate(adv.to(torch.float32), None, ret.to(torch.float32), pairs_to_floats(metrics))
+    if token_pen is not None:
+        if cfg.estimator != "reinforce_pp":
+            raise ValueError(f"token-level KL in the reward needs estimator reinforce_pp or gae, not {cfg.estimator!r}")
+        seq = r - group_stats(r, gid)[2] if cfg.subtract_group_mean else r
+        kl_to_go = torch.flip(torch.cumsum(torch.flip(token_pen * mask, [1]), dim=1), [1])
+        adv = (seq[:, None] - kl_to_go) * mask
+        if cfg.whiten:
+            adv = whiten(adv, mask, cfg.std_eps)
+        return AdvantageEstimate(adv.to(torch.float32), None, None, pairs_to_floats(metrics))
+    comps = None
+    if components is not None:
+        comps = dict(components) if isinstance(components, Mapping) else stack_components(components)
+    seq_adv = sequence_advantages(cfg, r, gid, comps)
+    return AdvantageEstimate((seq_adv[:, None] * mask).to(torch.float32), seq_adv.to(torch.float32), None,
+                             pairs_to_floats(metrics))

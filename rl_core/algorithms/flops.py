@@ -1,0 +1,137 @@
+"""FLOPs and MFU accounting for training a causal LM.
+
+Owns: the model-FLOPs formula, a per-RL-step counter that sums every forward+backward of
+every optimizer step (PPO epochs and minibatches included) plus the forward-only passes
+(reference / previous-policy logprobs, critic values), MFU, and a small table of peak
+FLOP/s. Does not own: timing (the caller measures the step's wall time) or logging.
+
+Formula (Kaplan et al. 2020, "Scaling laws for neural language models", sec. 2.1 and
+Table 1; with the attention term of Chowdhery et al. 2022, "PaLM", appendix B): training
+one token costs 6 N + 12 L d_attn T FLOPs, where N counts the parameters used in matrix
+multiplies (every parameter except the input embedding table, which is a lookup; the LM
+head is counted, once, even when tied), L is the number of layers, d_attn = heads x head
+dim, and T is the sequence length (the token attends to T positions: QK^T and attention x
+V cost 2 * 2 * d_attn * T each in the forward pass, x3 for forward+backward). A sequence of
+T tokens therefore costs 6 N T + 12 L d_attn T^2; a forward pass alone costs a third.
+Like PaLM we count the full T x T attention matrix (`causal=False`, the MFU convention);
+`causal=True` counts only the T (T + 1) / 2 unmasked entries. Padding tokens are not
+counted: these are model FLOPs, not hardware FLOPs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from rl_core.types import TrainChunk
+
+# Dense (no sparsity) bf16/fp16 tensor-core peaks, from NVIDIA's datasheets (A100: 312
+# TFLOP/s; H100 SXM and H200: 989 TFLOP/s; H100 PCIe: 756 TFLOP/s). Matched in order on
+# torch.cuda.get_device_name().
+PEAK_BF16_FLOPS_PER_S: tuple[tuple[str, float], ...] = (
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),
+    ("H200", 989e12),
+    ("A100", 312e12),
+)
+
+
+@dataclass(frozen=True)
+class FlopsSpec:
+    """What the formula needs to know about a model."""
+
+    matmul_params: int  # N: parameters used in matrix multiplies (see module docstring)
+    num_layers: int  # L
+    attn_dim: int  # d_attn = num_attention_heads * head_dim
+
+    @classmethod
+    def from_model(cls, model: torch.nn.Module) -> "FlopsSpec":
+        """From a transformers causal LM (or a base model / ValueModel backbone)."""
+        cfg = model.config if hasattr(model, "config") else model.backbone.config
+        params = {id(p): p for p in model.parameters()}
+        total = sum(p.numel() for p in params.values())
+        emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        tied = emb is not None and out is not None and out.weight is emb.weight
+        lookup = emb.weight.numel() if (emb is not None and not tied) else 0
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return cls(matmul_params=total - lookup, num_layers=cfg.num_hidden_layers,
+                   attn_dim=cfg.num_attention_heads * head_dim)
+
+
+def _lengths(seq_lens: Sequence[int] | torch.Tensor | TrainChunk) -> torch.Tensor:
+    if isinstance(seq_lens, TrainChunk):
+        return seq_lens.attention_mask.sum(dim=1).to(torch.float64)
+    return torch.as_tensor(seq_lens, dtype=torch.float64).reshape(-1)
+
+
+def train_flops(seq_lens: Sequence[int] | torch.Tensor | TrainChunk, spec: FlopsSpec, *, causal: bool = False) -> float:
+    """Forward+backward FLOPs of sequences of these lengths (or of a chunk's real tokens)."""
+    t = _lengths(seq_lens)
+    attn_pairs = t * (t + 1) / 2 if causal else t * t
+    return float((6.0 * spec.matmul_params * t + 12.0 * spec.num_layers * spec.attn_dim * attn_pairs).sum())
+
+
+def forward_flops(seq_lens: Sequence[int] | torch.Tensor | TrainChunk, spec: FlopsSpec, *, causal: bool = False) -> float:
+    """Forward-only FLOPs (a third of `train_flops`)."""
+    return train_flops(seq_lens, spec, causal=causal) / 3.0
+
+
+class FlopsCounter:
+    """Sums model FLOPs over one RL step: call `add_train` for every forward+backward of every
+    optimizer step (each PPO epoch again), `add_forward` for every forward-only pass, then
+    read `total` (and `mfu(...)`) at `finish()` and `reset()` for the next step."""
+
+    def __init__(self, spec: FlopsSpec, causal: bool = False):
+        self.spec = spec
+        self.causal = causal
+        self.reset()
+
+    def reset(self) -> None:
+        self.train = 0.0
+        self.forward = 0.0
+
+    def add_train(self, seq_lens: Sequence[int] | torch.Tensor | TrainChunk) -> float:
+        f = train_flops(seq_lens, self.spec, causal=self.causal)
+        self.train += f
+        return f
+
+    def add_forward(self, seq_lens: Sequence[int] | torch.Tensor | TrainChunk) -> float:
+        f = forward_flops(seq_lens, self.spec, causal=self.causal)
+        self.forward += f
+        return f
+
+    @property
+    def total(self) -> float:
+        return self.train + self.forward
+
+    def metrics(self, seconds: float, peak_flops_per_s: float | None, num_devices: int = 1) -> dict[str, float]:
+        """`flops/*` for the step (and `perf/mfu` when the peak is known)."""
+        out = {"flops/train": self.train, "flops/forward_only": self.forward, "flops/total": self.total,
+               "flops/per_s": self.total / seconds if seconds > 0 else 0.0}
+        if peak_flops_per_s:
+            out["perf/mfu"] = mfu(self.total, seconds, peak_flops_per_s, num_devices)
+        return out
+
+
+def mfu(flops: float, seconds: float, peak_flops_per_s: float, num_devices: int = 1) -> float:
+    """Model FLOPs utilisation: achieved FLOP/s over the devices' combined peak (0 when seconds <= 0)."""
+    if peak_flops_per_s <= 0 or num_devices < 1:
+        raise ValueError(f"peak_flops_per_s must be > 0 and num_devices >= 1, got {peak_flops_per_s}, {num_devices}")
+    if seconds <= 0:
+        return 0.0
+    return flops / seconds / (peak_flops_per_s * num_devices)
+
+
+def peak_flops_per_s(device_name: str | None = None) -> float | None:
+    """Dense bf16 peak of a known GPU (by name; default: the current CUDA device), else None (CPU, unknown GPU)."""
+    if device_name is None:
+        if not torch.cuda.is_available():
+            return None
+        device_name = torch.cuda.get_device_name()
+    for key, peak in PEAK_BF16_FLOPS_PER_S:
+        if key in device_name:
+            return peak
+    return None

@@ -1,0 +1,86 @@
+"""Generalised advantage estimation (GAE) for PPO with a critic: per-token advantages and returns.
+
+Owns: placing a sample's reward on its tokens, the backward GAE recursion over masked
+token sequences, separate lambdas for the policy's advantages and the critic's targets,
+and VAPO's length-adaptive lambda. Does not own: the critic (`rl_core.train.critic`), the
+KL reward penalty (`kl.py`) or the per-chunk dispatch (`estimate.py`).
+
+Alignment (as everywhere in rl_core, see `types.py`): position t of a [B, T] array
+describes token t. `values[:, t]` is V(s_t), the critic's estimate of the return from token
+t on, given the tokens before t; `rewards[:, t]` is the reward received for emitting token
+t (the task reward sits on the last valid token; a token-level KL penalty on every token).
+
+GAE (Schulman et al. 2016, "High-dimensional continuous control using generalized
+advantage estimation", eqs. 11-16), backwards over the valid tokens of each sequence:
+  delta_t = r_t + gamma * V_next - V_t,   A_t = delta_t + gamma * lam * A_next,
+where `next` is the next *valid* token (masked positions are skipped: the running value
+and advantage carry over them), and V_next = A_next = 0 after the last valid token (the
+completion ends the episode; a truncated completion is treated as terminal too).
+Returns (the critic's targets) are R_t = A_t(value_lam) + V_t; with lam = 1 they are the
+discounted reward-to-go. Length-adaptive lambda (VAPO: Yue et al. 2025, arXiv:2504.05118,
+eq. 8): lam_i = 1 - 1 / (alpha * l_i) for a completion of l_i tokens (clamped to [0, 1]).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def token_rewards(seq_rewards: torch.Tensor, mask: torch.Tensor, token_penalty: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, T]: each sample's scalar reward on its last valid token, minus `token_penalty` on every valid token."""
+    B, T = mask.shape
+    out = torch.zeros(B, T, dtype=torch.float64, device=mask.device)
+    pos = torch.arange(T, device=mask.device).expand(B, T)
+    last = torch.where(mask > 0, pos, torch.full_like(pos, -1)).max(dim=1).values
+    has = last >= 0
+    out[has, last[has]] = seq_rewards.to(device=mask.device, dtype=torch.float64)[has]
+    if token_penalty is not None:
+        out = out - token_penalty.to(torch.float64) * mask
+    return out
+
+
+def length_adaptive_lambda(lengths: torch.Tensor, alpha: float) -> torch.Tensor:
+    """[B] VAPO lambda = 1 - 1 / (alpha * length), clamped to [0, 1] (0 for an empty sequence)."""
+    lengths = lengths.to(torch.float64)
+    lam = 1.0 - 1.0 / (alpha * lengths.clamp(min=1e-12))
+    return torch.where(lengths > 0, lam.clamp(0.0, 1.0), torch.zeros_like(lam))
+
+
+def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+                   lam: float | torch.Tensor) -> torch.Tensor:
+    """[B, T] GAE advantages (0 at masked positions). `lam` is a float or a [B] tensor of per-sequence lambdas."""
+    B, T = rewards.shape
+    r = rewards.to(torch.float64)
+    v, m = values.to(r.device, torch.float64), mask.to(r.device, torch.float64)
+    lam_t = torch.as_tensor(lam, dtype=torch.float64, device=r.device)
+    lam_t = lam_t.expand(B) if lam_t.dim() == 0 else lam_t
+    adv = torch.zeros(B, T, dtype=torch.float64, device=r.device)
+    next_value = torch.zeros(B, dtype=torch.float64, device=r.device)
+    next_adv = torch.zeros(B, dtype=torch.float64, device=r.device)
+    for t in range(T - 1, -1, -1):
+        valid = m[:, t] > 0
+        delta = r[:, t] + gamma * next_value - v[:, t]
+        a = delta + gamma * lam_t * next_adv
+        adv[:, t] = torch.where(valid, a, torch.zeros_like(a))
+        next_value = torch.where(valid, v[:, t], next_value)
+        next_adv = torch.where(valid, a, next_adv)
+    return adv
+
+
+def compute_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
+                lam: float = 0.95, value_lam: float | None = None,
+                length_adaptive_alpha: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages [B, T], returns [B, T]) in float64, both 0 at masked positions.
+
+    advantages use `lam` (or the length-adaptive lambda when `length_adaptive_alpha` is set);
+    returns = GAE(value_lam) + V, with value_lam defaulting to `lam`.
+    """
+    policy_lam: float | torch.Tensor = lam
+    if length_adaptive_alpha is not None:
+        policy_lam = length_adaptive_lambda(mask.sum(dim=1), length_adaptive_alpha)
+    adv = gae_advantages(rewards, values, mask, gamma, policy_lam)
+    v_lam = lam if value_lam is None else value_lam
+    same = length_adaptive_alpha is None and v_lam == lam
+    value_adv = adv if same else gae_advantages(rewards, values, mask, gamma, v_lam)
+    returns = (value_adv + values.to(device=adv.device, dtype=torch.float64)) * mask.to(adv.device, torch.float64)
+    return adv, returns

@@ -1,0 +1,149 @@
+"""Reward shaping and filtering: pure functions over samples (or reward tensors), with metrics.
+
+Owns: the DAPO overlong length penalty, reward scaling (clamp, then linear map), overlong
+filtering (truncated samples leave the loss but stay in their group's baseline), and the
+zero-variance predicate of dynamic sampling. Does not own: when shaping runs (the rollout
+pump should call `shape_group` once per group at commit, so the buffer holds shaped
+rewards), or refilling a step after groups were dropped (the train pump: it keeps drawing
+groups until the step is full, within `dropped_groups_budget`).
+
+Order inside `shape_group`, per sample (the environment's reward is kept in
+`info["unshaped_reward"]`):
+1. scaling (`reward_shaping.scaling`): r = t_min + (clamp(r, s_min, s_max) - s_min) *
+   (t_max - t_min) / (s_max - s_min);
+2. overlong penalty (`reward_shaping.overlong_penalty`; DAPO: Yu et al. 2025,
+   arXiv:2503.14476, eq. 13), for a completion of l tokens, L_max and buffer L_cache:
+   R_len = 0 if l <= L_max - L_cache; ((L_max - L_cache) - l) / L_cache if l <= L_max; -1 beyond;
+   r += penalty * R_len, and `rewards["overlong_penalty"]` records it (under gdpo it is a
+   reward component of its own);
+3. overlong filtering (`reward_shaping.overlong_filtering`): a truncated sample (finish
+   reason `length`) gets `env_mask = True` (sample_mask 0 in its chunk).
+Dynamic sampling (DAPO sec. 3.2) drops a group whose rewards are all equal: its advantages
+are all 0, so it carries no gradient. The decision uses the environment's reward before
+shaping (a length penalty must not make an all-correct group look informative), or,
+under gdpo, every named component the estimator will normalise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+import torch
+
+from rl_core.algorithms.metrics import Pair
+from rl_core.config.schema import DynamicSamplingConfig, OverlongPenaltyConfig, RewardShapingConfig
+from rl_core.types import PromptGroup, Sample
+
+UNSHAPED = "unshaped_reward"
+PENALTY_COMPONENT = "overlong_penalty"
+
+
+def overlong_penalty(lengths: torch.Tensor | Sequence[int], max_response_tokens: int, buffer_tokens: int,
+                     penalty: float = 1.0) -> torch.Tensor:
+    """[B] float64 DAPO length penalty (<= 0) for completions of `lengths` tokens."""
+    if not 1 <= buffer_tokens < max_response_tokens:
+        raise ValueError(f"buffer_tokens must be in [1, max_response_tokens), got {buffer_tokens} "
+                         f"with max_response_tokens {max_response_tokens}")
+    n = torch.as_tensor(lengths, dtype=torch.float64)
+    start = max_response_tokens - buffer_tokens
+    ramp = (start - n) / buffer_tokens
+    out = torch.where(n <= start, torch.zeros_like(n), torch.where(n <= max_response_tokens, ramp, -torch.ones_like(n)))
+    return penalty * out
+
+
+def overlong_window(cfg: OverlongPenaltyConfig, generation_max_tokens: int) -> tuple[int, int]:
+    """(L_max, L_cache) with the config's nulls resolved (L_max = generation.max_tokens, L_cache = L_max // 5)."""
+    l_max = cfg.max_response_tokens if cfg.max_response_tokens is not None else generation_max_tokens
+    return l_max, cfg.buffer_tokens if cfg.buffer_tokens is not None else l_max // 5
+
+
+def scale_rewards(rewards: torch.Tensor | Sequence[float], source_min: float, source_max: float,
+                  target_min: float, target_max: float) -> torch.Tensor:
+    """[B] float64: clamp to [source_min, source_max], then map that range linearly onto [target_min, target_max]."""
+    if source_max <= source_min:
+        raise ValueError(f"source_max ({source_max}) must exceed source_min ({source_min})")
+    r = torch.as_tensor(rewards, dtype=torch.float64).clamp(source_min, source_max)
+    return target_min + (r - source_min) * (target_max - target_min) / (source_max - source_min)
+
+
+@dataclass
+class ShapedGroup:
+    samples: list[Sample]  # new Sample objects; the input is not modified
+    metrics: dict[str, Pair] = field(default_factory=dict)
+
+
+def shape_group(cfg: RewardShapingConfig, samples: Sequence[Sample], generation_max_tokens: int) -> ShapedGroup:
+    """Apply scaling, the overlong penalty and overlong filtering (each when enabled) to one group's samples."""
+    n = len(samples)
+    raw = torch.tensor([s.reward for s in samples], dtype=torch.float64)
+    r = raw.clone()
+    sc = cfg.scaling
+    if sc.enabled:
+        r = scale_rewards(r, sc.source_min, sc.source_max, sc.target_min, sc.target_max)
+    pen = torch.zeros(n, dtype=torch.float64)
+    op = cfg.overlong_penalty
+    if op.enabled:
+        l_max, l_cache = overlong_window(op, generation_max_tokens)
+        pen = overlong_penalty([len(s.completion_ids) for s in samples], l_max, l_cache, op.penalty)
+        r = r + pen
+    out = []
+    filtered = 0
+    for i, s in enumerate(samples):
+        info = dict(s.info)
+        info[UNSHAPED] = s.reward
+        rewards = dict(s.rewards)
+        if op.enabled:
+            rewards[PENALTY_COMPONENT] = float(pen[i])
+        env_mask = s.env_mask
+        if cfg.overlong_filtering and s.truncated:
+            env_mask = True
+            info["overlong_filtered"] = True
+            filtered += 1
+        out.append(replace(s, reward=float(r[i]), rewards=rewards, env_mask=env_mask, info=info))
+    metrics: dict[str, Pair] = {
+        "reward_unshaped_mean": (float(raw.sum()), float(n)),
+        "reward_shaped_mean": (float(r.sum()), float(n)),
+    }
+    if cfg.overlong_filtering:
+        metrics["overlong_filtered_frac"] = (float(filtered), float(n))
+    if op.enabled:
+        metrics["overlong_penalty_mean"] = (float(pen.sum()), float(n))
+        metrics["overlong_penalized_frac"] = (float((pen < 0).sum()), float(n))
+    return ShapedGroup(out, metrics)
+
+
+def _constant(values: Sequence[float]) -> bool:
+    return len(values) == 0 or max(values) == min(values)
+
+
+def is_zero_variance_group(samples: Sequence[Sample], use_components: bool = False) -> bool:
+    """True when the group carries no learning signal: its unshaped rewards are all equal, or
+    (use_components, for gdpo) every named reward component is constant across the group."""
+    if use_components:
+        names = sorted({k for s in samples for k in s.rewards})
+        return all(_constant([s.rewards.get(k, 0.0) for s in samples]) for k in names)
+    return _constant([float(s.info.get(UNSHAPED, s.reward)) for s in samples])
+
+
+def dynamic_sampling_filter(groups: Sequence[PromptGroup], use_components: bool = False) -> tuple[list[bool], dict[str, Pair]]:
+    """(keep flag per group, metrics). Metrics: `zero_variance_frac` (dropped / seen) and
+    `zero_variance_reward_mean` (mean unshaped reward of the dropped groups: near 1 = too
+    easy, near 0 = too hard)."""
+    keep, dropped_reward, dropped = [], 0.0, 0
+    for g in groups:
+        zero = is_zero_variance_group(g.samples, use_components)
+        keep.append(not zero)
+        if zero:
+            dropped += 1
+            vals = [float(s.info.get(UNSHAPED, s.reward)) for s in g.samples]
+            dropped_reward += sum(vals) / max(len(vals), 1)
+    return keep, {"zero_variance_frac": (float(dropped), float(len(groups))),
+                  "zero_variance_reward_mean": (dropped_reward, float(dropped))}
+
+
+def dropped_groups_budget(cfg: DynamicSamplingConfig, num_prompts_per_step: int) -> int:
+    """Most zero-variance groups one RL step may drop before it fails (null = 10 x groups per step)."""
+    if cfg.max_num_dropped_groups_per_step is not None:
+        return cfg.max_num_dropped_groups_per_step
+    return 10 * num_prompts_per_step

@@ -1,0 +1,219 @@
+"""The PPO critic: a value model with its own optimizer, behind the same split step API as the trainer.
+
+Owns: the value model (a causal-LM *backbone* loaded from an HF directory, its LM head
+dropped, plus a scalar head), per-token values aligned like logprobs, microbatched
+forward/backward with the sum-form loss (`algorithms.value_loss`), one normalisation and
+one AdamW step per `finish()`, gradient clipping, the optimizer state, and saving/loading.
+
+Design: the critic is always a *separate* model (`critic.model_path`, default the initial
+policy's directory: the usual PPO initialisation from the policy or a reward model). A
+value head sharing the policy's backbone would need the trainer to run one forward for
+both losses and to refit only the shared weights; it is not offered, and the schema does
+not expose it.
+
+Alignment: `values(chunk)[:, t]` = V(s_t), the value of the state *before* token t,
+computed from the hidden state at position t - 1 (exactly where the logprob of token t
+comes from); position 0 gets 0. Only completion positions (loss_mask) are meaningful.
+
+Call pattern per RL step (the train pump): for every chunk, `values(chunk)` before
+`estimate_advantages(..., values=...)`, set `chunk.values`/`chunk.returns`, then
+`begin(loss)` once, `train_microbatches(chunk)` per chunk, `finish()` (or `abort()`).
+
+Saved directory (`save`): the backbone as an HF directory (`config.json`,
+`model.safetensors`), `value_head.safetensors`, `critic_state.pt` (optimizer, counters) and
+`critic.json` written last; a directory with `value_head.safetensors` loads back as this
+critic (`Critic(model_dir=that directory, ...)`), with `load_state` restoring the optimizer.
+Does not own: computing returns (GAE) or deciding when the critic trains (warm-up steps).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rl_core.algorithms.metrics import finalize_metrics, merge_metrics
+from rl_core.algorithms.value_loss import ClippedValueLoss
+from rl_core.config.schema import CriticConfig
+from rl_core.fsutil import atomic_dir
+from rl_core.types import TrainChunk
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+HEAD_FILE = "value_head.safetensors"
+STATE_FILE = "critic_state.pt"
+MARKER = "critic.json"
+
+
+class ValueModel(torch.nn.Module):
+    """Backbone (a transformers base model returning hidden states) + a zero-initialised scalar head."""
+
+    def __init__(self, backbone: torch.nn.Module, hidden_size: int):
+        super().__init__()
+        self.backbone = backbone
+        self.head = torch.nn.Linear(hidden_size, 1)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """[B, T] float32 values: position t from the hidden state at t - 1, position 0 = 0."""
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        v = self.head(hidden[:, :-1]).squeeze(-1).float()
+        return torch.cat([torch.zeros_like(v[:, :1]), v], dim=1)
+
+
+def load_value_model(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> ValueModel:
+    """A value model from an HF causal-LM directory (fresh head) or from a saved critic (its head)."""
+    from safetensors.torch import load_file
+    from transformers import AutoModel
+
+    d = Path(model_dir)
+    if not (d / "config.json").is_file():
+        raise FileNotFoundError(f"critic model directory {d} has no config.json (set critic.model_path to an HF "
+                                "model directory, or leave it null to start from the initial policy)")
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the dropped LM head is expected, not worth a load report
+    try:
+        backbone = AutoModel.from_pretrained(str(d), dtype=dtype, local_files_only=True)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    model = ValueModel(backbone, backbone.config.hidden_size).to(dtype)
+    if (d / HEAD_FILE).is_file():
+        model.head.load_state_dict(load_file(str(d / HEAD_FILE)))
+    return model
+
+
+class Critic:
+    """`critic.enabled: true`: the value model, its AdamW and the split step API."""
+
+    def __init__(self, model_dir: str | Path, cfg: CriticConfig, *, device: str = "cpu", dtype: str = "float32",
+                 version: int = 0):
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.model = load_value_model(model_dir, DTYPES[dtype]).to(self.device)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.version = version
+        self.optimizer_steps = 0
+        self._loss = None
+        self._reset_step()
+
+    # ------------------------------------------------------------------ split step API
+
+    def _reset_step(self) -> None:
+        self._normalizer = 0.0
+        self._loss_sum = 0.0
+        self._metrics: dict[str, list[float]] = {}
+        self._t_compute = 0.0
+
+    def begin(self, loss=None) -> None:
+        """Open one critic step; `loss` defaults to the clipped value loss of `critic.value_clip_eps`."""
+        if self._loss is not None:
+            raise RuntimeError("critic begin() called while a step is open; call finish() or abort() first")
+        self._loss = loss if loss is not None else ClippedValueLoss(self.cfg.value_clip_eps)
+        self._reset_step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def train_microbatches(self, chunk: TrainChunk) -> None:
+        if self._loss is None:
+            raise RuntimeError("critic train_microbatches() called without begin()")
+        t0 = time.perf_counter()
+        mbs = self.cfg.microbatch_size
+        for start in range(0, chunk.num_samples, mbs):
+            mb = chunk.slice(start, min(start + mbs, chunk.num_samples)).to(self.device)
+            if mb.num_valid_tokens() == 0:
+                continue
+            values = self.model(mb.input_ids, mb.attention_mask)
+            out = self._loss(values, mb)
+            out.loss_sum.backward()
+            self._normalizer += out.normalizer
+            self._loss_sum += float(out.loss_sum.detach().item())
+            merge_metrics(self._metrics, out.metrics)
+        self._t_compute += time.perf_counter() - t0
+
+    def finish(self, advance_version: bool = True) -> dict[str, float]:
+        """Normalise by the step's total normaliser, clip, one AdamW step; returns metrics.
+        `advance_version=False` for the inner mini-steps of an RL step (as `TorchTrainer.finish`):
+        `version` counts RL steps the critic trained in, `optimizer_steps` every update."""
+        if self._loss is None:
+            raise RuntimeError("critic finish() called without begin()")
+        t0 = time.perf_counter()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        metrics: dict[str, float] = {}
+        if self._normalizer > 0 and params:
+            for p in params:
+                p.grad.mul_(1.0 / self._normalizer)
+            max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else math.inf
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+            if not math.isfinite(grad_norm):
+                self.abort()
+                raise FloatingPointError(f"non-finite critic gradient norm ({grad_norm}) at critic step {self.version}")
+            self.optimizer.step()
+            self.optimizer_steps += 1
+            metrics.update(grad_norm=grad_norm, loss=self._loss_sum / self._normalizer, skipped_update=0.0)
+        else:
+            metrics["skipped_update"] = 1.0
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics.update(finalize_metrics(self._metrics))
+        metrics["compute_s"] = self._t_compute + (time.perf_counter() - t0)
+        if advance_version:
+            self.version += 1
+        self._loss = None
+        return metrics
+
+    def abort(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self._loss = None
+        self._reset_step()
+
+    # ------------------------------------------------------------------ inference / state / files
+
+    @torch.no_grad()
+    def values(self, chunk: TrainChunk) -> torch.Tensor:
+        """[B, T] float32 values of the chunk (on the CPU), padded to the chunk's width."""
+        was_training = self.model.training
+        self.model.eval()
+        out = []
+        try:
+            for start in range(0, chunk.num_samples, self.cfg.microbatch_size):
+                mb = chunk.slice(start, min(start + self.cfg.microbatch_size, chunk.num_samples)).to(self.device)
+                v = self.model(mb.input_ids, mb.attention_mask).cpu()
+                out.append(torch.nn.functional.pad(v, (0, chunk.input_ids.shape[1] - v.shape[1])))
+        finally:
+            self.model.train(was_training)
+        return torch.cat(out, dim=0) if out else torch.zeros(chunk.input_ids.shape, dtype=torch.float32)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "optimizer_steps": self.optimizer_steps,
+                "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.version = int(state["version"])
+        self.optimizer_steps = int(state["optimizer_steps"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def save(self, out_dir: str | Path, with_optimizer: bool = True) -> Path:
+        """Write the critic (weights, head, optionally optimizer state) as one directory, atomically."""
+        from safetensors.torch import save_file
+
+        with atomic_dir(out_dir) as tmp:
+            self.model.backbone.save_pretrained(str(tmp), safe_serialization=True)
+            save_file({k: v.detach().cpu().contiguous() for k, v in self.model.head.state_dict().items()},
+                      str(tmp / HEAD_FILE))
+            if with_optimizer:
+                torch.save(self.state_dict(), tmp / STATE_FILE)
+            (tmp / MARKER).write_text(json.dumps({"version": self.version, "optimizer_steps": self.optimizer_steps,
+                                                  "with_optimizer": with_optimizer}) + "\n")
+        return Path(out_dir)
+
+    def load_state(self, saved_dir: str | Path) -> None:
+        """Restore optimizer and counters saved by `save` (weights are loaded by the constructor)."""
+        path = Path(saved_dir) / STATE_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} missing: the critic at {saved_dir} was saved without optimizer state")
+        self.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
