@@ -112,6 +112,7 @@ class PromptGroup:
     target_step: int | None = None
     dispatched_at: float = 0.0
     committed_at: float = field(default_factory=time.monotonic)
+    metrics: dict[str, Any] = field(default_factory=dict)  # (sum, count) pairs, e.g. reward shaping
 
     @property
     def rewards(self) -> list[float]:
@@ -146,6 +147,34 @@ class TrainChunk:
             return None if t is None else t.to(device, non_blocking=True)
 
         return TrainChunk(**{k: move(getattr(self, k)) for k in self.__dataclass_fields__})
+
+    def take(self, idx: torch.Tensor) -> "TrainChunk":
+        """The rows `idx` (a LongTensor), right padding trimmed."""
+        def pick(t):
+            return None if t is None else t.index_select(0, idx)
+
+        out = TrainChunk(**{k: pick(getattr(self, k)) for k in self.__dataclass_fields__})
+        return out.slice(0, out.num_samples)
+
+    @staticmethod
+    def concat(chunks: list["TrainChunk"], pad_id: int = 0) -> "TrainChunk":
+        """Rows of several chunks in order, right-padded to the widest (a field is kept only if
+        every chunk has it)."""
+        if len(chunks) == 1:
+            return chunks[0]
+        width = max(c.input_ids.shape[1] for c in chunks)
+        fills = {"input_ids": pad_id}
+
+        def cat(name):
+            ts = [getattr(c, name) for c in chunks]
+            if any(t is None for t in ts):
+                return None
+            if ts[0].dim() == 1:
+                return torch.cat(ts)
+            return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fills.get(name, 0))
+                              for t in ts])
+
+        return TrainChunk(**{k: cat(k) for k in TrainChunk.__dataclass_fields__})
 
     def slice(self, start: int, stop: int) -> "TrainChunk":
         def cut(t):

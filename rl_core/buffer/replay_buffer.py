@@ -88,8 +88,9 @@ class ReplayBuffer:
     # ------------------------------------------------------------------ transitions
 
     def reserve(self, group_id: str, dispatch_index: int, prompt_index: int, epoch: int, start_version: int,
-                target_step: int | None) -> Slot:
-        if not self.has_capacity():
+                target_step: int | None, force: bool = False) -> Slot:
+        """`force`: a refill of the step in training (dynamic sampling) may exceed capacity briefly."""
+        if not force and not self.has_capacity():
             raise RuntimeError("reserve() without capacity; wait for has_capacity() first")
         slot = Slot(group_id, dispatch_index, prompt_index, epoch, start_version, target_step)
         self._slots[group_id] = slot

@@ -31,12 +31,21 @@ def group_from_json(d: dict[str, Any]) -> PromptGroup:
 
 
 def save_run_checkpoint(path: str | Path, *, trainer, tokenizer, controller_state: dict[str, Any],
-                        resolved_config: dict[str, Any]) -> Path:
+                        resolved_config: dict[str, Any], critic=None) -> Path:
     """Write a complete run checkpoint atomically (manifest last)."""
     import torch
 
     controller_state = dict(controller_state)
     buffer_state = controller_state.pop("buffer")
+    open_step = controller_state.pop("open_step", None)
+    open_json, open_tensors = None, None
+    if open_step is not None:  # an RL step checkpointed between its mini-steps
+        open_json = {"step": open_step["step"], "next_ministep": open_step["next_ministep"],
+                     "trained": [{"slot": _slot_json(t.slot), "group": group_to_json(t.group),
+                                  "advantages": t.advantages, "staleness": t.staleness} for t in open_step["trained"]]}
+        chunk = open_step["chunk"]
+        open_tensors = {k: getattr(chunk, k) for k in chunk.__dataclass_fields__ if getattr(chunk, k) is not None}
+        served = open_step.get("served_weights")
     ready = [{**{k: v for k, v in r.items() if k != "group"}, "group": group_to_json(r["group"])}
              for r in buffer_state["ready"]]
     buffer_json = {"capacity": buffer_state["capacity"], "counts": buffer_state["counts"], "ready": ready}
@@ -45,17 +54,32 @@ def save_run_checkpoint(path: str | Path, *, trainer, tokenizer, controller_stat
     def fill(tmp: Path) -> None:
         trainer.save_pretrained(tmp / "model")
         tokenizer.save_pretrained(str(tmp / "model"))
+        if critic is not None:  # PPO's value model, with its optimizer
+            critic.save(tmp / "critic")
         torch.save({"optimizer": trainer_state["optimizer"]}, tmp / "optimizer.pt")
         torch.save(rng_state(), tmp / "rng.pt")
         state = dict(controller_state)
         state["trainer"] = {k: v for k, v in trainer_state.items() if k != "optimizer"}
+        if open_json is not None:
+            state["open_step"] = open_json
+            torch.save(open_tensors, tmp / "open_step.pt")
+            if served is not None:  # the weights generation serves (this RL step's starting version)
+                from safetensors.torch import save_file
+
+                save_file({k: v.contiguous() for k, v in served.items()}, str(tmp / "served_weights.safetensors"))
         (tmp / "controller_state.json").write_text(json.dumps(state, indent=1))
         (tmp / "buffer.json").write_text(json.dumps(buffer_json))
         (tmp / "resolved_config.json").write_text(json.dumps(resolved_config, indent=2))
 
     meta = {"weight_version": trainer_state["version"], "rl_step": trainer_state["version"],
+            "open_step_next_ministep": None if open_step is None else open_step["next_ministep"],
             "optimizer_steps": trainer_state.get("optimizer_steps"), "epoch": controller_state.get("epoch")}
     return write_checkpoint(path, fill, meta)
+
+
+def _slot_json(slot) -> dict[str, Any]:
+    return {k: getattr(slot, k) for k in ("group_id", "dispatch_index", "prompt_index", "epoch", "start_version",
+                                          "target_step", "end_version")}
 
 
 @dataclasses.dataclass
@@ -80,6 +104,24 @@ def load_run_checkpoint(path: str | Path, restore_rng: bool = True) -> LoadedChe
     state["buffer"] = {"capacity": buffer_json["capacity"], "counts": buffer_json["counts"],
                        "ready": [{**r, "group": group_from_json(r["group"])} for r in buffer_json["ready"]]}
     trainer_state = dict(state.pop("trainer"))
+    if "open_step" in state:
+        from rl_core.buffer.replay_buffer import Slot, SlotState
+        from rl_core.controller.train_pump import TrainedGroup
+
+        o = state["open_step"]
+        tensors = load_torch(root / "open_step.pt")
+        served = None
+        if (root / "served_weights.safetensors").is_file():
+            from safetensors.torch import load_file
+
+            served = load_file(str(root / "served_weights.safetensors"))
+        from rl_core.types import TrainChunk
+
+        state["open_step"] = {
+            "step": o["step"], "next_ministep": o["next_ministep"], "chunk": TrainChunk(**tensors),
+            "served_weights": served,
+            "trained": [TrainedGroup(Slot(**{**t["slot"], "state": SlotState.SELECTED, "group": group_from_json(t["group"])}),
+                                     group_from_json(t["group"]), t["advantages"], t["staleness"]) for t in o["trained"]]}
     trainer_state["optimizer"] = load_torch(root / "optimizer.pt")["optimizer"]
     if restore_rng:
         set_rng_state(load_torch(root / "rng.pt"))

@@ -150,13 +150,27 @@ def load_json(path: Path) -> Any:
                               "Fix: resume from another checkpoint.") from None
 
 
+def checkpoint_order(name: str, prefix: str = "step_") -> tuple[int, int]:
+    """Sort key of `step_000012` (a step boundary) and `step_000012_opt000050` (between the
+    mini-steps of RL step 12, after 50 optimizer steps): boundary first, then by optimizer step."""
+    rest = name[len(prefix):]
+    step, _, opt = rest.partition("_opt")
+    if not step.isdigit() or (opt and not opt.isdigit()):
+        return (-1, -1)
+    return (int(step), int(opt) if opt else -1)
+
+
+def _complete_children(root: Path, prefix: str) -> list[Path]:
+    return sorted((p for p in root.iterdir() if p.is_dir() and p.name.startswith(prefix) and is_complete(p)
+                   and checkpoint_order(p.name, prefix) >= (0, -1)), key=lambda p: checkpoint_order(p.name, prefix))
+
+
 def newest_complete(parent: str | os.PathLike, prefix: str = "step_") -> Path | None:
-    """The complete checkpoint with the highest number under `parent` (incomplete ones are skipped)."""
+    """The newest complete checkpoint under `parent` (incomplete ones are skipped)."""
     root = Path(parent)
     if not root.is_dir():
         return None
-    cands = sorted((p for p in root.iterdir() if p.is_dir() and p.name.startswith(prefix) and is_complete(p)),
-                   key=lambda p: int(p.name[len(prefix):]) if p.name[len(prefix):].isdigit() else -1)
+    cands = _complete_children(root, prefix)
     return cands[-1] if cands else None
 
 
@@ -165,8 +179,7 @@ def prune(parent: str | os.PathLike, keep_last: int, prefix: str = "step_") -> N
     root = Path(parent)
     if not root.is_dir():
         return
-    complete = sorted((p for p in root.iterdir() if p.is_dir() and p.name.startswith(prefix) and is_complete(p)),
-                      key=lambda p: int(p.name[len(prefix):]))
+    complete = _complete_children(root, prefix)
     for p in complete[:-keep_last] if keep_last > 0 else complete:
         shutil.rmtree(p, ignore_errors=True)
     for p in root.iterdir():

@@ -140,6 +140,8 @@ class AdditionEnvConfig(EnvSection):
     """Environment type (registry key)."""
     format_reward: float = Field(0.0, ge=0.0)
     """Extra reward for a well-formed answer (right number of digits, then end), whatever its value; 0 = off."""
+    digit_reward: float = Field(0.0, ge=0.0)
+    """Weight of partial credit in the total reward: the share of answer digits right, position by position (reported as reward component `digits` either way); 0 = off."""
 
 
 class ChainAdditionEnvConfig(EnvSection):
@@ -542,32 +544,6 @@ class CriticConfig(Section):
     """PPO value clipping: the loss is max((V - R)^2, (V_old + clip(V - V_old, +-eps) - R)^2) / 2; null = plain squared error. In reward units."""
     num_warmup_steps: int = Field(0, ge=0)
     """RL steps at the start of training in which only the critic is updated (the policy is not)."""
-
-
-# Options the algorithm library implements but the controller does not apply yet (issue 5,
-# phase 2: the train pump wires them). A recipe asking for one fails at load instead of
-# being silently ignored. Remove an entry in the change that wires it.
-_PENDING_CONTROLLER_WIRING: tuple[tuple[str, str], ...] = (
-    ("advantage.estimator", "gdpo"),
-    ("advantage.estimator", "gae"),
-    ("advantage.kl_in_reward_coef", "> 0"),
-    ("critic.enabled", "true"),
-    ("reward_shaping.overlong_filtering", "true"),
-    ("reward_shaping.overlong_penalty.enabled", "true"),
-    ("reward_shaping.scaling.enabled", "true"),
-    ("reward_shaping.dynamic_sampling.enabled", "true"),
-)
-
-
-def _requested(cfg, path: str, when: str) -> tuple[bool, object]:
-    node = cfg
-    for part in path.split("."):
-        node = getattr(node, part)
-    if when == "true":
-        return bool(node), node
-    if when == "> 0":
-        return node > 0, node
-    return node == when, node
 
 
 # --------------------------------------------------------------------------- async controller
@@ -1072,11 +1048,6 @@ class RecipeConfig(Section):
             _fail("reward_shaping.scaling.enabled", True,
                   "false under advantage.estimator 'gdpo' (GDPO normalises each named component per group; scaling the total reward would change nothing)",
                   "use advantage.reward_weights to weigh components, or another estimator.")
-        for path, when in _PENDING_CONTROLLER_WIRING:
-            hit, value = _requested(self, path, when)
-            if hit:
-                _fail(path, value, "an option the controller applies (the algorithm library has it; the train pump does not apply it yet)",
-                      f"remove {path} for now; it is enabled once the train pump wires it (issue 5, phase 2).")
         return self
 
     @model_validator(mode="after")

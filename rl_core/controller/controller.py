@@ -55,6 +55,7 @@ class Parts:
     stop_token_ids: tuple[int, ...]
     pad_id: int
     setup: Any = None  # rl_core.launch.placement.SetupRecord: start-up timing of generation and trainer
+    critic: Any = None  # rl_core.train.critic.Critic when critic.enabled (PPO)
 
 
 # save(version, controller_state) -> None; called at quiescent step boundaries
@@ -90,9 +91,10 @@ class Controller:
 
     # ------------------------------------------------------------------ state
 
-    def capture_state(self) -> dict:
+    def capture_state(self, open_step: dict | None = None) -> dict:
         """The controller's quiescent state (call only with nothing in flight)."""
-        return {
+        extra = {} if open_step is None else {"open_step": open_step}
+        return {**extra,
             "rl_step": self.p.trainer.version,
             "epoch": self.p.source.epoch,
             "total_steps": self.total_steps,
@@ -108,6 +110,8 @@ class Controller:
         self.p.sampler.load_state_dict(st["sampler"])
         self.rollout.load_state_dict(st["rollout"])
         self.buffer.load_state_dict(st["buffer"])
+        if st.get("open_step") is not None:
+            self.train.resume_open_step = st["open_step"]
 
     # ------------------------------------------------------------------ hooks
 
@@ -172,14 +176,26 @@ class Controller:
         due = version == self.stop_step or (self.checkpoint_every and version % self.checkpoint_every == 0)
         if self.checkpoint_fn is None or not due:
             return
+        await self._save(version, None, f"RL step {version}")
+
+    async def _on_ministep(self, open_step: dict) -> None:
+        every = self.cfg.checkpoint.save_every_optimizer_steps
+        opt = getattr(self.p.trainer, "optimizer_steps", 0)
+        if self.checkpoint_fn is None or not every or opt % every:
+            return
+        await self._save(self.p.trainer.version, open_step,
+                         f"RL step {open_step['step']} before mini-step {open_step['next_ministep']}")
+
+    async def _save(self, version: int, open_step: dict | None, label: str) -> None:
+        """A quiescent checkpoint: dispatch closed, every in-flight group committed."""
         await self.rollout.set_dispatch_open(False)
         try:
             await self.rollout.wait_idle()
             t0 = time.monotonic()
-            state = self.capture_state()
+            state = self.capture_state(open_step)
             await asyncio.to_thread(self.checkpoint_fn, version, state)
             self.checkpoints_written.append(version)
-            self.progress.message(f"[checkpoint] RL step {version} saved ({time.monotonic() - t0:.1f}s)")
+            self.progress.message(f"[checkpoint] {label} saved ({time.monotonic() - t0:.1f}s)")
         finally:
             await self.rollout.set_dispatch_open(True)
 
@@ -199,8 +215,6 @@ class Controller:
             cfg=cfg, source=self.p.source, sampler=self.p.sampler, buffer=self.buffer, backend=self.p.backend,
             env=self.p.env, tokenizer=self.p.tokenizer, clock=clock, cond=cond, timeline=self.timeline, params=params,
             dispatch_limit=min(self.total_steps, self.stop_step + lookahead), demand=lambda: self.train.demand())
-        if self.restore is not None:
-            self._apply_restore()
         mode = "barrier" if cfg.async_rl.reproducible else (cfg.async_rl.refit_mode or "in_flight")
         from rl_core.weights import make_weight_sync
 
@@ -211,12 +225,18 @@ class Controller:
             cfg=cfg, sampler=self.p.sampler, buffer=self.buffer, trainer=self.p.trainer, loss=self.p.loss,
             refitter=refitter, clock=clock, cond=cond, timeline=self.timeline, rollout=self.rollout,
             stop_step=self.stop_step, pad_id=self.p.pad_id, on_step=self._on_step,
-            on_checkpoint=self._on_checkpoint)
+            on_checkpoint=self._on_checkpoint, critic=self.p.critic)
+        self.train.on_ministep = self._on_ministep
+        if self.restore is not None:
+            self._apply_restore()
         t0 = time.monotonic()
         pump_s = 0.0
         if self.p.setup is not None:  # timing/setup/* metrics and setup_* timeline spans
             self.p.setup.report(self.logger, self.timeline, self.start_step)
         await self.p.backend.start()
+        served = (self.restore or {}).get("open_step", {}) or {}
+        if served.get("served_weights") is not None:  # resumed between mini-steps: serve the step's start weights
+            await self.p.backend.update_weights(self.p.trainer.version, served["served_weights"])
         try:
             if self.val_at_start:
                 await self._validate("start")

@@ -26,6 +26,7 @@ from typing import Callable
 from rl_core.buffer.replay_buffer import ReplayBuffer, SlotState
 from rl_core.controller.events import Timeline, VersionClock, notify, wait_until
 from rl_core.protocols import Environment, GenerationBackend
+from rl_core.algorithms.shaping import shape_group
 from rl_core.resilience import Attempts, FailureKind, GroupDropped, backoff_s
 from rl_core.rollout.group import GroupOptions, generate_group
 from rl_core.types import PromptGroup, SamplingParams
@@ -38,6 +39,7 @@ class RolloutStats:
     aborted_groups: int = 0  # aborted in flight (stale) or by the backend
     dropped_groups: int = 0  # exhausted their attempts
     replaced_groups: int = 0
+    refill_groups: int = 0  # dispatched to refill steps dynamic sampling thinned
     infra_retries: int = 0
     data_retries: int = 0
     wasted_samples: int = 0  # generated but never trained (aborted / dropped / evicted)
@@ -75,6 +77,10 @@ class RolloutPump:
             generation_timeout_s=a.failure.generation_timeout_s, env_timeout_s=a.failure.env_timeout_s,
             gen_slots=asyncio.Semaphore(a.max_inflight_generations) if a.max_inflight_generations else None,
             mask_flagged_samples=getattr(cfg.env, "mask_flagged_samples", True))
+        rs = cfg.reward_shaping
+        self.shaping = cfg.reward_shaping if (rs.overlong_filtering or rs.overlong_penalty.enabled
+                                              or rs.scaling.enabled) else None
+        self.max_tokens = cfg.generation.max_tokens
         self.stats = RolloutStats()
         self.dropped_per_step: Counter[int] = Counter()
         self.inflight: dict[str, asyncio.Task] = {}
@@ -137,6 +143,16 @@ class RolloutPump:
     async def stop(self) -> None:
         self._stop = True
         await notify(self.cond)
+
+    def request_refill(self, target: int | None) -> None:
+        """Dispatch one fresh prompt for the step in training (dynamic sampling dropped one of its
+        groups); bypasses the admission gate and may exceed capacity by the refills in flight."""
+        prompt = self._next_prompt()
+        if prompt is None:
+            raise RuntimeError(f"no prompts left to refill step {target} (dynamic sampling dropped its groups); "
+                               "raise grpo.max_num_epochs or use more training data")
+        self.stats.refill_groups += 1
+        self._dispatch(*prompt, target, force=True)
 
     # ------------------------------------------------------------------ valves
 
@@ -218,11 +234,11 @@ class RolloutPump:
         if self._failure is not None:
             raise self._failure
 
-    def _dispatch(self, index: int, epoch: int, example: dict, target: int | None) -> None:
+    def _dispatch(self, index: int, epoch: int, example: dict, target: int | None, force: bool = False) -> None:
         version = self.clock.version
         dispatch_index = self.stats.dispatched_groups
         group_id = f"e{epoch}-p{index}-d{dispatch_index}"
-        self.buffer.reserve(group_id, dispatch_index, index, epoch, version, target)
+        self.buffer.reserve(group_id, dispatch_index, index, epoch, version, target, force=force)
         self.stats.dispatched_groups += 1
         if target is not None:
             self.inflight_targets[group_id] = target
@@ -298,10 +314,14 @@ class RolloutPump:
                                        self.params, key, (self.seed, epoch, index), self.opts)
         if any(s.finish_reason == "abort" for s in samples):
             raise ConnectionAbortedError(f"the backend aborted a sample of {group_id}")  # INFRA: retried
+        metrics = {}
+        if self.shaping is not None:  # scaling, DAPO overlong penalty, overlong filtering
+            shaped = shape_group(self.shaping, samples, self.max_tokens)
+            samples, metrics = shaped.samples, {f"shaping/{k}": v for k, v in shaped.metrics.items()}
         t1 = time.monotonic()
         group = PromptGroup(group_id=group_id, prompt_index=index, epoch=epoch, example=example, samples=samples,
                             start_version=version, end_version=max(s.end_version for s in samples),
-                            target_step=target, dispatched_at=t0, committed_at=t1)
+                            target_step=target, dispatched_at=t0, committed_at=t1, metrics=metrics)
         ntok = sum(len(s.completion_ids) for s in samples)
         self.stats.generated_tokens += ntok
         self.stats.env_s += sum(s.info.get("env_s", 0.0) for s in samples)

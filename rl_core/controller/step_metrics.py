@@ -14,6 +14,7 @@ from __future__ import annotations
 import statistics
 import time
 
+from rl_core.algorithms.metrics import finalize_metrics
 from rl_core.rollout.group import is_correct
 
 
@@ -83,8 +84,15 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
         "throughput/trained_tokens_per_s": sum(gen_len) / step_s if step_s > 0 else 0.0,
         "epoch": float(max(t.group.epoch for t in trained)),
     }
+    m["rollout/refill_groups"] = float(rs.refill_groups)
+    m["rollout/dynamic_filtered_groups"] = float(pump.dynamic_filtered_groups)
+    m["train/policy_frozen"] = float(pump._frozen)
+    for k, v in finalize_metrics(pump._step_pairs).items():  # advantage, shaping, dynamic sampling
+        m[k if k.startswith(("shaping/", "dynamic_sampling/")) else f"train/{k}"] = v
+    for name in {k for s in samples for k in s.rewards}:  # named reward components (multi-reward)
+        m[f"reward/{name}"] = statistics.fmean(s.rewards.get(name, 0.0) for s in samples)
     for k, v in train_metrics.items():
-        m[f"train/{k}"] = v
+        m[k if k.startswith(("critic/", "flops/", "perf/")) else f"train/{k}"] = v
     for k, v in refit_metrics.items():
         m[f"refit/{k}"] = v
     m["_histograms"] = {"rollout/gen_tokens": gen_len, "rollout/input_tokens": in_len, "rollout/total_tokens": tot_len}

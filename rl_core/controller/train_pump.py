@@ -3,16 +3,18 @@
 Owns: the RL step loop (one RL step = one weight version; it may hold several optimizer
 steps: `ppo_epochs` x `num_minibatches`, counted apart), the step quota (a step shrinks by
 the groups the rollout pump dropped for it), eviction of groups the sampler rejects,
-streaming chunks of ready groups into the trainer as the sampler releases them (or the
-whole step at once: reproducible runs, PPO mini-steps), advantage computation, the
+dynamic sampling (zero-variance groups set aside, the step refilled), streaming chunks of
+ready groups into the trainer as the sampler releases them (or the whole step at once:
+reproducible runs, PPO mini-steps), the critic's updates and warm-up (PPO), the
 loss-driven refresh of previous-policy logprobs, bounded retries of a step whose training
 failed transiently, per-step metrics, and the order of the step's end: finish -> refit ->
 abort stale in-flight groups -> step hook (metrics, validation, rollout archive) ->
 checkpoint hook (quiescent) -> publish the new version.
 
-Does not own: which groups are eligible (sampler), generation (rollout pump), how weights
-move (refit.py), checkpoint contents (controller). Trainer calls run in a worker thread so
-the event loop (and the rollout pump with it) keeps running while the trainer computes.
+Does not own: which groups are eligible (sampler), generation (rollout pump), advantage
+formulas (advantage_stage + rl_core.algorithms), how weights move (refit.py), checkpoint
+contents (controller). Trainer calls run in a worker thread so the event loop (and the
+rollout pump with it) keeps running while the trainer computes.
 """
 
 from __future__ import annotations
@@ -23,11 +25,15 @@ import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from rl_core.algorithms.advantages import compute_advantages
+import torch
+
+from rl_core.algorithms.metrics import merge_metrics
+from rl_core.algorithms.shaping import dropped_groups_budget
 from rl_core.buffer.replay_buffer import ReplayBuffer, Slot, SlotState
+from rl_core.controller.advantage_stage import AdvantageStage
 from rl_core.controller.events import Timeline, VersionClock, wait_until
 from rl_core.controller.step_metrics import step_metrics
-from rl_core.types import PromptGroup, TrainChunk, make_train_chunk
+from rl_core.types import PromptGroup, TrainChunk
 
 
 @dataclass
@@ -52,18 +58,20 @@ def needs_prev_logprobs(cfg) -> bool:
 
 
 def needs_reference_logprobs(cfg) -> bool:
-    """Reference-policy logprobs are needed only for a KL penalty to the reference."""
-    return cfg.loss.kl_coef > 0 or bool(getattr(cfg.loss, "kl_in_reward", False))
+    """Reference-policy logprobs are needed only for a KL term to the reference (loss or reward)."""
+    return cfg.loss.kl_coef > 0 or cfg.advantage.kl_in_reward_coef > 0
 
 
 class TrainPump:
     def __init__(self, *, cfg, sampler, buffer: ReplayBuffer, trainer, loss, refitter, clock: VersionClock,
                  cond: asyncio.Condition, timeline: Timeline, rollout, stop_step: int, pad_id: int,
-                 on_step: StepHook | None = None, on_checkpoint: Callable[[int], Awaitable[None]] | None = None):
+                 on_step: StepHook | None = None, on_checkpoint: Callable[[int], Awaitable[None]] | None = None,
+                 critic=None):
         self.cfg = cfg
         self.sampler = sampler
         self.buffer = buffer
         self.trainer = trainer
+        self.critic = critic
         self.loss = loss
         self.refitter = refitter
         self.clock = clock
@@ -74,22 +82,30 @@ class TrainPump:
         self.pad_id = pad_id
         self.on_step = on_step
         self.on_checkpoint = on_checkpoint
+        self.stage = AdvantageStage(cfg, trainer, critic, pad_id)
         self.per_step = cfg.grpo.num_prompts_per_step
         self.mini_steps = cfg.grpo.ppo_epochs * cfg.grpo.num_minibatches
         self.whole_step = cfg.async_rl.reproducible or self.mini_steps > 1
+        self.ds_budget = dropped_groups_budget(cfg.reward_shaping.dynamic_sampling, self.per_step)
         self.waiting_on = "not started"
         self.idle_s = 0.0
         self.selected_in_step = 0  # groups of the open step already taken from the buffer
         self.evicted_groups = 0
+        self.dynamic_filtered_groups = 0
         self.train_retries = 0
         self.stale_aborted_groups = 0
         self._open = False  # a trainer step is open (begin called, finish not yet)
+        self._frozen = False  # critic warm-up: the policy is not updated this step
         self._open_slots: list[Slot] = []  # groups taken for the step in progress
+        self._step_pairs: dict[str, list[float]] = {}  # (sum, count) metrics of the step in progress
+        self._filtered_in_step = 0
         self.current_step = trainer.version
+        self.resume_open_step: dict | None = None  # an RL step checkpointed between its mini-steps
+        self.on_ministep: Callable[[dict], Awaitable[None]] | None = None  # may checkpoint between mini-steps
         self.trained_group_ids: list[str] = []
         self.staleness_log: list[int] = []
 
-    # ------------------------------------------------------------------ loop
+    # ------------------------------------------------------------------ bookkeeping
 
     def quota(self, step: int) -> int:
         """Groups step `step` trains: fewer when the rollout pump dropped some of its groups."""
@@ -105,8 +121,17 @@ class TrainPump:
 
     async def run(self) -> None:
         while self.trainer.version < self.stop_step:
-            await self.train_step(self.trainer.version)
+            await self.train_step(self.trainer.version, resume=self.resume_open_step)
+            self.resume_open_step = None
         self.waiting_on = "done"
+
+    async def return_open_step(self) -> None:
+        """Put the groups of a failed, unfinished step back into the buffer as ready."""
+        await self.buffer.restore_ready(self._open_slots)
+        self._open_slots = []
+        self.selected_in_step = 0
+
+    # ------------------------------------------------------------------ selection
 
     async def _evict(self) -> None:
         gone = self.sampler.evict(self.buffer, self.trainer.version)
@@ -116,71 +141,105 @@ class TrainPump:
             await self.buffer.finish(gone, SlotState.EVICTED)
 
     async def _take(self, step: int, want: int, most: int) -> list[Slot]:
-        """Wait until at least `want` groups are selectable (or the quota shrinks), then take up to `most`."""
+        """Wait until at least `want` groups are selectable (or the quota shrinks), then take up to
+        `most`; zero-variance groups are set aside (dynamic sampling) and the step refilled."""
         while True:
             await self._evict()
             slots = self.sampler.select(self.buffer, self.trainer.version, most)
             need = min(want, self.quota(step) - self.selected_in_step)
-            if len(slots) >= need:
-                if self.whole_step or self.cfg.async_rl.reproducible:
+            if slots and len(slots) >= need:
+                if self.whole_step:
                     slots = sorted(slots, key=lambda s: s.dispatch_index)
-                slots = slots[:most]
-                await self.buffer.finish(slots, SlotState.SELECTED)
-                self.selected_in_step += len(slots)
-                self._open_slots.extend(slots)
-                return slots
+                keep, ds_metrics = self.stage.filter([s.group for s in slots[:most]])
+                merge_metrics(self._step_pairs, {f"dynamic_sampling/{k}": v for k, v in ds_metrics.items()})
+                kept = [s for s, k in zip(slots, keep) if k]
+                dropped = [s for s, k in zip(slots, keep) if not k]
+                await self.buffer.finish(kept, SlotState.SELECTED)
+                if dropped:
+                    await self._set_aside(step, dropped)
+                self.selected_in_step += len(kept)
+                self._open_slots.extend(kept)
+                if kept:
+                    return kept
+                continue
             if self.rollout._failure is not None:
                 raise self.rollout._failure
-            if self.rollout.exhausted:
+            if self.rollout.exhausted and not self.rollout.inflight:  # refills may still be in flight
                 raise RuntimeError(f"rollouts ended with step {step} incomplete "
                                    f"({self.selected_in_step}/{self.quota(step)} groups)")
             self.waiting_on = (f"{need} ready group(s) for step {step} "
                                f"(have {self.selected_in_step}/{self.quota(step)})")
-            snapshot = (len(self.buffer.ready()), self.quota(step), self.rollout.exhausted, self.trainer.version)
+            snapshot = (len(self.buffer.ready()), self.quota(step), self.rollout.exhausted, len(self.rollout.inflight))
             await wait_until(self.cond, lambda: self.rollout._failure is not None or snapshot != (
-                len(self.buffer.ready()), self.quota(step), self.rollout.exhausted, self.trainer.version))
+                len(self.buffer.ready()), self.quota(step), self.rollout.exhausted, len(self.rollout.inflight)))
 
-    def _chunk(self, slots: list[Slot]) -> tuple[list[PromptGroup], list[list[float]], TrainChunk]:
-        groups = [s.group for s in slots]
-        advs = compute_advantages(self.cfg.advantage, [g.rewards for g in groups])
-        chunk = make_train_chunk([smp for g in groups for smp in g.samples], [a for ga in advs for a in ga],
-                                 pad_id=self.pad_id)
-        return groups, advs, chunk
+    async def _set_aside(self, step: int, dropped: list[Slot]) -> None:
+        """Dynamic sampling dropped these zero-variance groups: count them and refill the step."""
+        self._filtered_in_step += len(dropped)
+        self.dynamic_filtered_groups += len(dropped)
+        self.rollout.stats.wasted_samples += sum(len(s.group.samples) for s in dropped)
+        await self.buffer.finish(dropped, SlotState.EVICTED)
+        if self._filtered_in_step > self.ds_budget:
+            raise RuntimeError(
+                f"dynamic sampling dropped {self._filtered_in_step} zero-variance groups while filling RL step {step} "
+                f"(budget reward_shaping.dynamic_sampling.max_num_dropped_groups_per_step={self.ds_budget}): every "
+                "group gets the same reward, so the task is too easy or too hard for the policy. Fix: change the "
+                "data or the reward, or raise the budget.")
+        if self.sampler.stamps:  # unstamped samplers refill by demand
+            for _ in dropped:
+                self.rollout.request_refill(step)
 
-    async def train_step(self, step: int) -> dict:
+    # ------------------------------------------------------------------ one RL step
+
+    async def train_step(self, step: int, resume: dict | None = None) -> dict:
         t_step0 = time.monotonic()
         self.current_step = step
-        self.selected_in_step = 0
+        self.selected_in_step, self._filtered_in_step, self._step_pairs = 0, 0, {}
         self._open_slots = []
+        self._frozen = self.critic is not None and step < self.cfg.critic.num_warmup_steps
         trained: list[TrainedGroup] = []
-        chunks: list[TrainChunk] = []
+        chunks: list[TrainChunk] = []  # policy training chunks (kept for replays and the critic)
+        stage_chunks: list[TrainChunk] = []
         idle = 0.0
         t_train0 = None
         m = self.cfg.async_rl.min_groups_for_streaming_train
-        while self.selected_in_step < self.quota(step):
+        if resume is not None:  # continue an RL step checkpointed between its mini-steps
+            trained = resume["trained"]
+            self._open_slots = [t.slot for t in trained]
+            self.selected_in_step = len(trained)
+            stage_chunks = [resume["chunk"]]
+            t_train0 = time.monotonic()
+        while resume is None and self.selected_in_step < self.quota(step):
             remaining = self.quota(step) - self.selected_in_step
             want = remaining if self.whole_step else min(m, remaining)
             t0 = time.monotonic()
-            slots = await self._take(step, want, remaining if self.whole_step else remaining)
+            slots = await self._take(step, want, remaining)
             idle += time.monotonic() - t0
-            groups, advs, chunk = self._chunk(slots)
-            for s, g, a in zip(slots, groups, advs):
+            self.waiting_on = f"advantages (step {step})"
+            st = await self.stage.build([s.group for s in slots])
+            merge_metrics(self._step_pairs, {f"advantage/{k}": v for k, v in st.metrics.items()})
+            for g in st.groups:
+                merge_metrics(self._step_pairs, g.metrics)
+            for s, g, a in zip(slots, st.groups, st.advantages):
                 trained.append(TrainedGroup(s, g, a, step - s.start_version))
+            stage_chunks.append(st.chunk)
             if t_train0 is None:
                 t_train0 = time.monotonic()
             if self.mini_steps == 1:
-                chunks.extend(self._split(chunk, len(slots), m) if self.whole_step else [chunk])
+                new = self._split(st.chunk, len(slots), m) if self.whole_step else [st.chunk]
+                chunks.extend(new)
                 if not self.whole_step:
-                    await self._train_chunks(step, chunks, streamed=[chunks[-1]])
+                    await self._train_chunks(step, chunks, streamed=new)
         self.waiting_on = f"trainer (step {step})"
         if self.mini_steps > 1:
-            train_metrics = await self._mini_steps(step, chunks or [make_train_chunk(
-                [smp for t in trained for smp in t.group.samples], [a for t in trained for a in t.advantages],
-                pad_id=self.pad_id)])
+            full = TrainChunk.concat(stage_chunks, self.pad_id)
+            train_metrics = await self._mini_steps(step, full, trained, resume)
         else:
             if self.whole_step:
                 await self._train_chunks(step, chunks, streamed=chunks)
             train_metrics = await self._finish(step, chunks)
+            if self.critic is not None:
+                train_metrics.update(await self._critic_step(chunks, advance=True))
         t_finish = time.monotonic()
         self.current_step, self.selected_in_step = step + 1, 0  # demand() now counts from the next step
         self._open_slots = []
@@ -203,19 +262,14 @@ class TrainPump:
         await self.clock.publish(self.trainer.version)
         return metrics
 
-    async def return_open_step(self) -> None:
-        """Put the groups of a failed, unfinished step back into the buffer as ready."""
-        await self.buffer.restore_ready(self._open_slots)
-        self._open_slots = []
-        self.selected_in_step = 0
-
     # ------------------------------------------------------------------ training with retries
 
     def _split(self, chunk: TrainChunk, num_groups: int, groups_per_chunk: int) -> list[TrainChunk]:
         """Fixed chunk boundaries (reproducible runs): `groups_per_chunk` groups per chunk."""
         n = self.cfg.grpo.num_generations_per_prompt
+        rows = chunk.num_samples
         step = groups_per_chunk * n
-        return [chunk.slice(i, min(i + step, num_groups * n)) for i in range(0, num_groups * n, step)]
+        return [chunk.slice(i, min(i + step, rows)) for i in range(0, rows, step)]
 
     async def _train_chunks(self, step: int, all_chunks: list[TrainChunk], streamed: list[TrainChunk]) -> None:
         """Feed chunks into the open step; on a failure, abort and replay every chunk of the step."""
@@ -223,6 +277,8 @@ class TrainPump:
             if not self._open:
                 self.trainer.begin(self.loss)
                 self._open = True
+            if self._frozen:  # critic warm-up: no policy update this step
+                return
             for c in streamed:
                 await asyncio.to_thread(self.trainer.train_microbatches, c)
         except Exception as exc:  # noqa: BLE001 - transient failures are retried below
@@ -240,14 +296,15 @@ class TrainPump:
     async def _retry(self, step: int, chunks: list[TrainChunk], exc: Exception) -> None:
         budget = self.cfg.async_rl.failure.max_train_step_retries
         last = exc
-        for attempt in range(1, budget + 1):
+        for _ in range(budget):
             self.train_retries += 1
             self.trainer.abort()
             try:
                 self.trainer.begin(self.loss)
                 self._open = True
-                for c in chunks:
-                    await asyncio.to_thread(self.trainer.train_microbatches, c)
+                if not self._frozen:
+                    for c in chunks:
+                        await asyncio.to_thread(self.trainer.train_microbatches, c)
                 return
             except Exception as again:  # noqa: BLE001
                 last = again
@@ -256,57 +313,52 @@ class TrainPump:
         raise TrainStepFailed(f"RL step {step} failed {budget + 1} times (async_rl.failure.max_train_step_retries="
                               f"{budget}); last error: {type(last).__name__}: {last}") from last
 
-    async def _mini_steps(self, step: int, chunks: list[TrainChunk]) -> dict:
-        """ppo_epochs x num_minibatches optimizer steps over the step's batch, previous-policy
-        logprobs fixed before the first one (Schulman et al. 2017, PPO, Algorithm 1)."""
-        import torch
+    async def _critic_step(self, chunks: list[TrainChunk], advance: bool) -> dict:
+        """One critic optimizer step on the chunks' returns (clipped value loss)."""
+        self.critic.begin()
+        for c in chunks:
+            await asyncio.to_thread(self.critic.train_microbatches, c)
+        out = await asyncio.to_thread(self.critic.finish, advance)
+        return {f"critic/{k}": v for k, v in out.items()}
 
-        full = chunks[0] if len(chunks) == 1 else _concat(chunks, self.pad_id)
-        if needs_prev_logprobs(self.cfg):
-            full.prev_logprobs = await asyncio.to_thread(self.trainer.logprobs, full)
+    async def _mini_steps(self, step: int, full: TrainChunk, trained: list[TrainedGroup],
+                          resume: dict | None) -> dict:
+        """ppo_epochs x num_minibatches optimizer steps over the step's batch (policy and critic),
+        previous-policy logprobs fixed before the first one (Schulman et al. 2017, PPO,
+        Algorithm 1). Between two mini-steps `on_ministep` may checkpoint the open step;
+        `resume` continues one."""
+        if resume is not None:
+            start = resume["next_ministep"]
+            served = resume.get("served_weights")
+        else:
+            if needs_prev_logprobs(self.cfg):
+                full.prev_logprobs = await asyncio.to_thread(self.trainer.logprobs, full)
+            start = 0
+            # the generation side keeps serving this step's starting weights until refit: a checkpoint
+            # between mini-steps must hold them too (the trainer's weights move on)
+            served = ({k: v.detach().clone() for k, v in self.trainer.export_weights().items()}
+                      if self.on_ministep is not None and self.cfg.checkpoint.save_every_optimizer_steps else None)
         n = full.num_samples
         mb = self.cfg.grpo.num_minibatches
-        metrics: dict = {}
-        count = 0
-        for epoch in range(self.cfg.grpo.ppo_epochs):
+        total = self.cfg.grpo.ppo_epochs * mb
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        for k_mini in range(start, total):
+            epoch, j = divmod(k_mini, mb)
             order = list(range(n))
             random.Random(f"ppo:{self.cfg.grpo.seed}:{step}:{epoch}").shuffle(order)
-            for j in range(mb):
-                idx = torch.tensor(sorted(order[j * n // mb:(j + 1) * n // mb]), dtype=torch.long)
-                sub = _take_rows(full, idx)
-                last = epoch == self.cfg.grpo.ppo_epochs - 1 and j == mb - 1
-                await self._train_chunks(step, [sub], streamed=[sub])
-                out = await self._finish(step, [sub], advance_version=last)
-                count += 1
-                for k, v in out.items():
-                    metrics[k] = metrics.get(k, 0.0) + (v - metrics.get(k, 0.0)) / count  # running mean
-        metrics["optimizer_steps_in_rl_step"] = float(count)
+            sub = full.take(torch.tensor(sorted(order[j * n // mb:(j + 1) * n // mb]), dtype=torch.long))
+            last = k_mini == total - 1
+            await self._train_chunks(step, [sub], streamed=[sub])
+            out = await self._finish(step, [sub], advance_version=last)
+            if self.critic is not None:
+                out.update(await self._critic_step([sub], advance=last))
+            for k, v in out.items():  # mean over the mini-steps that reported each metric
+                sums[k] = sums.get(k, 0.0) + v
+                counts[k] = counts.get(k, 0) + 1
+            if not last and self.on_ministep is not None:
+                await self.on_ministep({"step": step, "next_ministep": k_mini + 1, "trained": trained,
+                                        "chunk": full, "served_weights": served})
+        metrics = {k: sums[k] / counts[k] for k in sums}
+        metrics["optimizer_steps_in_rl_step"] = float(total)
         return metrics
-
-
-def _take_rows(chunk: TrainChunk, idx) -> TrainChunk:
-    def pick(t):
-        return None if t is None else t.index_select(0, idx)
-
-    out = TrainChunk(**{k: pick(getattr(chunk, k)) for k in chunk.__dataclass_fields__})
-    return out.slice(0, out.num_samples)  # trims shared right padding
-
-
-def _concat(chunks: list[TrainChunk], pad_id: int) -> TrainChunk:
-    import torch
-
-    width = max(c.input_ids.shape[1] for c in chunks)
-
-    def cat(name, fill):
-        ts = [getattr(c, name) for c in chunks]
-        if any(t is None for t in ts):
-            return None
-        if ts[0].dim() == 1:
-            return torch.cat(ts)
-        return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill) for t in ts])
-
-    return TrainChunk(input_ids=cat("input_ids", pad_id), attention_mask=cat("attention_mask", 0),
-                      loss_mask=cat("loss_mask", 0.0), gen_logprobs=cat("gen_logprobs", 0.0),
-                      advantages=cat("advantages", 0.0), sample_mask=cat("sample_mask", 0.0),
-                      start_versions=cat("start_versions", 0), ref_logprobs=cat("ref_logprobs", 0.0),
-                      prev_logprobs=cat("prev_logprobs", 0.0))

@@ -7,10 +7,12 @@ Owns the scoring rule of the toy task (`rl_core.data.addition` makes its data):
   `answer` exactly (no whitespace, no extra digits) and the sample ended on the end token
   (finish reason "stop"); a truncated sample is never correct;
 - with `env.format_reward > 0`, a *well-formed* completion (exactly as many ASCII digits
-  as the expected answer, then the end token) earns that bonus whatever its value, so
-  `reward = correct + format_reward * well_formed`.
+  as the expected answer, then the end token) earns that bonus whatever its value;
+- `digits` is partial credit: the share of answer digits right, position by position
+  (0 unless the sample ended), added with weight `env.digit_reward`; so
+  `reward = correct + format_reward * well_formed + digit_reward * digits`.
 
-`EnvResult.rewards` carries both components (`correct`, `format`) for multi-reward
+`EnvResult.rewards` carries the components (`correct`, `format`, `digits`) for multi-reward
 algorithms and metrics; `info` carries the booleans.
 
 Does not own: the prompt format or the answer encoding (the data generator), templating
@@ -30,11 +32,12 @@ class AdditionEnv(BaseEnv):
     """Multi-digit addition with reversed-digit answers (config: `AdditionEnvConfig`)."""
 
     name = "addition"
-    reward_names = ("correct", "format")
+    reward_names = ("correct", "format", "digits")
 
     def __init__(self, config: Any, tokenizer: Any):
         super().__init__(config, tokenizer)
         self.format_reward = float(config.format_reward)
+        self.digit_reward = float(getattr(config, "digit_reward", 0.0))
 
     def _score(self, example: dict[str, Any], completion: Completion) -> EnvResult:
         answer = str(example["answer"])
@@ -43,8 +46,10 @@ class AdditionEnv(BaseEnv):
                        and text.isascii() and text.isdigit())
         correct = completion.ended and text == answer
         fmt = self.format_reward if well_formed else 0.0
+        # partial credit: the share of answer digits right, position by position (a denser signal)
+        digits = sum(a == b for a, b in zip(text, answer)) / len(answer) if completion.ended and answer else 0.0
         return EnvResult(
-            reward=float(correct) + fmt,
-            rewards={"correct": float(correct), "format": fmt},
+            reward=float(correct) + fmt + self.digit_reward * digits,
+            rewards={"correct": float(correct), "format": fmt, "digits": digits},
             info={"correct": correct, "well_formed": well_formed},
         )

@@ -61,7 +61,7 @@ def ensure_policy(cfg: RecipeConfig, out_dir: str | Path) -> Path:
 
 
 def build_parts(cfg: RecipeConfig, policy_dir: str | Path, *, trainer_state: dict | None = None,
-                weight_version: int = 0):
+                weight_version: int = 0, critic_dir: str | Path | None = None):
     """Everything the controller drives, built from the recipe and an HF policy directory."""
     from transformers import AutoTokenizer
 
@@ -69,10 +69,9 @@ def build_parts(cfg: RecipeConfig, policy_dir: str | Path, *, trainer_state: dic
     from rl_core.controller.controller import Parts
     from rl_core.data.dataset import PromptSource, load_task_data
     from rl_core.envs import make_env
-    from rl_core.generation.backend import NativeBackend
-    from rl_core.generation.engine import NativeEngine
+    from rl_core.launch.placement import build_overlapped
     from rl_core.samplers import make_sampler
-    from rl_core.train.torch_trainer import TorchTrainer
+    from rl_core.train import make_trainer as make_backend_trainer
 
     device = pick_device(cfg)
     tokenizer = AutoTokenizer.from_pretrained(str(policy_dir))
@@ -80,24 +79,37 @@ def build_parts(cfg: RecipeConfig, policy_dir: str | Path, *, trainer_state: dic
     if cfg.data.max_train_examples is not None:
         train_examples = train_examples[: cfg.data.max_train_examples]
     env = make_env(cfg.env, tokenizer)
+    from rl_core.algorithms.advantages import check_reward_weights
+
+    check_reward_weights(cfg.advantage, getattr(env, "reward_names", ()))
     source = PromptSource(train_examples, cfg.grpo.num_prompts_per_step, shuffle=cfg.data.shuffle,
                           seed=cfg.grpo.seed, max_num_epochs=cfg.grpo.max_num_epochs)
     stop_ids = tuple(i for i in {tokenizer.eos_token_id} if i is not None)
-    engine = NativeEngine.from_pretrained(
-        policy_dir, device=device, dtype=cfg.model.dtype, max_batch_size=cfg.generation.max_batch_size,
-        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), seed=cfg.grpo.seed,
-        weight_version=weight_version)
-    backend = NativeBackend(engine)
     gen = cfg.generation
     logprob_t = 1.0 if (gen.greedy or gen.temperature == 0) else gen.temperature
-    trainer = TorchTrainer(policy_dir, cfg.trainer, logprob_temperature=logprob_t, device=device,
-                           dtype=cfg.model.dtype, keep_reference=cfg.loss.kl_coef > 0, version=weight_version)
-    if trainer_state is not None:
-        trainer.load_state_dict(trainer_state)
+
+    def make_trainer():  # trainer.backend: torch | fsdp2 | megatron (rl_core.train registry)
+        return make_backend_trainer(cfg, policy_dir, device=device, version=weight_version,
+                                    trainer_state=trainer_state)
+
+    # generation (per generation.backend/placement) sets up in a thread while the trainer builds
+    backend, trainer, setup = build_overlapped(cfg, policy_dir, tokenizer=tokenizer, device=device,
+                                               weight_version=weight_version, make_trainer=make_trainer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    critic = None
+    if cfg.critic.enabled:
+        from rl_core.train.critic import Critic
+
+        saved = Path(critic_dir) if critic_dir is not None else None
+        critic = Critic(saved if saved is not None else (cfg.critic.model_path or policy_dir), cfg.critic,
+                        device=device, dtype=cfg.model.dtype, version=weight_version)
+        if saved is not None:
+            critic.load_state(saved)
+    from rl_core.controller.train_pump import needs_prev_logprobs
+
     return Parts(tokenizer=tokenizer, env=env, source=source, backend=backend, trainer=trainer,
-                 loss=make_loss(cfg.loss), sampler=make_sampler(cfg.async_rl, cfg.grpo.num_prompts_per_step),
-                 val_examples=val_examples, stop_token_ids=stop_ids, pad_id=pad)
+                 loss=make_loss(cfg.loss, multi_update=needs_prev_logprobs(cfg)), sampler=make_sampler(cfg),
+                 val_examples=val_examples, stop_token_ids=stop_ids, pad_id=pad, setup=setup, critic=critic)
 
 
 def save_policy(parts, out_dir: str | Path) -> Path:
@@ -118,10 +130,12 @@ def run_controller(cfg: RecipeConfig, run_dir: str | Path, *, policy_dir: str | 
     controller until RL step `stop_step`; step checkpoints go to `checkpoint_dir/step_NNNNNN`."""
     from rl_core.checkpoint import prune, save_run_checkpoint
     from rl_core.controller.controller import Controller
+    from rl_core.train import close_trainer
 
     if resume is not None:
+        critic_dir = resume.path / "critic" if (resume.path / "critic").is_dir() else None
         parts = build_parts(cfg, resume.model_dir, trainer_state=resume.trainer_state,
-                            weight_version=int(resume.trainer_state["version"]))
+                            weight_version=int(resume.trainer_state["version"]), critic_dir=critic_dir)
         restore = resume.controller_state
     else:
         parts = build_parts(cfg, policy_dir)
@@ -133,16 +147,22 @@ def run_controller(cfg: RecipeConfig, run_dir: str | Path, *, policy_dir: str | 
         ckdir = Path(checkpoint_dir)
 
         def checkpoint_fn(version: int, state: dict) -> None:
-            save_run_checkpoint(ckdir / f"step_{version:06d}", trainer=parts.trainer, tokenizer=parts.tokenizer,
-                                controller_state=state, resolved_config=resolved)
+            name = f"step_{version:06d}"
+            if state.get("open_step") is not None:  # between the mini-steps of RL step `version`
+                name += f"_opt{parts.trainer.optimizer_steps:06d}"
+            save_run_checkpoint(ckdir / name, trainer=parts.trainer, tokenizer=parts.tokenizer,
+                                controller_state=state, resolved_config=resolved, critic=parts.critic)
             prune(ckdir, cfg.checkpoint.keep_last)
 
     controller = Controller(cfg, parts, run_dir, total, stop_step=stop_step, restore=restore,
                             checkpoint_fn=checkpoint_fn, checkpoint_every=cfg.checkpoint.save_every_steps,
                             spool_dir=spool_dir, val_at_start=val_at_start, val_at_end=val_at_end)
-    summary = asyncio.run(controller.run())
-    if final_policy_dir is not None:
-        save_policy(parts, final_policy_dir)
+    try:
+        summary = asyncio.run(controller.run())
+        if final_policy_dir is not None:
+            save_policy(parts, final_policy_dir)
+    finally:
+        close_trainer(parts.trainer)  # multi-process trainers: release the worker ranks
     return summary
 
 
@@ -153,9 +173,13 @@ def train_from_recipe(cfg: RecipeConfig) -> dict:
     run), training resumes from the newest complete one."""
     from rl_core.checkpoint import load_run_checkpoint, newest_complete
 
+    from rl_core.train import start_trainer_group
+
     rd = run_dir(cfg)
     write_resolved(cfg, rd)
     setup_process(cfg)
+    if start_trainer_group(cfg):  # ranks > 0 of a multi-process trainer followed rank 0 until the end
+        return {}
     latest = newest_complete(rd / "steps")
     resume = None
     if latest is not None:

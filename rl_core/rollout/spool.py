@@ -27,7 +27,7 @@ def step_record(step: int, weight_version: int, trained) -> dict:
                 "prompt_ids": s.prompt_ids, "completion_ids": s.completion_ids, "gen_logprobs": s.gen_logprobs,
                 "reward": s.reward, "rewards": s.rewards, "advantage": a, "finish_reason": s.finish_reason,
                 "start_version": s.start_version, "end_version": s.end_version, "env_mask": s.env_mask,
-                "token_versions": s.info.get("token_versions"),
+                "token_versions": s.info.get("token_versions"), "completion_mask": s.completion_mask,
             } for s, a in zip(g.samples, t.advantages)],
         })
     return {"step": step, "weight_version": weight_version, "groups": groups}

@@ -1,1 +1,135 @@
-"""Training backends behind the TrainerBackend protocol (split step API)."""
+"""Training backends behind the TrainerBackend protocol (split step API), and their registry.
+
+`trainer.backend` picks one:
+- `torch`: `TorchTrainer`, one process (CPU or one GPU);
+- `fsdp2`: `FSDPTrainer`, torch FSDP2 over N processes (`fsdp.py`);
+- `megatron`: `MegatronTrainer`, Megatron-core GPTModel with weights converted from and back
+  to the HF layout (`megatron.py`, `megatron_convert.py`).
+
+Multi-process backends run one process per device. Every process calls
+`start_trainer_group(cfg)` first: it reads the launch (Slurm step, torchrun or one
+process), checks it against the recipe before any model is built, initialises the
+process group, and on ranks > 0 serves the driver's commands until the run ends (it then
+returns True and the process should exit). Rank 0 goes on to build the run and calls
+`make_trainer`. Heavy imports stay inside the functions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+BACKENDS = ("torch", "fsdp2", "megatron")
+
+
+def trainer_device(cfg) -> str:
+    """`cpu` or `cuda` from `runtime.device` (auto = CUDA when available)."""
+    import torch
+
+    from rl_core.errors import RecipeError
+
+    if cfg.runtime.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if cfg.runtime.device == "cuda" and not torch.cuda.is_available():
+        raise RecipeError.single("runtime.device", "cuda", "a machine with a CUDA device",
+                                 "set runtime.device: auto (or cpu) on this machine.")
+    return cfg.runtime.device
+
+
+def start_trainer_group(cfg, device: str | None = None) -> bool:
+    """Check the launch against the recipe and join the trainer's process group.
+
+    Returns False on the driver (rank 0, or the only process): go on and build the run.
+    Returns True on a worker rank once the driver has shut the group down: exit."""
+    from rl_core.launch.distributed import check_world, destroy_distributed, detect_env, init_distributed
+
+    env = detect_env()
+    device = device or trainer_device(cfg)
+    check_world(cfg, env, device)
+    if cfg.trainer.backend == "torch":
+        return False
+    init_distributed(env, device, cfg.trainer.collective_timeout_s)
+    if env.rank == 0:
+        return False
+    if cfg.trainer.backend == "fsdp2":
+        from rl_core.train.fsdp import serve_worker
+    else:
+        from rl_core.train.megatron import serve_worker
+    try:
+        serve_worker()
+    finally:
+        destroy_distributed()
+    return True
+
+
+def make_trainer(cfg, policy_dir: str | Path, *, device: str | None = None, version: int = 0,
+                 trainer_state: dict[str, Any] | None = None):
+    """The recipe's trainer backend over the HF policy directory `policy_dir` (rank 0 / driver).
+
+    For fsdp2 and megatron the process group must exist (`start_trainer_group`); with one
+    process it is created here."""
+    device = device or trainer_device(cfg)
+    gen = cfg.generation
+    kwargs = dict(logprob_temperature=1.0 if (gen.greedy or gen.temperature == 0) else gen.temperature,
+                  device=device, dtype=cfg.model.dtype,
+                  keep_reference=cfg.loss.kl_coef > 0 or cfg.advantage.kl_in_reward_coef > 0, version=version)
+    backend = cfg.trainer.backend
+    if backend == "torch":
+        from rl_core.train.torch_trainer import TorchTrainer
+
+        trainer = TorchTrainer(policy_dir, cfg.trainer, **kwargs)
+    elif backend in ("fsdp2", "megatron"):
+        import torch.distributed as dist
+
+        if backend == "megatron":
+            check_megatron_model(cfg, policy_dir)
+        if not dist.is_initialized():
+            start_trainer_group(cfg, device)
+        if backend == "fsdp2":
+            from rl_core.train.fsdp import FSDPTrainer
+
+            trainer = FSDPTrainer(policy_dir, cfg.trainer, **kwargs)
+        else:
+            from rl_core.train.megatron import MegatronTrainer
+
+            trainer = MegatronTrainer(policy_dir, cfg.trainer, **kwargs)
+    else:
+        raise ValueError(f"unknown trainer.backend {backend!r}; expected one of {BACKENDS}")
+    if trainer_state is not None:
+        trainer.load_state_dict(trainer_state)
+    return trainer
+
+
+def check_megatron_model(cfg, policy_dir: str | Path) -> None:
+    """RecipeError, before anything is built, when the policy cannot be converted to Megatron's
+    GPTModel or split over `trainer.megatron.tensor_model_parallel_size`."""
+    from transformers import AutoConfig
+
+    from rl_core.errors import RecipeError
+    from rl_core.train.megatron_convert import SUPPORTED, check_tensor_parallel, shape_from_hf
+
+    hf_config = AutoConfig.from_pretrained(str(policy_dir))
+    try:
+        shape = shape_from_hf(hf_config)
+    except ValueError as exc:
+        raise RecipeError.single("trainer.backend", "megatron",
+                                 f"a policy the Megatron conversion supports ({', '.join(SUPPORTED)}; {policy_dir} "
+                                 f"has model_type {getattr(hf_config, 'model_type', None)!r}: {exc})",
+                                 "use trainer.backend: fsdp2 (any transformers causal LM), or a Qwen2/Llama model.")
+    tp = cfg.trainer.megatron.tensor_model_parallel_size
+    try:
+        check_tensor_parallel(shape, tp)
+    except ValueError as exc:
+        raise RecipeError.single("trainer.megatron.tensor_model_parallel_size", tp,
+                                 f"a size that splits the model in {policy_dir} evenly ({exc})",
+                                 "pick a divisor of the number of key/value heads (1 always works).")
+
+
+def close_trainer(trainer) -> None:
+    """Release a multi-process trainer's workers and leave the process group (no-op for `torch`)."""
+    close = getattr(trainer, "close", None)
+    if close is not None:
+        close()
+        from rl_core.launch.distributed import destroy_distributed
+
+        destroy_distributed()

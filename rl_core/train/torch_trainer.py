@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from rl_core.algorithms.flops import FlopsCounter, FlopsSpec, peak_flops_per_s
+from rl_core.algorithms.metrics import finalize_metrics, merge_metrics
 from rl_core.config.schema import TrainerConfig
 from rl_core.protocols import PolicyLoss
 from rl_core.types import TrainChunk
@@ -62,6 +64,9 @@ class TorchTrainer:
         self.version = version
         self.optimizer_steps = 0
         self._loss: PolicyLoss | None = None
+        # FLOPs and compute time summed over every optimizer step of one RL step (PPO mini-steps too)
+        self.flops = FlopsCounter(FlopsSpec.from_model(self.model))
+        self._rl_compute_s = 0.0
         self._reset_step()
 
     # ------------------------------------------------------------------ split step API
@@ -97,10 +102,8 @@ class TorchTrainer:
             out.loss_sum.backward()
             self._normalizer += out.normalizer
             self._loss_sum += float(out.loss_sum.detach().item())
-            for k, (s, c) in out.metrics.items():
-                acc = self._metric_sums.setdefault(k, [0.0, 0.0])
-                acc[0] += s
-                acc[1] += c
+            merge_metrics(self._metric_sums, out.metrics)  # `_min`/`_max` reduce as extremes
+            self.flops.add_train(mb)
             self._num_samples += mb.num_samples
             self._num_tokens += mb.num_valid_tokens()
         self._t_compute += time.perf_counter() - t0
@@ -131,14 +134,18 @@ class TorchTrainer:
         else:
             metrics["skipped_update"] = 1.0
         self.optimizer.zero_grad(set_to_none=True)
-        for k, (s, c) in self._metric_sums.items():
-            metrics[k] = s / c if c else 0.0
+        metrics.update(finalize_metrics(self._metric_sums))
         metrics["num_samples"] = float(self._num_samples)
         metrics["num_tokens"] = float(self._num_tokens)
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["compute_s"] = self._t_compute + (time.perf_counter() - t0)
+        self._rl_compute_s += metrics["compute_s"]
         if advance_version:
             self.version += 1
+            peak = peak_flops_per_s(torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None)
+            metrics.update(self.flops.metrics(self._rl_compute_s, peak))
+            self.flops.reset()
+            self._rl_compute_s = 0.0
         self._loss = None
         return metrics
 
@@ -159,6 +166,7 @@ class TorchTrainer:
         for start in range(0, chunk.num_samples, mbs):
             mb = chunk.slice(start, min(start + mbs, chunk.num_samples)).to(self.device)
             lp = token_logprobs(model, mb.input_ids, mb.attention_mask, self.temperature)
+            self.flops.add_forward(mb)
             pad = chunk.input_ids.shape[1] - lp.shape[1]
             out.append(torch.nn.functional.pad(lp, (0, pad)))
         return torch.cat(out, dim=0) if out else torch.zeros_like(chunk.gen_logprobs)

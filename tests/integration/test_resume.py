@@ -61,3 +61,33 @@ def test_sigkill_then_same_command_resumes_exactly(tmp_path, warm_policy):
     assert [r["step"] for r in b] == list(range(1, STEPS + 1))
     for x, y in zip(a, b):
         assert x["train/reward_mean"] == y["train/reward_mean"] and x["train/loss"] == y["train/loss"]
+
+
+def test_resume_between_ppo_mini_steps(tmp_path, warm_policy):
+    """An RL step of 2 epochs x 2 minibatches, checkpointed between its mini-steps, killed, resumed."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    extra = ["grpo.max_num_steps=5", "grpo.ppo_epochs=2", "grpo.num_minibatches=2", "checkpoint.save_every_steps=0",
+             "checkpoint.save_every_optimizer_steps=2", "checkpoint.keep_last=4"]
+
+    def cmd(name):
+        return [sys.executable, "-m", "rl_core.launch.cli", "train", "recipes/tiny-addition.yaml",
+                f"output_dir={tmp_path}", f"run_name={name}", *ARGS, *extra]
+
+    ref = _prepare(tmp_path, "ref", warm_policy)
+    subprocess.run(cmd("ref"), cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
+    run = _prepare(tmp_path, "killed", warm_policy)
+    proc = subprocess.Popen(cmd("killed"), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    marker = run / "steps" / "step_000002_opt000010" / "manifest.json"  # RL step 2, before its 3rd mini-step
+    deadline = time.monotonic() + 300
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert marker.exists() and not (run / "final_policy").exists()
+    again = subprocess.run(cmd("killed"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert _sha(run / "final_policy" / "model.safetensors") == _sha(ref / "final_policy" / "model.safetensors")
+    a, b = read_jsonl(ref / "metrics.jsonl", "train"), read_jsonl(run / "metrics.jsonl", "train")
+    assert [r["step"] for r in b] == [1, 2, 3, 4, 5] and b[-1]["train/optimizer_steps_in_rl_step"] == 4
+    assert [r["train/loss"] for r in a] == [r["train/loss"] for r in b]

@@ -47,7 +47,7 @@ def test_prompt_is_raw_text_without_special_tokens(env, tok):
 
 def test_exact_answer_with_end_token_scores_one(env, tok):
     r = _score(env, tok, "250")
-    assert r.reward == 1.0 and r.rewards == {"correct": 1.0, "format": 0.0}
+    assert r.reward == 1.0 and r.rewards == {"correct": 1.0, "format": 0.0, "digits": 1.0}
     assert r.info["correct"] is True and r.mask is False
     # backends that decode with skip_special_tokens give the text without the end token
     assert _score(env, tok, "250", decoded_eos=False).reward == 1.0
@@ -76,7 +76,7 @@ def test_truncated_completion_with_end_text_but_length_reason(env, tok):
 def test_format_reward(tok):
     env = make_env(AdditionEnvConfig(format_reward=0.1), tok)
     right = _score(env, tok, "250")
-    assert right.reward == pytest.approx(1.1) and right.rewards == {"correct": 1.0, "format": 0.1}
+    assert right.reward == pytest.approx(1.1) and right.rewards == {"correct": 1.0, "format": 0.1, "digits": 1.0}
     wrong_but_well_formed = _score(env, tok, "999")
     assert wrong_but_well_formed.reward == pytest.approx(0.1)
     assert wrong_but_well_formed.info == {"correct": False, "well_formed": True}
@@ -86,9 +86,19 @@ def test_format_reward(tok):
         assert r.reward == 0.0 and r.info["well_formed"] is False, text
 
 
+def test_digit_partial_credit(tok):
+    env = make_env(AdditionEnvConfig(digit_reward=0.5), tok)
+    # answer 250: "251" has 2 of 3 digits right; "052" has 1 (the middle 5); truncated earns nothing
+    assert _score(env, tok, "251").rewards["digits"] == pytest.approx(2 / 3)
+    assert _score(env, tok, "251").reward == pytest.approx(0.5 * 2 / 3)
+    assert _score(env, tok, "052").rewards["digits"] == pytest.approx(1 / 3)
+    assert _score(env, tok, "250", finish="length", eos=False).rewards["digits"] == 0.0
+    assert _score(env, tok, "250").reward == pytest.approx(1.5)
+
+
 def test_aborted_sample_is_masked(env, tok):
     r = env.score(EXAMPLE, tok.encode("2", add_special_tokens=False), "2", "abort")
-    assert r.mask is True and r.reward == 0.0 and r.rewards == {"correct": 0.0, "format": 0.0}
+    assert r.mask is True and r.reward == 0.0 and r.rewards == {"correct": 0.0, "format": 0.0, "digits": 0.0}
 
 
 def test_unknown_finish_reason_is_an_error(env, tok):

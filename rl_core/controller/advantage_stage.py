@@ -1,0 +1,76 @@
+"""The advantage stage of the train pump: selected groups -> a training chunk with advantages.
+
+Owns, per chunk of selected groups, in this order: the dynamic-sampling group filter
+(zero-variance groups are set aside so the step can be refilled), packing the samples
+(`types.make_train_chunk`), reference-policy logprobs when the reward carries a KL term,
+the critic's values (PPO), `algorithms.estimate.estimate_advantages` for every estimator,
+and the per-sample advantage summary kept for metrics and the rollout archive.
+
+Does not own: the formulas (rl_core.algorithms), selection (sampler), training (trainer,
+critic), or refilling the step (the train pump asks the rollout pump).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import torch
+
+from rl_core.algorithms.estimate import estimate_advantages
+from rl_core.algorithms.shaping import dynamic_sampling_filter
+from rl_core.types import PromptGroup, TrainChunk, make_train_chunk
+
+
+@dataclass
+class Stage:
+    chunk: TrainChunk
+    groups: list[PromptGroup]
+    advantages: list[list[float]]  # per group, one value per sample (token mean for token-level estimators)
+    metrics: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+
+class AdvantageStage:
+    def __init__(self, cfg, trainer, critic, pad_id: int):
+        self.cfg = cfg
+        self.trainer = trainer
+        self.critic = critic
+        self.pad_id = pad_id
+        ds = cfg.reward_shaping.dynamic_sampling
+        self.dynamic_sampling = ds.enabled
+        self.gdpo = cfg.advantage.estimator == "gdpo"
+
+    def filter(self, groups: list[PromptGroup]) -> tuple[list[bool], dict]:
+        """Dynamic sampling (Yu et al. 2025, DAPO): keep only groups whose rewards differ."""
+        if not self.dynamic_sampling:
+            return [True] * len(groups), {}
+        return dynamic_sampling_filter(groups, use_components=self.gdpo)
+
+    async def build(self, groups: list[PromptGroup]) -> Stage:
+        samples = [s for g in groups for s in g.samples]
+        chunk = make_train_chunk(samples, [0.0] * len(samples), pad_id=self.pad_id)
+        ref = None
+        if self.cfg.advantage.kl_in_reward_coef > 0:
+            ref = await asyncio.to_thread(self.trainer.logprobs, chunk, True)
+            chunk.ref_logprobs = ref
+        values = None
+        if self.critic is not None:
+            values = await asyncio.to_thread(self.critic.values, chunk)
+        est = estimate_advantages(
+            self.cfg.advantage, chunk, [s.reward for s in samples], [len(g.samples) for g in groups],
+            components=[s.rewards for s in samples] if self.gdpo else None, ref_logprobs=ref, values=values)
+        chunk.advantages = est.advantages
+        chunk.values = values
+        chunk.returns = est.returns
+        if est.sample_advantages is not None:
+            flat = est.sample_advantages.tolist()
+        else:  # token-level estimators: the mean over each sample's trained tokens
+            m = chunk.loss_mask
+            flat = ((est.advantages * m).sum(dim=1) / m.sum(dim=1).clamp(min=1)).tolist()
+        per_group, start = [], 0
+        for g in groups:
+            per_group.append(flat[start:start + len(g.samples)])
+            start += len(g.samples)
+        return Stage(chunk, groups, per_group, dict(est.metrics))
+
+
