@@ -1,0 +1,271 @@
+"""The split step API for data-parallel trainers whose ranks follow a rank-0 driver.
+
+Owns, for the fsdp2 and megatron backends alike: the public `TrainerBackend` methods as
+commands (`spmd.CommandChannel`), how a chunk is divided over data-parallel ranks (a
+contiguous block of samples per rank, every rank running the same number of
+microbatches: a rank whose block is used up runs a zero-weight dummy microbatch, so the
+collectives inside forward and backward line up), the sum-form accounting of a step
+(loss sums, normalizers and metric (sum, count) pairs all-reduced at `finish`, then one
+division of the gradients by the step's total normalizer, as `TorchTrainer` does), and
+the gathering of per-rank logprobs. Metric pairs reduce by `rl_core.algorithms.metrics`
+(means, and `_min`/`_max` extremes) within a rank and across ranks.
+
+Does not own: the model, its sharding, gradient scaling and clipping or the optimizer
+(backend hooks `_model_logprobs`, `_scale_grads`, `_clip_grads`, `_optimizer_step`,
+`_zero_grad`, `_export_full`, `_optimizer_state`, `_load_optimizer_state`).
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rl_core.algorithms.metrics import finalize_metrics, merge_metrics
+from rl_core.protocols import PolicyLoss
+from rl_core.train.spmd import INIT, CommandChannel
+from rl_core.types import TrainChunk
+
+
+class DataParallelTrainer(abc.ABC):
+    """Base of the multi-process backends (see the module doc); subclasses fill the hooks."""
+
+    def _setup_step_state(self, channel: CommandChannel, dp_rank: int, dp_size: int, dp_group, microbatch_size: int,
+                          max_grad_norm: float | None, version: int) -> None:
+        self.channel = channel
+        self.dp_rank, self.dp_size, self.dp_group = dp_rank, dp_size, dp_group
+        self.microbatch_size = microbatch_size
+        self.max_grad_norm = max_grad_norm
+        self.version = version
+        self.optimizer_steps = 0
+        self._loss: PolicyLoss | None = None
+        self._closed = False
+        self._reset_step()
+
+    def _driver_init(self, kwargs: dict) -> int | None:
+        """Rank 0 in a multi-process group: publish the constructor call; returns its sequence number."""
+        if self.channel.is_driver and self.channel.world_size > 1:
+            return self.channel.publish(INIT, (), kwargs)
+        return None
+
+    # ------------------------------------------------------------------ public API (rank 0)
+
+    def begin(self, loss: PolicyLoss) -> None:
+        if self._loss is not None:
+            raise RuntimeError("begin() called while a step is open; call finish() or abort() first")
+        self.channel.call(self, "begin", loss)
+
+    def train_microbatches(self, chunk: TrainChunk) -> None:
+        if self._loss is None:
+            raise RuntimeError("train_microbatches() called without begin()")
+        self.channel.call(self, "train_microbatches", chunk.to("cpu"))
+
+    def finish(self, advance_version: bool = True) -> dict[str, float]:
+        """One optimizer step; `advance_version=False` for inner mini-steps of an RL step."""
+        if self._loss is None:
+            raise RuntimeError("finish() called without begin()")
+        return self.channel.call(self, "finish", advance_version)
+
+    def abort(self) -> None:
+        self.channel.call(self, "abort")
+
+    def logprobs(self, chunk: TrainChunk, reference: bool = False) -> torch.Tensor:
+        if reference and getattr(self, "reference", None) is None:  # checked here: no rank enters the command
+            raise RuntimeError("reference logprobs requested but no reference model is kept (loss.kl_coef == 0)")
+        return self.channel.call(self, "logprobs", chunk.to("cpu"), reference)
+
+    def export_weights(self) -> dict[str, torch.Tensor]:
+        """Full weights under HF names, on CPU, on rank 0 (a collective over the group)."""
+        return self.channel.call(self, "export_weights")
+
+    def save_pretrained(self, out_dir: str | Path) -> None:
+        self.channel.call(self, "save_pretrained", str(out_dir))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.channel.call(self, "state_dict")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # the optimizer state stays on rank 0 and reaches the workers through the process group
+        # inside the command (large), not through the command store (small messages only)
+        self._pending_optimizer_state = state.get("optimizer")
+        self.channel.call(self, "load_state_dict", {k: v for k, v in state.items() if k != "optimizer"})
+
+    def close(self) -> None:
+        """Release the worker ranks (they return from `serve`)."""
+        if not self._closed:
+            self._closed = True
+            self.channel.shutdown()
+
+    # ------------------------------------------------------------------ SPMD bodies (every rank)
+
+    def _reset_step(self) -> None:
+        self._normalizer = 0.0
+        self._loss_sum = 0.0
+        self._metric_sums: dict[str, list[float]] = {}
+        self._num_samples = 0
+        self._num_tokens = 0
+        self._t_compute = 0.0
+
+    def _spmd_begin(self, loss: PolicyLoss) -> None:
+        self._loss = loss
+        self._reset_step()
+        self._zero_grad()
+
+    def _my_microbatches(self, chunk: TrainChunk) -> list[TrainChunk | None]:
+        """This rank's microbatches (None = dummy); the same count on every data-parallel rank."""
+        per_rank = math.ceil(chunk.num_samples / self.dp_size)
+        lo = min(self.dp_rank * per_rank, chunk.num_samples)
+        hi = min(lo + per_rank, chunk.num_samples)
+        mbs = self.microbatch_size
+        out: list[TrainChunk | None] = []
+        for j in range(math.ceil(per_rank / mbs)):
+            a, b = lo + j * mbs, min(lo + (j + 1) * mbs, hi)
+            out.append(chunk.slice(a, b) if a < b else None)
+        return out
+
+    @staticmethod
+    def _dummy(chunk: TrainChunk) -> TrainChunk:
+        """Two tokens of the first sample: enough for a forward and backward through every layer."""
+        d = chunk.slice(0, 1)
+        width = min(2, d.input_ids.shape[1])
+        for k in d.__dataclass_fields__:
+            t = getattr(d, k)
+            if isinstance(t, torch.Tensor) and t.dim() == 2:
+                setattr(d, k, t[:, :width])
+        return d
+
+    def _spmd_train_microbatches(self, chunk: TrainChunk) -> None:
+        t0 = time.perf_counter()
+        for mb in self._my_microbatches(chunk):
+            dummy = mb is None
+            mb = (self._dummy(chunk) if dummy else mb).to(self.device)
+            if self._loss.needs_reference_logprobs and mb.ref_logprobs is None:
+                with torch.no_grad():
+                    mb.ref_logprobs = self._model_logprobs(mb, reference=True)
+            lp = self._model_logprobs(mb, reference=False)
+            if dummy or mb.num_valid_tokens() == 0:
+                (lp.sum() * 0.0).backward()
+                continue
+            out = self._loss(lp, mb)
+            out.loss_sum.backward()
+            self._normalizer += out.normalizer
+            self._loss_sum += float(out.loss_sum.detach().item())
+            merge_metrics(self._metric_sums, out.metrics)
+            self._num_samples += mb.num_samples
+            self._num_tokens += mb.num_valid_tokens()
+        self._t_compute += time.perf_counter() - t0
+
+    def _reduce_step_sums(self) -> dict[str, Any]:
+        mine = {"normalizer": self._normalizer, "loss_sum": self._loss_sum, "num_samples": self._num_samples,
+                "num_tokens": self._num_tokens, "metrics": self._metric_sums}
+        if self.dp_size == 1:
+            return mine
+        every: list[dict | None] = [None] * self.dp_size
+        dist.all_gather_object(every, mine, group=self.dp_group)
+        total = {"normalizer": 0.0, "loss_sum": 0.0, "num_samples": 0, "num_tokens": 0, "metrics": {}}
+        for d in every:
+            for k in ("normalizer", "loss_sum", "num_samples", "num_tokens"):
+                total[k] += d[k]
+            merge_metrics(total["metrics"], d["metrics"])
+        return total
+
+    def _spmd_finish(self, advance_version: bool = True) -> dict[str, float]:
+        t0 = time.perf_counter()
+        sums = self._reduce_step_sums()
+        metrics: dict[str, float] = {}
+        try:
+            if sums["normalizer"] > 0:
+                self._scale_grads(sums["normalizer"])
+                grad_norm = self._clip_grads(self.max_grad_norm if self.max_grad_norm is not None else math.inf)
+                if not math.isfinite(grad_norm):
+                    raise FloatingPointError(f"non-finite gradient norm ({grad_norm}) at RL step {self.version}")
+                self._optimizer_step()
+                self.optimizer_steps += 1
+                metrics.update(grad_norm=grad_norm, loss=sums["loss_sum"] / sums["normalizer"], skipped_update=0.0)
+            else:
+                metrics["skipped_update"] = 1.0
+        finally:
+            self._zero_grad()
+            self._loss = None
+        metrics.update(finalize_metrics(sums["metrics"]))
+        metrics["num_samples"] = float(sums["num_samples"])
+        metrics["num_tokens"] = float(sums["num_tokens"])
+        metrics["lr"] = self._lr()
+        metrics["compute_s"] = self._t_compute + (time.perf_counter() - t0)
+        if advance_version:
+            self.version += 1
+        return metrics
+
+    def _spmd_abort(self) -> None:
+        self._zero_grad()
+        self._loss = None
+        self._reset_step()
+
+    @torch.no_grad()
+    def _spmd_logprobs(self, chunk: TrainChunk, reference: bool) -> torch.Tensor:
+        width = chunk.input_ids.shape[1]
+        per_rank = math.ceil(chunk.num_samples / self.dp_size)
+        rows = []
+        for mb in self._my_microbatches(chunk):
+            if mb is None:
+                self._model_logprobs(self._dummy(chunk).to(self.device), reference=reference)
+                continue
+            lp = self._model_logprobs(mb.to(self.device), reference=reference).float()
+            rows.append(torch.nn.functional.pad(lp, (0, width - lp.shape[1])))
+        mine = torch.cat(rows) if rows else torch.zeros((0, width), device=self.device)
+        mine = torch.nn.functional.pad(mine, (0, 0, 0, per_rank - mine.shape[0]))
+        if self.dp_size > 1:
+            every = [torch.empty_like(mine) for _ in range(self.dp_size)]
+            dist.all_gather(every, mine.contiguous(), group=self.dp_group)
+            mine = torch.cat(every)
+        return mine[: chunk.num_samples].cpu()
+
+    def _spmd_state_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "optimizer_steps": self.optimizer_steps, "optimizer": self._optimizer_state()}
+
+    def _spmd_load_state_dict(self, state: dict[str, Any]) -> None:
+        self.version = int(state["version"])
+        self.optimizer_steps = int(state["optimizer_steps"])
+        self._load_optimizer_state(self.__dict__.pop("_pending_optimizer_state", None))  # None on workers
+
+    # ------------------------------------------------------------------ hooks
+
+    device: torch.device
+
+    @abc.abstractmethod
+    def _model_logprobs(self, mb: TrainChunk, reference: bool) -> torch.Tensor:
+        """[b, t] logprobs of the microbatch's tokens (position 0 gets 0), under the policy or the reference."""
+
+    @abc.abstractmethod
+    def _zero_grad(self) -> None:
+        """Drop accumulated gradients."""
+
+    @abc.abstractmethod
+    def _scale_grads(self, total_normalizer: float) -> None:
+        """Make the synchronised gradients equal d(sum of all ranks' loss sums)/dw divided by `total_normalizer`."""
+
+    @abc.abstractmethod
+    def _clip_grads(self, max_norm: float) -> float:
+        """Clip to the global norm `max_norm`; returns the global norm before clipping (the same on every rank)."""
+
+    @abc.abstractmethod
+    def _optimizer_step(self) -> None:
+        """One optimizer step on the (scaled, clipped) gradients."""
+
+    @abc.abstractmethod
+    def _lr(self) -> float:
+        """The current learning rate."""
+
+    @abc.abstractmethod
+    def _optimizer_state(self) -> dict[str, Any] | None:
+        """Optimizer state for a checkpoint, complete on rank 0 (a collective)."""
+
+    @abc.abstractmethod
+    def _load_optimizer_state(self, state: dict[str, Any] | None) -> None:
+        """Restore what `_optimizer_state` returned: `state` on rank 0, None on the other ranks
+        (a collective: rank 0 sends each rank what it needs; None on rank 0 = nothing to load)."""

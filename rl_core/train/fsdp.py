@@ -1,0 +1,286 @@
+"""The FSDP2 training backend (`trainer.backend: fsdp2`): torch `fully_shard` over N processes.
+
+Owns: building a transformers causal LM sharded with FSDP2 (DTensor parameters, one
+`fully_shard` unit per decoder layer plus the root, HSDP when
+`trainer.fsdp.data_parallel_replicate_size > 1`), mixed precision (bf16 parameters and
+compute, fp32 gradient reduction, fp32 master weights and AdamW state), gradient scaling
+and clipping over the sharded gradients, full-weight export under HF names, the
+optimizer's full state dict for checkpoints, and sharded checkpoints with
+`torch.distributed.checkpoint` (DCP) beside an HF safetensors export.
+
+Process layout (see `spmd.py` and `data_parallel.py`): one process per device, launched
+as Slurm tasks (srun/submitit) or by torchrun, the default process group initialised by
+`rl_core.launch.distributed` (gloo on CPU, NCCL on GPU). The controller runs in rank 0
+and calls this object's public methods; the other ranks run `serve_worker`, which builds
+the same trainer from the constructor arguments rank 0 publishes and then follows its
+commands. Every rank trains a contiguous block of each chunk's samples.
+
+Loading: rank 0 reads the HF directory; every rank builds the model on the meta device,
+shards it, allocates only its shard, and receives its shard of the weights from rank 0
+(`set_model_state_dict(..., broadcast_from_rank0=True)`); buffers that are not in the
+state dict (RoPE frequencies) are copied from rank 0's CPU model. So no rank but 0 ever
+holds the full model.
+
+Gradients: FSDP2 reduce-scatters the *mean* over the data-parallel ranks; each rank
+backpropagates its own loss *sum*, so at `finish` the gradients are multiplied by
+world_size / (the step's total normalizer): the same average as one process over the
+whole step. Does not own: the loss, the step loop (train pump) or weight transport.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rl_core.config.schema import TrainerConfig
+from rl_core.train.data_parallel import DataParallelTrainer
+from rl_core.train.spmd import CommandChannel
+from rl_core.train.torch_trainer import DTYPES, token_logprobs
+from rl_core.types import TrainChunk
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks of a transformers causal LM (each becomes one FSDP unit)."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if isinstance(layers, torch.nn.ModuleList) and len(layers):
+        return list(layers)
+    found = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+    if not found:
+        raise ValueError(f"cannot find the decoder layers of {type(model).__name__} to shard "
+                         "(expected model.model.layers or modules named *DecoderLayer)")
+    return found
+
+
+def _non_persistent_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    persistent = set(model.state_dict().keys())
+    return {name: buf for name, buf in model.named_buffers() if name not in persistent}
+
+
+class FSDPTrainer(DataParallelTrainer):
+    """`trainer.backend: fsdp2`. Construct on every rank of an initialised process group (rank 0
+    first publishes the call, so worker ranks in `serve_worker` build it alongside)."""
+
+    def __init__(self, model_dir: str | Path, cfg: TrainerConfig, *, logprob_temperature: float = 1.0,
+                 device: str = "cpu", dtype: str = "float32", keep_reference: bool = False, version: int = 0):
+        if not dist.is_initialized():
+            raise RuntimeError("FSDPTrainer needs an initialised process group: build it with "
+                               "rl_core.train.make_trainer (which calls rl_core.launch.distributed.init_distributed)")
+        kwargs = dict(model_dir=str(model_dir), cfg=cfg, logprob_temperature=logprob_temperature, device=device,
+                      dtype=dtype, keep_reference=keep_reference, version=version)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        self._setup_step_state(CommandChannel.shared(cfg.collective_timeout_s), rank, world, None,
+                               cfg.microbatch_size, cfg.max_grad_norm, version)
+        seq = self._driver_init(kwargs)
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.temperature = logprob_temperature
+        self.dtype = DTYPES[dtype]
+        mp = cfg.fsdp.mixed_precision
+        if mp == "auto":
+            mp = "bf16" if self.device.type == "cuda" else "none"
+        if mp == "bf16" and self.device.type != "cuda":
+            raise ValueError("trainer.fsdp.mixed_precision 'bf16' needs CUDA devices")
+        self.mixed_precision = mp
+        try:
+            self.mesh = self._mesh(world)
+            self.model, self.hf_config = self._build(model_dir, trainable=True)
+            self.reference = self._build(model_dir, trainable=False)[0] if keep_reference else None
+            self.optimizer = torch.optim.AdamW(
+                self.model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
+                weight_decay=cfg.weight_decay, foreach=True)
+        finally:
+            if seq is not None:
+                self.channel.complete(seq)
+
+    # ------------------------------------------------------------------ building
+
+    def _mesh(self, world: int):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        rep = self.cfg.fsdp.data_parallel_replicate_size
+        if world % rep:
+            raise ValueError(f"trainer.fsdp.data_parallel_replicate_size ({rep}) must divide the world size ({world})")
+        if rep == 1:
+            return init_device_mesh(self.device.type, (world,), mesh_dim_names=("shard",))
+        return init_device_mesh(self.device.type, (rep, world // rep), mesh_dim_names=("replicate", "shard"))
+
+    def _build(self, model_dir: str | Path, trainable: bool):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        hf_config = AutoConfig.from_pretrained(str(model_dir))
+        full_sd: dict[str, torch.Tensor] = {}
+        buffers: list[Any] = [None]
+        if dist.get_rank() == 0:
+            src = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=self.dtype)
+            full_sd = src.state_dict()
+            buffers[0] = {k: v.clone() for k, v in _non_persistent_buffers(src).items()}
+            del src
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(hf_config, dtype=self.dtype)
+        kwargs: dict[str, Any] = {"mesh": self.mesh, "reshard_after_forward": self.cfg.fsdp.reshard_after_forward}
+        if self.mixed_precision == "bf16":
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for layer in decoder_layers(model):
+            if self.cfg.fsdp.compile:
+                layer.compile(dynamic=True)  # in place: parameter names stay those of the HF model
+            fully_shard(layer, **kwargs)
+        fully_shard(model, **kwargs)
+        model.to_empty(device=self.device)
+        set_model_state_dict(model, full_sd, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        dist.broadcast_object_list(buffers, src=0)
+        named = dict(model.named_buffers())
+        with torch.no_grad():
+            for name, value in buffers[0].items():
+                named[name].copy_(value.to(self.device))
+        del full_sd
+        if trainable:
+            model.train()
+        else:
+            model.eval()
+            for p in model.parameters():
+                p.requires_grad_(False)
+        return model, hf_config
+
+    # ------------------------------------------------------------------ hooks
+
+    def _model_logprobs(self, mb: TrainChunk, reference: bool) -> torch.Tensor:
+        model = self.reference if reference else self.model
+        if model is None:
+            raise RuntimeError("reference logprobs requested but no reference model is kept (loss.kl_coef == 0)")
+        return token_logprobs(model, mb.input_ids, mb.attention_mask, self.temperature)
+
+    def _zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _grads(self) -> list[torch.Tensor]:
+        return [p.grad for p in self.model.parameters() if p.grad is not None]
+
+    def _scale_grads(self, total_normalizer: float) -> None:
+        scale = self.dp_size / total_normalizer  # FSDP2 reduced the mean over ranks; we want sum / normalizer
+        torch._foreach_mul_(self._grads(), scale)
+
+    def _clip_grads(self, max_norm: float) -> float:
+        from torch.distributed.tensor import DTensor
+
+        grads = self._grads()
+        if not grads:
+            return 0.0
+        total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+        if isinstance(total, DTensor):
+            total = total.full_tensor()  # sums the shards' partial norms over the mesh
+        norm = float(total)
+        if math.isfinite(norm) and math.isfinite(max_norm):
+            torch.nn.utils.clip_grads_with_norm_([p for p in self.model.parameters() if p.grad is not None],
+                                                 max_norm, total, foreach=True)
+        return norm
+
+    def _optimizer_step(self) -> None:
+        self.optimizer.step()
+
+    def _lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def _optimizer_state(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self.model, self.optimizer,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def _load_optimizer_state(self, state: dict[str, Any] | None) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        box = [state is not None]
+        dist.broadcast_object_list(box, src=0)
+        if not box[0]:
+            return
+        set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state if dist.get_rank() == 0 else {},
+                                 options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+
+    # ------------------------------------------------------------------ export and checkpoints
+
+    def _full_state(self) -> dict[str, torch.Tensor]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def _spmd_export_weights(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach() for k, v in self._full_state().items()}
+
+    def _spmd_save_pretrained(self, out_dir: str) -> None:
+        from transformers import AutoModelForCausalLM
+
+        state = self._full_state()
+        if dist.get_rank() == 0:
+            with torch.device("meta"):
+                shell = AutoModelForCausalLM.from_config(self.hf_config, dtype=self.dtype)
+            shell.load_state_dict(state, assign=True, strict=True)
+            shell.save_pretrained(out_dir, safe_serialization=True)
+        dist.barrier()
+
+    def save_checkpoint(self, out_dir: str | Path) -> None:
+        """Sharded DCP checkpoint (model + optimizer, every rank writes its shards) in
+        `out_dir/dcp`, plus the full weights as an HF directory in `out_dir/hf`. Written into a
+        temporary sibling and renamed into place by rank 0: a reader never sees half of it."""
+        self.channel.call(self, "save_checkpoint", str(out_dir))
+
+    def load_checkpoint(self, ckpt_dir: str | Path) -> None:
+        """Restore model and optimizer shards from `save_checkpoint`'s DCP directory (any world size)."""
+        self.channel.call(self, "load_checkpoint", str(ckpt_dir))
+
+    def _dcp_state(self):
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optimizer": optim_sd}
+
+    def _spmd_save_checkpoint(self, out_dir: str) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        from rl_core.fsutil import atomic_write_json, fsync_dir
+
+        final = Path(out_dir)
+        tmp = final.with_name(f".{final.name}.tmp-dcp")
+        if dist.get_rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        dist.barrier()
+        dcp.save(self._dcp_state(), checkpoint_id=str(tmp / "dcp"))
+        self._spmd_save_pretrained(str(tmp / "hf"))
+        if dist.get_rank() == 0:
+            atomic_write_json(tmp / "trainer_state.json", {"version": self.version,
+                                                           "optimizer_steps": self.optimizer_steps,
+                                                           "world_size": dist.get_world_size()})
+            fsync_dir(tmp)
+            if final.exists():
+                shutil.rmtree(final)
+            tmp.rename(final)
+            fsync_dir(final.parent)
+        dist.barrier()
+
+    def _spmd_load_checkpoint(self, ckpt_dir: str) -> None:
+        import json
+
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        state = self._dcp_state()
+        dcp.load(state, checkpoint_id=str(Path(ckpt_dir) / "dcp"))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
+        meta = json.loads((Path(ckpt_dir) / "trainer_state.json").read_text())
+        self.version = int(meta["version"])
+        self.optimizer_steps = int(meta["optimizer_steps"])
+
+
+def serve_worker(channel: CommandChannel | None = None) -> None:
+    """Worker ranks (rank > 0): build the trainer when rank 0 does and follow its commands until shutdown."""
+    channel = channel or CommandChannel.shared()
+    channel.serve(lambda **kwargs: FSDPTrainer(**kwargs))

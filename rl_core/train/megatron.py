@@ -1,0 +1,357 @@
+"""The Megatron-core training backend (`trainer.backend: megatron`).
+
+Owns: building a Megatron-core `GPTModel` with the local layer spec (RMSNorm, SwiGLU,
+RoPE, grouped-query attention, optional tied embeddings) from an HF Qwen2/Llama
+directory, its weights converted by `megatron_convert` (and split over tensor-parallel
+ranks); Megatron's `DistributedDataParallel` over the data-parallel ranks; the optimizer
+(Megatron's, with fp32 main weights, on GPU; torch AdamW on Megatron's gradient buffers
+on CPU or when asked); per-token logprobs through the vocabulary-parallel cross entropy;
+export of the full weights back in the HF layout (so refit feeds the native engine or
+vLLM) and the HF safetensors directory of checkpoints.
+
+Process layout: the same rank-0 driver / following workers as fsdp2 (`spmd.py`,
+`data_parallel.py`): the process group comes from `rl_core.launch.distributed`, Megatron's
+model-parallel groups are made here (tensor parallel x data parallel; pipeline parallel
+is rejected at config load). Each data-parallel rank trains a contiguous block of a
+chunk; the ranks of one tensor-parallel group see the same block.
+
+Gradients: `calculate_per_token_loss` makes Megatron's DDP *sum* gradients over
+data-parallel ranks; each rank backpropagates its loss sum and `finish` divides by the
+step's total normalizer, so the step equals one process over the whole step.
+
+CPU (megatron-core 0.16.1, see the project's cpu-facts): building needs
+`torch.cuda.current_device` to answer the CPU device and the RNG tracker to be
+initialised in its inference mode; both are done here only when the device is the CPU.
+`attention: sdpa` swaps the local spec's core attention for torch's
+`scaled_dot_product_attention` (flash attention on GPU; Transformer Engine is not needed).
+Does not own: the loss, the step loop or weight transport.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rl_core.config.schema import TrainerConfig
+from rl_core.train.data_parallel import DataParallelTrainer
+from rl_core.train.megatron_convert import (GPTShape, check_tensor_parallel, hf_to_megatron, megatron_to_hf,
+                                            merge_tensor_parallel, shape_from_hf, split_tensor_parallel)
+from rl_core.train.spmd import CommandChannel
+from rl_core.train.torch_trainer import DTYPES
+from rl_core.types import TrainChunk
+
+# megatron-core warns on import and build that Apex / Transformer Engine are absent and
+# that it falls back to torch implementations: expected here (local spec), so not shown.
+warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.core\.")
+
+
+@contextlib.contextmanager
+def cpu_workarounds(device: torch.device):
+    """On CPU: `torch.cuda.current_device()` answers the CPU device while Megatron builds."""
+    if device.type != "cpu":
+        yield
+        return
+    saved = torch.cuda.current_device
+    torch.cuda.current_device = lambda: torch.device("cpu")
+    try:
+        yield
+    finally:
+        torch.cuda.current_device = saved
+
+
+def sdpa_core_attention():
+    """A core-attention module for the local spec that calls torch's fused SDPA (causal)."""
+    from megatron.core.transformer.module import MegatronModule
+
+    class SDPACoreAttention(MegatronModule):
+        def __init__(self, config, layer_number, attn_mask_type, attention_type, attention_dropout=None,
+                     softmax_scale=None, cp_comm_type=None, pg_collection=None):
+            super().__init__(config=config)
+            self.softmax_scale = softmax_scale
+            self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+
+        def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                    packed_seq_params=None):
+            # [s, b, heads, d] -> [b, heads, s, d]; causal mask = the GPT mask (right padding needs no more)
+            q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=k.shape[1] != q.shape[1],
+                dropout_p=self.dropout_p if self.training else 0.0)
+            s, b = query.shape[0], query.shape[1]
+            return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+    return SDPACoreAttention
+
+
+def transformer_config(shape: GPTShape, tp: int, params_dtype: torch.dtype, bf16: bool, on_cpu: bool):
+    import torch.nn.functional as F
+    from megatron.core.transformer import TransformerConfig
+
+    return TransformerConfig(
+        num_layers=shape.num_layers, hidden_size=shape.hidden_size, num_attention_heads=shape.num_heads,
+        num_query_groups=shape.num_kv_heads, ffn_hidden_size=shape.ffn_hidden_size, kv_channels=shape.head_dim,
+        normalization="RMSNorm", layernorm_epsilon=shape.norm_eps, gated_linear_unit=True, activation_func=F.silu,
+        add_bias_linear=False, add_qkv_bias=shape.qkv_bias, hidden_dropout=0.0, attention_dropout=0.0,
+        bias_activation_fusion=False, masked_softmax_fusion=False, apply_rope_fusion=False, persist_layer_norm=False,
+        gradient_accumulation_fusion=False, attention_softmax_in_fp32=True, tensor_model_parallel_size=tp,
+        params_dtype=params_dtype, bf16=bf16, pipeline_dtype=params_dtype, use_cpu_initialization=on_cpu,
+        perform_initialization=True, calculate_per_token_loss=True)  # True: it also tags TP-split params
+
+
+class MegatronTrainer(DataParallelTrainer):
+    """`trainer.backend: megatron`. Construct on every rank of an initialised process group."""
+
+    def __init__(self, model_dir: str | Path, cfg: TrainerConfig, *, logprob_temperature: float = 1.0,
+                 device: str = "cpu", dtype: str = "float32", keep_reference: bool = False, version: int = 0):
+        if not dist.is_initialized():
+            raise RuntimeError("MegatronTrainer needs an initialised process group: build it with "
+                               "rl_core.train.make_trainer")
+        from transformers import AutoConfig
+
+        kwargs = dict(model_dir=str(model_dir), cfg=cfg, logprob_temperature=logprob_temperature, device=device,
+                      dtype=dtype, keep_reference=keep_reference, version=version)
+        self.channel = CommandChannel.shared(cfg.collective_timeout_s)
+        seq = self._driver_init(kwargs)
+        try:
+            self.cfg, mcfg = cfg, cfg.megatron
+            self.device = torch.device(device)
+            self.temperature = logprob_temperature
+            on_cpu = self.device.type == "cpu"
+            opt = mcfg.optimizer if mcfg.optimizer != "auto" else ("torch" if on_cpu else "megatron")
+            mp = mcfg.mixed_precision if mcfg.mixed_precision != "auto" else (
+                "none" if on_cpu or opt == "torch" else "bf16")
+            if on_cpu and (opt == "megatron" or mp == "bf16"):
+                raise ValueError("trainer.megatron.optimizer 'megatron' and mixed_precision 'bf16' need CUDA devices")
+            self.optimizer_kind, self.bf16 = opt, mp == "bf16"
+            self.params_dtype = torch.bfloat16 if self.bf16 else DTYPES[dtype]
+            self.hf_config = AutoConfig.from_pretrained(str(model_dir))
+            self.shape = shape_from_hf(self.hf_config)
+            tp = mcfg.tensor_model_parallel_size
+            check_tensor_parallel(self.shape, tp)
+            ps = self._parallel_state(tp)
+            self.tp, self.tp_rank, self.tp_group = tp, ps.get_tensor_model_parallel_rank(), \
+                ps.get_tensor_model_parallel_group()
+            self.mp_group = ps.get_model_parallel_group()
+            self._setup_step_state(self.channel, ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(),
+                                   ps.get_data_parallel_group(), cfg.microbatch_size, cfg.max_grad_norm, version)
+            hf_sd = _read_hf_weights(model_dir)
+            shard = split_tensor_parallel(hf_to_megatron(hf_sd, self.shape), tp, self.tp_rank)
+            del hf_sd
+            self.tconfig = transformer_config(self.shape, tp, self.params_dtype, self.bf16, on_cpu)
+            with cpu_workarounds(self.device):
+                self._init_rng(on_cpu)
+                model = self._gpt(shard)
+                self.reference = self._gpt(shard) if keep_reference else None
+                self.model = self._ddp(model)
+            if self.reference is not None:
+                self.reference.eval()
+                for p in self.reference.parameters():
+                    p.requires_grad_(False)
+            self.optimizer = self._make_optimizer()
+        finally:
+            if seq is not None:
+                self.channel.complete(seq)
+
+    # ------------------------------------------------------------------ building
+
+    def _parallel_state(self, tp: int):
+        from megatron.core import parallel_state as ps
+
+        if ps.model_parallel_is_initialized():
+            if ps.get_tensor_model_parallel_world_size() != tp:
+                raise RuntimeError(f"Megatron's model-parallel state already exists with tensor parallel size "
+                                   f"{ps.get_tensor_model_parallel_world_size()} (asked for {tp}): one layout per process")
+        else:
+            with cpu_workarounds(self.device):
+                ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=1)
+        return ps
+
+    def _init_rng(self, on_cpu: bool) -> None:
+        from megatron.core import tensor_parallel
+
+        if on_cpu:
+            tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+        else:
+            tensor_parallel.model_parallel_cuda_manual_seed(1234)
+
+    def _gpt(self, shard: dict[str, torch.Tensor]):
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+        if self.cfg.megatron.attention == "sdpa":
+            spec.submodules.self_attention.submodules.core_attention = sdpa_core_attention()
+        theta = self.shape.rope_theta
+        model = GPTModel(self.tconfig, spec, vocab_size=self.shape.vocab_size,
+                         max_sequence_length=self.shape.max_position_embeddings, position_embedding_type="rope",
+                         rotary_base=int(theta) if float(theta).is_integer() else theta,
+                         share_embeddings_and_output_weights=self.shape.tied, parallel_output=True)
+        model = model.to(device=self.device)
+        result = model.load_state_dict({k: v.to(self.params_dtype) for k, v in shard.items()}, strict=False)
+        missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+        if missing or result.unexpected_keys:
+            raise ValueError(f"HF -> Megatron conversion mismatch: missing {missing}, unexpected {result.unexpected_keys}")
+        return model
+
+    def _ddp(self, model):
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=self.cfg.megatron.grad_reduce_in_fp32,
+                                                   overlap_grad_reduce=False, use_distributed_optimizer=False)
+        return DistributedDataParallel(config=self.tconfig, ddp_config=ddp_config, module=model)
+
+    def _make_optimizer(self):
+        cfg = self.cfg
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.optimizer_kind == "torch":
+            return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
+                                     weight_decay=cfg.weight_decay)
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        ocfg = OptimizerConfig(optimizer="adam", lr=cfg.lr, weight_decay=cfg.weight_decay, adam_beta1=cfg.adam_beta1,
+                               adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps, bf16=self.bf16,
+                               params_dtype=self.params_dtype, clip_grad=0.0, use_distributed_optimizer=False)
+        return get_megatron_optimizer(ocfg, [self.model])
+
+    # ------------------------------------------------------------------ hooks
+
+    def _model_logprobs(self, mb: TrainChunk, reference: bool) -> torch.Tensor:
+        from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+        model = self.reference if reference else self.model
+        if model is None:
+            raise RuntimeError("reference logprobs requested but no reference model is kept (loss.kl_coef == 0)")
+        ids = mb.input_ids
+        b, t = ids.shape
+        pos = torch.arange(t, device=ids.device).unsqueeze(0).expand(b, -1)
+        causal = torch.triu(torch.ones(t, t, dtype=torch.bool, device=ids.device), 1)[None, None]  # True = masked
+        with cpu_workarounds(self.device):
+            logits = model(ids, pos, causal)[:, :-1].float()  # [b, t-1, vocab / tp]
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        lp = -vocab_parallel_cross_entropy(logits.contiguous(), ids[:, 1:].contiguous())
+        return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
+
+    def _params(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def _zero_grad(self) -> None:
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad(set_to_none=True) if self.optimizer_kind == "torch" else self.optimizer.zero_grad()
+
+    def _scale_grads(self, total_normalizer: float) -> None:
+        self.model.finish_grad_sync()  # sums over data-parallel ranks (calculate_per_token_loss)
+        self.model.scale_gradients(1.0 / total_normalizer)
+
+    def _clip_grads(self, max_norm: float) -> float:
+        if self.optimizer_kind == "megatron":
+            from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
+            self.optimizer.prepare_grads()
+            norm = float(self.optimizer.get_grad_norm())
+            if math.isfinite(norm) and math.isfinite(max_norm):
+                for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+                    if opt.get_parameters():
+                        clip_grad_by_total_norm_fp32(opt.get_parameters(), max_norm, norm)
+            return norm
+        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+        params = self._params()
+        sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        for p in params:
+            if param_is_not_tensor_parallel_duplicate(p):
+                sq += p.main_grad.double().pow(2).sum()
+        if self.tp > 1:
+            dist.all_reduce(sq, group=self.mp_group)
+        norm = float(sq.sqrt())
+        if math.isfinite(norm) and math.isfinite(max_norm):
+            coef = max_norm / (norm + 1e-6)  # as torch.nn.utils.clip_grad_norm_
+            if coef < 1.0:
+                for p in params:
+                    p.main_grad.mul_(coef)
+        return norm
+
+    def _optimizer_step(self) -> None:
+        if self.optimizer_kind == "megatron":
+            self.optimizer.step_with_ready_grads()
+            return
+        for p in self._params():
+            p.grad = p.main_grad if p.main_grad.dtype == p.dtype else p.main_grad.to(p.dtype)
+        self.optimizer.step()
+
+    def _lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def _optimizer_state(self) -> dict[str, Any] | None:
+        mine = self.optimizer.state_dict()
+        if self.tp == 1:
+            return mine
+        every: list[Any] = [None] * self.tp
+        dist.all_gather_object(every, mine, group=self.tp_group)
+        return {"tp_shards": every}
+
+    def _load_optimizer_state(self, state: dict[str, Any] | None) -> None:
+        box = [state]
+        dist.broadcast_object_list(box, src=0)
+        state = box[0]
+        if state is None:
+            return
+        self.optimizer.load_state_dict(state["tp_shards"][self.tp_rank] if self.tp > 1 else state)
+
+    # ------------------------------------------------------------------ export
+
+    def _full_megatron_state(self) -> dict[str, torch.Tensor] | None:
+        """Whole Megatron tensors on the ranks of data-parallel rank 0 (None elsewhere)."""
+        if self.dp_rank != 0:
+            return None
+        local = {k: v.detach() for k, v in self.model.module.state_dict().items() if not k.endswith("_extra_state")}
+        if self.tp == 1:
+            return local
+        shards: list[dict[str, torch.Tensor]] = [dict() for _ in range(self.tp)]
+        for name, t in local.items():
+            parts = [torch.empty_like(t) for _ in range(self.tp)]
+            dist.all_gather(parts, t.contiguous(), group=self.tp_group)
+            for r in range(self.tp):
+                shards[r][name] = parts[r]
+        return merge_tensor_parallel(shards)
+
+    def _spmd_export_weights(self) -> dict[str, torch.Tensor]:
+        full = self._full_megatron_state()
+        if dist.get_rank() != 0:
+            return {}
+        return {k: v.cpu() for k, v in megatron_to_hf(full, self.shape).items()}
+
+    def _spmd_save_pretrained(self, out_dir: str) -> None:
+        from transformers import AutoModelForCausalLM
+
+        state = self._spmd_export_weights()
+        if dist.get_rank() == 0:
+            with torch.device("meta"):
+                shell = AutoModelForCausalLM.from_config(self.hf_config, dtype=self.params_dtype)
+            if self.shape.tied:
+                state.pop("lm_head.weight", None)
+            shell.load_state_dict(state, assign=True, strict=False)
+            shell.tie_weights()
+            shell.save_pretrained(out_dir, safe_serialization=True)
+        dist.barrier()
+
+
+def _read_hf_weights(model_dir: str | Path) -> dict[str, torch.Tensor]:
+    from rl_core.generation.model import load_safetensors_dir
+
+    sd = load_safetensors_dir(model_dir)
+    if "lm_head.weight" not in sd and "model.embed_tokens.weight" in sd:
+        sd["lm_head.weight"] = sd["model.embed_tokens.weight"]  # tied checkpoints may omit it
+    return sd
+
+
+def serve_worker(channel: CommandChannel | None = None) -> None:
+    """Worker ranks (rank > 0): build the trainer when rank 0 does and follow its commands until shutdown."""
+    channel = channel or CommandChannel.shared()
+    channel.serve(lambda **kwargs: MegatronTrainer(**kwargs))

@@ -1,0 +1,195 @@
+"""Rank-0 driver and following worker ranks: how a multi-process trainer sits behind the
+one-process `TrainerBackend` protocol.
+
+Design. The controller lives in rank 0 of the trainer group and calls the trainer's
+public methods as if the trainer were local. In a distributed trainer each public method
+is a *command*: rank 0 publishes `(sequence number, name, arguments)` on the process
+group's key-value store, then runs the method's SPMD body (`_spmd_<name>`) itself. Every
+other rank sits in `CommandChannel.serve`, reads command after command from the store in
+sequence order and runs the same body, so all ranks enter the same collectives in the
+same order. After a command each worker posts `ok` or its traceback under the command's
+key; rank 0 waits for all of them (at most `timeout_s`) and raises the first worker error
+with its rank, so a failure anywhere surfaces in the controller. Arguments travel pickled
+(chunks are token ids and a few float arrays per sample: small next to the model).
+
+Why the store and not a broadcast: between two RL steps a worker waits as long as
+generation takes; a blocking collective would run into the process group's timeout,
+while polling the store only fails when the driver is gone (its store closes with it).
+
+A worker that fails posts its traceback and a `dead/<rank>` key and leaves the loop; the
+driver raises at that command (or the next one) instead of waiting on it. If rank 0
+fails inside a collective the workers fail by the collective timeout or when rank 0's
+process exits and closes the store.
+
+Does not own: what the commands do (the trainers) or the process group's set-up
+(`rl_core.launch.distributed`).
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+COMMAND_PREFIX = "rl_core/trainer/"
+INIT, SHUTDOWN = "__init__", "__shutdown__"
+_SHARED: tuple[Any, "CommandChannel"] | None = None
+
+
+class WorkerError(RuntimeError):
+    """A worker rank of a distributed trainer failed while running a command."""
+
+
+class CommandChannel:
+    """Commands from rank 0 to the other ranks of the trainer group (see the module doc).
+
+    Use `CommandChannel.shared()`: one channel per process and process group, so that a
+    second trainer built on rank 0 (e.g. to restore a checkpoint) continues the command
+    sequence; on the workers it replaces the first trainer."""
+
+    @classmethod
+    def shared(cls, timeout_s: float = 1800.0) -> "CommandChannel":
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d
+
+        global _SHARED
+        group = distributed_c10d._get_default_group()
+        if _SHARED is None or _SHARED[0] is not group:
+            _SHARED = (group, cls(dist.get_rank(), dist.get_world_size(), timeout_s=timeout_s))
+        _SHARED[1].timeout_s = timeout_s
+        return _SHARED[1]
+
+    def __init__(self, rank: int, world_size: int, store=None, timeout_s: float = 1800.0):
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        self._seq = 0
+        self._dead: set[int] = set()
+        self._lock = threading.RLock()
+        self.store = None
+        if world_size > 1:
+            import torch.distributed as dist
+            from torch.distributed import distributed_c10d
+
+            base = store if store is not None else distributed_c10d._get_default_store()
+            self.store = dist.PrefixStore(COMMAND_PREFIX, base)
+
+    @property
+    def is_driver(self) -> bool:
+        return self.rank == 0
+
+    # ------------------------------------------------------------------ driver side
+
+    def publish(self, name: str, args: tuple = (), kwargs: dict | None = None) -> int:
+        """Rank 0: post a command for the workers; returns its sequence number."""
+        assert self.is_driver, "only rank 0 publishes commands"
+        seq = self._seq
+        self._seq += 1
+        if self.store is not None:
+            if self._dead:
+                raise WorkerError(f"trainer worker rank(s) {sorted(self._dead)} failed earlier; the trainer group "
+                                  "is unusable (see the first error above)")
+            self.store.set(f"cmd/{seq}", pickle.dumps((name, args, kwargs or {}), protocol=pickle.HIGHEST_PROTOCOL))
+        return seq
+
+    def complete(self, seq: int) -> None:
+        """Rank 0: wait until every worker finished command `seq`; raise the first worker error."""
+        if self.store is None:
+            return
+        pending = [r for r in range(1, self.world_size) if r not in self._dead]
+        deadline = time.monotonic() + self.timeout_s
+        errors: list[str] = []
+        delay = 1e-4
+        while pending:
+            still = []
+            for r in pending:
+                if self.store.check([f"done/{seq}/{r}"]):
+                    status = self.store.get(f"done/{seq}/{r}")
+                    if status != b"ok":
+                        errors.append(f"rank {r}:\n{status.decode(errors='replace')}")
+                        self._dead.add(r)
+                elif self.store.check([f"dead/{r}"]):
+                    self._dead.add(r)
+                    errors.append(f"rank {r} left before command {seq}:\n"
+                                  f"{self.store.get(f'dead/{r}').decode(errors='replace')}")
+                else:
+                    still.append(r)
+            pending = still
+            if pending:
+                if time.monotonic() > deadline:
+                    raise WorkerError(f"trainer worker rank(s) {pending} did not finish command {seq} within "
+                                      f"{self.timeout_s:.0f}s (trainer.collective_timeout_s)")
+                time.sleep(delay)
+                delay = min(delay * 2, 0.02)
+        if seq >= 2:
+            self._forget(seq - 2)
+        if errors:
+            raise WorkerError("a trainer worker failed:\n" + "\n".join(errors))
+
+    def call(self, target: Any, name: str, *args, **kwargs) -> Any:
+        """Rank 0: run command `name` on every rank; returns rank 0's result. Calls from several
+        threads (train pump worker thread, event loop) are serialised: one command at a time."""
+        with self._lock:
+            seq = self.publish(name, args, kwargs)
+            try:
+                result = getattr(target, f"_spmd_{name}")(*args, **kwargs)
+            except BaseException:
+                try:
+                    self.complete(seq)
+                except WorkerError:
+                    pass  # rank 0's own error is the one to report
+                raise
+            self.complete(seq)
+            return result
+
+    def shutdown(self) -> None:
+        """Rank 0: release the workers from `serve` (each returns)."""
+        if self.store is not None and self.is_driver:
+            self.complete(self.publish(SHUTDOWN))
+
+    def _forget(self, seq: int) -> None:
+        for key in [f"cmd/{seq}"] + [f"done/{seq}/{r}" for r in range(1, self.world_size)]:
+            try:
+                self.store.delete_key(key)
+            except Exception:  # older stores without delete: keys are small, leave them
+                return
+
+    # ------------------------------------------------------------------ worker side
+
+    def _next_command(self, seq: int) -> tuple[str, tuple, dict]:
+        key = f"cmd/{seq}"
+        delay = 1e-4
+        while not self.store.check([key]):
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
+        return pickle.loads(self.store.get(key))
+
+    def serve(self, factory: Callable[..., Any]) -> None:
+        """Worker ranks: run commands until the driver shuts the group down.
+
+        The first command is `__init__` with the trainer's constructor arguments: the worker
+        builds its trainer with `factory(**kwargs)` (a collective, like every command)."""
+        assert not self.is_driver and self.store is not None
+        target = None
+        while True:
+            seq = self._seq
+            self._seq += 1
+            name, args, kwargs = self._next_command(seq)
+            try:
+                if name == SHUTDOWN:
+                    self.store.set(f"done/{seq}/{self.rank}", b"ok")
+                    return
+                if name == INIT:
+                    target = factory(**kwargs)
+                else:
+                    if target is None:
+                        raise RuntimeError(f"command {name!r} before the trainer was built")
+                    getattr(target, f"_spmd_{name}")(*args, **kwargs)
+            except BaseException:
+                tb = traceback.format_exc()
+                self.store.set(f"done/{seq}/{self.rank}", tb.encode())
+                self.store.set(f"dead/{self.rank}", tb.encode())
+                raise
+            self.store.set(f"done/{seq}/{self.rank}", b"ok")

@@ -1,0 +1,184 @@
+"""Weight broadcast from trainer rank 0 to generation processes, in buckets.
+
+The group: trainer rank 0 (rank 0 of the group) and the G generation processes (ranks
+1..G) form a process group of their own, independent of the trainer's default group, so
+generation processes never join the trainer's world. `BroadcastGroup.create` meets at a
+TCP store that rank 0 hosts (`host:port`) and builds a gloo group on CPU or an NCCL group
+on GPU directly on that store; collectives are called on the group object.
+
+One sync (`WeightBroadcaster.send` -> `WeightReceiver.recv`):
+1. a header: the weight version and each tensor's name, dtype and shape, pickled into a
+   byte tensor (its length goes first, as one int64);
+2. the tensors, in header order, packed as raw bytes into buckets of at most
+   `bucket_size_mb` (a tensor larger than a bucket travels alone), each bucket one
+   broadcast from rank 0. Receivers slice each bucket back into tensors of the header's
+   dtypes and shapes (on the group's device), then load them into their engine with
+   `engine.update_weights(version, state_dict)`.
+Tied weights travel once and come back under both names. Both sides report bytes and
+seconds (`SyncReport`).
+
+Does not own: starting generation processes or deciding when to sync (refit).
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Mapping
+
+import torch
+
+from rl_core.weights.base import SyncReport
+
+
+@dataclass
+class BroadcastGroup:
+    """A process group of trainer rank 0 (rank 0) and the generation processes."""
+
+    pg: Any
+    store: Any
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @classmethod
+    def create(cls, host: str, port: int, rank: int, world_size: int, device: str = "cpu",
+               timeout_s: float = 600.0) -> "BroadcastGroup":
+        import torch.distributed as dist
+
+        timeout = timedelta(seconds=timeout_s)
+        store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=True)
+        dev = torch.device(device)
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            pg = dist.ProcessGroupNCCL(dist.PrefixStore("rl_core/weights", store), rank, world_size, opts)
+        else:
+            pg = dist.ProcessGroupGloo(dist.PrefixStore("rl_core/weights", store), rank, world_size, timeout)
+        return cls(pg, store, rank, world_size, dev)
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        self.pg.broadcast(tensor, 0).wait()
+
+
+ALIGN = 16  # bytes: every tensor starts aligned in its bucket, so any dtype can view its slice
+
+
+def _padded(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _as_bytes(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    raw = t.detach().contiguous().reshape(-1).view(torch.uint8).to(dev)
+    pad = _padded(raw.numel()) - raw.numel()
+    return torch.nn.functional.pad(raw, (0, pad)) if pad else raw
+
+
+class WeightBroadcaster:
+    """The sending side (trainer rank 0 = group rank 0)."""
+
+    kind = "broadcast"
+
+    def __init__(self, group: BroadcastGroup, bucket_size_mb: float = 256.0):
+        if group.rank != 0:
+            raise ValueError("the broadcaster must be rank 0 of its group")
+        self.group = group
+        self.bucket_bytes = max(1, int(bucket_size_mb * 2**20))
+
+    def send(self, version: int, weights: Mapping[str, torch.Tensor]) -> SyncReport:
+        t0 = time.monotonic()
+        dev = self.group.device
+        owners: dict[tuple[int, int], str] = {}
+        header: list[tuple[str, str, tuple[int, ...], str | None]] = []
+        tensors: list[torch.Tensor] = []
+        for name, t in weights.items():
+            key = (t.untyped_storage().data_ptr(), t.storage_offset())
+            if key in owners:  # tied: the receiver aliases it
+                header.append((name, str(t.dtype), tuple(t.shape), owners[key]))
+                continue
+            owners[key] = name
+            header.append((name, str(t.dtype), tuple(t.shape), None))
+            tensors.append(t)
+        blob = torch.frombuffer(bytearray(pickle.dumps((version, header))), dtype=torch.uint8)
+        self.group.broadcast(torch.tensor([blob.numel()], dtype=torch.int64, device=dev))
+        self.group.broadcast(blob.to(dev))
+        nbytes, buckets = 0, 0
+        for bucket in _buckets([_padded(t.numel() * t.element_size()) for t in tensors], self.bucket_bytes):
+            flat = torch.cat([_as_bytes(tensors[i], dev) for i in bucket])
+            self.group.broadcast(flat)
+            nbytes += flat.numel()
+            buckets += 1
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        seconds = time.monotonic() - t0
+        return SyncReport(self.kind, version, nbytes, seconds, {"send_s": seconds, "buckets": float(buckets)})
+
+
+class WeightReceiver:
+    """The receiving side (a generation process, group rank >= 1)."""
+
+    kind = "broadcast"
+
+    def __init__(self, group: BroadcastGroup, bucket_size_mb: float = 256.0):
+        if group.rank == 0:
+            raise ValueError("rank 0 of the group sends; receivers are ranks 1..")
+        self.group = group
+        self.bucket_bytes = max(1, int(bucket_size_mb * 2**20))
+
+    def recv(self) -> tuple[int, dict[str, torch.Tensor], SyncReport]:
+        """Block until rank 0 sends; returns (version, state dict on the group's device, report)."""
+        t0 = time.monotonic()
+        dev = self.group.device
+        n = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.group.broadcast(n)
+        blob = torch.empty(int(n.item()), dtype=torch.uint8, device=dev)
+        self.group.broadcast(blob)
+        version, header = pickle.loads(blob.cpu().numpy().tobytes())
+        owned = [(name, getattr(torch, dtype.split(".")[-1]), shape) for name, dtype, shape, alias in header
+                 if alias is None]
+        sizes = [torch.Size(shape).numel() * torch.empty((), dtype=dt).element_size() for _, dt, shape in owned]
+        state: dict[str, torch.Tensor] = {}
+        nbytes = 0
+        for bucket in _buckets([_padded(n) for n in sizes], self.bucket_bytes):
+            flat = torch.empty(sum(_padded(sizes[i]) for i in bucket), dtype=torch.uint8, device=dev)
+            self.group.broadcast(flat)
+            nbytes += flat.numel()
+            offset = 0
+            for i in bucket:
+                name, dt, shape = owned[i]
+                state[name] = flat[offset:offset + sizes[i]].view(dt).reshape(shape)
+                offset += _padded(sizes[i])
+        for name, _, _, alias in header:
+            if alias is not None:
+                state[name] = state[alias]
+        seconds = time.monotonic() - t0
+        return version, state, SyncReport(self.kind, version, nbytes, seconds, {"recv_s": seconds})
+
+    def receive_into(self, engine) -> SyncReport:
+        """Receive one sync and load it with `engine.update_weights(version, state_dict)`."""
+        version, state, report = self.recv()
+        t0 = time.monotonic()
+        engine.update_weights(version, state)
+        load_s = time.monotonic() - t0
+        report.parts["load_s"] = load_s
+        report.seconds += load_s
+        return report
+
+
+def _buckets(sizes: list[int], limit: int) -> list[list[int]]:
+    """Consecutive indices grouped so each group's total is <= limit (a bigger item is alone)."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    total = 0
+    for i, s in enumerate(sizes):
+        if cur and total + s > limit:
+            out.append(cur)
+            cur, total = [], 0
+        cur.append(i)
+        total += s
+    if cur:
+        out.append(cur)
+    return out

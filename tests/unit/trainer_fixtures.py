@@ -1,0 +1,90 @@
+"""Helpers of the trainer-backend tests: tiny HF models on disk, and `check_step` runs in
+subprocesses (1 process, or N processes under torchrun) whose results are compared."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+VOCAB = 96
+
+
+def tiny_hf_dir(out: Path, arch: str = "qwen2", tied: bool = False, seed: int = 0) -> Path:
+    """A random-init Qwen2/Llama (GQA 4 heads / 2 kv heads, 2 layers, vocab 96) saved as an HF directory."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    common = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  vocab_size=VOCAB, intermediate_size=128, max_position_embeddings=64, initializer_range=0.2,
+                  tie_word_embeddings=tied)
+    if arch == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+        with torch.no_grad():  # random q/k/v biases, so that a wrong bias layout shows
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.2)
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    model.save_pretrained(out)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_check(model_dir: Path, out_dir: Path, backend: str, nproc: int = 1, *sets: str, steps: int = 2,
+              num_samples: int = 12, timeout_s: float = 240) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Run `rl_core.train.check_step` (under torchrun when nproc > 1); returns (result, weights)."""
+    from safetensors.torch import load_file
+
+    tag = f"{backend}-{nproc}-{abs(hash(sets)) % 10**8}-{steps}"
+    out, weights = out_dir / f"{tag}.json", out_dir / f"{tag}.safetensors"
+    args = ["-m", "rl_core.train.check_step", str(model_dir), "--backend", backend, "--out", str(out),
+            "--save-weights", str(weights), "--steps", str(steps), "--num-samples", str(num_samples)]
+    for s in sets:
+        args += ["--set", s]
+    if nproc == 1 and backend == "torch":  # no process group: run in this process (saves the start-up)
+        from rl_core.train.check_step import main
+
+        threads = torch.get_num_threads()
+        try:
+            assert main(args[2:]) == 0
+        finally:
+            torch.set_num_threads(threads)
+        return json.loads(out.read_text()), load_file(str(weights))
+    if nproc > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *args]
+    else:
+        cmd = [sys.executable, *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_STEP_NUM_TASKS"):
+        env.pop(k, None)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return json.loads(out.read_text()), load_file(str(weights))
+
+
+def max_weight_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert sorted(a) == sorted(b), (sorted(set(a) ^ set(b)))
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def assert_same_step(ref: dict, got: dict, rel: float) -> None:
+    """Per-step loss and gradient norm within `rel` (relative; absolute for values near 0)."""
+    assert len(ref["steps"]) == len(got["steps"])
+    for i, (r, g) in enumerate(zip(ref["steps"], got["steps"])):
+        assert r["num_tokens"] == g["num_tokens"]
+        for key in ("loss", "grad_norm"):
+            tol = rel * max(1.0, abs(r[key]))
+            assert abs(r[key] - g[key]) <= tol, f"step {i} {key}: {r[key]} vs {g[key]} (tolerance {tol:g})"
