@@ -1,0 +1,105 @@
+"""Which generation backend can run where, and what each backend can honour: checked at
+config load (the recipe alone, no torch, nothing built).
+
+Owns: the support table of (generation backend, placement) pairs and the cross-field rules
+of `generation.vllm`, raised as `RecipeError`s naming the field, the value, what is
+expected and the fix. `schema.py` calls `check_generation` from `GenerationConfig` and
+`check_recipe` from `RecipeConfig`.
+
+Placements (`generation.placement`):
+- `colocated`: generation shares the trainer's process and device: the native engine in a
+  worker thread, or vLLM's async engine (AsyncLLM; on CPU its EngineCore is a child
+  process, on GPU it shares the trainer's device within `vllm.kv_cache_memory_bytes`).
+- `separate`: generation runs in its own processes or nodes, reached over HTTP: a vLLM
+  OpenAI-compatible server (started by rl_core, or `vllm.server_url`).
+
+Does not own: building anything (rl_core.launch.placement does that).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# (backend, placement) -> how it runs; a pair missing here fails at config load.
+SUPPORTED: dict[tuple[str, str], str] = {
+    ("native", "colocated"): "rl_core's engine in a worker thread of the controller process",
+    ("vllm", "colocated"): "vLLM's AsyncLLM driven from the controller's event loop",
+    ("vllm", "separate"): "a vLLM OpenAI-compatible server process, driven over HTTP",
+    ("http", "separate"): "rl-core serve processes (started by rl_core, or at generation.http.urls), driven over HTTP",
+}
+
+VLLM_MIN_TEMPERATURE = 0.01  # vLLM raises 0 < T < 0.01 to 0.01
+
+
+def _fail(field: str, value: Any, expected: str, fix: str):
+    from rl_core.errors import RecipeError
+
+    raise RecipeError.single(field, value, expected, fix)
+
+
+def _supported_list() -> str:
+    return ", ".join(f"{b}/{p}" for b, p in SUPPORTED)
+
+
+def check_generation(gen: Any) -> None:
+    """Rules that need only the `generation` section."""
+    pair = (gen.backend, gen.placement)
+    if pair not in SUPPORTED:
+        others = [p for b, p in SUPPORTED if b == gen.backend]
+        fix = (f"set generation.placement: {others[0]} for backend '{gen.backend}'" if others else
+               f"pick a backend that supports placement '{gen.placement}'")
+        if gen.backend == "native" and gen.placement == "separate":
+            fix += (" (or generation.backend: http, which runs rl_core's engine in `rl-core serve` processes, or "
+                    "generation.backend: vllm, whose `separate` placement runs a vLLM server process)")
+        _fail("generation.placement", gen.placement,
+              f"a placement that generation.backend '{gen.backend}' supports (supported backend/placement pairs: "
+              f"{_supported_list()})", fix + ".")
+    if gen.backend != "vllm":
+        return
+    v = gen.vllm
+    if v.server_url is not None and gen.placement != "separate":
+        _fail("generation.vllm.server_url", v.server_url,
+              f"null with generation.placement '{gen.placement}' (a server URL means generation runs in another "
+              "process: placement 'separate')",
+              "set generation.placement: separate to drive that server, or remove generation.vllm.server_url.")
+    if v.server_url is not None and not v.server_url.startswith(("http://", "https://")):
+        _fail("generation.vllm.server_url", v.server_url, "an http(s) URL such as http://127.0.0.1:8000",
+              "write the server's base URL with its scheme, host and port.")
+    _check_vllm_sampling(gen, "generation")
+    if v.max_model_len is not None and v.max_model_len <= gen.max_tokens:
+        _fail("generation.vllm.max_model_len", v.max_model_len,
+              f"more than generation.max_tokens ({gen.max_tokens}) so that a prompt still fits",
+              "raise generation.vllm.max_model_len or lower generation.max_tokens.")
+
+
+def _check_vllm_sampling(params: Any, section: str) -> None:
+    """vLLM reports logprobs of the top-k/top-p *filtered* distribution (rl_core's are before
+    filtering), and raises temperatures in (0, 0.01) to 0.01."""
+    if params.greedy or params.temperature == 0.0:
+        return
+    for name, off in (("top_p", 1.0), ("top_k", 0)):
+        value = getattr(params, name)
+        if value != off:
+            _fail(f"{section}.{name}", value,
+                  f"{off} with generation.backend 'vllm' (vLLM's logprobs are those of the {name}-filtered "
+                  "distribution; rl_core's, which the trainer reproduces, are before filtering)",
+                  f"set {section}.{name}: {off}, or use generation.backend: native.")
+    if params.temperature < VLLM_MIN_TEMPERATURE:
+        _fail(f"{section}.temperature", params.temperature,
+              f"0 (greedy) or >= {VLLM_MIN_TEMPERATURE} with generation.backend 'vllm' (vLLM raises smaller "
+              "temperatures to 0.01, so its logprobs would not be at the requested temperature)",
+              f"use temperature 0 or >= {VLLM_MIN_TEMPERATURE}.")
+
+
+def check_recipe(cfg: Any) -> None:
+    """Rules across sections."""
+    gen = cfg.generation
+    if gen.backend != "vllm":
+        return
+    _check_vllm_sampling(cfg.validation.sampling, "validation.sampling")
+    if cfg.model.source == "tiny" and gen.vllm.max_model_len is not None:
+        limit = cfg.model.tiny.max_position_embeddings
+        if gen.vllm.max_model_len > limit:
+            _fail("generation.vllm.max_model_len", gen.vllm.max_model_len,
+                  f"at most model.tiny.max_position_embeddings ({limit}): vLLM refuses a longer context than the "
+                  "model's", f"set generation.vllm.max_model_len to {limit} or less, or null (the model's context).")

@@ -1,0 +1,307 @@
+"""VLLMBackend: the `GenerationBackend` protocol over vLLM's async engine (`AsyncLLM`).
+
+Owns: building an `AsyncLLM` for one HF model directory with the settings that matter,
+translating rl_core requests into vLLM `SamplingParams` and vLLM outputs back into
+`GenerationResult`s (tokens, the logprob of each sampled token, per-token weight
+versions), abort, the weight-update sequence, the KV/prefix-cache reset, and a clean
+shutdown that leaves no vLLM process behind. Shared by the server backend
+(`vllm_server.py`): `to_vllm_sampling`, `token_versions_from_spans`, `check_request`,
+`vllm_engine_env`, `ChildReaper`.
+
+The engine is driven from the caller's (the controller's) event loop: `generate`,
+`abort`, `update_weights`... are coroutines on that loop. Only its construction may run
+elsewhere: `prepare()` is synchronous and safe to run in a worker thread (vLLM starts the
+loop-bound parts of `AsyncLLM` lazily at first use), which is how start-up overlaps the
+trainer's model build (`rl_core.launch.placement`). On CPU `AsyncLLM` always spawns an
+EngineCore process; the environment it needs (`vllm_engine_env`, from
+../shared/reference/vllm-cpu.md §2) is set only while the engine is created.
+
+Logprob semantics (the same as rl_core's engine, `generation/sampling.py`): the logprob
+of a sampled token is `log_softmax(logits / T)` with T = 1 for greedy requests. The engine
+runs with `logprobs_mode="processed_logprobs"`, which is that value when no top-k/top-p
+filter is set. vLLM computes processed logprobs *after* top-k/top-p filtering
+(renormalised), so a request with such a filter is refused (`check_request`) rather than
+returning logprobs with another meaning; the recipe check refuses it at config load.
+
+Weight update (vllm-cpu.md §6, every step verified there): pause with `mode="keep"`
+(in-flight requests freeze), reload through the worker extension (`vllm_ext.py`; bytes of
+a state dict, or the safetensors files of a directory), reset the prefix cache with
+`reset_running_requests=True` when prefix caching is on (stale cached blocks would
+otherwise be reused, and the reset only happens if running requests are re-prefilled),
+label the new version, resume. Requests in flight continue: tokens after the switch carry
+the new version in `token_versions`. `invalidate_kv_cache()` is the same reset alone.
+
+Does not own: which weights to send or when (refit), the recipe (`from_recipe` reads it),
+or the OpenAI-server path (`vllm_server.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from rl_core.generation.vllm_common import (EXTENSION_CLS, FINISH_REASONS, ChildReaper, VLLMError,
+                                            safetensors_files, scoped_env, state_dict_bytes, to_vllm_sampling,
+                                            token_versions_from_spans, vllm_engine_env)
+from rl_core.types import GenerationRequest, GenerationResult
+
+log = logging.getLogger(__name__)
+
+# --------------------------------------------------------------------------- the async-engine backend
+
+
+@dataclass
+class VLLMOptions:
+    """Engine settings of a vLLM backend (the recipe's `generation.vllm` section maps here)."""
+
+    model: str
+    dtype: str = "float32"
+    max_model_len: int | None = None  # None: the model's context
+    max_num_seqs: int = 64
+    kv_cache_memory_bytes: int = 64 * 2**20
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)  # further AsyncEngineArgs / server flags
+
+    def engine_args(self) -> dict[str, Any]:
+        args = {
+            "model": self.model, "dtype": self.dtype, "max_num_seqs": self.max_num_seqs,
+            "kv_cache_memory_bytes": self.kv_cache_memory_bytes, "enforce_eager": self.enforce_eager,
+            "enable_prefix_caching": self.enable_prefix_caching, "seed": self.seed,
+            "distributed_executor_backend": "uni", "worker_extension_cls": EXTENSION_CLS,
+            "logprobs_mode": "processed_logprobs", "disable_log_stats": True,
+        }
+        if self.max_model_len is not None:
+            args["max_model_len"] = self.max_model_len
+        args.update(self.extra)
+        return args
+
+
+def _is_cpu_platform() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+class VLLMBackend:
+    """Async generation over vLLM's `AsyncLLM` (one engine, one model directory)."""
+
+    def __init__(self, options: VLLMOptions, *, weight_version: int = 0, name: str = "vllm"):
+        self.options = options
+        self.name = name
+        self._engine = None
+        self._version = weight_version
+        self._started = False
+        self._closed = False
+        self._inflight: dict[str, asyncio.Event] = {}  # request id -> set when its generate() ends
+        self._update_lock = asyncio.Lock()
+        self._reaper = ChildReaper()
+        self.setup_s = 0.0
+        self._t_start = 0.0
+        self._stats = {"requests_added": 0, "requests_finished": 0, "requests_aborted": 0, "tokens_generated": 0,
+                       "weight_updates": 0, "kv_invalidations": 0, "update_s": 0.0}
+
+    # ------------------------------------------------------------------ start-up
+
+    def prepare(self) -> None:
+        """Build the engine (spawns the EngineCore, loads the weights): blocking, ~15 s on CPU.
+        Safe in a worker thread; `start()` calls it if nobody did."""
+        if self._engine is not None:
+            return
+        t0 = time.monotonic()
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self._reaper.before()
+        try:
+            with scoped_env(vllm_engine_env(_is_cpu_platform())):
+                self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.options.engine_args()))
+        finally:
+            self._reaper.after()
+        self.setup_s = time.monotonic() - t0
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    async def start(self) -> None:
+        if self._started:
+            raise RuntimeError("VLLMBackend.start() was already called")
+        if self._engine is None:
+            await asyncio.to_thread(self.prepare)
+        await self._engine.update_weight_version(str(self._version))
+        self._started = True
+        self._t_start = time.monotonic()
+
+    def _engine_or_raise(self):
+        if not self._started:
+            raise RuntimeError(f"{type(self).__name__}.start() must be awaited first")
+        if self._closed:
+            raise RuntimeError(f"the {self.name} backend is shut down")
+        return self._engine
+
+    # ------------------------------------------------------------------ protocol
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        engine = self._engine_or_raise()
+        rid = request.request_id
+        if rid in self._inflight:
+            raise ValueError(f"request id {rid!r} is already in flight; request ids must be unique.")
+        sp = VSamplingParams(**to_vllm_sampling(request.params), output_kind=RequestOutputKind.FINAL_ONLY)
+        start_version, started = self._version, time.monotonic()
+        self._inflight[rid] = done = asyncio.Event()
+        self._stats["requests_added"] += 1
+        final = None
+        try:
+            async for out in engine.generate(TokensPrompt(prompt_token_ids=list(request.prompt_ids)), sp, rid):
+                final = out
+        except Exception as exc:
+            raise VLLMError(f"vLLM failed on request {rid!r}: {exc!r}") from exc
+        finally:
+            del self._inflight[rid]
+            done.set()
+        if final is None or not final.outputs:
+            raise VLLMError(f"vLLM returned no output for request {rid!r}")
+        return self._result(request, final.outputs[0], start_version, started)
+
+    def _result(self, request: GenerationRequest, out, start_version: int, started: float) -> GenerationResult:
+        tokens = [int(t) for t in out.token_ids]
+        logprobs = [float(pos[t].logprob) for t, pos in zip(tokens, out.logprobs or [])]
+        if len(logprobs) != len(tokens):
+            raise VLLMError(f"vLLM returned {len(logprobs)} logprobs for {len(tokens)} tokens "
+                            f"(request {request.request_id!r})")
+        reason = FINISH_REASONS.get(str(out.finish_reason))
+        if reason is None:
+            raise VLLMError(f"vLLM ended request {request.request_id!r} with finish_reason {out.finish_reason!r}")
+        self._stats["requests_aborted" if reason == "abort" else "requests_finished"] += 1
+        self._stats["tokens_generated"] += len(tokens)
+        k = int(getattr(request.params, "top_logprobs", 0) or 0)
+        extra = {}
+        if k:  # the k most likely tokens at each position, by vLLM's rank
+            extra["top_logprobs"] = [[(int(t), float(lp.logprob)) for t, lp in sorted(pos.items(), key=lambda x: x[1].rank)
+                                      if lp.rank is not None and lp.rank <= k] for pos in out.logprobs or []]
+        return GenerationResult(
+            request_id=request.request_id, prompt_ids=list(request.prompt_ids), token_ids=tokens, logprobs=logprobs,
+            finish_reason=reason, start_version=start_version, end_version=self._version,
+            token_versions=token_versions_from_spans(getattr(out, "weight_versions", None), len(tokens), start_version),
+            started_at=started, finished_at=time.monotonic(), **extra)
+
+    async def abort(self, request_id: str) -> None:
+        """Stop one request; returns once it has ended (its `generate()` returns finish_reason
+        "abort" with the tokens so far). Unknown ids are ignored. An abort that reaches vLLM
+        before the request does (its input is still being processed) is repeated until it
+        takes."""
+        engine = self._engine_or_raise()
+        done = self._inflight.get(request_id)
+        deadline = time.monotonic() + 30.0
+        while done is not None and not done.is_set():
+            await engine.abort(request_id)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(done.wait(), 0.01)
+            if time.monotonic() > deadline:
+                raise VLLMError(f"request {request_id!r} did not end within 30 s of its abort")
+
+    async def update_weights(self, version: int, weights: Mapping[str, torch.Tensor] | str | Path) -> None:
+        """Load new weights (a state dict with HF names, or a directory of safetensors files)
+        and label the tokens generated from now on with `version`."""
+        engine = self._engine_or_raise()
+        if isinstance(weights, (str, Path)):
+            method, args = "rl_core_reload_files", (safetensors_files(weights),)
+        else:
+            method, args = "rl_core_reload_bytes", (await asyncio.to_thread(state_dict_bytes, weights),)
+        async with self._update_lock:
+            t0 = time.monotonic()
+            await engine.pause_generation(mode="keep", clear_cache=False)
+            try:
+                try:
+                    await engine.collective_rpc(method, args=args)
+                except Exception as exc:
+                    raise VLLMError(f"the {self.name} engine failed to load weights of version {version}: "
+                                    f"{exc!r}") from exc
+                if self.options.enable_prefix_caching:
+                    await self._reset_cache(engine)
+                await engine.update_weight_version(str(version))
+                self._version = version
+            finally:
+                await engine.resume_generation()
+            self._stats["weight_updates"] += 1
+            self._stats["update_s"] += time.monotonic() - t0
+
+    async def _reset_cache(self, engine) -> None:
+        if not await engine.reset_prefix_cache(reset_running_requests=True):
+            raise VLLMError(f"the {self.name} engine refused to reset its prefix cache")
+
+    async def invalidate_kv_cache(self) -> None:
+        """Drop cached keys/values: the prefix cache is reset and running requests are
+        re-prefilled under the current weights."""
+        engine = self._engine_or_raise()
+        async with self._update_lock:
+            await engine.pause_generation(mode="keep", clear_cache=False)
+            try:
+                await self._reset_cache(engine)
+            finally:
+                await engine.resume_generation()
+            self._stats["kv_invalidations"] += 1
+
+    def capacity(self) -> int:
+        return self.options.max_num_seqs
+
+    def metrics(self) -> dict[str, float]:
+        uptime = time.monotonic() - self._t_start if self._t_start else 0.0
+        out = {k: float(v) for k, v in self._stats.items()}
+        out.update(running=float(len(self._inflight)), weight_version=float(self._version), setup_s=self.setup_s,
+                   uptime_s=uptime, tokens_per_s=self._stats["tokens_generated"] / uptime if uptime > 0 else 0.0)
+        return out
+
+    async def shutdown(self) -> None:
+        """Abort what is in flight (those callers get "abort"), stop the engine, and end any
+        process it left behind. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        engine, self._engine = self._engine, None
+        try:
+            if engine is not None:
+                if self._inflight:
+                    with contextlib.suppress(Exception):
+                        await engine.abort(list(self._inflight))
+                    for _ in range(100):  # let the aborted generate() calls return their results
+                        if not self._inflight:
+                            break
+                        await asyncio.sleep(0.01)
+                # Stop AsyncLLM's output task on this loop first: `shutdown()` ends the EngineCore
+                # before it cancels that task, which would otherwise report the engine dead.
+                handler = getattr(engine, "output_handler", None)
+                if isinstance(handler, asyncio.Task) and not handler.done():
+                    handler.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await handler
+                await asyncio.to_thread(engine.shutdown)
+        finally:
+            ended = await asyncio.to_thread(self._reaper.reap)
+            if ended:
+                log.warning("the %s backend ended leftover vLLM processes %s", self.name, ended)
+
+    def close_sync(self) -> None:
+        """Shut down from synchronous code (a prepared engine that never started)."""
+        if self._closed:
+            return
+        self._closed = True
+        engine, self._engine = self._engine, None
+        try:
+            if engine is not None:
+                engine.shutdown()
+        finally:
+            self._reaper.reap()

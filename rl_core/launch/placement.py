@@ -1,0 +1,171 @@
+"""Placement and start-up: where generation runs, and setting it up while the trainer builds.
+
+Owns: turning `generation.backend` x `generation.placement` into a generation backend
+object (the support table and its config-load errors live in
+`rl_core.config.placement_rules`), and the start-up overlap: the generation side (load
+weights into the native engine, or start vLLM's engine / server process and load the
+model there) runs in a worker thread while the calling thread builds the trainer, so the
+set-up takes about as long as the slower of the two instead of their sum. Each part's
+start and end are recorded (`SetupRecord`): a printed `[setup]` line, `timing/setup/*`
+metrics (`kind: "setup"` in metrics.jsonl) and `setup_*` spans in the timeline.
+
+| backend / placement | generation runs as |
+|---|---|
+| native / colocated | `NativeBackend`: rl_core's engine in a worker thread of the controller process |
+| vllm / colocated | `VLLMBackend`: vLLM's AsyncLLM on the controller's event loop (EngineCore: a child process on CPU) |
+| vllm / separate | `VLLMServerBackend`: a vLLM OpenAI-compatible server process (or `vllm.server_url`), over HTTP |
+| http / separate | `HttpBackend`: `rl-core serve` processes (started here, or `http.urls`), over HTTP |
+
+Does not own: the backends themselves (rl_core.generation), the trainer's construction
+(the caller passes a factory), or the controller's life cycle.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+
+@dataclass
+class SetupRecord:
+    """Start/end (time.monotonic) of each set-up part, and of the whole set-up."""
+
+    label: str = ""
+    parts: dict[str, tuple[float, float]] = field(default_factory=dict)
+    start: float = 0.0
+    end: float = 0.0
+
+    def seconds(self, name: str) -> float:
+        a, b = self.parts[name]
+        return b - a
+
+    @property
+    def total_s(self) -> float:
+        return self.end - self.start
+
+    @property
+    def sum_s(self) -> float:
+        return sum(b - a for a, b in self.parts.values())
+
+    def overlap_s(self) -> float:
+        """Seconds during which the generation and trainer set-ups both ran."""
+        if {"generation", "trainer"} - set(self.parts):
+            return 0.0
+        (g0, g1), (t0, t1) = self.parts["generation"], self.parts["trainer"]
+        return max(0.0, min(g1, t1) - max(g0, t0))
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"timing/setup/{name}_s": self.seconds(name) for name in self.parts}
+        out["timing/setup/total_s"] = self.total_s
+        out["timing/setup/sum_s"] = self.sum_s
+        out["timing/setup/overlap_s"] = self.overlap_s()
+        return out
+
+    def line(self) -> str:
+        parts = ", ".join(f"{name} {self.seconds(name):.1f}s" for name in self.parts)
+        return (f"[setup] {parts}{f' ({self.label})' if self.label else ''}; total {self.total_s:.1f}s "
+                f"(sum of parts {self.sum_s:.1f}s, overlapped {self.overlap_s():.1f}s)")
+
+    def report(self, logger: Any, timeline: Any, step: int) -> None:
+        """Log `timing/setup/*` (kind "setup") and add `setup_<part>` spans to the timeline."""
+        from rl_core.controller.events import Span
+
+        logger.log(step, self.metrics(), kind="setup")
+        for name, (a, b) in self.parts.items():
+            timeline.spans.append(Span(f"setup_{name}", step, a, b, step))
+
+
+def make_generation_backend(cfg: Any, policy_dir: str | Path, *, tokenizer: Any, device: str,
+                            weight_version: int = 0) -> Any:
+    """The generation backend of the recipe, fully set up but not started (blocking: loads
+    the weights, starts vLLM's engine or server). Run it in a thread to overlap start-up."""
+    gen = cfg.generation
+    if gen.backend == "native":
+        from rl_core.generation.backend import NativeBackend
+        from rl_core.generation.engine import NativeEngine
+
+        n = gen.native
+        engine = NativeEngine.from_pretrained(
+            policy_dir, device=device, dtype=cfg.model.dtype, max_batch_size=gen.max_batch_size,
+            decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), seed=cfg.grpo.seed,
+            weight_version=weight_version, max_seq_len=n.max_seq_len, max_num_kv_tokens=n.max_num_kv_tokens,
+            kv_cache_dtype=n.kv_cache_dtype, kv_scale_margin=n.kv_scale_margin, decode_path=n.decode_path)
+        return NativeBackend(engine)
+    if gen.backend == "http":
+        from rl_core.generation.http_backend import make_http_backend
+
+        backend = make_http_backend(cfg, policy_dir, device=device, weight_version=weight_version)
+        backend.prepare()  # starts local servers (in the set-up thread, beside the trainer's build)
+        return backend
+    if gen.backend == "vllm":
+        from rl_core.generation.vllm_backend import VLLMBackend, VLLMOptions
+
+        v = gen.vllm
+        options = VLLMOptions(model=str(policy_dir), dtype=cfg.model.dtype, max_model_len=v.max_model_len,
+                              max_num_seqs=gen.max_batch_size, kv_cache_memory_bytes=v.kv_cache_memory_bytes,
+                              enforce_eager=v.enforce_eager, enable_prefix_caching=v.enable_prefix_caching,
+                              seed=cfg.grpo.seed)
+        if gen.placement == "colocated":
+            backend = VLLMBackend(options, weight_version=weight_version)
+        else:
+            from rl_core.generation.vllm_server import VLLMServerBackend
+
+            backend = VLLMServerBackend(options, weight_version=weight_version, server_url=v.server_url,
+                                        startup_timeout_s=v.startup_timeout_s, request_timeout_s=v.request_timeout_s,
+                                        weights_dir=v.weights_dir)
+        try:
+            backend.prepare()
+        except BaseException:
+            backend.close_sync()
+            raise
+        return backend
+    raise ValueError(f"generation.backend {gen.backend!r} has no builder")  # the schema admits no other
+
+
+def close_unstarted(backend: Any) -> None:
+    """Release a backend that was set up but never started (a failed start-up)."""
+    close = getattr(backend, "close_sync", None)
+    if close is not None:
+        close()
+
+
+def build_overlapped(cfg: Any, policy_dir: str | Path, *, tokenizer: Any, device: str, weight_version: int,
+                     make_trainer: Callable[[], Any], echo: Callable[[str], None] | None = print
+                     ) -> tuple[Any, Any, SetupRecord]:
+    """(backend, trainer, record): the generation backend is set up in a worker thread while
+    `make_trainer()` runs in this one. If either fails, the other is released and the
+    first error is raised."""
+    record = SetupRecord(label=f"{cfg.generation.backend}/{cfg.generation.placement}")
+    box: dict[str, Any] = {}
+    record.start = time.monotonic()
+
+    def generation() -> None:
+        t0 = time.monotonic()
+        try:
+            box["backend"] = make_generation_backend(cfg, policy_dir, tokenizer=tokenizer, device=device,
+                                                     weight_version=weight_version)
+        except BaseException as exc:  # re-raised in the calling thread
+            box["error"] = exc
+        finally:
+            record.parts["generation"] = (t0, time.monotonic())
+
+    thread = threading.Thread(target=generation, name="setup-generation", daemon=True)
+    thread.start()
+    t0 = time.monotonic()
+    trainer = None
+    try:
+        trainer = make_trainer()
+    finally:
+        record.parts["trainer"] = (t0, time.monotonic())
+        thread.join()
+        record.end = time.monotonic()
+        if trainer is None and "backend" in box:
+            close_unstarted(box["backend"])
+    if "error" in box:
+        raise box["error"]
+    if echo is not None:
+        echo(record.line())
+    return box["backend"], trainer, record

