@@ -16,6 +16,10 @@ itself dies, every waiting caller gets `GenerationError` and later calls raise i
 Cancellation: cancelling a `generate()` call aborts its request in the engine. `shutdown()`
 aborts what is still pending (those callers get finish_reason "abort") and joins the thread.
 
+Streaming: `generate_stream()` yields `StreamDelta`s (the tokens each step added, pushed by
+the worker after every step) and ends with the `GenerationResult`; closing the iterator
+early aborts the request.
+
 Does not own: scheduling, sampling or stop rules (engine.py), or which weights to load
 (the controller's refit calls `update_weights`).
 """
@@ -30,7 +34,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, AsyncIterator, Mapping
 
 import torch
 
@@ -46,11 +50,22 @@ class GenerationError(RuntimeError):
 
 
 @dataclass
+class StreamDelta:
+    """Tokens a streaming request gained since the previous delta."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+
+
+@dataclass
 class _Command:
     kind: str  # "generate" | "abort" | "update_weights" | "invalidate" | "stop"
     payload: Any
     future: asyncio.Future | None
     loop: asyncio.AbstractEventLoop | None
+    stream: asyncio.Queue | None = None  # generate: deltas go here (streaming requests only)
+    sent: int = 0  # worker side: tokens already pushed to `stream`
 
 
 def _settle(future: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
@@ -72,6 +87,7 @@ class NativeBackend:
         self._cond = threading.Condition()
         self._commands: deque[_Command] = deque()
         self._waiters: dict[str, _Command] = {}  # worker thread only: request id -> its generate command
+        self._streams: dict[str, _Command] = {}  # worker thread only: the streaming subset of _waiters
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._dead: BaseException | None = None
@@ -105,16 +121,45 @@ class NativeBackend:
                 self._submit("abort", request.request_id, want_future=False)
             raise
 
+    async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta | GenerationResult]:
+        """`StreamDelta`s as tokens are generated, then the final `GenerationResult`.
+        Leaving the loop early (or cancelling the consumer) aborts the request."""
+        queue: asyncio.Queue = asyncio.Queue()
+        future = self._submit("generate", request, stream=queue)
+        finished = False
+        try:
+            while True:
+                getter = asyncio.ensure_future(queue.get())
+                try:
+                    await asyncio.wait({getter, future}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    if not getter.done():
+                        getter.cancel()
+                if getter.done() and not getter.cancelled():
+                    yield getter.result()
+                    continue
+                while not queue.empty():  # deltas pushed before the result was settled
+                    yield queue.get_nowait()
+                finished = True
+                yield future.result()
+                return
+        finally:
+            if not finished:
+                with contextlib.suppress(Exception):
+                    self._submit("abort", request.request_id, want_future=False)
+
     async def abort(self, request_id: str) -> None:
         await self._submit("abort", request_id)
 
-    async def update_weights(self, version: int, weights: Mapping[str, torch.Tensor] | str | Path) -> None:
+    async def update_weights(self, version: int, weights: Mapping[str, torch.Tensor] | str | Path,
+                             kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """Apply new weights between two steps; returns once they are live. A directory is
         read (safetensors) off the event loop first. Do not modify the tensors of a state
-        dict until this returns."""
+        dict until this returns. `kv_scales`: FP8 KV scales to apply (else the engine
+        calibrates them, when its KV cache is FP8)."""
         if isinstance(weights, (str, Path)):
             weights = await asyncio.to_thread(load_safetensors_dir, weights)
-        await self._submit("update_weights", (version, weights))
+        await self._submit("update_weights", (version, weights, kv_scales))
 
     async def invalidate_kv_cache(self) -> None:
         await self._submit("invalidate", None)
@@ -145,6 +190,11 @@ class NativeBackend:
             "weight_updates": float(s.weight_updates),
             "kv_invalidations": float(s.kv_invalidations),
             "weight_version": float(self.engine.version),
+            "preemptions": float(s.preemptions),
+            "kv_tokens": float(s.kv_tokens),
+            "max_num_kv_tokens": float(self.engine.max_num_kv_tokens),
+            "kv_calibrations": float(s.kv_calibrations),
+            "static_decode_steps": float(s.static_decode_steps),
         }
 
     def step_trace(self) -> list:
@@ -163,7 +213,8 @@ class NativeBackend:
 
     # ------------------------------------------------------------------ loop side
 
-    def _submit(self, kind: str, payload: Any, want_future: bool = True) -> asyncio.Future | None:
+    def _submit(self, kind: str, payload: Any, want_future: bool = True,
+                stream: asyncio.Queue | None = None) -> asyncio.Future | None:
         if self._thread is None:
             raise RuntimeError(f"{type(self).__name__}.start() must be awaited before {kind}")
         loop = asyncio.get_running_loop() if want_future else None
@@ -173,7 +224,7 @@ class NativeBackend:
                 raise GenerationError(f"the {self.name} backend's worker died: {self._dead!r}") from self._dead
             if self._stopping and want_future:
                 raise RuntimeError(f"the {self.name} backend is shut down")
-            self._commands.append(_Command(kind, payload, future, loop))
+            self._commands.append(_Command(kind, payload, future, loop, stream))
             self._cond.notify()
         return future
 
@@ -215,20 +266,23 @@ class NativeBackend:
             for command in list(self._waiters.values()) + pending:
                 self._resolve(command, error=error)
             self._waiters.clear()
+            self._streams.clear()
 
     def _execute(self, command: _Command) -> None:
         try:
             if command.kind == "generate":
                 self.engine.add_request(command.payload)
                 self._waiters[command.payload.request_id] = command
+                if command.stream is not None:
+                    self._streams[command.payload.request_id] = command
                 return
             if command.kind == "abort":
                 result = self.engine.abort(command.payload)
                 if result is not None:
                     self._finish(result)
             elif command.kind == "update_weights":
-                version, weights = command.payload
-                self.engine.update_weights(version, weights)
+                version, weights, kv_scales = command.payload
+                self.engine.update_weights(version, weights, kv_scales=kv_scales)
             elif command.kind == "invalidate":
                 self.engine.invalidate_kv_cache()
             self._resolve(command)
@@ -245,11 +299,30 @@ class NativeBackend:
             for command in self._waiters.values():
                 self._resolve(command, error=error)
             self._waiters.clear()
+            self._streams.clear()
             return
         for result in finished:
             self._finish(result)
+        for request_id, command in self._streams.items():
+            progress = self.engine.progress(request_id)
+            if progress is not None:
+                self._push(command, *progress)
+
+    def _push(self, command: _Command, tokens: list[int], logprobs: list[float], top: list | None) -> None:
+        """Send a streaming request the tokens it has not seen yet."""
+        if len(tokens) <= command.sent:
+            return
+        start, command.sent = command.sent, len(tokens)
+        delta = StreamDelta(tokens[start:], logprobs[start:], None if top is None else top[start:])
+        try:
+            command.loop.call_soon_threadsafe(command.stream.put_nowait, delta)
+        except RuntimeError:  # the caller's event loop is closed
+            pass
 
     def _finish(self, result: GenerationResult) -> None:
         command = self._waiters.pop(result.request_id, None)
+        self._streams.pop(result.request_id, None)
         if command is not None:
+            if command.stream is not None:
+                self._push(command, result.token_ids, result.logprobs, result.top_logprobs)
             self._resolve(command, result)

@@ -16,6 +16,26 @@ Stop rules, checked after every sampled token, in this order: an eos id or one o
 token that completed it is kept; only the completion's tail is decoded, see `_stop_reason`);
 `params.max_tokens` tokens, or the sequence reaching `max_seq_len` -> "length".
 
+KV token budget (`max_num_kv_tokens`): a running sequence holds `cache length + pending`
+tokens (what the cache holds once its pending tokens are fed). A waiting request is admitted
+(first come, first served) only if its prompt fits beside what is held plus one step of
+growth for every running sequence; when decoding would overflow the budget, the most
+recently admitted sequences are *preempted*: their slot is freed and they return to the
+front of the queue with prompt + tokens so far as pending (recomputed at re-admission,
+under the weights current then; tokens already generated keep their logprobs and versions).
+A request whose prompt + max_tokens could not fit alone is refused at `add_request`.
+
+FP8 KV cache (`kv_cache_dtype="fp8_e4m3"`): see kv_cache.py for the storage and
+kv_calibration.py for KV-scale sync. Scales are calibrated when the engine is built and
+again after every `update_weights` (or set from `kv_scales` handed to it); what the cache
+holds is re-encoded under the new scales.
+
+Decode paths (`decode_path`): "eager" feeds a `StepLayout` (packed tokens, grouped
+attention) for every step; "static" runs steps in which every row feeds one token through
+`DecodeRunner` (decode_graph.py: static shapes over a slot range), eagerly; "graph" does
+the same through CUDA graphs captured per bucket (CUDA only); "auto" = graph on CUDA,
+eager on CPU. Steps with a multi-token row (prefill) always take the eager path.
+
 Versions: `start_version` is the version served when the engine accepted the request (its
 wait in the engine's queue counts as staleness); `token_versions[i]` is the version of the
 weights that produced token i; `end_version` the version served when it finished.
@@ -23,8 +43,11 @@ weights that produced token i; `end_version` the version served when it finished
 (computed under the old weights) unless `invalidate_kv_cache()` is called, which makes each
 of them re-feed prompt + tokens so far at its next step.
 
+Streaming: `progress(request_id)` returns the tokens a running request has so far.
+
 Not thread-safe: one thread drives an engine (backend.py owns the thread). Does not own the
-model maths (model.py), cache layout (kv_cache.py) or sampling (sampling.py).
+model maths (model.py), cache layout (kv_cache.py), sampling (sampling.py), graph capture
+(decode_graph.py) or the scale rule (kv_calibration.py).
 """
 
 from __future__ import annotations
@@ -37,12 +60,15 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
-from rl_core.generation.kv_cache import KVCache, StepLayout
+from rl_core.generation.decode_graph import DecodeRunner
+from rl_core.generation.kv_cache import KV_STORAGE, KVCache, StepLayout
+from rl_core.generation.kv_calibration import KVScaleSync
 from rl_core.generation.model import CausalLM, ModelSpec, load_safetensors_dir, read_config
-from rl_core.generation.sampling import SamplingBatch, new_generator, sample
+from rl_core.generation.sampling import SamplingBatch, new_generator, sample_tokens
 from rl_core.types import GenerationRequest, GenerationResult
 
 DEFAULT_MAX_SEQ_LEN_CAP = 4096  # max_seq_len=None: the model's context, at most this (bounds the cache)
+DECODE_PATHS = ("auto", "eager", "static", "graph")
 
 
 @dataclass
@@ -70,7 +96,11 @@ class EngineStats:
     requests_aborted: int = 0
     weight_updates: int = 0
     kv_invalidations: int = 0
+    preemptions: int = 0  # sequences sent back to the queue by the KV token budget
+    kv_calibrations: int = 0  # FP8 scale calibration passes
+    static_decode_steps: int = 0  # steps run by the DecodeRunner (graph replays or static eager)
     last_batch_size: int = 0
+    kv_tokens: int = 0  # tokens in the KV cache (running sequences) after the last step
     trace: deque = field(default_factory=lambda: deque(maxlen=1024))
 
 
@@ -78,7 +108,7 @@ class _Sequence:
     """A request inside the engine."""
 
     __slots__ = ("request", "slot", "pending", "tokens", "logprobs", "versions", "generator",
-                 "stop_ids", "start_version", "started_at")
+                 "stop_ids", "start_version", "started_at", "top")
 
     def __init__(self, request: GenerationRequest, stop_ids: frozenset[int], version: int):
         self.request = request
@@ -92,6 +122,11 @@ class _Sequence:
         self.stop_ids = stop_ids
         self.start_version = version
         self.started_at = time.monotonic()
+        self.top: list[list[tuple[int, float]]] | None = [] if request.params.top_logprobs else None
+
+    def held(self, cache: KVCache) -> int:
+        """KV tokens this running sequence holds once its pending tokens are fed."""
+        return cache.lengths[self.slot] + len(self.pending)
 
 
 class NativeEngine:
@@ -104,12 +139,19 @@ class NativeEngine:
     (token ids -> text) is needed only by requests with stop strings. `seed` seeds the
     generator of requests without their own seed. `max_step_tokens` bounds the tokens fed
     in one forward (default max(8192, max_batch_size)); longer prefills are chunked.
+    `max_num_kv_tokens` bounds the tokens held in the cache by running sequences (default:
+    max_batch_size * max_seq_len, i.e. only slots limit admission). `kv_cache_dtype`:
+    "auto" (the model dtype) or "fp8_e4m3"; `kv_scale_margin`: headroom of FP8 scales over
+    the calibration maximum. `decode_path`: "auto" | "eager" | "static" | "graph" (see the
+    module docstring).
     """
 
     def __init__(self, config: Any, state_dict: Mapping[str, torch.Tensor], *, device: str | torch.device = "cpu",
                  dtype: torch.dtype | str = torch.float32, max_batch_size: int = 256, max_seq_len: int | None = None,
                  eos_token_ids: Iterable[int] | None = None, decode: Callable[[list[int]], str] | None = None,
-                 seed: int = 0, max_step_tokens: int | None = None, weight_version: int = 0):
+                 seed: int = 0, max_step_tokens: int | None = None, weight_version: int = 0,
+                 max_num_kv_tokens: int | None = None, kv_cache_dtype: str = "auto", kv_scale_margin: float = 2.0,
+                 decode_path: str = "auto"):
         self.spec = ModelSpec.from_config(config)
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size is {max_batch_size}; it must be >= 1.")
@@ -122,17 +164,37 @@ class NativeEngine:
         if max_step_tokens < max_batch_size:
             raise ValueError(f"max_step_tokens ({max_step_tokens}) must be >= max_batch_size ({max_batch_size}) "
                              "so that every running sequence can decode in each step.")
+        if max_num_kv_tokens is not None and max_num_kv_tokens < 2:
+            raise ValueError(f"max_num_kv_tokens is {max_num_kv_tokens}; it must be >= 2 (or None = no limit "
+                             "beyond the slots).")
+        if kv_cache_dtype not in ("auto", "fp8_e4m3"):
+            raise ValueError(f"kv_cache_dtype is {kv_cache_dtype!r}; expected 'auto' or 'fp8_e4m3'.")
+        if decode_path not in DECODE_PATHS:
+            raise ValueError(f"decode_path is {decode_path!r}; expected one of {DECODE_PATHS}.")
         self.device = torch.device(device)
+        if decode_path == "graph" and self.device.type != "cuda":
+            raise ValueError(f"decode_path 'graph' (CUDA graphs) needs a CUDA device; got {self.device}. "
+                             "Use decode_path 'auto', 'eager' or 'static'.")
         self.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         self.max_batch_size, self.max_seq_len, self.max_step_tokens = max_batch_size, max_seq_len, max_step_tokens
+        self.max_num_kv_tokens = max_num_kv_tokens or max_batch_size * max_seq_len
         self.eos_token_ids = frozenset(self.spec.eos_token_ids if eos_token_ids is None else eos_token_ids)
         self.decode = decode
         self.model = CausalLM.build(self.spec, state_dict, self.device, self.dtype, max_positions=max_seq_len)
+        storage = KV_STORAGE[1] if kv_cache_dtype == "fp8_e4m3" else KV_STORAGE[0]
         self.cache = KVCache(self.spec.num_layers, max_batch_size, max_seq_len, self.spec.num_kv_heads,
-                             self.spec.head_dim, dtype=self.dtype, device=self.device)
+                             self.spec.head_dim, dtype=self.dtype, device=self.device, storage=storage)
+        self.stats = EngineStats()
+        self.kv_sync = KVScaleSync(self.model, margin=kv_scale_margin, seed=seed) if self.cache.fp8 else None
+        if self.kv_sync is not None:
+            self._set_kv_scales(*self.kv_sync.calibrate())
+        if decode_path == "auto":
+            decode_path = "graph" if self.device.type == "cuda" else "eager"
+        self.decode_path = decode_path
+        self.decoder = None if decode_path == "eager" else DecodeRunner(self.model, self.cache,
+                                                                       use_graphs=decode_path == "graph")
         self.generator = new_generator(seed)
         self.version = weight_version
-        self.stats = EngineStats()
         self._waiting: deque[_Sequence] = deque()
         self._running: dict[str, _Sequence] = {}  # admission order
         self._ids: set[str] = set()
@@ -162,6 +224,21 @@ class NativeEngine:
 
     def has_work(self) -> bool:
         return bool(self._running or self._waiting)
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens in the KV cache now (filled positions of running sequences): never above
+        `max_num_kv_tokens`, because each step first preempts until every running
+        sequence's cache length + pending tokens fits."""
+        return sum(self.cache.lengths[s.slot] for s in self._running.values())
+
+    def progress(self, request_id: str) -> tuple[list[int], list[float], list | None] | None:
+        """(token ids, logprobs, top logprobs or None) generated so far by a waiting or
+        running request (live lists: copy what you keep); None if it is not in the engine."""
+        seq = self._running.get(request_id)
+        if seq is None:
+            seq = next((s for s in self._waiting if s.request.request_id == request_id), None)
+        return None if seq is None else (seq.tokens, seq.logprobs, seq.top)
 
     # ------------------------------------------------------------------ requests
 
@@ -194,12 +271,33 @@ class NativeEngine:
 
     # ------------------------------------------------------------------ weights
 
-    def update_weights(self, version: int, state_dict: Mapping[str, torch.Tensor], strict: bool = True) -> None:
+    def update_weights(self, version: int, state_dict: Mapping[str, torch.Tensor], strict: bool = True,
+                       kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """Copy HF-named tensors into the live parameters; tokens sampled from now on record
-        `version`. All names/shapes are checked first: on error nothing changes."""
+        `version`. All names/shapes are checked first: on error nothing changes.
+
+        With an FP8 KV cache, the KV scales are then synced: `kv_scales` = (k_scale,
+        v_scale) [layers, kv_heads] if given, else a calibration pass over recently
+        finished sequences under the new weights (kv_calibration.py)."""
+        if kv_scales is not None and self.kv_sync is None:
+            raise ValueError("kv_scales were given but the KV cache is not FP8 (kv_cache_dtype='auto').")
         self.model.load_weights(state_dict, strict=strict)
         self.version = version
         self.stats.weight_updates += 1
+        if self.kv_sync is not None:
+            self._set_kv_scales(*(kv_scales if kv_scales is not None else self.kv_sync.calibrate()))
+
+    def calibrate_kv_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Recompute and apply FP8 KV scales from the current weights; returns them."""
+        if self.kv_sync is None:
+            raise ValueError("calibrate_kv_scales needs kv_cache_dtype='fp8_e4m3'.")
+        scales = self.kv_sync.calibrate()
+        self._set_kv_scales(*scales)
+        return scales
+
+    def _set_kv_scales(self, k_scale: torch.Tensor, v_scale: torch.Tensor) -> None:
+        self.cache.set_scales(k_scale, v_scale, requantize=True)
+        self.stats.kv_calibrations += 1
 
     def invalidate_kv_cache(self) -> None:
         """Drop every in-flight sequence's cache: its next step re-feeds prompt + tokens so
@@ -217,23 +315,40 @@ class NativeEngine:
             return []
         started = time.monotonic()
         rows = self._schedule()
-        layout = StepLayout.build([(s.slot, self.cache.lengths[s.slot], s.pending[:n]) for s, n in rows],
-                                  want_logits=[n == len(s.pending) for s, n in rows], device=self.device)
+        if not rows:  # everything waits on the KV budget; cannot happen (one sequence always fits)
+            return []
+        want = [n == len(s.pending) for s, n in rows]
+        sampling = [s for (s, _), w in zip(rows, want) if w]
+        num_fed = sum(n for _, n in rows)
         with torch.no_grad():
-            logits = self.model(layout, self.cache)
+            if self.decoder is not None and num_fed == len(rows):  # every row feeds one token
+                logits = self.decoder.run([s.slot for s, _ in rows], [s.pending[0] for s, _ in rows],
+                                          [s.slot for s in sampling])
+                self.stats.static_decode_steps += 1
+            else:
+                layout = StepLayout.build([(s.slot, self.cache.lengths[s.slot], s.pending[:n]) for s, n in rows],
+                                          want_logits=want, device=self.device)
+                logits = self.model(layout, self.cache)
         for seq, n in rows:
             self.cache.lengths[seq.slot] += n
             del seq.pending[:n]
-        sampling = [rows[i][0] for i in layout.logit_rows]
         finished = []
         if sampling:
             batch = SamplingBatch.build([s.request.params for s in sampling], [s.generator for s in sampling],
                                         self.generator, self.device)
-            tokens, logprobs = sample(logits, batch)
-            for seq, token, logprob in zip(sampling, tokens.tolist(), logprobs.tolist()):
+            out = sample_tokens(logits, batch)
+            top = None
+            if out.top_ids is not None:
+                top = list(zip(out.top_ids.tolist(), out.top_logprobs.tolist()))
+            # one device-to-host copy for both (float64 holds token ids and float32 logprobs exactly)
+            tokens, logprobs = torch.stack((out.tokens.double(), out.logprobs.double())).tolist()
+            for i, (seq, token, logprob) in enumerate(zip(sampling, map(int, tokens), logprobs)):
                 seq.tokens.append(token)
                 seq.logprobs.append(logprob)
                 seq.versions.append(self.version)
+                if seq.top is not None:
+                    k = seq.request.params.top_logprobs
+                    seq.top.append(list(zip(top[i][0][:k], top[i][1][:k])))
                 seq.pending = [token]
                 reason = self._stop_reason(seq, token)
                 if reason is not None:
@@ -243,15 +358,17 @@ class NativeEngine:
         stats.steps += 1
         stats.busy_s += duration
         stats.tokens_generated += len(sampling)
-        stats.tokens_fed += int(layout.input_ids.shape[0])
+        stats.tokens_fed += num_fed
         stats.last_batch_size = len(rows)
-        stats.trace.append(StepRecord(started, duration, len(rows), int(layout.input_ids.shape[0]),
-                                      len(sampling), len(finished)))
+        stats.kv_tokens = self.kv_tokens
+        stats.trace.append(StepRecord(started, duration, len(rows), num_fed, len(sampling), len(finished)))
         return finished
 
     def _schedule(self) -> list[tuple[_Sequence, int]]:
         """(sequence, tokens to feed) of this step: decodes, then prefill chunks, then
-        newly admitted requests, within `max_step_tokens`."""
+        newly admitted requests, within `max_step_tokens` tokens fed and
+        `max_num_kv_tokens` tokens held (preempting the newest sequences if needed)."""
+        held = self._preempt_over_budget()
         budget = self.max_step_tokens
         decoding = [(s, 1) for s in self._running.values() if len(s.pending) == 1]
         budget -= len(decoding)
@@ -261,14 +378,35 @@ class NativeEngine:
                 n = min(len(seq.pending), budget)
                 prefilling.append((seq, n))
                 budget -= n
+        # Admission keeps room for one more token of every running sequence (growth of the
+        # next step), so a just-admitted request is not preempted at once.
         while self._waiting and self.cache.num_free and budget > 0:
-            seq = self._waiting.popleft()
+            seq = self._waiting[0]
+            need = len(seq.pending)
+            if held + need + len(self._running) + 1 > self.max_num_kv_tokens and self._running:
+                break  # first come, first served: later requests wait behind this one
+            self._waiting.popleft()
             seq.slot = self.cache.allocate()
             self._running[seq.request.request_id] = seq
-            n = min(len(seq.pending), budget)
+            held += need
+            n = min(need, budget)
             prefilling.append((seq, n))
             budget -= n
         return decoding + prefilling
+
+    def _preempt_over_budget(self) -> int:
+        """Send the most recently admitted sequences back to the queue until what running
+        sequences hold fits the KV budget; returns what they hold then."""
+        held = sum(s.held(self.cache) for s in self._running.values())
+        while held > self.max_num_kv_tokens and len(self._running) > 1:
+            request_id, seq = self._running.popitem()  # dicts pop the newest insertion
+            held -= seq.held(self.cache)
+            self.cache.free(seq.slot)
+            seq.slot = -1
+            seq.pending = list(seq.request.prompt_ids) + seq.tokens
+            self._waiting.appendleft(seq)  # oldest preempted ends up first
+            self.stats.preemptions += 1
+        return held
 
     def _stop_reason(self, seq: _Sequence, token: int) -> str | None:
         params = seq.request.params
@@ -300,10 +438,13 @@ class NativeEngine:
             self.stats.requests_aborted += 1
         else:
             self.stats.requests_finished += 1
+        if self.kv_sync is not None and reason != "abort":
+            self.kv_sync.observe(list(request.prompt_ids) + seq.tokens)
         return GenerationResult(
             request_id=request.request_id, prompt_ids=list(request.prompt_ids), token_ids=seq.tokens,
             logprobs=seq.logprobs, finish_reason=reason, start_version=seq.start_version, end_version=self.version,
             token_versions=seq.versions, started_at=seq.started_at, finished_at=time.monotonic(),
+            top_logprobs=seq.top,
         )
 
     def _validate(self, request: GenerationRequest) -> None:
@@ -318,8 +459,15 @@ class NativeEngine:
                             "(raise max_seq_len or shorten the prompt)")
         elif min(prompt) < 0 or max(prompt) >= self.spec.vocab_size:
             problems.append(f"prompt_ids must lie in [0, {self.spec.vocab_size})")
+        else:
+            final = min(len(prompt) + max(params.max_tokens, 1), self.max_seq_len)
+            if final > self.max_num_kv_tokens:
+                problems.append(f"prompt + max_tokens needs up to {final} KV tokens; max_num_kv_tokens is "
+                                f"{self.max_num_kv_tokens} (raise max_num_kv_tokens or lower max_tokens)")
         if params.max_tokens < 1:
             problems.append(f"params.max_tokens is {params.max_tokens}; it must be >= 1")
+        if params.top_logprobs < 0:
+            problems.append(f"params.top_logprobs is {params.top_logprobs}; it must be >= 0")
         if params.temperature < 0:
             problems.append(f"params.temperature is {params.temperature}; it must be >= 0 (0 = greedy)")
         if not 0.0 < params.top_p <= 1.0:

@@ -1,4 +1,4 @@
-"""The preallocated slot KV cache and the index tensors of one batched forward.
+"""The preallocated slot KV cache (optionally FP8) and the index tensors of one batched forward.
 
 Owns: `KVCache`, a fixed block of keys and values `[layers, slots, kv_heads, max_seq_len,
 head_dim]` (one slot per running sequence, its filled length, a free-slot heap that hands
@@ -14,6 +14,16 @@ its step. Masks are boolean (True = attend); a group whose rows all see every ke
 rows of one length) or that is plainly causal (prefills from position 0 of one length) gets
 no mask, which lets fused SDPA kernels run on a GPU.
 
+FP8 storage (`storage="fp8_e4m3"`): keys and values are stored as `torch.float8_e4m3fn`
+(1 byte, half of bf16) with one float32 scale per (layer, kv head) for keys and one for
+values: stored = clamp(x / scale, -448, 448) in e4m3, read back as stored * scale in the
+compute dtype (the per-tensor scaling of Micikevicius et al. 2022, "FP8 Formats for Deep
+Learning", refined to per-head scales). Writes go through a uint8 view of the storage, so
+index_put never needs an FP8 kernel. Scales live in tensors that are updated in place
+(`set_scales`), so CUDA graphs captured over the cache stay valid; `set_scales`
+re-quantises what the cache already holds, so sequences in flight survive a scale change.
+Who chooses the scales (a calibration pass after each refit) is the engine's business.
+
 Does not own: the model maths (model.py) or which rows run in a step (engine.py).
 """
 
@@ -26,21 +36,51 @@ from typing import Sequence
 import torch
 
 
+FP8_E4M3_MAX = 448.0  # largest finite torch.float8_e4m3fn value
+KV_STORAGE = ("auto", "fp8_e4m3")
+
+
+def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [..., kv_heads, D] / scale [kv_heads] -> float8_e4m3fn (saturating at +-448)."""
+    return (x.float() / scale[:, None]).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def dequantize_fp8(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x [rows, kv_heads, L, D] in e4m3 * scale [kv_heads] -> `dtype`."""
+    return x.to(dtype) * scale.to(dtype)[None, :, None, None]
+
+
 class KVCache:
-    """Keys and values of every slot, their filled lengths and the free slots."""
+    """Keys and values of every slot, their filled lengths and the free slots.
+
+    `dtype` is the compute dtype (what `gather`/`slot_range` return); `storage` is "auto"
+    (store in `dtype`) or "fp8_e4m3" (1-byte storage with per-(layer, kv head) scales).
+    """
 
     def __init__(self, num_layers: int, num_slots: int, max_seq_len: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", storage: str = "auto"):
+        if storage not in KV_STORAGE:
+            raise ValueError(f"KV cache storage is {storage!r}; expected one of {KV_STORAGE}.")
+        self.fp8 = storage == "fp8_e4m3"
+        self.dtype = dtype
+        self.storage_dtype = torch.float8_e4m3fn if self.fp8 else dtype
         shape = (num_layers, num_slots, num_kv_heads, max_seq_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.num_slots, self.max_seq_len = num_slots, max_seq_len
+        self.k = torch.zeros(shape, dtype=self.storage_dtype, device=device)
+        self.v = torch.zeros(shape, dtype=self.storage_dtype, device=device)
+        # Per-(layer, kv head) scales, float32, updated in place only (CUDA graphs hold them).
+        self.k_scale = torch.ones(num_layers, num_kv_heads, dtype=torch.float32, device=device) if self.fp8 else None
+        self.v_scale = torch.ones(num_layers, num_kv_heads, dtype=torch.float32, device=device) if self.fp8 else None
+        self.num_layers, self.num_slots, self.max_seq_len = num_layers, num_slots, max_seq_len
         self.lengths = [0] * num_slots  # positions 0 .. lengths[s]-1 of slot s hold valid keys/values
         self._free = list(range(num_slots))  # a heap: allocate() returns the lowest free slot
 
     @property
     def num_free(self) -> int:
         return len(self._free)
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() * 2
 
     def allocate(self) -> int:
         if not self._free:
@@ -57,18 +97,68 @@ class KVCache:
     def write(self, layer: int, token_slots: torch.Tensor, positions: torch.Tensor,
               k: torch.Tensor, v: torch.Tensor) -> None:
         """Store keys/values [T, kv_heads, head_dim] of T tokens at (slot, position)."""
+        if self.fp8:
+            # index_put through a uint8 view: the same bytes, and no FP8 kernel needed.
+            self.k[layer].view(torch.uint8)[token_slots, :, positions] = quantize_fp8(
+                k, self.k_scale[layer]).view(torch.uint8)
+            self.v[layer].view(torch.uint8)[token_slots, :, positions] = quantize_fp8(
+                v, self.v_scale[layer]).view(torch.uint8)
+            return
         self.k[layer][token_slots, :, positions] = k
         self.v[layer][token_slots, :, positions] = v
 
     def gather(self, layer: int, slots: torch.Tensor, key_len: int,
                slot_start: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [rows, kv_heads, key_len, head_dim] of the given slots: a view
-        when the slots are one ascending run starting at `slot_start`, else a copy."""
+        when the slots are one ascending run starting at `slot_start` (and storage is not
+        FP8), else a copy."""
         if slot_start is not None:
             stop = slot_start + slots.shape[0]
-            return self.k[layer, slot_start:stop, :, :key_len], self.v[layer, slot_start:stop, :, :key_len]
-        return (self.k[layer, :, :, :key_len].index_select(0, slots),
-                self.v[layer, :, :, :key_len].index_select(0, slots))
+            k, v = self.k[layer, slot_start:stop, :, :key_len], self.v[layer, slot_start:stop, :, :key_len]
+        elif self.fp8:
+            k = self.k[layer, :, :, :key_len].view(torch.uint8).index_select(0, slots).view(self.storage_dtype)
+            v = self.v[layer, :, :, :key_len].view(torch.uint8).index_select(0, slots).view(self.storage_dtype)
+        else:
+            return (self.k[layer, :, :, :key_len].index_select(0, slots),
+                    self.v[layer, :, :, :key_len].index_select(0, slots))
+        return self._read(layer, k, v)
+
+    def slot_range(self, layer: int, num_slots: int, key_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [num_slots, kv_heads, key_len, head_dim] of slots 0..num_slots-1
+        (a view of the cache unless storage is FP8): the static-shape decode path reads these."""
+        return self._read(layer, self.k[layer, :num_slots, :, :key_len], self.v[layer, :num_slots, :, :key_len])
+
+    def _read(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.fp8:
+            return k, v
+        return dequantize_fp8(k, self.k_scale[layer], self.dtype), dequantize_fp8(v, self.v_scale[layer], self.dtype)
+
+    def set_scales(self, k_scale: torch.Tensor, v_scale: torch.Tensor, requantize: bool = True) -> None:
+        """Replace the FP8 scales [layers, kv_heads] (in place). With `requantize`, what the
+        cache holds is re-encoded under the new scales (layer by layer), so sequences in
+        flight keep their keys and values, up to one more FP8 rounding."""
+        if not self.fp8:
+            raise ValueError("set_scales needs an FP8 KV cache (storage='fp8_e4m3').")
+        shape = tuple(self.k_scale.shape)
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if tuple(scale.shape) != shape:
+                raise ValueError(f"{name} has shape {tuple(scale.shape)}; expected {shape} (layers, kv heads).")
+            if not bool(torch.isfinite(scale).all()) or not bool((scale > 0).all()):
+                raise ValueError(f"{name} must be finite and > 0.")
+        k_scale = k_scale.to(self.k_scale.device, torch.float32)
+        v_scale = v_scale.to(self.v_scale.device, torch.float32)
+        if requantize:
+            used = max((s + 1 for s in range(self.num_slots) if self.lengths[s]), default=0)
+            width = max(self.lengths, default=0)
+            if used and width:
+                for layer in range(self.num_layers):
+                    for store, old, new in ((self.k, self.k_scale, k_scale), (self.v, self.v_scale, v_scale)):
+                        block = store[layer, :used, :, :width]
+                        ratio = (old[layer] / new[layer])[None, :, None, None]
+                        block.copy_((block.float() * ratio).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX)
+                                    .to(self.storage_dtype))
+        self.k_scale.copy_(k_scale)
+        self.v_scale.copy_(v_scale)
 
 
 @dataclass

@@ -7,6 +7,12 @@ into and attending over the cache), a cache-free `sequence_logits` for scoring, 
 safetensors loading helpers. The maths mirrors `transformers`' Llama/Qwen2 modelling code
 (fp32 CPU logits agree to ~1e-6).
 
+Two more entry points: `decode_slots`, a static-shape decode step (one token for each of
+the slots 0..S-1, attending over the first K positions of each slot, with the mask built
+on the device from the positions) that CUDA graphs can capture (decode_graph.py); and
+`kv_amax`, the per-(layer, kv head) absolute maxima of keys and values over a few
+sequences, from which the engine calibrates FP8 KV-cache scales.
+
 Does not own: which requests run or when (engine.py), the cache storage and per-step
 index tensors (kv_cache.py), or sampling (sampling.py).
 
@@ -157,6 +163,25 @@ class Attention(nn.Module):
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
         return F.linear(out, self.o_proj.weight, self.o_proj.bias)
 
+    def decode_slots(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int, cache: KVCache,
+                     slots: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """One token for each slot 0..S-1 at `positions`; attention over the first K keys of
+        each slot, `hidden` [S, K] True where a key is not visible. Static shapes, no host
+        sync: written as explicit matmuls so that grouped-query heads never copy K/V."""
+        n, heads, kv_heads, dim = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias).view(n, heads + 2 * kv_heads, dim)
+        qk = qkv[:, :heads + kv_heads]
+        qk = qk * cos + qk.roll(dim // 2, dims=-1) * sin  # RoPE, as in forward()
+        q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]
+        cache.write(layer, slots, positions, k, v)
+        keys, values = cache.slot_range(layer, n, hidden.shape[1])  # [S, kv_heads, K, D]
+        # Query head h uses kv head h // (heads / kv_heads), as HF's repeat_kv.
+        q = q.reshape(n, kv_heads, heads // kv_heads, dim)
+        scores = torch.matmul(q, keys.transpose(-1, -2)).float() * dim ** -0.5  # [S, kv, G, K]
+        probs = scores.masked_fill_(hidden[:, None, None, :], float("-inf")).softmax(dim=-1)
+        out = torch.matmul(probs.to(values.dtype), values).reshape(n, heads * dim)
+        return F.linear(out, self.o_proj.weight, self.o_proj.bias)
+
     def _attend(self, q: torch.Tensor, group: AttentionGroup, layer: int, cache: KVCache) -> torch.Tensor:
         """Attention of one group's packed queries [n, H, D] -> [n, H*D]."""
         keys, values = cache.gather(layer, group.slots, group.key_len, group.slot_start)
@@ -299,6 +324,44 @@ class CausalLM(nn.Module):
         x = self.model.norm(x)
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(x, weight)
+
+    def decode_slots(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, key_len: int,
+                     slot_index: torch.Tensor, key_index: torch.Tensor) -> torch.Tensor:
+        """Static-shape decode: token `input_ids[s]` at `positions[s]` of slot s for every s in
+        0..S-1 (S = len(input_ids)), attending over positions 0..key_len-1 of its slot
+        (`key_len` > every position). `slot_index` / `key_index` are arange tensors of at
+        least S / key_len elements (kept by the caller so a captured graph allocates none).
+        Returns the logits [S, vocab] of every slot; rows of idle slots are meaningless."""
+        n = input_ids.shape[0]
+        slots = slot_index[:n]
+        hidden = key_index[:key_len][None, :] > positions[:, None]  # [S, K] True = not visible
+        x = F.embedding(input_ids, self.model.embed_tokens.weight)
+        cos = self._cos[positions].unsqueeze(1)
+        sin = self._sin[positions].unsqueeze(1)
+        for i, block in enumerate(self.model.layers):
+            x = x + block.self_attn.decode_slots(block.input_layernorm(x), cos, sin, i, cache, slots, positions,
+                                                 hidden)
+            x = x + block.mlp(block.post_attention_layernorm(x))
+        x = self.model.norm(x)
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(x, weight)
+
+    @torch.no_grad()
+    def kv_amax(self, sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Absolute maxima [layers, kv_heads] (float32) of the keys (after RoPE, as cached)
+        and values of every token of `sequences`, computed in the model dtype through a
+        scratch cache: what FP8 KV scales are calibrated from."""
+        weight = self.model.embed_tokens.weight
+        longest = max(len(s) for s in sequences)
+        if longest > self.max_positions:
+            raise ValueError(f"a calibration sequence has {longest} tokens; this model has {self.max_positions} "
+                             "positions.")
+        cache = KVCache(self.spec.num_layers, len(sequences), longest, self.spec.num_kv_heads, self.spec.head_dim,
+                        dtype=weight.dtype, device=weight.device)
+        rows = [(cache.allocate(), 0, ids) for ids in sequences]
+        layout = StepLayout.build(rows, want_logits=[False] * len(rows), device=weight.device)
+        self.forward(layout, cache)  # unfilled positions stay 0 and cannot raise a maximum
+        return cache.k.abs().amax(dim=(1, 3, 4)).float(), cache.v.abs().amax(dim=(1, 3, 4)).float()
 
     @torch.no_grad()
     def sequence_logits(self, input_ids: torch.Tensor) -> torch.Tensor:

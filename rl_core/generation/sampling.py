@@ -16,13 +16,17 @@ the other rows of the batch nor on when it arrived; other rows share the engine'
 generator. (The logits themselves are batch-invariant up to float rounding of the
 kernels; a token flips only if its uniform lies within that rounding of a CDF boundary.)
 
+Top logprobs (`params.top_logprobs = n`, what the OpenAI API calls `logprobs` /
+`top_logprobs`): the n largest values of that same reported distribution, computed only
+when some row of the step asks (one `topk` over the step's rows, each row then keeps its n).
+
 Does not own: the logits (model.py) or when a request stops (engine.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 
@@ -47,6 +51,7 @@ class SamplingBatch:
     top_p: torch.Tensor | None  # [R] float32, 1 = off; None = off for every row
     uniform: torch.Tensor | None  # [R] float64 in [0, 1), one per row (greedy rows: unused); None = all greedy
     all_greedy: bool
+    num_top_logprobs: int = 0  # the most top logprobs any row asks for (0 = none)
 
     @classmethod
     def build(cls, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None],
@@ -79,6 +84,7 @@ class SamplingBatch:
             top_p=_tensor(top_p, torch.float32, device) if any(p < 1.0 for p in top_p) else None,
             uniform=uniform,
             all_greedy=all_greedy,
+            num_top_logprobs=max((p.top_logprobs for p in params), default=0),
         )
 
 
@@ -86,8 +92,21 @@ def _tensor(values: list, dtype: torch.dtype, device: str | torch.device) -> tor
     return torch.tensor(values, dtype=dtype, device=device)
 
 
+class Sampled(NamedTuple):
+    tokens: torch.Tensor  # [R] long
+    logprobs: torch.Tensor  # [R] float32, reported logprob of each token
+    top_ids: torch.Tensor | None  # [R, n] long, the n most likely tokens (n = batch.num_top_logprobs)
+    top_logprobs: torch.Tensor | None  # [R, n] float32, their reported logprobs
+
+
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens [R] (long) and their reported logprobs [R] (float32) for logits [R, V]."""
+    out = sample_tokens(logits, batch)
+    return out.tokens, out.logprobs
+
+
+def sample_tokens(logits: torch.Tensor, batch: SamplingBatch) -> Sampled:
+    """`sample`, plus the top logprobs when some row asks for them."""
     logits = logits.float()
     # x / 1.0 == x exactly, so skipping the division when every T is 1 changes no value.
     scaled = logits if batch.temperature is None else logits / batch.temperature[:, None]
@@ -102,7 +121,11 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, to
         tokens = inverse_cdf(torch.softmax(filtered, dim=-1), batch.uniform)
         if batch.greedy is not None:
             tokens = torch.where(batch.greedy, logits.argmax(dim=-1), tokens)
-    return tokens, logprobs_all.gather(1, tokens[:, None]).squeeze(1)
+    chosen = logprobs_all.gather(1, tokens[:, None]).squeeze(1)
+    if not batch.num_top_logprobs:
+        return Sampled(tokens, chosen, None, None)
+    top = logprobs_all.topk(min(batch.num_top_logprobs, logprobs_all.shape[-1]), dim=-1)
+    return Sampled(tokens, chosen, top.indices, top.values)
 
 
 def filter_logits(scaled: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

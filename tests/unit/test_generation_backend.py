@@ -213,3 +213,33 @@ def test_cancelled_generate_aborts_and_shutdown_aborts_pending():
     results, metrics = run_async(main())
     assert [r.finish_reason for r in results] == ["abort"] * 3
     assert metrics["requests_aborted"] == 4
+
+
+def test_generate_stream_yields_every_token_once_and_closing_early_aborts():
+    from rl_core.generation import StreamDelta
+
+    model = tiny_model()
+    p = prompts(1)[0]
+
+    async def main():
+        engine = make_engine(model, step_delay_s=0.002)
+        backend = NativeBackend(engine)
+        await backend.start()
+        items = [item async for item in backend.generate_stream(
+            GenerationRequest("s", p, SamplingParams(temperature=1.0, max_tokens=12, seed=4, top_logprobs=2)))]
+        plain = await backend.generate(GenerationRequest("p", p, SamplingParams(temperature=1.0, max_tokens=12, seed=4)))
+        stream = backend.generate_stream(GenerationRequest("early", p, greedy(200)))
+        first = await stream.__anext__()
+        await stream.aclose()  # the consumer leaves: the request is aborted in the engine
+        await wait_until(lambda: engine.num_running == 0)
+        metrics = backend.metrics()
+        await backend.shutdown()
+        return items, plain, first, metrics
+
+    items, plain, first, metrics = run_async(main())
+    deltas, final = items[:-1], items[-1]
+    assert all(isinstance(d, StreamDelta) for d in deltas) and len(deltas) > 1
+    assert [t for d in deltas for t in d.token_ids] == final.token_ids == plain.token_ids
+    assert [x for d in deltas for x in d.logprobs] == final.logprobs
+    assert [row for d in deltas for row in d.top_logprobs] == final.top_logprobs and len(final.top_logprobs[0]) == 2
+    assert isinstance(first, StreamDelta) and metrics["requests_aborted"] == 1

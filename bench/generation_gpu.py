@@ -1,0 +1,170 @@
+"""Native engine vs transformers `generate()` on a GPU, and the fraction of the weight-read roofline.
+
+Run on a CUDA machine (one GPU):
+
+    .venv/bin/python bench/generation_gpu.py                       # batch 64 and 256, all paths
+    .venv/bin/python bench/generation_gpu.py --batch-sizes 64 --paths graph --skip-hf
+
+Model: Qwen2.5-0.5B shapes (hidden 896, 24 layers, 14 query / 2 KV heads, MLP 4864, vocab
+151,936, tied embeddings), random init, bf16. Workload per batch size B: B prompts of
+`--prompt-len` random tokens, exactly `--new-tokens` new tokens each (no end token), sampled
+at temperature 1. Everything is measured side by side in one run, best of `--repeats`
+after a warm-up (which also captures the CUDA graphs); timings are never test assertions.
+
+Reported per engine configuration: tokens/s end to end (prefill included), the median
+decode-step time and decode-only tokens/s, the ratio to transformers `generate()` at the
+same batch, and the fraction of the *weight-read roofline*: a decode step must read every
+weight once, so at batch B it cannot exceed B / (weight_bytes / HBM bandwidth) tokens/s.
+The bandwidth is measured here (a device-to-device copy of 2 GiB: bytes read + written
+per second), or given with `--hbm-tbps`; both rooflines are printed. (KV-cache reads add to
+the bytes per step; the "with KV" roofline includes them at the mean sequence length.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+
+def qwen25_05b_config():
+    from transformers import Qwen2Config
+
+    return Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                       num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+                       tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6)
+
+
+def measure_hbm_tbps(num_bytes: int = 2 * 2**30, repeats: int = 10) -> float:
+    """Device-to-device copy bandwidth (read + write bytes per second), TB/s."""
+    src = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(repeats):
+        start.record()
+        dst.copy_(src)
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * num_bytes / best / 1e12
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    seen = {p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}
+    return sum(seen.values())
+
+
+def best_of(fn, repeats: int) -> tuple[float, int]:
+    fn()  # warm-up (captures CUDA graphs, autotunes kernels)
+    best, count = float("inf"), 0
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        count = fn()
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return best, count
+
+
+def run_native(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, repeats: int) -> dict:
+    from rl_core.generation import NativeEngine
+    from rl_core.types import GenerationRequest, SamplingParams
+
+    batch, prompt_len = prompts.shape
+    engine = NativeEngine(cfg, model.state_dict(), device="cuda", dtype=torch.bfloat16, max_batch_size=batch,
+                          max_seq_len=prompt_len + new_tokens + 8, eos_token_ids=[], decode_path=path,
+                          kv_cache_dtype=kv_dtype)
+    rows = prompts.tolist()
+    params = SamplingParams(temperature=1.0, max_tokens=new_tokens)
+
+    def once() -> int:
+        for i, p in enumerate(rows):
+            engine.add_request(GenerationRequest(str(i), p, params))
+        n = 0
+        while engine.has_work():
+            n += sum(len(r.token_ids) for r in engine.step())
+        return n
+
+    seconds, tokens = best_of(once, repeats)
+    decode = sorted(r.duration_s for r in list(engine.stats.trace)[-new_tokens:] if r.num_tokens == batch)
+    step_ms = statistics.median(decode) * 1e3 if decode else float("nan")
+    out = {"tok_s": tokens / seconds, "seconds": seconds, "tokens": tokens, "step_ms": step_ms,
+           "decode_tok_s": batch / (step_ms / 1e3) if decode else float("nan"),
+           "graphs": engine.decoder.num_graphs if engine.decoder is not None else 0,
+           "kv_gib": engine.cache.nbytes / 2**30}
+    del engine
+    torch.cuda.empty_cache()
+    return out
+
+
+def run_hf(model, prompts, new_tokens: int, repeats: int) -> dict:
+    prompt_len = prompts.shape[1]
+
+    def once() -> int:
+        with torch.no_grad():
+            out = model.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True, temperature=1.0,
+                                 top_k=None, top_p=None, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                 pad_token_id=0, eos_token_id=None)
+        return out[:, prompt_len:].numel()
+
+    seconds, tokens = best_of(once, repeats)
+    return {"tok_s": tokens / seconds, "seconds": seconds, "tokens": tokens}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--paths", nargs="+", default=["graph", "eager"], choices=["graph", "static", "eager"])
+    parser.add_argument("--fp8", action="store_true", help="also run the graph path with the FP8 KV cache")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--hbm-tbps", type=float, default=None, help="HBM bandwidth for the roofline (default: measured)")
+    parser.add_argument("--skip-hf", action="store_true", help="skip transformers generate()")
+    args = parser.parse_args()
+    assert torch.cuda.is_available(), "this benchmark needs a CUDA device"
+
+    from transformers import Qwen2ForCausalLM
+
+    cfg = qwen25_05b_config()
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen2ForCausalLM(cfg).to(torch.bfloat16).eval()
+    wbytes = weight_bytes(model)
+    measured = measure_hbm_tbps()
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; weights {wbytes / 1e9:.3f} GB (bf16, "
+          f"tied embedding counted once); HBM copy bandwidth measured {measured:.2f} TB/s"
+          + (f", given {args.hbm_tbps:.2f} TB/s" if args.hbm_tbps else ""))
+    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 2
+    configs = [(p, "auto") for p in args.paths] + ([("graph", "fp8_e4m3")] if args.fp8 else [])
+    for batch in args.batch_sizes:
+        gen = torch.Generator(device="cuda").manual_seed(batch)
+        prompts = torch.randint(0, cfg.vocab_size, (batch, args.prompt_len), device="cuda", generator=gen)
+        hf = None if args.skip_hf else run_hf(model, prompts, args.new_tokens, args.repeats)
+        mean_len = args.prompt_len + args.new_tokens / 2
+        roofs = {"measured": batch / (wbytes / (measured * 1e12))}
+        roofs["measured, with KV"] = batch / ((wbytes + batch * mean_len * kv_per_token) / (measured * 1e12))
+        if args.hbm_tbps:
+            roofs["given"] = batch / (wbytes / (args.hbm_tbps * 1e12))
+        print(f"\nbatch {batch}, prompt {args.prompt_len}, {args.new_tokens} new tokens, bf16, Qwen2.5-0.5B shapes")
+        print("  weight-read roofline: " + ", ".join(f"{k} {v:,.0f} tok/s" for k, v in roofs.items()))
+        if hf is not None:
+            print(f"  transformers generate(): {hf['tok_s']:>10,.0f} tok/s ({hf['seconds']:.2f} s)")
+        for path, kv in configs:
+            m = run_native(model, cfg, prompts, args.new_tokens, path, kv, args.repeats)
+            ratio = f", {m['tok_s'] / hf['tok_s']:.1f}x generate()" if hf is not None else ""
+            frac = ", ".join(f"{m['decode_tok_s'] / v:.1%} of {k}" for k, v in roofs.items())
+            print(f"  native {path:<6} kv {kv:<8}: {m['tok_s']:>10,.0f} tok/s end to end{ratio}; decode step "
+                  f"{m['step_ms']:.2f} ms = {m['decode_tok_s']:,.0f} tok/s ({frac}); graphs {m['graphs']}, "
+                  f"KV cache {m['kv_gib']:.2f} GiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,423 @@
+"""HttpBackend: the `GenerationBackend` protocol over N OpenAI-compatible HTTP servers.
+
+Owns: driving `rl-core serve` servers (started here on 127.0.0.1, or given by URL) or any
+OpenAI-compatible server that returns token ids (`server_kind="openai"`, e.g. vLLM with
+`return_token_ids`; no weight updates then), through one `httpx.AsyncClient`:
+
+- **Routing and health** (http_fleet.py): least-outstanding (or round-robin) routing over
+  healthy, non-stale servers; periodic health checks; restarts of dead local servers,
+  which the backend then brings to the current weight version before they serve again.
+- **Retries**: failures are classified. *Infrastructure* (transport errors, timeouts, HTTP
+  408/429/5xx) is retried on any routable server with exponential backoff
+  (`retry_backoff_s * 2^(attempt-1)`, capped), at most `max_retries` times, then raises
+  `GenerationError`. *Data* errors (other 4xx: the request itself is bad) raise
+  `GenerationRequestError` at once. Sampling stays reproducible across retries: seeds
+  travel with the request. Each attempt has its own server-side id (`<id>@<attempt>`).
+- **Weight updates** (filesystem handoff): a state dict is published as a version
+  directory with a READY marker (`rl_core.weights.filesystem.FilesystemWeightSync`, which
+  also prunes old versions); a directory (already published by the refit's weight sync)
+  is used as is. Then every server is told to load it (`POST /rl/update_weights`),
+  concurrently. A server that fails with an infrastructure error is marked *stale*
+  (excluded from routing) and caught up by the health task; a data error (weights of
+  the wrong shape) raises; if no server took the version, the update raises.
+- **Abort**: `abort(id)` calls the server's `/rl/abort`, so the pending `generate`
+  returns the tokens so far with finish_reason "abort"; a request not yet dispatched
+  returns an empty abort result. Cancelling `generate` closes its connection, which the
+  server treats as an abort too.
+
+Versions: rl_core servers report `start_version`, `end_version` and per-token versions;
+for plain OpenAI servers every token records the backend's version. `weight_version` is
+the version of the last update (from the start of its fan-out; servers that did not load it
+are stale, so no request reaches them).
+
+Does not own: the servers' engines (rl_core.serve), routing and health (http_fleet.py),
+process handling of local servers (http_servers.py), or when to refit (the controller).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import httpx
+import torch
+
+from rl_core.generation.backend import GenerationError
+from rl_core.generation.http_fleet import (Endpoint, FleetPolicy, GenerationRequestError, ServerFleet, error_message,
+                                           is_infra_status)
+from rl_core.generation.http_servers import EngineArgs, LocalServer
+from rl_core.types import GenerationRequest, GenerationResult
+
+log = logging.getLogger(__name__)
+
+__all__ = ["GenerationRequestError", "HttpBackend", "make_http_backend"]
+
+
+class HttpBackend:
+    """Generation over HTTP servers (see the module docstring)."""
+
+    def __init__(self, urls: Sequence[str] = (), *, model_dir: str | Path | None = None, num_local_servers: int = 0,
+                 engine_args: EngineArgs | None = None, server_kind: str = "rl_core", api_key: str | None = None,
+                 model_name: str | None = None, weight_root: str | Path | None = None, keep_weight_versions: int = 2,
+                 weight_version: int = 0, routing: str = "least_outstanding", request_timeout_s: float = 600.0,
+                 connect_timeout_s: float = 10.0, max_retries: int = 3, retry_backoff_s: float = 0.5,
+                 retry_max_backoff_s: float = 10.0, health_check_interval_s: float = 5.0,
+                 startup_timeout_s: float = 300.0, max_local_server_restarts: int = 3,
+                 log_dir: str | Path | None = None, name: str = "http"):
+        if bool(urls) == bool(num_local_servers):
+            raise ValueError("give server URLs or a number of local servers to start (exactly one of them)")
+        if num_local_servers and model_dir is None:
+            raise ValueError("local servers need model_dir (the HF directory they load)")
+        if server_kind not in ("rl_core", "openai"):
+            raise ValueError(f"server_kind is {server_kind!r}; expected 'rl_core' or 'openai'")
+        if server_kind == "openai" and num_local_servers:
+            raise ValueError("local servers are rl_core servers (server_kind 'rl_core')")
+        self.name = name
+        self.kind = server_kind
+        self.model_name = model_name
+        self.api_key = api_key
+        self.weight_root = None if weight_root is None else Path(weight_root)
+        self.keep_weight_versions = keep_weight_versions
+        self._version = weight_version
+        self._latest_dir: Path | None = None
+        self._sync = None  # FilesystemWeightSync, created on the first state-dict update
+        endpoints = [Endpoint(url.rstrip("/")) for url in urls]
+        if num_local_servers:
+            self.api_key = secrets.token_urlsafe(24)  # local servers accept only this backend's requests
+            self.model_name = model_name or Path(model_dir).resolve().name
+            log_dir = Path(log_dir) if log_dir is not None else Path(model_dir).resolve().parent / "servers"
+            endpoints = [Endpoint("", local=LocalServer(i, model_dir, engine_args or EngineArgs(), self.api_key,
+                                                        log_dir, self.model_name, weight_version))
+                         for i in range(num_local_servers)]
+        self.counters = {k: 0 for k in ("requests", "retries", "infra_errors", "data_errors", "aborts",
+                                        "weight_updates", "server_restarts", "stale_servers_caught_up")}
+        policy = FleetPolicy(kind=server_kind, routing=routing, request_timeout_s=request_timeout_s,
+                             connect_timeout_s=connect_timeout_s, startup_timeout_s=startup_timeout_s,
+                             max_retries=max_retries, retry_backoff_s=retry_backoff_s,
+                             retry_max_backoff_s=retry_max_backoff_s, health_check_interval_s=health_check_interval_s,
+                             max_local_server_restarts=max_local_server_restarts)
+        self.fleet = ServerFleet(endpoints, policy, self.counters)
+        self.fleet.catch_up = self._catch_up
+        self._prepared = False
+        self._started = False
+        self._update_lock: asyncio.Lock | None = None
+        self._inflight: dict[str, tuple[Endpoint, str, asyncio.Task]] = {}
+        self._pending: set[str] = set()
+        self._aborted: set[str] = set()
+        self.last_update_s = 0.0
+        self._started_at = 0.0
+
+    @property
+    def endpoints(self) -> list[Endpoint]:
+        return self.fleet.endpoints
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    # ------------------------------------------------------------------ life cycle
+
+    def prepare(self) -> None:
+        """Launch the local servers and wait until they serve (blocking; safe to run in a
+        thread while the trainer builds). A no-op for remote servers."""
+        if not self._prepared:
+            self.fleet.launch_local()
+            self._prepared = True
+
+    def close_sync(self) -> None:
+        """Stop local servers (by PID)."""
+        self.fleet.stop_local()
+
+    async def start(self) -> None:
+        if self._started:
+            raise RuntimeError("HttpBackend.start() was already called")
+        self._started, self._started_at = True, time.monotonic()
+        if not self._prepared:
+            await asyncio.to_thread(self.prepare)
+        self.fleet.open(self.api_key)
+        self._update_lock = asyncio.Lock()
+        try:
+            await self._first_contact()
+        except BaseException:
+            await self.shutdown()
+            raise
+        self.fleet.start_health(self.name)
+
+    async def _first_contact(self) -> None:
+        """Wait (up to startup_timeout_s) until every server answers; check model and versions."""
+        policy = self.fleet.policy
+        deadline = time.monotonic() + policy.startup_timeout_s
+        while True:
+            await self.fleet.check_all(catch_up=False)
+            if all(ep.healthy for ep in self.endpoints) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(min(1.0, policy.health_check_interval_s))
+        down = [f"{ep.url} ({ep.last_error})" for ep in self.endpoints if not ep.healthy]
+        if down:
+            raise GenerationError(f"generation servers did not answer within {policy.startup_timeout_s:.0f}s "
+                                  f"(generation.http.startup_timeout_s): {', '.join(down)}")
+        if self.model_name is None:
+            models = await self.fleet.request("GET", self.endpoints[0], "/v1/models")
+            self.model_name = models["data"][0]["id"]
+        if self.kind == "rl_core":
+            wrong = [f"{ep.url} serves {ep.version}" for ep in self.endpoints if ep.version != self._version]
+            if wrong:
+                raise GenerationError(
+                    f"servers serve another weight version than the trainer's ({self._version}): {', '.join(wrong)}. "
+                    f"Start them from the same policy with --weight-version {self._version}.")
+
+    async def shutdown(self) -> None:
+        for rid in list(self._inflight):
+            try:
+                await self.abort(rid)
+            except Exception:  # noqa: BLE001 - best effort while shutting down
+                pass
+        await self.fleet.close()
+        await asyncio.to_thread(self.close_sync)
+
+    # ------------------------------------------------------------------ generation
+
+    def _body(self, request: GenerationRequest) -> dict[str, Any]:
+        p = request.params
+        greedy = p.is_greedy
+        body: dict[str, Any] = {
+            "model": self.model_name, "prompt": list(request.prompt_ids), "max_tokens": p.max_tokens,
+            "temperature": 0.0 if greedy else p.temperature, "top_p": 1.0 if greedy else p.top_p,
+            "logprobs": 0, "return_token_ids": True,
+        }
+        if p.top_k and not greedy:
+            body["top_k"] = p.top_k
+        if p.seed is not None:
+            body["seed"] = p.seed
+        if p.stop_strings:
+            body["stop"] = list(p.stop_strings)
+        if p.stop_token_ids:
+            body["stop_token_ids"] = list(p.stop_token_ids)
+        return body
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        if request.params.top_logprobs:
+            raise GenerationRequestError("top_logprobs are not available through the HTTP backend (the OpenAI "
+                                         "format names tokens by text, not id); request 0")
+        if self.fleet.client is None:
+            raise RuntimeError("HttpBackend.start() must be awaited before generate")
+        rid = request.request_id
+        if rid in self._pending:
+            raise GenerationRequestError(f"request_id {rid!r} is already in flight (ids must be unique)")
+        self._pending.add(rid)
+        self.counters["requests"] += 1
+        started = time.monotonic()
+        body = self._body(request)
+        try:
+            for attempt in itertools.count():
+                if rid in self._aborted:
+                    return self._aborted_result(request, started)
+                ep = await self.fleet.pick()
+                server_rid = f"{rid}@{attempt}"
+                payload = {**body, "request_id": server_rid} if self.kind == "rl_core" else body
+                post = asyncio.ensure_future(self.fleet.client.post(f"{ep.url}/v1/completions", json=payload))
+                self._inflight[rid] = (ep, server_rid, post)
+                ep.outstanding += 1
+                ep.requests += 1
+                try:
+                    response = await post
+                except asyncio.CancelledError:
+                    if rid in self._aborted and post.cancelled():
+                        return self._aborted_result(request, started)
+                    if self.kind == "rl_core":  # the caller gave up: free the server at once
+                        asyncio.ensure_future(self._abort_on(ep, server_rid))
+                    raise
+                except httpx.TransportError as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+                else:
+                    if response.status_code == 200:
+                        return self._result(request, ep, response.json(), started)
+                    error = f"HTTP {response.status_code}: {error_message(response)}"
+                    if not is_infra_status(response.status_code):
+                        self.counters["data_errors"] += 1
+                        raise GenerationRequestError(f"server {ep.url} refused request {rid!r}: {error}")
+                finally:
+                    ep.outstanding -= 1
+                    self._inflight.pop(rid, None)
+                self.counters["infra_errors"] += 1
+                self.fleet.suspect(ep, error)
+                if attempt >= self.fleet.policy.max_retries:
+                    raise GenerationError(f"request {rid!r} failed {attempt + 1} times on generation servers "
+                                          f"(generation.http.max_retries = {self.fleet.policy.max_retries}); "
+                                          f"last: {ep.url}: {error}")
+                self.counters["retries"] += 1
+                await asyncio.sleep(self.fleet.policy.backoff(attempt))
+            raise AssertionError("unreachable")
+        finally:
+            self._pending.discard(rid)
+            self._aborted.discard(rid)
+
+    def _result(self, request: GenerationRequest, ep: Endpoint, data: dict, started: float) -> GenerationResult:
+        try:
+            choice = data["choices"][0]
+            tokens = [int(t) for t in choice["token_ids"]]
+            logprobs = [float(x) for x in (choice.get("logprobs") or {})["token_logprobs"]]
+        except (KeyError, IndexError, TypeError) as exc:
+            raise GenerationError(f"server {ep.url} answered without token ids or logprobs ({exc!r}); rl_core "
+                                  "needs `return_token_ids` and `logprobs` support (rl-core serve, vLLM >= 0.10.2)")
+        if len(logprobs) != len(tokens):
+            raise GenerationError(f"server {ep.url} returned {len(tokens)} tokens but {len(logprobs)} logprobs")
+        version = self._version if ep.version is None else ep.version
+        versions = choice.get("token_versions") or [version] * len(tokens)
+        return GenerationResult(
+            request_id=request.request_id, prompt_ids=list(request.prompt_ids), token_ids=tokens, logprobs=logprobs,
+            finish_reason=choice.get("finish_reason") or "stop",
+            start_version=int(choice.get("start_version", version)), end_version=int(choice.get("end_version", version)),
+            token_versions=[int(v) for v in versions], started_at=started, finished_at=time.monotonic())
+
+    def _aborted_result(self, request: GenerationRequest, started: float) -> GenerationResult:
+        return GenerationResult(request.request_id, list(request.prompt_ids), [], [], "abort", self._version,
+                                self._version, [], started, time.monotonic())
+
+    async def abort(self, request_id: str) -> None:
+        where = self._inflight.get(request_id)
+        if where is None:
+            if request_id in self._pending:  # between attempts: it returns an abort result
+                self._aborted.add(request_id)
+                self.counters["aborts"] += 1
+            return
+        ep, server_rid, post = where
+        self._aborted.add(request_id)
+        self.counters["aborts"] += 1
+        if self.kind == "rl_core" and await self._abort_on(ep, server_rid):
+            return  # the server returns the partial result
+        post.cancel()
+
+    async def _abort_on(self, ep: Endpoint, server_rid: str) -> bool:
+        """Abort on the server; False if it did not hold the request (not arrived yet, or done)."""
+        try:
+            data = await self.fleet.request("POST", ep, "/rl/abort", json={"request_ids": [server_rid]},
+                                            timeout=self.fleet.policy.connect_timeout_s)
+            return int(data.get("aborted", 0)) > 0
+        except (GenerationError, GenerationRequestError):
+            return False
+
+    # ------------------------------------------------------------------ weights
+
+    async def update_weights(self, version: int, weights: Mapping[str, torch.Tensor] | str | Path) -> None:
+        """Publish `weights` (or use the published directory) and have every server load it."""
+        if self.kind != "rl_core":
+            raise GenerationError("plain OpenAI servers cannot load new weights; use rl-core serve servers for RL")
+        t0 = time.monotonic()
+        if isinstance(weights, (str, Path)):
+            path = Path(weights)
+        else:
+            if self.weight_root is None:
+                raise GenerationError("update_weights with a state dict needs weight_root (a directory every "
+                                      "server can read)")
+            if self._sync is None:
+                from rl_core.weights.filesystem import FilesystemWeightSync
+
+                self._sync = FilesystemWeightSync(self.weight_root, keep_last_versions=self.keep_weight_versions)
+            await asyncio.to_thread(self._sync.write, version, weights)
+            from rl_core.weights.filesystem import version_dir
+
+            path = version_dir(self.weight_root, version)
+        async with self._update_lock:
+            self._latest_dir = path.resolve()
+            previous, self._version = self._version, version
+            targets = [ep for ep in self.endpoints if ep.healthy]
+            outcomes = await asyncio.gather(*(self._load(ep, version) for ep in targets), return_exceptions=True)
+            loaded = 0
+            for ep, outcome in zip(targets, outcomes):
+                if isinstance(outcome, GenerationRequestError):
+                    self._version = previous
+                    raise outcome
+                if isinstance(outcome, BaseException):
+                    ep.stale = True
+                    ep.last_error = f"missed weight version {version}: {outcome}"
+                    log.warning("generation server %s missed weight version %d: %s", ep.url, version, outcome)
+                else:
+                    loaded += 1
+            for ep in self.endpoints:
+                if ep not in targets:
+                    ep.stale = True  # unhealthy now: it loads the current version when it comes back
+            if not loaded:
+                self._version = previous
+                raise GenerationError(f"no generation server loaded weight version {version}")
+        self.counters["weight_updates"] += 1
+        self.last_update_s = time.monotonic() - t0
+
+    async def _load(self, ep: Endpoint, version: int) -> None:
+        data = await self.fleet.request("POST", ep, "/rl/update_weights", retries=self.fleet.policy.max_retries,
+                                        json={"version": version, "path": str(self._latest_dir)})
+        ep.version = int(data["weight_version"])
+        ep.stale = False
+
+    async def invalidate_kv_cache(self) -> None:
+        if self.kind != "rl_core":
+            raise GenerationError("plain OpenAI servers have no invalidate endpoint")
+        targets = [ep for ep in self.endpoints if ep.routable]
+        outcomes = await asyncio.gather(*(self.fleet.request("POST", ep, "/rl/invalidate_kv_cache") for ep in targets),
+                                        return_exceptions=True)
+        for ep, outcome in zip(targets, outcomes):
+            if isinstance(outcome, GenerationRequestError):
+                raise outcome
+            if isinstance(outcome, BaseException):
+                self.fleet.suspect(ep, str(outcome))
+
+    async def _catch_up(self, ep: Endpoint) -> None:
+        """Called after each successful health check: bring a server that missed weight
+        updates (or restarted from the initial weights) to the current version."""
+        if self.kind != "rl_core":
+            return
+        if ep.version == self._version:
+            ep.stale = False
+            return
+        if self._update_lock.locked():
+            return  # a fan-out is loading it now
+        async with self._update_lock:
+            ep.stale = True
+            if self._latest_dir is None:
+                raise GenerationError(f"server {ep.url} serves weight version {ep.version}, the backend "
+                                      f"{self._version}, and no version directory was published yet")
+            await self._load(ep, self._version)
+            self.counters["stale_servers_caught_up"] += 1
+
+    # ------------------------------------------------------------------ reporting
+
+    def capacity(self) -> int:
+        return self.fleet.capacity()
+
+    def metrics(self) -> dict[str, float]:
+        out = {k: float(v) for k, v in self.counters.items()}
+        out.update(self.fleet.metrics())
+        out.update(weight_version=float(self._version), last_update_s=self.last_update_s,
+                   uptime_s=time.monotonic() - self._started_at if self._started_at else 0.0)
+        return out
+
+
+def make_http_backend(cfg: Any, policy_dir: str | Path, *, device: str, weight_version: int = 0) -> HttpBackend:
+    """The recipe's `generation.backend: http` (not started). Local servers run the native
+    engine with `generation.native` settings on the run's device and log to <run dir>/servers;
+    weight versions go to `trainer.weight_sync.dir` (default <run dir>/weights)."""
+    import os
+
+    from rl_core.config import run_dir
+
+    gen, rd = cfg.generation, run_dir(cfg)
+    h, n, ws = gen.http, gen.native, cfg.trainer.weight_sync
+    engine = EngineArgs(device=device, dtype=cfg.model.dtype, max_batch_size=gen.max_batch_size,
+                        max_seq_len=n.max_seq_len, max_num_kv_tokens=n.max_num_kv_tokens,
+                        kv_cache_dtype=n.kv_cache_dtype, kv_scale_margin=n.kv_scale_margin, decode_path=n.decode_path,
+                        seed=cfg.grpo.seed,
+                        torch_num_threads=h.server_torch_num_threads or cfg.runtime.torch_num_threads)
+    return HttpBackend(
+        h.urls, model_dir=policy_dir if h.num_local_servers else None, num_local_servers=h.num_local_servers,
+        engine_args=engine, api_key=os.environ.get(h.api_key_env) or None,
+        weight_root=Path(ws.dir) if ws.dir else rd / "weights",
+        keep_weight_versions=ws.keep_last_versions, weight_version=weight_version, routing=h.routing,
+        request_timeout_s=h.request_timeout_s, connect_timeout_s=h.connect_timeout_s, max_retries=h.max_retries,
+        retry_backoff_s=h.retry_backoff_s, retry_max_backoff_s=h.retry_max_backoff_s,
+        health_check_interval_s=h.health_check_interval_s, startup_timeout_s=h.startup_timeout_s,
+        max_local_server_restarts=h.max_local_server_restarts, log_dir=rd / "servers")

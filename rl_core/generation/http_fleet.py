@@ -1,0 +1,275 @@
+"""The servers behind an `HttpBackend`: their state, routing, health checks and restarts.
+
+Owns: `Endpoint` (what is known about one server: healthy, stale, weight version,
+capacity, outstanding requests, counters), and `ServerFleet`:
+
+- **routing** (`pick`): the routable server (healthy and not stale) with the fewest
+  outstanding requests (`least_outstanding`; ties rotate) or the next one in turn
+  (`round_robin`); while none is routable a request waits (woken by a health check), at
+  most `startup_timeout_s`;
+- **health**: every `health_check_interval_s` each server is checked (`GET /health` and
+  `/rl/metrics` on rl_core servers, `GET /v1/models` on plain OpenAI ones); a failed
+  check, or a transport error reported by a request (`suspect`, which also triggers an
+  immediate check), takes the server out of routing until a check succeeds. A server
+  whose weight version differs from the backend's is handed to the backend's catch-up
+  callback. A local server whose process died is relaunched, at most
+  `max_local_server_restarts` times;
+- **control requests** (`request`), with the failure classes every caller shares:
+  transport errors, timeouts and HTTP 408/429/5xx are *infrastructure* (retried with
+  exponential backoff when asked, then `GenerationError`); other 4xx are *data* errors
+  (`GenerationRequestError`, never retried).
+
+Does not own: generation, aborts or weight updates (http_backend.py), or the processes
+themselves (http_servers.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+import httpx
+
+from rl_core.generation.backend import GenerationError
+from rl_core.generation.http_servers import LocalServer
+
+log = logging.getLogger(__name__)
+
+INFRA_STATUS = frozenset({408, 429})  # plus every 5xx
+ROUTING = ("least_outstanding", "round_robin")
+DEFAULT_OPENAI_CAPACITY = 256  # a plain OpenAI server does not report how many requests it batches
+
+
+class GenerationRequestError(ValueError):
+    """A server refused a request as invalid (HTTP 4xx): a data error, never retried."""
+
+
+def is_infra_status(status: int) -> bool:
+    return status >= 500 or status in INFRA_STATUS
+
+
+def error_message(response: httpx.Response) -> str:
+    try:
+        data = response.json()
+        return str(data.get("error", {}).get("message") or data)[:500]
+    except ValueError:
+        return response.text[:500]
+
+
+@dataclass
+class Endpoint:
+    """What the backend knows about one server."""
+
+    url: str
+    local: LocalServer | None = None
+    healthy: bool = False
+    stale: bool = False  # missed a weight update: not routable until caught up
+    version: int | None = None
+    capacity: int = 0
+    outstanding: int = 0
+    requests: int = 0
+    failures: int = 0
+    restarts: int = 0
+    last_error: str = ""
+    server_metrics: dict[str, float] = field(default_factory=dict)
+    checking: bool = False
+
+    @property
+    def routable(self) -> bool:
+        return self.healthy and not self.stale
+
+
+@dataclass
+class FleetPolicy:
+    """Timeouts and retry/health settings (the `generation.http` knobs)."""
+
+    kind: str = "rl_core"  # "rl_core" | "openai"
+    routing: str = "least_outstanding"
+    request_timeout_s: float = 600.0
+    connect_timeout_s: float = 10.0
+    startup_timeout_s: float = 300.0
+    max_retries: int = 3
+    retry_backoff_s: float = 0.5
+    retry_max_backoff_s: float = 10.0
+    health_check_interval_s: float = 5.0
+    max_local_server_restarts: int = 3
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait before retry `attempt + 1`."""
+        return min(self.retry_max_backoff_s, self.retry_backoff_s * 2 ** attempt)
+
+
+class ServerFleet:
+    """Endpoints, one HTTP client, routing and the health task."""
+
+    def __init__(self, endpoints: list[Endpoint], policy: FleetPolicy, counters: dict[str, int]):
+        if policy.routing not in ROUTING:
+            raise ValueError(f"routing is {policy.routing!r}; expected one of {ROUTING}")
+        self.endpoints = endpoints
+        self.policy = policy
+        self.counters = counters
+        self.client: httpx.AsyncClient | None = None
+        self.catch_up: Callable[[Endpoint], Awaitable[None]] | None = None  # set by the backend
+        self.wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._turn = itertools.count()
+
+    # ------------------------------------------------------------------ processes
+
+    def launch_local(self) -> None:
+        """Launch the local servers and wait for them (blocking); stops them all on failure."""
+        try:
+            for ep in self.endpoints:
+                if ep.local is not None:
+                    ep.local.launch()
+            for ep in self.endpoints:
+                if ep.local is not None:
+                    ep.url = ep.local.wait_ready(self.policy.startup_timeout_s)
+        except BaseException:
+            self.stop_local()
+            raise
+
+    def stop_local(self) -> None:
+        for ep in self.endpoints:
+            if ep.local is not None:
+                ep.local.stop()
+
+    # ------------------------------------------------------------------ client, health task
+
+    def open(self, api_key: str | None) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.AsyncClient(
+            headers=headers, limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+            timeout=httpx.Timeout(self.policy.request_timeout_s, connect=self.policy.connect_timeout_s))
+        self.wake = asyncio.Event()
+
+    def start_health(self, name: str) -> None:
+        self._task = asyncio.create_task(self._health_loop(), name=f"{name}-health")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+            self._task = None
+        if self.client is not None:
+            await self.client.aclose()
+
+    async def check_all(self, catch_up: bool = True) -> None:
+        await asyncio.gather(*(self.check(ep, catch_up) for ep in self.endpoints), return_exceptions=True)
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.policy.health_check_interval_s)
+            await self.check_all()
+
+    # ------------------------------------------------------------------ routing
+
+    async def pick(self) -> Endpoint:
+        """A routable server (waits while there is none, at most startup_timeout_s)."""
+        deadline = time.monotonic() + self.policy.startup_timeout_s
+        while True:
+            ready = [ep for ep in self.endpoints if ep.routable]
+            if ready:
+                turn = next(self._turn)
+                if self.policy.routing == "round_robin":
+                    return ready[turn % len(ready)]
+                fewest = min(ep.outstanding for ep in ready)
+                tied = [ep for ep in ready if ep.outstanding == fewest]
+                return tied[turn % len(tied)]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise GenerationError("no generation server is healthy: " + "; ".join(
+                    f"{ep.url or 'local server'}: {ep.last_error or 'stale'}" for ep in self.endpoints))
+            self.wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), timeout=min(left, self.policy.health_check_interval_s))
+
+    def suspect(self, ep: Endpoint, error: str) -> None:
+        """A request to `ep` failed at the transport level: stop routing to it, check it now."""
+        ep.healthy = False
+        ep.failures += 1
+        ep.last_error = error
+        if not ep.checking and self._task is not None:
+            asyncio.ensure_future(self.check(ep))
+
+    # ------------------------------------------------------------------ checks
+
+    async def check(self, ep: Endpoint, catch_up: bool = True) -> None:
+        if ep.checking:
+            return
+        ep.checking = True
+        timeout = self.policy.connect_timeout_s
+        try:
+            if ep.local is not None and not ep.local.alive():
+                await self._restart(ep)
+            if self.policy.kind == "rl_core":
+                info = await self.request("GET", ep, "/health", timeout=timeout)
+                ep.version, ep.capacity = int(info["weight_version"]), int(info["max_batch_size"])
+                with contextlib.suppress(GenerationError, GenerationRequestError):
+                    m = await self.request("GET", ep, "/rl/metrics", timeout=timeout)
+                    ep.server_metrics = {k: float(v) for k, v in m.items() if isinstance(v, (int, float))}
+            else:
+                await self.request("GET", ep, "/v1/models", timeout=timeout)
+                ep.capacity = DEFAULT_OPENAI_CAPACITY
+            ep.healthy, ep.failures = True, 0
+            if catch_up and self.catch_up is not None:
+                await self.catch_up(ep)
+        except (GenerationError, GenerationRequestError, RuntimeError, TimeoutError, OSError) as exc:
+            ep.healthy = False
+            ep.failures += 1
+            ep.last_error = str(exc)
+        finally:
+            ep.checking = False
+        if ep.routable and self.wake is not None:
+            self.wake.set()
+
+    async def _restart(self, ep: Endpoint) -> None:
+        if ep.restarts >= self.policy.max_local_server_restarts:
+            raise RuntimeError(f"local server {ep.local.index} died and was restarted {ep.restarts} times "
+                               f"(generation.http.max_local_server_restarts); see {ep.local.log_path}")
+        log.warning("local generation server %d died; restarting it (log: %s)", ep.local.index, ep.local.log_path)
+        ep.restarts += 1
+        self.counters["server_restarts"] += 1
+        ep.healthy, ep.stale = False, True  # it starts from the initial weights: catch up before routing
+        ep.local.launch()
+        ep.url = await asyncio.to_thread(ep.local.wait_ready, self.policy.startup_timeout_s)
+
+    async def request(self, method: str, ep: Endpoint, path: str, retries: int = 0, timeout: float | None = None,
+                      **kwargs) -> dict:
+        """One control request, classified (infra errors retried `retries` times)."""
+        for attempt in range(retries + 1):
+            try:
+                response = await self.client.request(method, ep.url + path, timeout=timeout, **kwargs)
+            except httpx.TransportError as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            else:
+                if response.status_code == 200:
+                    return response.json()
+                error = f"HTTP {response.status_code}: {error_message(response)}"
+                if not is_infra_status(response.status_code):
+                    raise GenerationRequestError(f"{method} {ep.url}{path}: {error}")
+            if attempt < retries:
+                self.counters["retries"] += 1
+                await asyncio.sleep(self.policy.backoff(attempt))
+        raise GenerationError(f"{method} {ep.url}{path} failed: {error}")
+
+    # ------------------------------------------------------------------ reporting
+
+    def capacity(self) -> int:
+        return sum(ep.capacity for ep in self.endpoints) or DEFAULT_OPENAI_CAPACITY * len(self.endpoints)
+
+    def metrics(self) -> dict[str, float]:
+        out = {"servers": float(len(self.endpoints)),
+               "healthy_servers": float(sum(ep.routable for ep in self.endpoints)),
+               "outstanding": float(sum(ep.outstanding for ep in self.endpoints))}
+        for key in ("tokens_generated", "requests_finished", "requests_aborted", "preemptions", "busy_s"):
+            values = [ep.server_metrics[key] for ep in self.endpoints if key in ep.server_metrics]
+            if values:
+                out[f"servers_{key}"] = float(sum(values))
+        return out

@@ -1,0 +1,136 @@
+"""Local `rl-core serve` processes that an `HttpBackend` starts, watches and stops.
+
+Owns: the command line of a local server (bound to 127.0.0.1 on a port the OS picks, so
+nothing can race for it; a random per-backend token passed through the environment, never
+on the command line), launching it with its output in a log file, waiting for its ready
+file (written by the server once it accepts connections; an early exit raises with the
+log's tail), and stopping it by PID (SIGTERM, then SIGKILL after a grace period).
+
+Does not own: talking HTTP to the servers (http_backend.py) or what a server does
+(rl_core.serve, rl_core.launch.serve).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+TOKEN_ENV = "RL_CORE_LOCAL_SERVER_TOKEN"
+
+
+@dataclass
+class EngineArgs:
+    """Options of the native engine inside a local server (`rl-core serve` flags)."""
+
+    device: str = "cpu"
+    dtype: str | None = None
+    max_batch_size: int = 256
+    max_seq_len: int | None = None
+    max_num_kv_tokens: int | None = None
+    kv_cache_dtype: str = "auto"
+    kv_scale_margin: float = 2.0
+    decode_path: str = "auto"
+    seed: int = 0
+    torch_num_threads: int | None = None
+    extra: Sequence[str] = field(default_factory=tuple)
+
+    def flags(self) -> list[str]:
+        out = ["--device", self.device, "--max-batch-size", str(self.max_batch_size),
+               "--kv-cache-dtype", self.kv_cache_dtype, "--kv-scale-margin", str(self.kv_scale_margin),
+               "--decode-path", self.decode_path, "--seed", str(self.seed)]
+        for flag, value in (("--dtype", self.dtype), ("--max-seq-len", self.max_seq_len),
+                            ("--max-num-kv-tokens", self.max_num_kv_tokens),
+                            ("--torch-num-threads", self.torch_num_threads)):
+            if value is not None:
+                out += [flag, str(value)]
+        return out + list(self.extra)
+
+
+class LocalServer:
+    """One `rl-core serve` child process."""
+
+    def __init__(self, index: int, model_dir: str | Path, engine: EngineArgs, token: str, log_dir: str | Path,
+                 model_name: str, weight_version: int = 0):
+        self.index = index
+        self.model_dir = str(model_dir)
+        self.engine = engine
+        self.token = token
+        self.log_dir = Path(log_dir)
+        self.model_name = model_name
+        self.weight_version = weight_version
+        self.proc: subprocess.Popen | None = None
+        self.url: str | None = None
+        self.launches = 0
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"server{self.index}.log"
+
+    @property
+    def ready_path(self) -> Path:
+        return self.log_dir / f"server{self.index}.ready.json"
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "rl_core.launch.cli", "serve", self.model_dir, "--host", "127.0.0.1",
+                "--port", "0", "--ready-file", str(self.ready_path), "--api-key-env", TOKEN_ENV,
+                "--served-model-name", self.model_name, "--weight-version", str(self.weight_version),
+                *self.engine.flags()]
+
+    def launch(self) -> None:
+        """Start the process (returns at once; `wait_ready` waits for it to serve)."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.ready_path.unlink(missing_ok=True)
+        env = dict(os.environ)
+        env[TOKEN_ENV] = self.token
+        with open(self.log_path, "a") as log:
+            log.write(f"--- launch {self.launches + 1}: {' '.join(self.command())}\n")
+            log.flush()
+            self.proc = subprocess.Popen(self.command(), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL)
+        self.launches += 1
+        self.url = None
+
+    def wait_ready(self, timeout_s: float) -> str:
+        """Block until the ready file appears; returns the base URL."""
+        deadline = time.monotonic() + timeout_s
+        while not self.ready_path.exists():
+            if self.proc is None or self.proc.poll() is not None:
+                code = None if self.proc is None else self.proc.returncode
+                raise RuntimeError(f"local generation server {self.index} exited (status {code}) before serving; "
+                                   f"last lines of {self.log_path}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"local generation server {self.index} did not serve within {timeout_s:.0f}s "
+                                   f"(generation.http.startup_timeout_s); see {self.log_path}:\n{self.log_tail()}")
+            time.sleep(0.05)
+        info = json.loads(self.ready_path.read_text())
+        self.url = f"http://127.0.0.1:{info['port']}"
+        return self.url
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM by PID, SIGKILL after `grace_s`; waits for the exit."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)

@@ -1,0 +1,452 @@
+"""The HTTP server of `rl-core serve`: OpenAI-compatible generation plus RL control endpoints.
+
+Owns: the routes, bearer-token auth, OpenAI-style error bodies, and how one HTTP request
+becomes engine requests and a response:
+
+- `GET /health` (no auth): status, served weight version, capacity, load.
+- `GET /v1/models`; `POST /v1/completions`; `POST /v1/chat/completions` (the tokenizer's
+  chat template): n choices per prompt, `stream: true` as server-sent events ending in
+  `data: [DONE]`, logprobs (chosen token + top alternatives), the extensions of
+  protocol.py (token ids in and out, weight versions, `request_id`).
+- `GET /rl/weight_version`, `POST /rl/update_weights` (load a versioned safetensors
+  directory, checking its ready marker), `POST /rl/abort` (by request_id, or all),
+  `POST /rl/invalidate_kv_cache`, `GET /rl/metrics`.
+
+Each choice is one engine request `"{request_id}/{choice index}"`; `/rl/abort` with the
+request id aborts all of them, and the aborted choices return what they generated so far
+with finish_reason "abort". A client that disconnects aborts its request (non-streaming
+requests poll for the disconnect; a closed stream cancels its generator).
+
+Errors: a request the engine cannot honour is 400 with the field and the fix; an engine
+failure is 500 (`type: "server_error"`, what retrying clients treat as infrastructure);
+a shut-down backend is 503. Auth: when the server has a token every route but `/health`
+needs `Authorization: Bearer <token>` (401 otherwise).
+
+Does not own: the engine or its thread (rl_core.generation), request schemas
+(protocol.py), text handling (text.py), or process start-up (rl_core.launch.serve).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from rl_core.generation.backend import GenerationError, NativeBackend, StreamDelta
+from rl_core.serve.protocol import (AbortRequest, ChatCompletionRequest, CompletionRequest, UpdateWeightsRequest,
+                                    _Sampling)
+from rl_core.serve.text import TextCodec, TextStream, chat_logprobs, completion_logprobs, cut_at_stop
+from rl_core.types import GenerationRequest, GenerationResult
+
+DISCONNECT_POLL_S = 0.25
+
+
+@dataclass
+class ServerSettings:
+    model_name: str
+    api_key: str | None = None  # None: no auth (only allowed on loopback; the launcher enforces it)
+    max_model_len: int = 4096
+    vocab_size: int | None = None  # prompt ids are checked against it before anything is queued
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": {"message": self.message, "type": self.type, "param": self.param,
+                                       "code": self.code}}, status_code=self.status)
+
+
+@dataclass
+class _Job:
+    choice: int
+    prompt_index: int
+    request: GenerationRequest
+
+
+class Server:
+    """State shared by the routes: the backend, the tokenizer, requests in flight."""
+
+    def __init__(self, backend: NativeBackend, tokenizer: Any, settings: ServerSettings):
+        self.backend = backend
+        self.codec = TextCodec(tokenizer)
+        self.settings = settings
+        self.inflight: dict[str, list[str]] = {}  # request_id -> engine request ids
+        self.weights_lock = asyncio.Lock()
+        self.counters = {"requests": 0, "errors": 0, "aborted_requests": 0}
+
+    # ------------------------------------------------------------------ auth
+
+    async def check_token(self, request: Request) -> None:
+        key = self.settings.api_key
+        if key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), key.encode()):
+            raise ApiError(401, "missing or wrong API token: send the header 'Authorization: Bearer <token>' with "
+                                "the token the server was started with", code="invalid_api_key")
+
+    # ------------------------------------------------------------------ building engine requests
+
+    def _jobs(self, body: _Sampling, prompts: list[list[int]], max_tokens: int | None, top: int,
+              base: str) -> list[_Job]:
+        if body.model is not None and body.model != self.settings.model_name:
+            raise ApiError(404, f"model {body.model!r} is not served here; this server serves "
+                                f"{self.settings.model_name!r} (see GET /v1/models)", param="model",
+                           code="model_not_found")
+        if base in self.inflight:
+            raise ApiError(400, f"request_id {base!r} is already in flight; use a unique id", param="request_id")
+        jobs = []
+        for p, ids in enumerate(prompts):
+            vocab = self.settings.vocab_size
+            if vocab is not None and (min(ids) < 0 or max(ids) >= vocab):
+                raise ApiError(400, f"prompt {p} holds token ids outside [0, {vocab}) (this model's vocabulary)",
+                               param="prompt")
+            room = self.settings.max_model_len - len(ids)
+            if room < 1:
+                raise ApiError(400, f"prompt {p} has {len(ids)} tokens; this server's context is "
+                                    f"{self.settings.max_model_len} tokens (shorten the prompt)", param="prompt")
+            try:
+                for i in range(body.n):
+                    choice = p * body.n + i
+                    params = body.sampling_params(max_tokens or room, i, top)
+                    jobs.append(_Job(choice, p, GenerationRequest(f"{base}/{choice}", ids, params)))
+            except ValueError as exc:
+                raise ApiError(400, str(exc), param="stop") from None
+        return jobs
+
+    def _encode_prompts(self, body: CompletionRequest) -> list[list[int]]:
+        out = []
+        for p in body.prompts():
+            ids = self.codec.encode(p) if isinstance(p, str) else list(p)
+            if not ids:
+                raise ApiError(400, "a prompt encodes to zero tokens; send a non-empty prompt", param="prompt")
+            out.append(ids)
+        return out
+
+    # ------------------------------------------------------------------ running them
+
+    async def _generate_all(self, base: str, jobs: list[_Job], request: Request) -> list[GenerationResult]:
+        self.inflight[base] = [j.request.request_id for j in jobs]
+        task = asyncio.ensure_future(asyncio.gather(*(self.backend.generate(j.request) for j in jobs)))
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+                if done:
+                    return task.result()
+                if await request.is_disconnected():  # nobody will read the answer: free the engine
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
+                    raise ApiError(499, "client disconnected")
+        except ValueError as exc:  # the engine refused a request
+            raise ApiError(400, str(exc)) from None
+        except GenerationError as exc:
+            raise ApiError(500, f"generation failed: {exc}", type="server_error") from None
+        except RuntimeError as exc:
+            raise ApiError(503, f"the engine is not serving: {exc}", type="server_error") from None
+        finally:
+            self.inflight.pop(base, None)
+            if not task.done():
+                task.cancel()
+
+    async def _stream_all(self, base: str,
+                          jobs: list[_Job]) -> AsyncIterator[tuple[_Job, StreamDelta | GenerationResult]]:
+        """(job, delta or final result) of every choice, as they come."""
+        self.inflight[base] = [j.request.request_id for j in jobs]
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(job: _Job) -> None:
+            try:
+                async for item in self.backend.generate_stream(job.request):
+                    queue.put_nowait((job, item))
+            except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+                queue.put_nowait((job, exc))
+
+        tasks = [asyncio.ensure_future(pump(j)) for j in jobs]
+        try:
+            remaining = len(jobs)
+            while remaining:
+                job, item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, GenerationResult):
+                    remaining -= 1
+                yield job, item
+        finally:
+            self.inflight.pop(base, None)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def abort(self, request_ids: list[str]) -> int:
+        n = 0
+        for rid in request_ids:
+            for engine_id in self.inflight.get(rid, []):
+                await self.backend.abort(engine_id)
+                n += 1
+        self.counters["aborted_requests"] += n
+        return n
+
+    # ------------------------------------------------------------------ responses
+
+    def _extension(self, body: _Sampling, result: GenerationResult) -> dict:
+        if not body.return_token_ids:
+            return {}
+        return {"prompt_token_ids": result.prompt_ids, "token_ids": result.token_ids,
+                "start_version": result.start_version, "end_version": result.end_version,
+                "token_versions": result.token_versions}
+
+    def _usage(self, prompts: list[list[int]], results: list[GenerationResult]) -> dict:
+        prompt_tokens = sum(len(p) for p in prompts)
+        completion = sum(len(r.token_ids) for r in results)
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                "total_tokens": prompt_tokens + completion}
+
+    async def completions(self, body: CompletionRequest, request: Request):
+        self.counters["requests"] += 1
+        prompts = self._encode_prompts(body)
+        top = body.logprobs or 0
+        base = body.request_id or f"cmpl-{uuid.uuid4().hex}"
+        jobs = self._jobs(body, prompts, body.max_tokens, top, base)
+        stops = body.stop_strings()
+        created = int(time.time())
+        head = {"id": base, "object": "text_completion", "created": created, "model": self.settings.model_name}
+        if body.stream:
+            return _sse(self._stream_completions(body, prompts, jobs, stops, head, base))
+        results = await self._generate_all(base, jobs, request)
+        choices = []
+        for job, res in zip(jobs, results):
+            text, _ = cut_at_stop(self.codec.decode(res.token_ids), stops)
+            lp = None
+            if body.logprobs is not None:
+                lp = completion_logprobs(self.codec, res.token_ids, res.logprobs, res.top_logprobs if top else None)
+            choices.append({"index": job.choice, "text": text, "logprobs": lp, "finish_reason": res.finish_reason,
+                            **self._extension(body, res)})
+        return {**head, "choices": choices, "usage": self._usage(prompts, results)}
+
+    async def _stream_completions(self, body, prompts, jobs, stops, head, base):
+        texts = {j.choice: TextStream(self.codec, stops) for j in jobs}
+        offsets = {j.choice: 0 for j in jobs}
+        results = []
+        async for job, item in self._stream_all(base, jobs):
+            stream = texts[job.choice]
+            choice: dict[str, Any] = {"index": job.choice, "logprobs": None, "finish_reason": None}
+            if isinstance(item, StreamDelta):
+                choice["text"] = stream.push(item.token_ids)
+                if body.logprobs is not None:
+                    choice["logprobs"] = completion_logprobs(self.codec, item.token_ids, item.logprobs,
+                                                             item.top_logprobs if body.logprobs else None,
+                                                             offsets[job.choice])
+                    offsets[job.choice] = choice["logprobs"]["text_offset"][-1] + len(choice["logprobs"]["tokens"][-1])
+                if body.return_token_ids:
+                    choice["token_ids"] = item.token_ids
+            else:
+                results.append(item)
+                choice.update(text=stream.finish(), finish_reason=item.finish_reason)
+                if body.return_token_ids:
+                    choice.update({k: v for k, v in self._extension(body, item).items() if k != "token_ids"},
+                                  token_ids=[])
+            yield {**head, "choices": [choice]}
+        if body.stream_options is not None and body.stream_options.include_usage:
+            yield {**head, "choices": [], "usage": self._usage(prompts, results)}
+
+    async def chat(self, body: ChatCompletionRequest, request: Request):
+        self.counters["requests"] += 1
+        try:
+            ids = self.codec.chat_prompt([m.for_template() for m in body.messages], body.add_generation_prompt,
+                                         body.continue_final_message)
+        except ValueError as exc:
+            raise ApiError(400, str(exc), param="messages") from None
+        except Exception as exc:  # a template error (jinja) is about the messages sent
+            raise ApiError(400, f"the chat template failed on these messages: {exc}", param="messages") from None
+        top = (body.top_logprobs or 0) if body.logprobs else 0
+        base = body.request_id or f"chatcmpl-{uuid.uuid4().hex}"
+        jobs = self._jobs(body, [ids], body.new_tokens(), top, base)
+        stops = body.stop_strings()
+        head = {"id": base, "object": "chat.completion", "created": int(time.time()),
+                "model": self.settings.model_name}
+        if body.stream:
+            return _sse(self._stream_chat(body, [ids], jobs, stops, {**head, "object": "chat.completion.chunk"}, base))
+        results = await self._generate_all(base, jobs, request)
+        choices = []
+        for job, res in zip(jobs, results):
+            text, _ = cut_at_stop(self.codec.decode(res.token_ids), stops)
+            lp = None
+            if body.logprobs:
+                lp = {"content": chat_logprobs(self.codec, res.token_ids, res.logprobs,
+                                               res.top_logprobs if top else None)}
+            choices.append({"index": job.choice, "message": {"role": "assistant", "content": text}, "logprobs": lp,
+                            "finish_reason": res.finish_reason, **self._extension(body, res)})
+        return {**head, "choices": choices, "usage": self._usage([ids], results)}
+
+    async def _stream_chat(self, body, prompts, jobs, stops, head, base):
+        texts = {j.choice: TextStream(self.codec, stops) for j in jobs}
+        for job in jobs:  # the role comes first, as in OpenAI's streams
+            yield {**head, "choices": [{"index": job.choice, "delta": {"role": "assistant", "content": ""},
+                                        "logprobs": None, "finish_reason": None}]}
+        results = []
+        async for job, item in self._stream_all(base, jobs):
+            stream = texts[job.choice]
+            choice: dict[str, Any] = {"index": job.choice, "logprobs": None, "finish_reason": None}
+            if isinstance(item, StreamDelta):
+                choice["delta"] = {"content": stream.push(item.token_ids)}
+                if body.logprobs:
+                    choice["logprobs"] = {"content": chat_logprobs(self.codec, item.token_ids, item.logprobs,
+                                                                   item.top_logprobs if body.top_logprobs else None)}
+                if body.return_token_ids:
+                    choice["token_ids"] = item.token_ids
+            else:
+                results.append(item)
+                rest = stream.finish()
+                choice.update(delta={"content": rest} if rest else {}, finish_reason=item.finish_reason)
+                if body.return_token_ids:
+                    choice.update({k: v for k, v in self._extension(body, item).items() if k != "token_ids"},
+                                  token_ids=[])
+            yield {**head, "choices": [choice]}
+        if body.stream_options is not None and body.stream_options.include_usage:
+            yield {**head, "choices": [], "usage": self._usage(prompts, results)}
+
+    # ------------------------------------------------------------------ RL control
+
+    async def update_weights(self, body: UpdateWeightsRequest) -> dict:
+        path = Path(body.path)
+        if not path.is_dir():
+            raise ApiError(400, f"path {body.path!r} is not a directory on the server; send a directory the server "
+                                "can read (a shared file system for remote servers)", param="path")
+        async with self.weights_lock:
+            t0 = time.monotonic()
+            try:
+                if body.require_marker:
+                    weights = await asyncio.to_thread(_read_ready_version, path, body.version)
+                    await self.backend.update_weights(body.version, weights)
+                else:
+                    await self.backend.update_weights(body.version, path)
+            except (ValueError, OSError) as exc:  # a bad or incomplete directory, or weights of another shape
+                raise ApiError(400, str(exc), param="path") from None
+            if body.invalidate_kv_cache:
+                await self.backend.invalidate_kv_cache()
+            return {"weight_version": self.backend.weight_version, "seconds": time.monotonic() - t0}
+
+    def health(self) -> dict:
+        m = self.backend.metrics()
+        return {"status": "ok", "model": self.settings.model_name, "weight_version": self.backend.weight_version,
+                "max_batch_size": self.backend.capacity(), "max_model_len": self.settings.max_model_len,
+                "running": int(m["running"]), "waiting": int(m["waiting"]), "requests_in_flight": len(self.inflight)}
+
+
+def _read_ready_version(path: Path, version: int) -> dict:
+    """The tensors of a `rl_core.weights.filesystem` version directory, checked: its name is
+    the version's, its READY marker exists and its files have the marker's sizes."""
+    from rl_core.weights.filesystem import read_version, version_dir
+
+    expected = version_dir(path.parent, version)
+    if path.name != expected.name:
+        raise ValueError(f"path {str(path)!r} is not the directory of weight version {version} (expected a directory "
+                         f"named {expected.name!r}, as rl_core.weights.filesystem writes); send that version's "
+                         "directory, or require_marker: false for a plain HF directory")
+    return read_version(path.parent, version)
+
+
+def _sse(events: AsyncIterator[dict]) -> StreamingResponse:
+    async def body():
+        try:
+            async for event in events:
+                yield f"data: {json.dumps(event)}\n\n"
+        except ApiError as exc:
+            yield f"data: {json.dumps({'error': {'message': exc.message, 'type': exc.type}})}\n\n"
+        except (ValueError, GenerationError) as exc:
+            kind = "invalid_request_error" if isinstance(exc, ValueError) else "server_error"
+            yield f"data: {json.dumps({'error': {'message': str(exc), 'type': kind}})}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def create_app(backend: NativeBackend, tokenizer: Any, settings: ServerSettings) -> FastAPI:
+    """The FastAPI app; it starts the backend on startup and shuts it down on exit."""
+    server = Server(backend, tokenizer, settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await backend.start()
+        try:
+            yield
+        finally:
+            await backend.shutdown()
+
+    app = FastAPI(title="rl_core native engine", lifespan=lifespan)
+    app.state.server = server
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError):
+        server.counters["errors"] += 1
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        server.counters["errors"] += 1
+        parts = []
+        for err in exc.errors():
+            loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+            parts.append(f"{loc or 'body'}: {err.get('msg')} (got {err.get('input')!r})"[:300])
+        first = next((e.get("loc") for e in exc.errors()), ())
+        param = ".".join(str(x) for x in first if x != "body") or None
+        return ApiError(400, "invalid request: " + "; ".join(parts), param=param).response()
+
+    @app.get("/health")
+    async def health():
+        return server.health()
+
+    api = APIRouter(dependencies=[Depends(server.check_token)])
+
+    @api.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": settings.model_name, "object": "model", "created": 0,
+                                            "owned_by": "rl_core", "max_model_len": settings.max_model_len}]}
+
+    @api.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        return await server.completions(body, request)
+
+    @api.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request):
+        return await server.chat(body, request)
+
+    @api.get("/rl/weight_version")
+    async def weight_version():
+        return {"weight_version": backend.weight_version}
+
+    @api.post("/rl/update_weights")
+    async def update_weights(body: UpdateWeightsRequest):
+        return await server.update_weights(body)
+
+    @api.post("/rl/abort")
+    async def abort(body: AbortRequest):
+        ids = list(server.inflight) if body.all else body.request_ids
+        return {"aborted": await server.abort(ids)}
+
+    @api.post("/rl/invalidate_kv_cache")
+    async def invalidate():
+        await backend.invalidate_kv_cache()
+        return {"ok": True}
+
+    @api.get("/rl/metrics")
+    async def metrics():
+        return {**backend.metrics(), **{f"server_{k}": float(v) for k, v in server.counters.items()}}
+
+    app.include_router(api)
+    return app

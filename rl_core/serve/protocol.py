@@ -1,0 +1,189 @@
+"""Request bodies of the server's HTTP API (OpenAI-compatible + rl_core's RL endpoints).
+
+Owns: what a request may contain and how it maps to engine `SamplingParams`. Unknown
+fields are refused (HTTP 400 naming the field) rather than silently ignored, and so are
+OpenAI options the native engine cannot honour (penalties, logit bias, echo, suffix,
+best_of > n): each says which field and what to send instead.
+
+Extensions beyond the OpenAI API (also accepted by vLLM, where named the same):
+`top_k`, `stop_token_ids`, `return_token_ids` (each choice then carries `token_ids`,
+`prompt_token_ids`, and rl_core's `start_version`, `end_version`, `token_versions`), and
+`request_id` (the id under which `/rl/abort` finds the request).
+
+Does not own: routing, auth or response shapes (app.py), text handling (text.py).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rl_core.types import SamplingParams
+
+MAX_TOP_LOGPROBS = 20
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(Body):
+    include_usage: bool = False
+    """Send a last chunk with token usage (choices empty)."""
+    continuous_usage_stats: bool = False
+    """Accepted for vLLM compatibility; usage is sent only at the end."""
+
+
+class _Sampling(Body):
+    """Fields shared by completions and chat completions."""
+
+    model: str | None = None
+    """Served model name (checked against `/v1/models` when given)."""
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=-1)
+    """Extension: keep the k most likely tokens (0 or -1 = off)."""
+    n: int = Field(1, ge=1, le=128)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: Union[str, list[str], None] = None
+    stop_token_ids: list[int] = []
+    """Extension: token ids that end a choice (besides the model's end-of-sequence ids)."""
+    seed: int | None = None
+    """Seed of choice 0; choice i uses seed + i (so choices differ and stay reproducible)."""
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    """Accepted and not used."""
+    return_token_ids: bool = False
+    """Extension: add token ids and weight versions to each choice."""
+    request_id: str | None = Field(None, min_length=1, max_length=200)
+    """Extension: id for `/rl/abort` (unique among requests in flight)."""
+
+    @model_validator(mode="after")
+    def _unsupported(self):
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise ValueError(f"{name} is not supported by the native engine; send 0 or leave it out")
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported by the native engine; leave it out")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options needs stream: true")
+        return self
+
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        stops = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if any(not s for s in stops):
+            raise ValueError("stop holds an empty string")
+        return stops
+
+    def sampling_params(self, max_tokens: int, choice: int, top_logprobs: int) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0), greedy=self.temperature == 0,
+            max_tokens=max_tokens, stop_token_ids=tuple(self.stop_token_ids), stop_strings=self.stop_strings(),
+            seed=None if self.seed is None else self.seed + choice, top_logprobs=top_logprobs)
+
+
+class CompletionRequest(_Sampling):
+    """POST /v1/completions."""
+
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    """Text, texts, token ids, or lists of token ids (one choice set per prompt)."""
+    max_tokens: int | None = Field(16, ge=1)
+    """New tokens per choice; null = up to the context length."""
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    """Report each chosen token's logprob and this many most likely alternatives (0 = chosen only)."""
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @model_validator(mode="after")
+    def _completion_only(self):
+        if self.echo:
+            raise ValueError("echo is not supported; leave it out (use return_token_ids to get the prompt ids)")
+        if self.suffix:
+            raise ValueError("suffix is not supported; leave it out")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError(f"best_of ({self.best_of}) must equal n ({self.n}) or be left out")
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise ValueError("prompt is an empty list")
+        return self
+
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per prompt: text, or token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]
+        return list(p)
+
+
+class TextPart(Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")  # name, tool_call_id, ... pass through to the template
+
+    role: str
+    content: Union[str, list[TextPart], None] = None
+
+    def for_template(self) -> dict:
+        msg = self.model_dump(exclude_none=True)
+        if isinstance(self.content, list):
+            msg["content"] = "".join(part.text for part in self.content)
+        return msg
+
+
+class ChatCompletionRequest(_Sampling):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    """Deprecated OpenAI name of max_completion_tokens."""
+    max_completion_tokens: int | None = Field(None, ge=1)
+    """New tokens per choice; null = up to the context length."""
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    add_generation_prompt: bool = True
+    """Extension: open an assistant turn after the messages (the chat template's flag)."""
+    continue_final_message: bool = False
+    """Extension: continue the last (assistant) message instead of opening a new turn."""
+
+    @model_validator(mode="after")
+    def _chat_only(self):
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message needs add_generation_prompt: false")
+        return self
+
+    def new_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class UpdateWeightsRequest(Body):
+    """POST /rl/update_weights: load weight `version` from a safetensors directory."""
+
+    version: int = Field(ge=0)
+    """The weight version the directory holds; tokens generated from now on record it."""
+    path: str
+    """Directory on the server's file system: a version directory of `rl_core.weights.filesystem`
+    (`<root>/v000000003` with its READY marker), or an HF directory with require_marker false."""
+    require_marker: bool = True
+    """Check the READY marker (complete files, this version's directory); false loads any *.safetensors directory."""
+    invalidate_kv_cache: bool = False
+    """Also drop cached keys/values of requests in flight (they recompute under the new weights)."""
+
+
+class AbortRequest(Body):
+    """POST /rl/abort: abort requests by their `request_id` (every choice), or all."""
+
+    request_ids: list[str] = []
+    all: bool = False
