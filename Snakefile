@@ -1,0 +1,32 @@
+# rl_core workflow: validate_recipe -> init_policy -> train_epoch (one per epoch, a submitit
+# controller job) -> archive_rollouts / validate_epoch -> evaluate -> report.
+#   snakemake --cores 2                          the embedded default (config/config.yaml)
+#   snakemake --profile profiles/slurm           the same on Slurm
+# Stages, outputs and rerun recipes: README.md, section "Workflow".
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/validate.smk"
+include: "workflow/rules/eval.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    default_target: True
+    localrule: True
+    input:
+        WF.report,
+
+
+onsuccess:
+    from rl_core.launch.workflow import final_summary
+
+    if (line := final_summary(WF)) is not None:
+        print(line)

@@ -1,0 +1,280 @@
+"""The rollout archive: an epoch's trained rollouts in one HDF5 file, and reading it back.
+
+Owns:
+- `compile_spool`: the JSON spool an epoch leaves (`rollouts.spool/step_NNNNNN.json`, one
+  per RL step, written by `rl_core.rollout.spool`) -> `rollouts.h5`, written atomically;
+- the HDF5 layout (below) and `RolloutArchive`, which reads it (summary statistics, one
+  sample as a dict);
+- `rl-core inspect` (`inspect_main`): summary statistics and a few samples, decoded with
+  the tokenizer of the epoch's checkpoint when one is found next to the archive.
+
+Layout (`format` attribute `rl_core.rollouts/1`; one row per step, group or sample;
+variable-length token arrays use HDF5 vlen types):
+
+    /steps    step, weight_version, group_start, group_count
+    /groups   step, group_id, prompt_index, epoch, target_step, start_version,
+              end_version, staleness, sample_start, sample_count
+    /samples  step, group, prompt_ids*, completion_ids*, gen_logprobs*, token_versions*
+              (empty when not recorded), reward, advantage, finish_reason, start_version,
+              end_version, env_mask, prompt_len, completion_len
+    /samples/rewards/<name>   named reward components (NaN where a sample lacks one)
+
+Every completion token is trained unless the sample's `env_mask` is set (the loss mask is
+`env_mask == False` broadcast over `completion_ids`).
+
+Does not own: writing the spool (the controller), choosing what is trained, the report.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from rl_core.errors import DataError
+
+FORMAT = "rl_core.rollouts/1"
+_VI32 = h5py.vlen_dtype(np.dtype("int32"))
+_VF32 = h5py.vlen_dtype(np.dtype("float32"))
+_STR = h5py.string_dtype()
+
+
+def _spool_files(spool_dir: Path) -> list[Path]:
+    files = sorted(spool_dir.glob("step_*.json"), key=lambda p: int(p.stem.split("_")[1]))
+    if not files:
+        raise DataError(f"Rollout spool {spool_dir} holds no step_*.json records (expected one per trained RL "
+                        f"step). Fix: rerun the epoch's train_epoch job, which writes them.")
+    return files
+
+
+def compile_spool(spool_dir: str | os.PathLike, out_path: str | os.PathLike,
+                  attrs: dict[str, Any] | None = None) -> dict[str, int]:
+    """Compile every step record of `spool_dir` into the HDF5 archive `out_path` (atomic)."""
+    steps: dict[str, list] = {k: [] for k in ("step", "weight_version", "group_start", "group_count")}
+    groups: dict[str, list] = {k: [] for k in ("step", "group_id", "prompt_index", "epoch", "target_step",
+                                               "start_version", "end_version", "staleness", "sample_start",
+                                               "sample_count")}
+    samples: dict[str, list] = {k: [] for k in ("step", "group", "prompt_ids", "completion_ids", "gen_logprobs",
+                                                "token_versions", "reward", "advantage", "finish_reason",
+                                                "start_version", "end_version", "env_mask")}
+    components: dict[str, list[float]] = {}
+    for path in _spool_files(Path(spool_dir)):
+        rec = json.loads(path.read_text())
+        steps["step"].append(rec["step"])
+        steps["weight_version"].append(rec["weight_version"])
+        steps["group_start"].append(len(groups["step"]))
+        steps["group_count"].append(len(rec["groups"]))
+        for g in rec["groups"]:
+            gi = len(groups["step"])
+            groups["step"].append(rec["step"])
+            for k in ("group_id", "prompt_index", "epoch", "start_version", "end_version", "staleness"):
+                groups[k].append(g[k])
+            groups["target_step"].append(-1 if g.get("target_step") is None else g["target_step"])
+            groups["sample_start"].append(len(samples["step"]))
+            groups["sample_count"].append(len(g["samples"]))
+            for s in g["samples"]:
+                n = len(samples["step"])
+                samples["step"].append(rec["step"])
+                samples["group"].append(gi)
+                for k in ("prompt_ids", "completion_ids", "gen_logprobs", "reward", "advantage", "finish_reason",
+                          "start_version", "end_version", "env_mask"):
+                    samples[k].append(s[k])
+                samples["token_versions"].append(s.get("token_versions") or [])
+                for name, value in (s.get("rewards") or {}).items():
+                    col = components.setdefault(name, [math.nan] * n)
+                    col.append(float(value))
+                for col in components.values():
+                    if len(col) == n:  # this sample lacks that component
+                        col.append(math.nan)
+
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.attrs["format"] = FORMAT
+            f.attrs["source"] = str(spool_dir)
+            for k, v in (attrs or {}).items():
+                f.attrs[k] = v
+            st, gr, sa = f.create_group("steps"), f.create_group("groups"), f.create_group("samples")
+            for k, v in steps.items():
+                st.create_dataset(k, data=np.asarray(v, dtype=np.int64))
+            for k, v in groups.items():
+                if k == "group_id":
+                    gr.create_dataset(k, data=np.asarray(v, dtype=object), dtype=_STR)
+                else:
+                    gr.create_dataset(k, data=np.asarray(v, dtype=np.int64))
+            n = len(samples["step"])
+            for k, dtype in (("prompt_ids", _VI32), ("completion_ids", _VI32), ("token_versions", _VI32),
+                             ("gen_logprobs", _VF32)):
+                ds = sa.create_dataset(k, (n,), dtype=dtype)
+                inner = np.float32 if dtype is _VF32 else np.int32
+                for i, row in enumerate(samples[k]):
+                    ds[i] = np.asarray(row, dtype=inner)
+            for k in ("step", "group", "start_version", "end_version"):
+                sa.create_dataset(k, data=np.asarray(samples[k], dtype=np.int64))
+            for k in ("reward", "advantage"):
+                sa.create_dataset(k, data=np.asarray(samples[k], dtype=np.float32))
+            sa.create_dataset("env_mask", data=np.asarray(samples["env_mask"], dtype=bool))
+            sa.create_dataset("finish_reason", data=np.asarray(samples["finish_reason"], dtype=object), dtype=_STR)
+            sa.create_dataset("prompt_len", data=np.asarray([len(x) for x in samples["prompt_ids"]], dtype=np.int32))
+            sa.create_dataset("completion_len",
+                              data=np.asarray([len(x) for x in samples["completion_ids"]], dtype=np.int32))
+            rw = sa.create_group("rewards")
+            for name, col in components.items():
+                rw.create_dataset(name, data=np.asarray(col, dtype=np.float32))
+            f.attrs["num_steps"] = len(steps["step"])
+            f.attrs["num_groups"] = len(groups["step"])
+            f.attrs["num_samples"] = n
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return {"num_steps": len(steps["step"]), "num_groups": len(groups["step"]), "num_samples": len(samples["step"])}
+
+
+def _stats(x: np.ndarray) -> dict[str, float]:
+    if x.size == 0:
+        return {"mean": math.nan, "std": math.nan, "min": math.nan, "max": math.nan}
+    return {"mean": float(x.mean()), "std": float(x.std()), "min": float(x.min()), "max": float(x.max())}
+
+
+class RolloutArchive:
+    """Read access to a `rollouts.h5` file (use as a context manager)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise DataError(f"Rollout archive {self.path} does not exist. Fix: pass results/<run>/epoch_<k>/rollouts.h5 "
+                            f"of a trained epoch (the workflow's archive_rollouts rule writes it).")
+        try:
+            self.f = h5py.File(self.path, "r")
+        except OSError as exc:
+            raise DataError(f"Rollout archive {self.path} cannot be opened as HDF5 ({exc}); it is truncated or not "
+                            f"an archive. Fix: rebuild it from the epoch's spool (rerun archive_rollouts).") from None
+        if self.f.attrs.get("format") != FORMAT:
+            fmt = self.f.attrs.get("format")
+            self.f.close()
+            raise DataError(f"{self.path} is not an rl_core rollout archive (format attribute {fmt!r}, expected "
+                            f"{FORMAT!r}). Fix: pass a rollouts.h5 written by rl_core.")
+
+    def __enter__(self) -> "RolloutArchive":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.f.close()
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.f.attrs["num_samples"])
+
+    def column(self, name: str) -> np.ndarray:
+        """A whole column: `samples/<name>`, `groups/<name>` or `steps/<name>` (e.g. 'groups/staleness')."""
+        return self.f[name][...]
+
+    def sample(self, i: int) -> dict[str, Any]:
+        s, g = self.f["samples"], self.f["groups"]
+        gi = int(s["group"][i])
+        out = {k: s[k][i].tolist() for k in ("prompt_ids", "completion_ids", "gen_logprobs", "token_versions")}
+        for k in ("step", "start_version", "end_version"):
+            out[k] = int(s[k][i])
+        out.update(reward=float(s["reward"][i]), advantage=float(s["advantage"][i]),
+                   env_mask=bool(s["env_mask"][i]), finish_reason=s["finish_reason"].asstr()[i],
+                   rewards={k: float(v[i]) for k, v in s["rewards"].items()},
+                   group_id=g["group_id"].asstr()[gi], prompt_index=int(g["prompt_index"][gi]),
+                   staleness=int(g["staleness"][gi]))
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        s, g, st = self.f["samples"], self.f["groups"], self.f["steps"]
+        reward = s["reward"][...]
+        comps = {k: float(np.nanmean(v[...])) if np.isfinite(v[...]).any() else math.nan
+                 for k, v in s["rewards"].items()}
+        correct = s["rewards"]["correct"][...] if "correct" in s["rewards"] else (reward > 0).astype(np.float32)
+        steps = st["step"][...]
+        stale = g["staleness"][...]
+        return {
+            "path": str(self.path),
+            "attrs": {k: (v.item() if hasattr(v, "item") else v) for k, v in self.f.attrs.items()},
+            "num_steps": int(steps.size), "num_groups": int(stale.size), "num_samples": int(reward.size),
+            "steps": [int(steps.min()), int(steps.max())] if steps.size else None,
+            "weight_versions": ([int(s["start_version"][...].min()), int(s["end_version"][...].max())]
+                                if reward.size else None),
+            "reward": _stats(reward),
+            "accuracy": float(np.nanmean(correct)) if reward.size else math.nan,
+            "reward_components": comps,
+            "advantage": _stats(s["advantage"][...]),
+            "staleness": {**_stats(stale), "histogram": {int(k): int(v) for k, v in sorted(Counter(stale.tolist()).items())}},
+            "completion_len": _stats(s["completion_len"][...].astype(np.float64)),
+            "finish_reasons": dict(Counter(s["finish_reason"].asstr()[...].tolist())),
+            "env_masked": int(s["env_mask"][...].sum()),
+            "spanning_refit": int((s["end_version"][...] != s["start_version"][...]).sum()),
+        }
+
+
+# --------------------------------------------------------------------------- rl-core inspect
+
+
+def find_tokenizer(archive: Path) -> Path | None:
+    """The tokenizer directory next to an epoch's archive: its checkpoint's model, else the run's init policy."""
+    for cand in (archive.parent / "checkpoint" / "model", archive.parent.parent / "init_policy"):
+        if (cand / "tokenizer_config.json").is_file() or (cand / "tokenizer.json").is_file():
+            return cand
+    return None
+
+
+def _fmt(stats: dict[str, float]) -> str:
+    return "  ".join(f"{k} {v:.4g}" for k, v in stats.items())
+
+
+def inspect_main(path: str, tokenizer_dir: str | None = None, num_samples: int = 5, step: int | None = None,
+                 as_json: bool = False) -> str:
+    """The text `rl-core inspect` prints."""
+    p = Path(path)
+    with RolloutArchive(p) as ar:
+        summ = ar.summary()
+        if as_json:
+            return json.dumps(summ, indent=2)
+        steps = ar.column("samples/step")
+        rows = np.flatnonzero(steps == step) if step is not None else np.arange(steps.size)
+        picked = [ar.sample(int(i)) for i in rows[:num_samples]]
+    tok_dir = Path(tokenizer_dir) if tokenizer_dir else find_tokenizer(p)
+    decode = None
+    if tok_dir is not None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(tok_dir))
+        decode = lambda ids: tok.decode(ids, skip_special_tokens=False)  # noqa: E731
+    a = summ["attrs"]
+    lines = [f"{p}: run {a.get('run', '?')}, epoch {a.get('epoch', '?')}",
+             f"  {summ['num_steps']} steps {summ['steps']}, {summ['num_groups']} groups, {summ['num_samples']} samples;"
+             f" weight versions {summ['weight_versions']}",
+             f"  reward       {_fmt(summ['reward'])}",
+             f"  accuracy     {summ['accuracy']:.4f}",
+             f"  components   " + "  ".join(f"{k} {v:.4g}" for k, v in summ["reward_components"].items()),
+             f"  advantage    {_fmt(summ['advantage'])}",
+             f"  staleness    {_fmt({k: v for k, v in summ['staleness'].items() if k != 'histogram'})}  "
+             f"histogram {summ['staleness']['histogram']}",
+             f"  completion   {_fmt(summ['completion_len'])} tokens; finish {summ['finish_reasons']}",
+             f"  env-masked {summ['env_masked']} samples; {summ['spanning_refit']} samples span a refit"]
+    where = f"step {step}" if step is not None else "the archive"
+    lines.append(f"samples (first {len(picked)} of {where}"
+                 + (f", decoded with {tok_dir})" if decode else "; token ids: no tokenizer found, pass --tokenizer)"))
+    for s in picked:
+        if decode:
+            prompt, completion = repr(decode(s["prompt_ids"])), repr(decode(s["completion_ids"]))
+        else:
+            prompt, completion = str(s["prompt_ids"]), str(s["completion_ids"])
+        lines.append(f"  [step {s['step']} {s['group_id']}] {prompt} -> {completion}  reward {s['reward']:.3g} "
+                     f"adv {s['advantage']:+.3f} v{s['start_version']}->v{s['end_version']} stale {s['staleness']} "
+                     f"{s['finish_reason']}{' MASKED' if s['env_mask'] else ''}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,306 @@
+"""The controller as a submitit job, and the executors the workflow's jobs run on.
+
+Owns:
+- `TrainEpochJob`: the importable, checkpointable callable that trains one epoch
+  (`stages.train_epoch`) inside a submitit job. Its `checkpoint()` (called by submitit on
+  SIGUSR2: Slurm preemption, or the time limit minus `signal_delay_s`) resubmits the same
+  call; the next attempt resumes from the newest complete step checkpoint, because that
+  is what `stages.train_epoch` does with an `epoch_dir` that holds `steps/`.
+- the one-controller-per-epoch lock: an `flock` on `<epoch_dir>/.controller.lock`, held
+  by the job process (released by the kernel when it dies, even by SIGKILL), whose text
+  names the pid and host so a second controller fails with a clear error.
+- `make_executor`: `LocalExecutor` or `SlurmExecutor`, chosen explicitly by the workflow's
+  `launcher` (never submitit's AutoExecutor, which picks Slurm whenever `srun` exists),
+  with the resources of a recipe `cluster.*` section.
+- `wait_for_jobs`: waiting on jobs while copying their stdout/stderr into the caller's
+  stdout (the rule's log), cancelling them if the waiting process is told to stop, and
+  turning a failed job into one short `JobError` paragraph.
+- `submit_train_epoch`: all of the above for the workflow's `train_epoch` rule; on Slurm
+  it re-attaches to a still-queued or running job of the same epoch instead of starting
+  a second one.
+
+Does not own: what an epoch computes or how it resumes (`stages.train_epoch`), or the
+evaluation job array (`evaluate.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import submitit
+
+from rl_core.config import load_resolved
+from rl_core.config.schema import ClusterConfig, SlurmJobConfig
+from rl_core.errors import UserError
+
+LAUNCHERS = ("local", "slurm")
+LOCK_NAME = ".controller.lock"
+JOB_RECORD = "job.json"
+_ALIVE_SLURM_STATES = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING",
+                       "COMPLETING", "RESIZING", "SUSPENDED"}
+
+
+class JobError(UserError):
+    """A submitit job of the workflow failed, died or could not be submitted."""
+
+
+# --------------------------------------------------------------------------- the controller job
+
+
+@contextlib.contextmanager
+def controller_lock(epoch_dir: str | os.PathLike) -> Iterator[Path]:
+    """Hold `<epoch_dir>/.controller.lock` for the life of this process's controller."""
+    path = Path(epoch_dir) / LOCK_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = Path(path).read_text().strip() or "another process"
+            raise JobError(f"Epoch directory {epoch_dir} is in use by another controller ({holder}); two "
+                           f"controllers must never write one epoch. Fix: wait for it to finish, or stop it "
+                           f"(kill that pid / scancel that job) and rerun the same command to resume.") from None
+        os.ftruncate(fd, 0)
+        job_id = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID") or "-"
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "job_id": job_id}).encode())
+        os.fsync(fd)
+        yield path
+    finally:
+        os.close(fd)  # closing the descriptor releases the flock
+
+
+def read_lock(epoch_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """The pid/host/job id written by the controller that holds (or last held) the epoch's lock."""
+    try:
+        return json.loads((Path(epoch_dir) / LOCK_NAME).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def use_allocated_cpus() -> None:
+    """Inside a Slurm job, size torch's thread pools to the job's CPUs (before torch is imported):
+    the submitting rule's OMP_NUM_THREADS (snakemake sets it to the rule's threads) is inherited
+    through sbatch and would otherwise win."""
+    cpus = os.environ.get("SLURM_CPUS_PER_TASK")
+    if cpus and "torch" not in sys.modules:
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[var] = cpus
+
+
+class TrainEpochJob(submitit.helpers.Checkpointable):
+    """`TrainEpochJob()(resolved_config_path, epoch, prev_checkpoint, epoch_dir)` trains one epoch."""
+
+    def __call__(self, resolved_config_path: str, epoch: int, prev_checkpoint: str, epoch_dir: str) -> dict:
+        use_allocated_cpus()
+        from rl_core.launch import stages
+
+        print(f"[job] {socket.gethostname()} pid {os.getpid()}: epoch {epoch} of {resolved_config_path} "
+              f"from {prev_checkpoint} into {epoch_dir}", flush=True)
+        from rl_core.launch.distributed import detect_env
+
+        if detect_env().rank != 0:  # a worker rank of a multi-process trainer: rank 0 holds the lock
+            return stages.train_epoch(resolved_config_path, epoch, prev_checkpoint, epoch_dir)
+        with controller_lock(epoch_dir):
+            return stages.train_epoch(resolved_config_path, epoch, prev_checkpoint, epoch_dir)
+
+    def checkpoint(self, resolved_config_path: str, epoch: int, prev_checkpoint: str,
+                   epoch_dir: str) -> submitit.helpers.DelayedSubmission:
+        # The state worth keeping is on disk (step checkpoints); the callable itself holds none.
+        print(f"[job] preempted or out of time: requeueing epoch {epoch}; the next attempt resumes from the "
+              f"newest complete step checkpoint in {Path(epoch_dir) / 'steps'}", flush=True)
+        return submitit.helpers.DelayedSubmission(TrainEpochJob(), resolved_config_path, epoch, prev_checkpoint,
+                                                  epoch_dir)
+
+
+# --------------------------------------------------------------------------- executors
+
+
+def _local_gpus() -> tuple[int, ...]:
+    """GPU ids this process may use, so a local job sees the same ones (submitit sets CUDA_VISIBLE_DEVICES)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return tuple(int(x) for x in visible.split(",") if x.strip().isdigit())
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    return tuple(range(sum(1 for line in out.splitlines() if line.startswith("GPU "))))
+
+
+def slurm_parameters(res: SlurmJobConfig, cluster: ClusterConfig, name: str) -> dict[str, Any]:
+    """submitit SlurmExecutor parameters (sbatch options) of one `cluster.*` section."""
+    params: dict[str, Any] = {
+        "job_name": name, "time": res.timeout_min, "nodes": res.nodes, "ntasks_per_node": res.tasks_per_node,
+        "cpus_per_task": res.cpus_per_task, "mem": f"{max(1, round(res.mem_gb * 1024))}M",
+        "signal_delay_s": res.signal_delay_s, "array_parallelism": cluster.max_parallel_array_tasks,
+        "stderr_to_stdout": True,  # one log file per job, lines in the order they were written
+    }
+    for key in ("partition", "account", "qos", "constraint"):
+        if getattr(res, key):
+            params[key] = getattr(res, key)
+    if res.gpus_per_node:
+        params["gpus_per_node"] = res.gpus_per_node
+    if res.extra_sbatch:
+        params["additional_parameters"] = dict(res.extra_sbatch)
+    return params
+
+
+def make_executor(launcher: str, folder: str | os.PathLike, res: SlurmJobConfig, cluster: ClusterConfig,
+                  name: str) -> submitit.Executor:
+    """A submitit executor for `launcher` ('local' or 'slurm') with the resources `res`."""
+    if launcher == "local":
+        gpus = _local_gpus()
+        section = f"cluster.{'controller' if res is cluster.controller else 'evaluation'}"
+        if res.nodes > 1:
+            raise JobError(f"{section}.nodes is {res.nodes} but the local launcher runs on this machine only. Fix: "
+                           f"run with --profile profiles/slurm, or set {section}.nodes: 1.")
+        if res.gpus_per_node > len(gpus):
+            raise JobError(f"{section}.gpus_per_node is {res.gpus_per_node} but this machine has {len(gpus)} usable "
+                           f"GPU(s) (CUDA_VISIBLE_DEVICES / nvidia-smi). Fix: lower {section}.gpus_per_node or run "
+                           f"with --profile profiles/slurm.")
+        ex = submitit.LocalExecutor(folder, max_num_timeout=cluster.max_num_timeout)
+        ex.update_parameters(timeout_min=res.timeout_min, signal_delay_s=res.signal_delay_s,
+                             gpus_per_node=len(gpus), visible_gpus=gpus, name=name, stderr_to_stdout=True,
+                             tasks_per_node=res.tasks_per_node)  # >1: a multi-process trainer (rl_core.train)
+        return ex
+    if launcher == "slurm":
+        try:
+            ex = submitit.SlurmExecutor(folder, max_num_timeout=cluster.max_num_timeout)
+        except RuntimeError as exc:  # no srun on this machine
+            raise JobError(f"launcher 'slurm' needs Slurm's commands on this machine ({exc}). Fix: run on a Slurm "
+                           f"login node, or use the local launcher (snakemake --cores N, without "
+                           f"--profile profiles/slurm).") from None
+        ex.update_parameters(**slurm_parameters(res, cluster, name))
+        return ex
+    raise JobError(f"Unknown launcher {launcher!r}; expected one of {LAUNCHERS}. Fix: set `launcher` in "
+                   f"config/config.yaml (or --config launcher=...) to 'local' or 'slurm'.")
+
+
+# --------------------------------------------------------------------------- waiting
+
+
+class _LogTail:
+    """Copies what a job appends to its log (stderr goes to stdout, see make_executor) into our stdout."""
+
+    def __init__(self, job: submitit.Job, prefix: str = ""):
+        self.job = job
+        self.prefix = prefix
+        self.offsets: dict[Path, int] = {}
+
+    def pump(self) -> None:
+        for path in (self.job.paths.stdout,):
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(self.offsets.get(path, 0))
+                    data = fh.read()
+                    self.offsets[path] = fh.tell()
+            except OSError:
+                continue
+            if data:
+                text = data.decode("utf-8", "replace")
+                if self.prefix:
+                    text = "".join(self.prefix + line for line in text.splitlines(keepends=True))
+                sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+def _failure(job: submitit.Job, what: str) -> JobError:
+    try:
+        exc = job.exception()
+    except submitit.core.utils.UncompletedJobError as unc:
+        exc = unc
+    text = str(exc) if exc is not None else "no result"
+    # A user error inside the job (bad checkpoint, bad recipe...) is shown as its own paragraph.
+    user = re.findall(r"^rl_core\.errors\.\w+Error: (.+)$", text, flags=re.M)
+    if user:
+        return JobError(f"{what} (job {job.job_id}) failed: {user[-1]}")
+    if isinstance(exc, submitit.core.utils.FailedJobError):
+        trace = text.split("-" * 22)[1] if text.count("-" * 22) >= 2 else text  # submitit frames the traceback
+        last = [line.strip() for line in trace.splitlines() if line.strip()]
+        return JobError(f"{what} (job {job.job_id}) failed: {last[-1] if last else text}. Its log: "
+                        f"{job.paths.stdout}. Fix: read the log above; rerunning the same "
+                        f"command resumes from the newest step checkpoint.")
+    return JobError(f"{what} (job {job.job_id}) ended without a result (state {job.state}: killed, cancelled "
+                    f"or out of memory). Its log: {job.paths.stdout}. Fix: rerun the same command; it resumes "
+                    f"from the newest complete step checkpoint.")
+
+
+def wait_for_jobs(jobs: Sequence[submitit.Job], what: str, poll_interval_s: float = 2.0,
+                  prefixes: Sequence[str] | None = None) -> list[Any]:
+    """Wait for every job, copying their logs to stdout; return results or raise JobError."""
+    tails = [_LogTail(j, (prefixes[i] if prefixes else "")) for i, j in enumerate(jobs)]
+
+    def stop(signum, _frame):
+        for j in jobs:
+            with contextlib.suppress(Exception):
+                j.cancel(check=False)
+        raise SystemExit(128 + signum)
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        pending = list(range(len(jobs)))
+        while pending:
+            for t in tails:
+                t.pump()
+            pending = [i for i in pending if not jobs[i].done()]
+            if pending:
+                time.sleep(poll_interval_s)
+        for t in tails:
+            t.pump()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    results = []
+    for j in jobs:
+        try:
+            results.append(j.results()[0])  # task 0's: a multi-process trainer's rank 0 holds the summary
+        except Exception:  # noqa: BLE001 - turned into one paragraph that names the job and its log
+            raise _failure(j, what) from None
+    return results
+
+
+# --------------------------------------------------------------------------- the train_epoch stage
+
+
+def _reattach(launcher: str, folder: Path) -> submitit.Job | None:
+    """A Slurm job of this epoch that is still queued or running (e.g. the workflow was restarted)."""
+    record = folder / JOB_RECORD
+    if launcher != "slurm" or not record.is_file():
+        return None
+    job_id = json.loads(record.read_text()).get("job_id")
+    if not job_id:
+        return None
+    job = submitit.SlurmJob(folder=folder, job_id=str(job_id))
+    return job if job.state.split(" ")[0] in _ALIVE_SLURM_STATES else None
+
+
+def submit_train_epoch(resolved_config_path: str, epoch: int, prev_checkpoint: str, epoch_dir: str,
+                       launcher: str = "local") -> dict:
+    """Run `TrainEpochJob` as a submitit job (local process or Slurm) and wait for its summary."""
+    cfg = load_resolved(resolved_config_path)
+    folder = Path(epoch_dir) / "submitit"
+    folder.mkdir(parents=True, exist_ok=True)
+    name = f"rl_core-train-{cfg.run_name}-e{epoch}"
+    job = _reattach(launcher, folder)
+    if job is not None:
+        print(f"[submit] re-attaching to Slurm job {job.job_id} ({job.state}) of epoch {epoch}", flush=True)
+    else:
+        executor = make_executor(launcher, folder, cfg.cluster.controller, cfg.cluster, name)
+        job = executor.submit(TrainEpochJob(), str(resolved_config_path), int(epoch), str(prev_checkpoint),
+                              str(epoch_dir))
+        (folder / JOB_RECORD).write_text(json.dumps({"job_id": job.job_id, "launcher": launcher, "name": name}))
+        print(f"[submit] epoch {epoch}: {launcher} job {job.job_id} ({name}); logs in {folder}", flush=True)
+    (summary,) = wait_for_jobs([job], f"Training epoch {epoch}", cfg.cluster.poll_interval_s)
+    return summary

@@ -1,0 +1,314 @@
+"""The Python side of the Snakemake workflow: the parse-time plan and running a stage in a rule.
+
+Owns:
+- `load_workflow`: at parse time (imported by `workflow/rules/common.smk`, so it must stay
+  torch-free) it checks the workflow config (`config/config.yaml` plus any `--config`)
+  against `workflow/schemas/config.schema.yaml`, loads the recipe with its overrides,
+  plans the epochs (`stages.plan_epochs`) and checks a branch source; every problem is a
+  `RecipeError` paragraph (which field, what was received, what was expected, the fix),
+  raised before any job runs. It returns a `WorkflowPlan`: the run's paths, one place.
+- `branch_epoch`: the `branch_epoch` rule (a new run starting from another run's epoch:
+  the source epoch's files are hard-linked, its checkpoint verified first).
+- `run_in_rule`: how a rule's script runs a stage: all output (Python and child
+  processes) into the rule's `log:`, a `UserError` shown on the terminal as one paragraph
+  with exit status 2, any other failure as one line pointing at the log.
+
+Does not own: the rules (workflow/rules/*.smk), what the stages compute (stages.py), the
+submitit jobs (job.py, evaluate.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from rl_core.config import RecipeConfig
+from rl_core.errors import RecipeError, UserError
+
+SOURCE = "the workflow config (config/config.yaml, --configfile or --config)"
+PLOTS = ("reward", "accuracy", "pass_at_k", "staleness", "throughput")
+_BRANCH_NOT_COPIED = {"steps", "submitit", ".controller.lock", "validation.json", "rollouts.h5"}
+# recipe sections that never change a stage's result (names, where outputs go, how jobs are placed, logging)
+_NOT_RESULTS = {"run_name", "output_dir", "cluster", "logging", "evaluation"}
+# the sections each stage's result depends on (None: all but _NOT_RESULTS)
+STAGE_SECTIONS: dict[str, tuple[str, ...] | None] = {
+    "init": ("model", "data", "env", "runtime", "grpo.seed", "generation.max_tokens"),
+    "train": None,
+    "validate": ("validation", "env", "data.val_file", "model.dtype", "runtime", "grpo.seed"),
+    "evaluate": ("evaluation", "env", "data.val_file", "model.dtype", "runtime", "grpo.seed"),
+}
+
+
+@dataclass
+class WorkflowPlan:
+    """What the rules need: the run, its recipe, its epochs and every output path."""
+
+    run: str
+    recipe: str
+    overrides: list[str]
+    launcher: str
+    cfg: RecipeConfig
+    epochs: list[dict]
+    recipe_files: list[str]
+    branch_from: str | None = None
+    branch_epoch: int = 0  # epochs 1..branch_epoch come from branch_from's run
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def job_launcher(self, executor_plugin: Any) -> str:
+        """Where submitit jobs go: `launcher` from the config, or with `auto` (the default) Slurm
+        exactly when snakemake itself runs with the Slurm executor (`--profile profiles/slurm`)."""
+        if self.launcher != "auto":
+            return self.launcher
+        name = getattr(executor_plugin, "name", "") or ""
+        return "slurm" if name.startswith("slurm") else "local"
+
+    @property
+    def run_dir(self) -> str:
+        return f"results/{self.run}"
+
+    @property
+    def num_epochs(self) -> int:
+        return len(self.epochs)
+
+    @property
+    def resolved(self) -> str:
+        return f"{self.run_dir}/resolved_config.json"
+
+    @property
+    def init_policy(self) -> str:
+        return f"{self.run_dir}/init_policy"
+
+    def epoch_dir(self, k: int | str) -> str:
+        return f"{self.run_dir}/epoch_{k}"
+
+    def trained_epochs(self) -> list[int]:
+        return [e["epoch"] for e in self.epochs if e["epoch"] > self.branch_epoch]
+
+    def branched_epochs(self) -> list[int]:
+        return [e["epoch"] for e in self.epochs if e["epoch"] <= self.branch_epoch]
+
+    def source_epoch_dir(self, k: int | str) -> str:
+        assert self.branch_from is not None
+        return str(Path(self.branch_from).parent / f"epoch_{k}")
+
+    def prev_checkpoint(self, k: int | str) -> str:
+        k = int(k)
+        return self.init_policy if k == 1 else f"{self.epoch_dir(k - 1)}/checkpoint"
+
+    @property
+    def evaluation(self) -> str:
+        return f"{self.run_dir}/evaluation.json"
+
+    @property
+    def report(self) -> str:
+        return f"{self.run_dir}/report.html"
+
+    def plots(self) -> list[str]:
+        return [f"{self.run_dir}/report/{name}.png" for name in PLOTS]
+
+    def per_epoch(self, name: str) -> list[str]:
+        """`name` (e.g. 'checkpoint', 'validation.json') of every epoch."""
+        return [f"{self.epoch_dir(e['epoch'])}/{name}" for e in self.epochs]
+
+    def digest(self, stage: str) -> str:
+        """A hash of the recipe sections `stage` depends on. Rules take the resolved config as an
+        `ancient()` input and this as a param, so editing e.g. an eval set re-evaluates without
+        retraining (snakemake's params trigger), while any knob of training retrains."""
+        import hashlib
+        import json
+
+        data = self.cfg.model_dump(mode="json")
+        keep = STAGE_SECTIONS[stage]
+        if keep is None:  # everything but what cannot change the result
+            part = {k: v for k, v in data.items() if k not in _NOT_RESULTS}
+        else:
+            part = {}
+            for key in keep:  # "section" or "section.field"
+                value = data
+                for name in key.split("."):
+                    value = value[name]
+                part[key] = value
+        return hashlib.sha256(json.dumps(part, sort_keys=True).encode()).hexdigest()[:16]
+
+    @staticmethod
+    def epoch_regex(epochs: list[int]) -> str:
+        return "|".join(str(k) for k in epochs) if epochs else "(?!)"
+
+
+def _schema_problems(config: dict, schema_path: str | os.PathLike) -> list[dict]:
+    import jsonschema
+
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    problems = []
+    for err in sorted(jsonschema.Draft7Validator(schema).iter_errors(config), key=lambda e: list(e.absolute_path)):
+        path = ".".join(str(p) for p in err.absolute_path)
+        if err.validator == "additionalProperties":
+            known = ", ".join(sorted(schema.get("properties", {})))
+            extra = sorted(set(config) - set(schema.get("properties", {})))
+            problems.append({"field": ", ".join(extra) or "(top level)",
+                             "value": config[extra[0]] if len(extra) == 1 else [config[k] for k in extra],
+                             "expected": f"only the known keys ({known})",
+                             "fix": "remove or rename the key (workflow/schemas/config.schema.yaml documents each)."})
+            continue
+        if err.validator == "required":
+            missing = err.message.split("'")[1] if "'" in err.message else err.message
+            problems.append({"field": missing, "value": None, "missing": True, "expected": "a value",
+                             "fix": f"set `{missing}` in config/config.yaml or pass --config {missing}=..."})
+            continue
+        desc = err.schema.get("description", "") if isinstance(err.schema, dict) else ""
+        what = {"enum": f"one of {err.validator_value}", "pattern": f"a string matching {err.validator_value}",
+                "type": f"a value of JSON type {err.validator_value}"}.get(err.validator, err.message)
+        expected = what + (f" ({desc})" if desc else "")
+        problems.append({"field": path or "(top level)", "value": err.instance, "expected": expected,
+                         "fix": f"fix `{path}` in config/config.yaml or on the command line (--config {path}=...)."})
+    return problems
+
+
+def recipe_chain(recipe: str) -> list[str]:
+    """The recipe file and every file it `extends:` (rerun triggers for validate_recipe)."""
+    out, path = [], Path(recipe)
+    while path.is_file() and str(path) not in out:
+        out.append(str(path))
+        base = (yaml.safe_load(path.read_text()) or {}).get("extends")
+        if not base:
+            break
+        path = path.parent / base
+    return out
+
+
+def load_workflow(config: dict, schema_path: str | os.PathLike) -> WorkflowPlan:
+    """Validate the workflow config, load the recipe and plan the run (no torch, no jobs)."""
+    from rl_core.launch.stages import load_workflow_recipe, plan_epochs
+
+    config = dict(config)
+    problems = _schema_problems(config, schema_path)
+    if problems:
+        raise RecipeError(problems, SOURCE)
+    recipe = config["recipe"]
+    if not Path(recipe).is_file():
+        found = sorted(str(p) for p in Path("recipes").glob("*.yaml"))
+        raise RecipeError.single("recipe", recipe, f"an existing recipe file (looked for {Path(recipe).resolve()})",
+                                 f"set `recipe` to one of {', '.join(found) or 'the files in recipes/'} "
+                                 f"(config/config.yaml or --config recipe=...).", SOURCE)
+    overrides = [str(o) for o in config.get("overrides") or []]
+    cfg = load_workflow_recipe(recipe, config["run"], overrides)
+    plan = WorkflowPlan(run=config["run"], recipe=recipe, overrides=overrides,
+                        launcher=config.get("launcher", "auto"), cfg=cfg, epochs=plan_epochs(cfg),
+                        recipe_files=recipe_chain(recipe))
+    if config.get("branch_from"):
+        _plan_branch(plan, str(config["branch_from"]).rstrip("/"))
+    return plan
+
+
+def _plan_branch(plan: WorkflowPlan, src: str) -> None:
+    m = re.search(r"(?:^|/)([^/]+)/epoch_([1-9][0-9]*)$", src)
+    if not m:
+        raise RecipeError.single("branch_from", src, "an epoch directory of another run, results/<run>/epoch_<k>",
+                                 "point branch_from at e.g. results/tiny-addition/epoch_1.", SOURCE)
+    src_run, k = m.group(1), int(m.group(2))
+    if src_run == plan.run:
+        raise RecipeError.single("branch_from", src, f"an epoch of another run than `run` ({plan.run})",
+                                 "give the branch its own run name (--config run=<new name>).", SOURCE)
+    manifest = Path(src) / "checkpoint" / "manifest.json"
+    if not manifest.is_file():
+        raise RecipeError.single("branch_from", src, f"a finished epoch ({manifest} is missing)",
+                                 f"train that epoch first, or branch from an earlier one.", SOURCE)
+    if k >= plan.num_epochs:
+        raise RecipeError.single("branch_from", src,
+                                 f"an epoch before this run's last one (the recipe plans {plan.num_epochs} epochs)",
+                                 "branch from an earlier epoch, or raise grpo.max_num_epochs / max_num_steps "
+                                 "in `overrides`.", SOURCE)
+    plan.branch_from, plan.branch_epoch = src, k
+
+
+def branch_epoch(src_epoch_dir: str, dst_epoch_dir: str) -> None:
+    """Copy (hard-link) an epoch of another run into this run, checkpoint verified first and placed last."""
+    from rl_core.checkpoint import verify_checkpoint
+
+    src, dst = Path(src_epoch_dir), Path(dst_epoch_dir)
+    verify_checkpoint(src / "checkpoint")
+
+    def link(a: str, b: str) -> None:
+        try:
+            os.link(a, b)
+        except OSError:
+            shutil.copy2(a, b)
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for item in sorted(src.iterdir()):
+        if item.name in _BRANCH_NOT_COPIED or item.name == "checkpoint" or item.name.startswith("."):
+            continue
+        target = dst / item.name
+        if item.is_dir():
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(item, target, copy_function=link)
+        else:
+            target.unlink(missing_ok=True)
+            link(str(item), str(target))
+    tmp = dst / ".checkpoint.branch"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src / "checkpoint", tmp, copy_function=link)
+    shutil.rmtree(dst / "checkpoint", ignore_errors=True)
+    os.replace(tmp, dst / "checkpoint")
+    print(f"[branch] {src} -> {dst} (checkpoint verified, files hard-linked)", flush=True)
+
+
+def run_in_rule(smk: Any, fn: Callable[[], Any], append_log: bool = False) -> None:
+    """Run a stage inside a rule's script: output into `smk.log[0]`, clean errors on the terminal."""
+    log_path = Path(smk.log[0])
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    terminal = os.dup(2)
+    log = open(log_path, "a" if append_log else "w")
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    rule = getattr(smk, "rule", "rule")
+    print(f"=== {rule} {dict(smk.wildcards)} started {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}",
+          flush=True)
+
+    def tell(text: str) -> None:
+        os.write(terminal, (text.rstrip() + "\n").encode())
+
+    try:
+        fn()
+    except UserError as exc:
+        print(f"{rule}: {exc}", flush=True)
+        tell(f"\n{rule}: {exc}\n(log: {log_path})")
+        sys.stdout.flush()
+        os._exit(exc.exit_code)
+    except BaseException as exc:  # noqa: BLE001 - reported in one line, traceback in the log
+        traceback.print_exc()
+        sys.stderr.flush()
+        tell(f"\n{rule}: failed with {type(exc).__name__}: {exc} (traceback in {log_path})")
+        os._exit(1 if not isinstance(exc, SystemExit) or not isinstance(exc.code, int) else exc.code)
+    print(f"=== {rule} done {time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)
+    sys.stdout.flush()
+
+
+def final_summary(plan: WorkflowPlan) -> str | None:
+    """What a finished run prints last (snakemake's onsuccess): accuracy before/after RL, the report."""
+    import json
+
+    def acc(path: str) -> float | None:
+        try:
+            return float(json.loads(Path(path).read_text())["accuracy"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    before = acc(f"{plan.run_dir}/init_validation.json")
+    after = acc(f"{plan.epoch_dir(plan.num_epochs)}/validation.json")
+    if before is None or after is None or not Path(plan.report).is_file():
+        return None
+    steps = plan.epochs[-1]["end_step"]
+    return (f"held-out accuracy: {before:.3f} before RL -> {after:.3f} after {steps} RL steps "
+            f"({(after - before) * 100:+.1f} points)\nreport: {plan.report}")

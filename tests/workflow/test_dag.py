@@ -1,0 +1,51 @@
+"""The workflow without running jobs: lint, the default DAG, and parse-time errors reaching the
+terminal as one paragraph (the unit tier checks every workflow-config error of `load_workflow`)."""
+
+from __future__ import annotations
+
+from wf_helpers import ROOT, RUN, job_stats, make_workdir, short_config, snakemake
+
+DEFAULT_JOBS = {"validate_recipe": 1, "init_policy": 1, "train_epoch": 2, "archive_rollouts": 2, "validate_init": 1,
+                "validate_epoch": 2, "evaluate": 1, "report": 1, "all": 1}
+
+
+def test_lint_is_clean(tmp_path):
+    out = snakemake(make_workdir(tmp_path), "--lint")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Lints for" not in out.stdout + out.stderr
+
+
+def test_dry_run_of_the_default_lists_every_stage(tmp_path):
+    out = snakemake(make_workdir(tmp_path), "-n", "--cores", "2")  # config/config.yaml: the embedded default
+    assert out.returncode == 0, out.stderr
+    assert job_stats(out.stdout) == DEFAULT_JOBS
+    for path in ("results/tiny-addition/epoch_2/checkpoint", "results/tiny-addition/epoch_1/rollouts.h5",
+                 "results/tiny-addition/evaluation.json", "results/tiny-addition/report.html"):
+        assert path in out.stdout
+
+
+def test_dry_run_of_the_short_recipe_and_the_slurm_profile(tmp_path):
+    wd = make_workdir(tmp_path)
+    out = snakemake(wd, "-n", "--profile", str(ROOT / "profiles" / "slurm"), *short_config())
+    assert out.returncode == 0, out.stderr
+    assert job_stats(out.stdout) == DEFAULT_JOBS
+    assert "slurm_partition=debug" in out.stdout
+
+
+def _fails_at_parse_time(tmp_path, *args) -> str:
+    out = snakemake(make_workdir(tmp_path), "-n", "--cores", "2", *args)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "Traceback" not in text and "Building DAG" not in text, text  # stops before any job is planned
+    return text
+
+
+def test_unknown_recipe_fails_clearly(tmp_path):
+    text = _fails_at_parse_time(tmp_path, "--config", "recipe=recipes/nope.yaml")
+    assert ("rl_core workflow: Recipe error in the workflow config" in text and "field `recipe` got "
+            "'recipes/nope.yaml'" in text and "recipes/tiny-addition.yaml" in text and "Fix:" in text)
+
+
+def test_missing_data_file_fails_clearly(tmp_path):
+    text = _fails_at_parse_time(tmp_path, *short_config(RUN, ["data.train_file=data/nope.jsonl"]))
+    assert "field `data.train_file` got 'data/nope.jsonl'" in text and "an existing JSON-lines file" in text

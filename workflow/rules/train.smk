@@ -1,0 +1,65 @@
+# One epoch = one submitit controller job (rl_core.launch.job). The rule itself only submits
+# and waits (a local rule, also on Slurm); the job resumes from its step checkpoints.
+
+
+rule train_epoch:
+    localrule: True
+    input:
+        config=ancient(WF.resolved),
+        prev=lambda wc: WF.prev_checkpoint(wc.epoch),
+    output:
+        checkpoint=directory(f"{WF.run_dir}/epoch_{{epoch}}/checkpoint"),
+        summary=f"{WF.run_dir}/epoch_{{epoch}}/summary.json",
+    params:
+        epoch_dir=lambda wc: WF.epoch_dir(wc.epoch),
+        recipe_digest=WF.digest("train"),
+    wildcard_constraints:
+        epoch=WF.epoch_regex(WF.trained_epochs()),
+    threads: 2
+    resources:
+        # a resource, not a param: where the job runs must not trigger a rerun
+        launcher=lambda wc: WF.job_launcher(workflow.executor_plugin),
+    conda:
+        "../envs/rl_core.yaml"
+    log:
+        f"{WF.run_dir}/logs/train_epoch_{{epoch}}.log",
+    script:
+        "../scripts/train_epoch.py"
+
+
+if WF.branch_from:
+
+    rule branch_epoch:
+        localrule: True
+        input:
+            manifest=lambda wc: f"{WF.source_epoch_dir(wc.epoch)}/checkpoint/manifest.json",
+        output:
+            checkpoint=directory(f"{WF.run_dir}/epoch_{{epoch}}/checkpoint"),
+            summary=f"{WF.run_dir}/epoch_{{epoch}}/summary.json",
+        params:
+            src=lambda wc: WF.source_epoch_dir(wc.epoch),
+            dst=lambda wc: WF.epoch_dir(wc.epoch),
+        wildcard_constraints:
+            epoch=WF.epoch_regex(WF.branched_epochs()),
+        conda:
+            "../envs/rl_core.yaml"
+        log:
+            f"{WF.run_dir}/logs/branch_epoch_{{epoch}}.log",
+        script:
+            "../scripts/branch_epoch.py"
+
+
+rule archive_rollouts:
+    input:
+        summary=f"{WF.run_dir}/epoch_{{epoch}}/summary.json",
+    output:
+        f"{WF.run_dir}/epoch_{{epoch}}/rollouts.h5",
+    params:
+        spool=lambda wc: f"{WF.epoch_dir(wc.epoch)}/rollouts.spool",
+        run=WF.run,
+    conda:
+        "../envs/rl_core.yaml"
+    log:
+        f"{WF.run_dir}/logs/archive_rollouts_{{epoch}}.log",
+    script:
+        "../scripts/archive_rollouts.py"
