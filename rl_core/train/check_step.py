@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     loss = make_loss(cfg.loss)
     steps = []
     try:
-        initial = trainer.logprobs(chunk)
+        initial = trainer.logprobs(chunk).float().cpu()  # on the trainer's device (cuda for torch on GPU)
         half = chunk.num_samples // 2
         for _ in range(args.steps):
             trainer.begin(loss)
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             trainer.train_microbatches(chunk.slice(half, chunk.num_samples))
             m = trainer.finish()
             steps.append({"loss": m.get("loss"), "grad_norm": m.get("grad_norm"), "num_tokens": m["num_tokens"]})
-        lp = trainer.logprobs(chunk)
+        lp = trainer.logprobs(chunk).float().cpu()
         weights = trainer.export_weights()
     finally:
         close_trainer(trainer)

@@ -130,9 +130,13 @@ def test_critic_on_cuda_matches_cpu_and_trains_in_bf16(model_dir):
     chunk = critic_chunk()
     cpu = Critic(model_dir, CriticConfig(enabled=True))
     gpu = Critic(model_dir, CriticConfig(enabled=True), device="cuda")
+    # the same head on both devices: drawn once on the CPU (CPU and CUDA RNG streams differ)
+    head = {n: torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.5
+            for n, p in cpu.model.head.named_parameters()}
     for c in (cpu, gpu):
-        torch.manual_seed(1)
-        torch.nn.init.normal_(c.model.head.weight, std=0.5)
+        with torch.no_grad():
+            for n, p in c.model.head.named_parameters():
+                p.copy_(head[n])
     assert torch.allclose(cpu.values(chunk), gpu.values(chunk), atol=1e-4)
     bf16 = Critic(model_dir, CriticConfig(enabled=True, lr=3e-3, value_clip_eps=None), device="cuda", dtype="bfloat16")
     first = last = None
