@@ -7,6 +7,12 @@ any policy about what to train (samplers, algorithms).
 Token alignment used everywhere: a sequence is `prompt_ids + completion_ids`; per-token
 arrays of a chunk are aligned with `input_ids`, the value at position t describing token t
 (its logprob given tokens < t). Prompt positions and padding carry `loss_mask = 0`.
+
+Routed experts (mixture-of-experts policies): per token of `prompt_ids + completion_ids`,
+a flat list of `num_layers * k` expert ids, layer-major (entry `l * k + j` is the j-th
+expert of layer l); an empty list (or a list shorter than the sequence) means the token's
+routes were not recorded. In a chunk they become `routed_experts` [B, T, layers * k] (the
+same layer-major order) with -1 where missing.
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ class GenerationResult:
     top_logprobs: list[list[tuple[int, float]]] | None = None  # per token: (id, logprob) of the most likely, when asked
     started_at: float = 0.0
     finished_at: float = 0.0
+    routed_experts: list[list[int]] | None = None  # MoE: per token of prompt + completion, layers x k expert ids
 
 
 @dataclass
@@ -92,6 +99,8 @@ class Sample:
     info: dict[str, Any] = field(default_factory=dict)
     # multi-turn: 1 for tokens the policy generated, 0 for environment observations inside the completion
     completion_mask: list[int] | None = None
+    # MoE: per token of prompt + completion, the generation's layers x k expert ids (see the module docstring)
+    routed_experts: list[list[int]] | None = None
 
     @property
     def truncated(self) -> bool:
@@ -134,6 +143,7 @@ class TrainChunk:
     prev_logprobs: torch.Tensor | None = None  # [B, T] float, policy before this RL step's updates
     values: torch.Tensor | None = None  # [B, T] float, critic's V(s_t) when advantages were computed (PPO)
     returns: torch.Tensor | None = None  # [B, T] float, the critic's targets (PPO)
+    routed_experts: torch.Tensor | None = None  # [B, T, layers * k] long, generation's expert ids (-1 = missing)
 
     @property
     def num_samples(self) -> int:
@@ -171,6 +181,9 @@ class TrainChunk:
                 return None
             if ts[0].dim() == 1:
                 return torch.cat(ts)
+            if ts[0].dim() == 3:  # routed experts: pad the token dimension with -1 (missing)
+                return torch.cat([torch.nn.functional.pad(t, (0, 0, 0, width - t.shape[1]), value=-1)
+                                  for t in ts])
             return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fills.get(name, 0))
                               for t in ts])
 
@@ -184,7 +197,7 @@ class TrainChunk:
         # trim right padding shared by the slice
         width = int(out.attention_mask.sum(dim=1).max().item()) if out.num_samples else 0
         for k in ("input_ids", "attention_mask", "loss_mask", "gen_logprobs", "advantages", "ref_logprobs", "prev_logprobs",
-                  "values", "returns"):
+                  "values", "returns", "routed_experts"):
             t = getattr(out, k)
             if t is not None:
                 setattr(out, k, t[:, :width])
@@ -192,9 +205,11 @@ class TrainChunk:
 
 
 def make_train_chunk(samples: list[Sample], advantages: list[float] | torch.Tensor, pad_id: int = 0,
-                     token_advantages: list[list[float]] | None = None) -> TrainChunk:
+                     token_advantages: list[list[float]] | None = None, require_routes: bool = False) -> TrainChunk:
     """Pack samples into right-padded tensors. `advantages` has one value per sample
-    (broadcast over its completion tokens) unless `token_advantages` gives per-token values."""
+    (broadcast over its completion tokens) unless `token_advantages` gives per-token values.
+    Routed experts are packed when any sample has them; `require_routes` (router replay)
+    raises ValueError for a sample without any."""
     lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
     B, T = len(samples), max(lengths) if samples else 0
     input_ids = torch.full((B, T), pad_id, dtype=torch.long)
@@ -218,4 +233,36 @@ def make_train_chunk(samples: list[Sample], advantages: list[float] | torch.Tens
             adv[i, p : p + c] = float(adv_list[i])
         sample_mask[i] = 0.0 if s.env_mask else 1.0
         versions[i] = s.start_version
-    return TrainChunk(input_ids, attention, loss_mask, gen_lp, adv, sample_mask, versions)
+    chunk = TrainChunk(input_ids, attention, loss_mask, gen_lp, adv, sample_mask, versions)
+    chunk.routed_experts = _pack_routes(samples, T, require_routes)
+    return chunk
+
+
+def _pack_routes(samples: list[Sample], width: int, required: bool) -> torch.Tensor | None:
+    """[B, T, layers * k] expert ids (-1 where not recorded), or None when no sample has routes."""
+    if required:
+        for i, s in enumerate(samples):
+            if not s.routed_experts or not any(s.routed_experts):
+                raise ValueError(
+                    f"router replay is on (trainer.router_replay.enabled) but sample {i} of this batch "
+                    f"(prompt {s.prompt_ids[:8]}{'...' if len(s.prompt_ids) > 8 else ''}, {len(s.completion_ids)} "
+                    f"completion tokens, weight versions {s.start_version}..{s.end_version}) carries no routed "
+                    "experts: "
+                    "its generation backend did not record them (only generation.backend 'native' records routes, "
+                    "for mixture-of-experts models). Generate with the native engine, or set "
+                    "trainer.router_replay.enabled: false.")
+    per_token = next((r for s in samples for r in (s.routed_experts or ()) if r), None)
+    if per_token is None:
+        return None
+    n = len(per_token)
+    out = torch.full((len(samples), width, n), -1, dtype=torch.long)
+    missing = [-1] * n
+    for i, s in enumerate(samples):
+        rows = [r if r else missing for r in (s.routed_experts or [])[:width]]
+        bad = next((t for t, r in enumerate(rows) if len(r) != n), None)
+        if bad is not None:
+            raise ValueError(f"sample {i}, token {bad}: {len(rows[bad])} routed expert ids; other tokens have {n} "
+                             "(layers x k). Routes of one batch must come from one model.")
+        if rows:
+            out[i, :len(rows)] = torch.tensor(rows, dtype=torch.long)
+    return out

@@ -35,8 +35,8 @@ def _fail(field: str, value, expected: str, fix: str):
 class TinyModelConfig(Section):
     """Shape of the random-init model built by `init_policy` when `model.source: tiny`."""
 
-    architecture: Literal["qwen2", "llama"] = "qwen2"
-    """transformers architecture used to build the config (Qwen2Config or LlamaConfig)."""
+    architecture: Literal["qwen2", "llama", "mixtral"] = "qwen2"
+    """transformers architecture used to build the config (Qwen2Config, LlamaConfig, or MixtralConfig: a sparse mixture-of-experts model whose routes can be replayed in training, see `trainer.router_replay`)."""
     hidden_size: int = Field(128, ge=8)
     """Width of the residual stream."""
     num_hidden_layers: int = Field(2, ge=1)
@@ -55,6 +55,26 @@ class TinyModelConfig(Section):
     """RoPE base frequency."""
     tokenizer_vocab_size: int = Field(300, ge=260)
     """Target vocabulary of the byte-level BPE tokenizer trained on the task text (>= 256 bytes + specials)."""
+    num_experts: int | None = Field(None, ge=2)
+    """`mixtral` only: experts per MoE layer (each a SwiGLU MLP of width intermediate_size); null for dense architectures."""
+    num_experts_per_tok: int | None = Field(None, ge=1)
+    """`mixtral` only: experts each token is routed to (router top-k; their softmax weights are renormalised to sum to 1); null for dense architectures."""
+
+    @model_validator(mode="after")
+    def _experts(self):
+        moe = self.architecture == "mixtral"
+        for name in ("num_experts", "num_experts_per_tok"):
+            value = getattr(self, name)
+            if moe and value is None:
+                _fail(f"model.tiny.{name}", None, "an integer with model.tiny.architecture 'mixtral'",
+                      "set model.tiny.num_experts (e.g. 4) and model.tiny.num_experts_per_tok (e.g. 2).")
+            if not moe and value is not None:
+                _fail(f"model.tiny.{name}", value, f"null with the dense architecture '{self.architecture}'",
+                      f"remove model.tiny.{name}, or set model.tiny.architecture: mixtral.")
+        if moe and self.num_experts_per_tok > self.num_experts:
+            _fail("model.tiny.num_experts_per_tok", self.num_experts_per_tok,
+                  f"at most model.tiny.num_experts ({self.num_experts})", "lower num_experts_per_tok (2 is typical).")
+        return self
 
     @model_validator(mode="after")
     def _heads(self):
@@ -720,6 +740,13 @@ class WeightSyncConfig(Section):
     """Versions kept on disk (`filesystem`); older ones are deleted once a newer one is ready."""
 
 
+class RouterReplayConfig(Section):
+    """Rollout Routing Replay (R3, Ma et al. 2025, arXiv 2510.11370) for mixture-of-experts policies: the trainer routes each token to the experts generation chose."""
+
+    enabled: bool = False
+    """Replay the routed experts recorded by generation in every trainer forward (training, old and reference logprobs): gate weights are the trainer router's softmax at the replayed experts, renormalised, so the router still gets gradients. Needs an MoE policy, `trainer.backend: torch` and `generation.backend: native`; a sample without routes is an error; tokens with missing routes are routed by the trainer (metric `train/router_replay_backfill_frac`)."""
+
+
 class TrainerConfig(Section):
     """The training backend and its optimizer."""
 
@@ -747,6 +774,8 @@ class TrainerConfig(Section):
     """Settings of `backend: megatron`."""
     weight_sync: WeightSyncConfig = WeightSyncConfig()
     """How refit moves the new weights to generation."""
+    router_replay: RouterReplayConfig = RouterReplayConfig()
+    """MoE policies: replay generation's expert routes in the trainer (R3)."""
 
     @model_validator(mode="after")
     def _backend_options(self):
@@ -1072,6 +1101,33 @@ class RecipeConfig(Section):
             _fail("generation.native.max_seq_len", gen.native.max_seq_len,
                   f"at most model.tiny.max_position_embeddings ({tiny.max_position_embeddings})",
                   "lower generation.native.max_seq_len or leave it null (the model's context).")
+        return self
+
+    @model_validator(mode="after")
+    def _router_replay(self):
+        """MoE + router replay: only the paths that record and replay routes (native engine, torch trainer)."""
+        moe = self.model.source == "tiny" and self.model.tiny.architecture == "mixtral"
+        path = self.generation.native.decode_path
+        if moe and path in ("static", "graph"):
+            _fail("generation.native.decode_path", path,
+                  "'eager' or 'auto' with an MoE policy (model.tiny.architecture 'mixtral': the static/CUDA-graph "
+                  "decode step has no expert dispatch and records no routes)",
+                  "set generation.native.decode_path: auto (eager for MoE models) or eager.")
+        if not self.trainer.router_replay.enabled:
+            return self
+        if self.model.source == "tiny" and not moe:
+            _fail("trainer.router_replay.enabled", True,
+                  f"false for the dense model.tiny.architecture '{self.model.tiny.architecture}' (no router to replay)",
+                  "set model.tiny.architecture: mixtral (with num_experts, num_experts_per_tok), or disable router_replay.")
+        if self.trainer.backend != "torch":
+            _fail("trainer.router_replay.enabled", True,
+                  f"false with trainer.backend '{self.trainer.backend}' (only the 'torch' trainer replays routes)",
+                  "set trainer.backend: torch, or trainer.router_replay.enabled: false.")
+        if self.generation.backend != "native":
+            _fail("trainer.router_replay.enabled", True,
+                  f"false with generation.backend '{self.generation.backend}' (only the 'native' engine records "
+                  "the routed experts of every token)",
+                  "set generation.backend: native, or trainer.router_replay.enabled: false.")
         return self
 
     @model_validator(mode="after")

@@ -35,6 +35,14 @@ attention) for every step; "static" runs steps in which every row feeds one toke
 `DecodeRunner` (decode_graph.py: static shapes over a slot range), eagerly; "graph" does
 the same through CUDA graphs captured per bucket (CUDA only); "auto" = graph on CUDA,
 eager on CPU. Steps with a multi-token row (prefill) always take the eager path.
+Mixture-of-experts models (Mixtral) run eagerly only: "auto" is eager for them, "static"
+and "graph" raise.
+
+Routes (MoE models): every token fed through the model (prompt tokens in prefill, each
+sampled token at the step after it) records its routed experts, per layer the router's
+top-k expert ids, by position; a recomputed position (preemption, KV invalidation)
+overwrites them. `GenerationResult.routed_experts` carries them (the last sampled token is
+never fed, so it has none); the trainer replays them (rl_core/train/router_replay.py).
 
 Versions: `start_version` is the version served when the engine accepted the request (its
 wait in the engine's queue counts as staleness); `token_versions[i]` is the version of the
@@ -108,9 +116,10 @@ class _Sequence:
     """A request inside the engine."""
 
     __slots__ = ("request", "slot", "pending", "tokens", "logprobs", "versions", "generator",
-                 "stop_ids", "start_version", "started_at", "top")
+                 "stop_ids", "start_version", "started_at", "top", "routes")
 
-    def __init__(self, request: GenerationRequest, stop_ids: frozenset[int], version: int):
+    def __init__(self, request: GenerationRequest, stop_ids: frozenset[int], version: int,
+                 record_routes: bool = False):
         self.request = request
         self.slot = -1  # -1: waiting for a slot
         self.pending = list(request.prompt_ids)
@@ -123,6 +132,7 @@ class _Sequence:
         self.start_version = version
         self.started_at = time.monotonic()
         self.top: list[list[tuple[int, float]]] | None = [] if request.params.top_logprobs else None
+        self.routes: list[list[int]] | None = [] if record_routes else None  # per position: layers x k ids
 
     def held(self, cache: KVCache) -> int:
         """KV tokens this running sequence holds once its pending tokens are fed."""
@@ -171,6 +181,9 @@ class NativeEngine:
             raise ValueError(f"kv_cache_dtype is {kv_cache_dtype!r}; expected 'auto' or 'fp8_e4m3'.")
         if decode_path not in DECODE_PATHS:
             raise ValueError(f"decode_path is {decode_path!r}; expected one of {DECODE_PATHS}.")
+        if self.spec.is_moe and decode_path in ("static", "graph"):
+            raise ValueError(f"decode_path {decode_path!r} runs dense models only; this {self.spec.model_type} model "
+                             "is a mixture of experts. Use decode_path 'auto' or 'eager'.")
         self.device = torch.device(device)
         if decode_path == "graph" and self.device.type != "cuda":
             raise ValueError(f"decode_path 'graph' (CUDA graphs) needs a CUDA device; got {self.device}. "
@@ -189,7 +202,7 @@ class NativeEngine:
         if self.kv_sync is not None:
             self._set_kv_scales(*self.kv_sync.calibrate())
         if decode_path == "auto":
-            decode_path = "graph" if self.device.type == "cuda" else "eager"
+            decode_path = "graph" if self.device.type == "cuda" and not self.spec.is_moe else "eager"
         self.decode_path = decode_path
         self.decoder = None if decode_path == "eager" else DecodeRunner(self.model, self.cache,
                                                                        use_graphs=decode_path == "graph")
@@ -248,7 +261,7 @@ class NativeEngine:
         self._validate(request)
         params = request.params
         stop_ids = self.eos_token_ids.union(params.stop_token_ids)
-        self._waiting.append(_Sequence(request, stop_ids, self.version))
+        self._waiting.append(_Sequence(request, stop_ids, self.version, record_routes=self.spec.is_moe))
         self._ids.add(request.request_id)
         self.stats.requests_added += 1
 
@@ -329,6 +342,8 @@ class NativeEngine:
                 layout = StepLayout.build([(s.slot, self.cache.lengths[s.slot], s.pending[:n]) for s, n in rows],
                                           want_logits=want, device=self.device)
                 logits = self.model(layout, self.cache)
+                if self.spec.is_moe:
+                    self._record_routes(rows)
         for seq, n in rows:
             self.cache.lengths[seq.slot] += n
             del seq.pending[:n]
@@ -363,6 +378,17 @@ class NativeEngine:
         stats.kv_tokens = self.kv_tokens
         stats.trace.append(StepRecord(started, duration, len(rows), num_fed, len(sampling), len(finished)))
         return finished
+
+    def _record_routes(self, rows: list[tuple[_Sequence, int]]) -> None:
+        """Store the last forward's routes [tokens, layers, k] by position (before the cache
+        lengths advance). StepLayout packs one-token rows first, then the others, each in
+        row order."""
+        flat = self.model.last_routes.flatten(1).tolist()
+        at = 0
+        for seq, n in [r for r in rows if r[1] == 1] + [r for r in rows if r[1] > 1]:
+            start = self.cache.lengths[seq.slot]
+            seq.routes[start:start + n] = flat[at:at + n]
+            at += n
 
     def _schedule(self) -> list[tuple[_Sequence, int]]:
         """(sequence, tokens to feed) of this step: decodes, then prefill chunks, then
@@ -444,7 +470,7 @@ class NativeEngine:
             request_id=request.request_id, prompt_ids=list(request.prompt_ids), token_ids=seq.tokens,
             logprobs=seq.logprobs, finish_reason=reason, start_version=seq.start_version, end_version=self.version,
             token_versions=seq.versions, started_at=seq.started_at, finished_at=time.monotonic(),
-            top_logprobs=seq.top,
+            top_logprobs=seq.top, routed_experts=seq.routes,
         )
 
     def _validate(self, request: GenerationRequest) -> None:

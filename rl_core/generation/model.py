@@ -1,4 +1,4 @@
-"""Our own decoder forward for Llama / Qwen2 causal LMs, running on the slot KV cache.
+"""Our own decoder forward for Llama / Qwen2 / Mixtral causal LMs, running on the slot KV cache.
 
 Owns: `ModelSpec` (the shape read from an HF `config.json` or transformers config),
 `CausalLM` (an `nn.Module` whose parameter names are the HF names, so an HF state dict
@@ -16,8 +16,10 @@ sequences, from which the engine calibrates FP8 KV-cache scales.
 Does not own: which requests run or when (engine.py), the cache storage and per-step
 index tensors (kv_cache.py), or sampling (sampling.py).
 
-Supported: `model_type` "llama" and "qwen2", SiLU MLP, default RoPE (no rope scaling), no
-sliding window. Anything else raises `ValueError` naming the config field.
+Supported: `model_type` "llama", "qwen2" and "mixtral" (sparse mixture of experts, moe.py:
+the eager forward records each token's routed experts in `last_routes` [tokens, layers, k];
+`decode_slots` is dense-only), SiLU MLP, default RoPE (no rope scaling), no sliding
+window. Anything else raises `ValueError` naming the config field.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from safetensors.torch import load_file
 from torch import nn
 
 from rl_core.generation.kv_cache import AttentionGroup, KVCache, StepLayout
+from rl_core.generation.moe import SparseMoE, convert_legacy_moe
+
+MODEL_TYPES = ("llama", "qwen2", "mixtral")
 
 
 @dataclass(frozen=True)
@@ -55,19 +60,29 @@ class ModelSpec:
     mlp_bias: bool
     tie_word_embeddings: bool
     eos_token_ids: tuple[int, ...]
+    num_experts: int = 0  # 0 = dense MLP; else experts per MoE layer
+    num_experts_per_tok: int = 0  # router top-k (MoE)
+    norm_topk_prob: bool = True  # renormalise the top-k router weights to sum to 1 (MoE)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @classmethod
     def from_config(cls, config: Any) -> "ModelSpec":
         """From a transformers config object or the dict of a `config.json`."""
         cfg: Mapping[str, Any] = config if isinstance(config, Mapping) else config.to_dict()
         model_type = cfg.get("model_type")
-        if model_type not in ("llama", "qwen2"):
-            raise ValueError(f"config.model_type is {model_type!r}; the native engine runs 'llama' and 'qwen2' "
+        if model_type not in MODEL_TYPES:
+            raise ValueError(f"config.model_type is {model_type!r}; the native engine runs {MODEL_TYPES} "
                              "models. Use another generation backend for this architecture.")
         if cfg.get("hidden_act", "silu") != "silu":
             raise ValueError(f"config.hidden_act is {cfg['hidden_act']!r}; the native engine implements 'silu' only.")
         if model_type == "qwen2" and cfg.get("use_sliding_window"):
             raise ValueError("config.use_sliding_window is true; the native engine has no sliding-window attention.")
+        if model_type == "mixtral" and cfg.get("sliding_window") is not None:
+            raise ValueError(f"config.sliding_window is {cfg['sliding_window']}; the native engine has no "
+                             "sliding-window attention (set it to null for full attention).")
         # transformers >= 5 keeps RoPE settings in `rope_parameters`; older configs use
         # `rope_theta` + `rope_scaling`.
         rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
@@ -78,7 +93,8 @@ class ModelSpec:
         heads = cfg["num_attention_heads"]
         eos = cfg.get("eos_token_id")
         eos_ids = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
-        is_llama = model_type == "llama"
+        is_llama = model_type in ("llama", "mixtral")  # Mixtral attention is Llama's without biases
+        moe = model_type == "mixtral"
         return cls(
             model_type=model_type,
             vocab_size=cfg["vocab_size"],
@@ -96,6 +112,9 @@ class ModelSpec:
             mlp_bias=bool(cfg.get("mlp_bias", False)) if is_llama else False,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             eos_token_ids=eos_ids,
+            num_experts=int(cfg["num_local_experts"]) if moe else 0,
+            num_experts_per_tok=int(cfg["num_experts_per_tok"]) if moe else 0,
+            norm_topk_prob=True,  # MixtralTopKRouter always renormalises
         )
 
 
@@ -222,7 +241,11 @@ class DecoderLayer(nn.Module):
     def __init__(self, spec: ModelSpec, device, dtype):
         super().__init__()
         self.self_attn = Attention(spec, device, dtype)
-        self.mlp = MLP(spec, device, dtype)
+        if spec.is_moe:
+            self.mlp = SparseMoE(spec.num_experts, spec.num_experts_per_tok, spec.hidden_size, spec.intermediate_size,
+                                 spec.norm_topk_prob, device, dtype)
+        else:
+            self.mlp = MLP(spec, device, dtype)
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, device, dtype)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, device, dtype)
 
@@ -238,7 +261,7 @@ class Backbone(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """A Llama/Qwen2 causal LM whose `named_parameters()` are the HF names.
+    """A Llama/Qwen2/Mixtral causal LM whose `named_parameters()` are the HF names.
 
     Build with `CausalLM.build(spec, state_dict, device, dtype)`; `forward(layout, cache)`
     returns the logits of the tokens `layout.logit_index` points at. Parameters are
@@ -255,6 +278,7 @@ class CausalLM(nn.Module):
         if not spec.tie_word_embeddings:
             self.lm_head = Weight(torch.empty(spec.vocab_size, spec.hidden_size, device=device, dtype=dtype))
         self.max_positions = max_positions
+        self.last_routes: torch.Tensor | None = None  # MoE: [tokens, layers, k] expert ids of the last forward
         self._rope_tables(device, dtype)
 
     @classmethod
@@ -272,9 +296,12 @@ class CausalLM(nn.Module):
 
         Names and shapes are all checked before anything is copied, so a bad state dict
         leaves the weights untouched. Ignored names: `lm_head.weight` of a tied model and
-        rotary `inv_freq` buffers. `strict` also requires every parameter. Returns the
+        rotary `inv_freq` buffers. MoE: HF's on-disk per-expert names are accepted too
+        (moe.convert_legacy_moe). `strict` also requires every parameter. Returns the
         number of tensors copied.
         """
+        if self.spec.is_moe and any(".block_sparse_moe." in name for name in state_dict):
+            state_dict = convert_legacy_moe(state_dict, self.spec.num_experts)
         params = dict(self.named_parameters())
         ignored = {"lm_head.weight"} if self.lm_head is None else set()
         todo = []
@@ -319,6 +346,8 @@ class CausalLM(nn.Module):
         for i, block in enumerate(self.model.layers):
             x = x + block.self_attn(block.input_layernorm(x), cos, sin, i, cache, layout)
             x = x + block.mlp(block.post_attention_layernorm(x))
+        if self.spec.is_moe:
+            self.last_routes = torch.stack([block.mlp.last_routes for block in self.model.layers], dim=1)
         if layout.logit_index is not None:
             x = x[layout.logit_index]
         x = self.model.norm(x)
@@ -332,6 +361,9 @@ class CausalLM(nn.Module):
         (`key_len` > every position). `slot_index` / `key_index` are arange tensors of at
         least S / key_len elements (kept by the caller so a captured graph allocates none).
         Returns the logits [S, vocab] of every slot; rows of idle slots are meaningless."""
+        if self.spec.is_moe:
+            raise ValueError("decode_slots (static/graph decode) runs dense models only; use decode_path 'eager' "
+                             "for a mixture-of-experts model.")
         n = input_ids.shape[0]
         slots = slot_index[:n]
         hidden = key_index[:key_len][None, :] > positions[:, None]  # [S, K] True = not visible
@@ -365,7 +397,8 @@ class CausalLM(nn.Module):
 
     @torch.no_grad()
     def sequence_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Logits [B, L, V] of equal-length sequences [B, L], through a scratch cache."""
+        """Logits [B, L, V] of equal-length sequences [B, L], through a scratch cache (MoE:
+        `last_routes` then holds the routes [B * L, layers, k], row-major over [B, L])."""
         batch, length = input_ids.shape
         if length > self.max_positions:
             raise ValueError(f"sequences of {length} tokens exceed this model's {self.max_positions} positions.")

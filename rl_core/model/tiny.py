@@ -1,8 +1,10 @@
 """The tiny random-init policy and the HF directory format every model is stored in.
 
 Owns:
-- `build_tiny_model`: a transformers causal LM (Qwen2 or Llama, from
-  `model.tiny.architecture`) shaped by `TinyModelConfig`, with the vocabulary and the
+- `build_tiny_model`: a transformers causal LM (Qwen2, Llama, or the sparse
+  mixture-of-experts Mixtral, from `model.tiny.architecture`) shaped by `TinyModelConfig`
+  (Mixtral: `num_experts` SwiGLU experts of width `intermediate_size` per layer, top
+  `num_experts_per_tok` routing, no sliding window), with the vocabulary and the
   eos/pad/bos ids of the given tokenizer, fp32, initialised from a seed (under a forked
   torch RNG, so building a model does not move the caller's random stream);
 - `save_hf_dir`: a normal HF directory (`config.json`, `model.safetensors`, tokenizer
@@ -31,12 +33,12 @@ from typing import Any, Callable
 
 import torch
 from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig,
-                          PreTrainedModel, Qwen2Config)
+                          MixtralConfig, PreTrainedModel, PretrainedConfig, Qwen2Config)
 
-_CONFIG_CLASSES = {"qwen2": Qwen2Config, "llama": LlamaConfig}
+_CONFIG_CLASSES = {"qwen2": Qwen2Config, "llama": LlamaConfig, "mixtral": MixtralConfig}
 
 
-def tiny_model_config(tiny_cfg: Any, tokenizer: Any) -> Qwen2Config | LlamaConfig:
+def tiny_model_config(tiny_cfg: Any, tokenizer: Any) -> PretrainedConfig:
     """The transformers config of the tiny model for this tokenizer."""
     cls = _CONFIG_CLASSES.get(tiny_cfg.architecture)
     if cls is None:
@@ -47,6 +49,11 @@ def tiny_model_config(tiny_cfg: Any, tokenizer: Any) -> Qwen2Config | LlamaConfi
         raise ValueError("the tokenizer has no eos token; the tiny model needs one to end completions")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else eos
+    extra: dict[str, Any] = {}
+    if tiny_cfg.architecture == "mixtral":
+        # sliding_window None: full causal attention (the native engine has no sliding window)
+        extra = dict(num_local_experts=tiny_cfg.num_experts, num_experts_per_tok=tiny_cfg.num_experts_per_tok,
+                     sliding_window=None, router_jitter_noise=0.0, output_router_logits=False)
     return cls(
         vocab_size=len(tokenizer),
         hidden_size=tiny_cfg.hidden_size,
@@ -61,6 +68,7 @@ def tiny_model_config(tiny_cfg: Any, tokenizer: Any) -> Qwen2Config | LlamaConfi
         pad_token_id=pad,
         bos_token_id=bos,
         dtype="float32",
+        **extra,
     )
 
 

@@ -113,7 +113,8 @@ async def generate_sample(backend: GenerationBackend, env: Environment, tokenize
         text = _decode(tokenizer, res.token_ids)
         scored = await _score(env, example, res.token_ids, text, res.finish_reason, opts, timings)
         return _sample(res.prompt_ids, list(res.token_ids), list(res.logprobs), None, res.finish_reason,
-                       res.start_version, res.end_version, res.token_versions, text, scored, opts, timings, 1)
+                       res.start_version, res.end_version, res.token_versions, text, scored, opts, timings, 1,
+                       routes=res.routed_experts)
     completion: list[int] = []
     mask: list[int] = []
     logprobs: list[float] = []
@@ -144,12 +145,13 @@ async def generate_sample(backend: GenerationBackend, env: Environment, tokenize
     timings.generate_s = time.monotonic() - t0
     text = _decode(tokenizer, completion)
     scored = await _score(env, example, completion, text, finish, opts, timings, turns=turns)
+    # MoE: the last turn re-fed the whole conversation before it, so its routes cover every token
     return _sample(list(prompt_ids), completion, logprobs, mask, finish, start_version, end_version, versions, text,
-                   scored, opts, timings, len(turns))
+                   scored, opts, timings, len(turns), routes=res.routed_experts)
 
 
 def _sample(prompt_ids, completion, logprobs, mask, finish, v0, v1, token_versions, text, scored,
-            opts: GroupOptions, timings: SampleTimings, num_turns: int) -> Sample:
+            opts: GroupOptions, timings: SampleTimings, num_turns: int, routes=None) -> Sample:
     info = dict(scored.info)
     info.update(text=text, generate_s=timings.generate_s, env_s=timings.env_s, turns=num_turns)
     if token_versions is not None:
@@ -157,7 +159,7 @@ def _sample(prompt_ids, completion, logprobs, mask, finish, v0, v1, token_versio
     return Sample(prompt_ids=list(prompt_ids), completion_ids=completion, gen_logprobs=logprobs,
                   reward=float(scored.reward), finish_reason=finish, start_version=v0, end_version=v1,
                   rewards=dict(scored.rewards), env_mask=bool(scored.mask) and opts.mask_flagged_samples,
-                  info=info, completion_mask=mask)
+                  info=info, completion_mask=mask, routed_experts=routes)
 
 
 async def generate_group(backend: GenerationBackend, env: Environment, tokenizer, example: dict[str, Any],

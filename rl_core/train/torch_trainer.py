@@ -6,6 +6,11 @@ log_softmax(logits / T) of each token given its prefix), microbatching, gradient
 accumulation in sum form with one normalisation at `finish`, gradient clipping, the
 optimizer and its state, the optional frozen reference model, and weight export.
 
+Router replay (`trainer.router_replay.enabled`, MoE policies): every forward of policy and
+reference (training, old and reference logprobs) replays the chunk's `routed_experts`
+through `router_replay.RouterReplay` (R3, arXiv 2510.11370); the share of counted tokens
+whose routes were missing and backfilled is the metric `router_replay_backfill_frac`.
+
 Does not own: what to train on (the train pump), the loss formula (algorithms.losses),
 or distributed training (other backends sit behind the same protocol).
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +30,7 @@ from rl_core.algorithms.flops import FlopsCounter, FlopsSpec, peak_flops_per_s
 from rl_core.algorithms.metrics import finalize_metrics, merge_metrics
 from rl_core.config.schema import TrainerConfig
 from rl_core.protocols import PolicyLoss
+from rl_core.train.router_replay import RouterReplay, check_routes
 from rl_core.types import TrainChunk
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -57,6 +64,10 @@ class TorchTrainer:
             self.reference = copy.deepcopy(self.model).eval()
             for p in self.reference.parameters():
                 p.requires_grad_(False)
+        self.replay = self.reference_replay = None
+        if cfg.router_replay.enabled:
+            self.replay = _router_replay(self.model, model_dir)
+            self.reference_replay = None if self.reference is None else RouterReplay(self.reference)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
             weight_decay=cfg.weight_decay, fused=self.device.type == "cuda",  # one kernel per step on GPU
@@ -78,6 +89,18 @@ class TorchTrainer:
         self._num_samples = 0
         self._num_tokens = 0
         self._t_compute = 0.0
+        self._route_tokens = 0  # router replay: tokens whose routes matter, and those backfilled
+        self._route_backfilled = 0
+
+    def _replaying(self, replay: RouterReplay | None, mb: TrainChunk, count: bool = False):
+        """Context of one forward: replays `mb.routed_experts` when router replay is on."""
+        if replay is None:
+            return nullcontext()
+        check = check_routes(mb.routed_experts, mb.attention_mask, replay, what="microbatch")
+        if count:
+            self._route_tokens += check.num_tokens
+            self._route_backfilled += check.num_backfilled
+        return replay.replaying(mb.routed_experts)
 
     def begin(self, loss: PolicyLoss) -> None:
         if self._loss is not None:
@@ -97,7 +120,8 @@ class TorchTrainer:
                 continue  # nothing to train: no forward/backward
             if self._loss.needs_reference_logprobs and mb.ref_logprobs is None:
                 mb.ref_logprobs = self.logprobs(mb, reference=True)
-            lp = token_logprobs(self.model, mb.input_ids, mb.attention_mask, self.temperature)
+            with self._replaying(self.replay, mb, count=True):
+                lp = token_logprobs(self.model, mb.input_ids, mb.attention_mask, self.temperature)
             out = self._loss(lp, mb)
             out.loss_sum.backward()
             self._normalizer += out.normalizer
@@ -138,6 +162,8 @@ class TorchTrainer:
         metrics["num_samples"] = float(self._num_samples)
         metrics["num_tokens"] = float(self._num_tokens)
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
+        if self.replay is not None:
+            metrics["router_replay_backfill_frac"] = self._route_backfilled / max(self._route_tokens, 1)
         metrics["compute_s"] = self._t_compute + (time.perf_counter() - t0)
         self._rl_compute_s += metrics["compute_s"]
         if advance_version:
@@ -165,7 +191,8 @@ class TorchTrainer:
         mbs = self.cfg.microbatch_size
         for start in range(0, chunk.num_samples, mbs):
             mb = chunk.slice(start, min(start + mbs, chunk.num_samples)).to(self.device)
-            lp = token_logprobs(model, mb.input_ids, mb.attention_mask, self.temperature)
+            with self._replaying(self.reference_replay if reference else self.replay, mb):
+                lp = token_logprobs(model, mb.input_ids, mb.attention_mask, self.temperature)
             self.flops.add_forward(mb)
             pad = chunk.input_ids.shape[1] - lp.shape[1]
             out.append(torch.nn.functional.pad(lp, (0, pad)))
@@ -190,3 +217,16 @@ class TorchTrainer:
         for group in self.optimizer.param_groups:
             group.update(lr=self.cfg.lr, betas=(self.cfg.adam_beta1, self.cfg.adam_beta2), eps=self.cfg.adam_eps,
                          weight_decay=self.cfg.weight_decay)
+
+
+def _router_replay(model: torch.nn.Module, model_dir: str | Path) -> RouterReplay:
+    """Hooks for `trainer.router_replay.enabled`; a RecipeError when the policy has no router to replay."""
+    try:
+        return RouterReplay(model)
+    except ValueError as exc:
+        from rl_core.errors import RecipeError
+
+        raise RecipeError.single("trainer.router_replay.enabled", True,
+                                 f"false for the policy in {model_dir} ({exc})",
+                                 "use a Mixtral (mixture-of-experts) policy, or set trainer.router_replay.enabled: "
+                                 "false.") from None
