@@ -41,6 +41,8 @@ def save_run_checkpoint(path: str | Path, *, trainer, tokenizer, controller_stat
     open_json, open_tensors = None, None
     if open_step is not None:  # an RL step checkpointed between its mini-steps
         open_json = {"step": open_step["step"], "next_ministep": open_step["next_ministep"],
+                     # the finished mini-steps' metric sums, so the resumed step reports the same means
+                     "metric_sums": open_step.get("metric_sums", {}), "metric_counts": open_step.get("metric_counts", {}),
                      "trained": [{"slot": _slot_json(t.slot), "group": group_to_json(t.group),
                                   "advantages": t.advantages, "staleness": t.staleness} for t in open_step["trained"]]}
         chunk = open_step["chunk"]
@@ -49,7 +51,8 @@ def save_run_checkpoint(path: str | Path, *, trainer, tokenizer, controller_stat
     ready = [{**{k: v for k, v in r.items() if k != "group"}, "group": group_to_json(r["group"])}
              for r in buffer_state["ready"]]
     buffer_json = {"capacity": buffer_state["capacity"], "counts": buffer_state["counts"], "ready": ready}
-    trainer_state = trainer.state_dict()
+    trainer_state = dict(trainer.state_dict())
+    trainer_state["reference_dir"] = getattr(trainer, "reference_dir", None)  # the KL reference (initial policy)
 
     def fill(tmp: Path) -> None:
         trainer.save_pretrained(tmp / "model")
@@ -119,7 +122,7 @@ def load_run_checkpoint(path: str | Path, restore_rng: bool = True) -> LoadedChe
 
         state["open_step"] = {
             "step": o["step"], "next_ministep": o["next_ministep"], "chunk": TrainChunk(**tensors),
-            "served_weights": served,
+            "served_weights": served, "metric_sums": o.get("metric_sums", {}), "metric_counts": o.get("metric_counts", {}),
             "trained": [TrainedGroup(Slot(**{**t["slot"], "state": SlotState.SELECTED, "group": group_from_json(t["group"])}),
                                      group_from_json(t["group"]), t["advantages"], t["staleness"]) for t in o["trained"]]}
     trainer_state["optimizer"] = load_torch(root / "optimizer.pt")["optimizer"]

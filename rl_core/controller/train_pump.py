@@ -341,8 +341,8 @@ class TrainPump:
         n = full.num_samples
         mb = self.cfg.grpo.num_minibatches
         total = self.cfg.grpo.ppo_epochs * mb
-        sums: dict[str, float] = {}
-        counts: dict[str, int] = {}
+        sums: dict[str, float] = dict(resume.get("metric_sums", {})) if resume is not None else {}
+        counts: dict[str, int] = dict(resume.get("metric_counts", {})) if resume is not None else {}
         for k_mini in range(start, total):
             epoch, j = divmod(k_mini, mb)
             order = list(range(n))
@@ -358,7 +358,8 @@ class TrainPump:
                 counts[k] = counts.get(k, 0) + 1
             if not last and self.on_ministep is not None:
                 await self.on_ministep({"step": step, "next_ministep": k_mini + 1, "trained": trained,
-                                        "chunk": full, "served_weights": served})
+                                        "chunk": full, "served_weights": served,
+                                        "metric_sums": dict(sums), "metric_counts": dict(counts)})
         metrics = {k: sums[k] / counts[k] for k in sums}
         metrics["optimizer_steps_in_rl_step"] = float(total)
         return metrics

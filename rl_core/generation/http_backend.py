@@ -277,7 +277,7 @@ class HttpBackend:
 
     def _aborted_result(self, request: GenerationRequest, started: float) -> GenerationResult:
         return GenerationResult(request.request_id, list(request.prompt_ids), [], [], "abort", self._version,
-                                self._version, [], started, time.monotonic())
+                                self._version, token_versions=[], started_at=started, finished_at=time.monotonic())
 
     async def abort(self, request_id: str) -> None:
         where = self._inflight.get(request_id)

@@ -63,16 +63,24 @@ def start_trainer_group(cfg, device: str | None = None) -> bool:
 
 
 def make_trainer(cfg, policy_dir: str | Path, *, device: str | None = None, version: int = 0,
-                 trainer_state: dict[str, Any] | None = None):
+                 trainer_state: dict[str, Any] | None = None, reference_dir: str | Path | None = None):
     """The recipe's trainer backend over the HF policy directory `policy_dir` (rank 0 / driver).
 
+    The frozen reference of the KL terms (kept when `loss.kl_coef` or
+    `advantage.kl_in_reward_coef` > 0) is the run's *initial* policy: `reference_dir`, which a
+    resumed run takes from its checkpoint (`trainer_state["reference_dir"]`), else `policy_dir`.
     For fsdp2 and megatron the process group must exist (`start_trainer_group`); with one
     process it is created here."""
     device = device or trainer_device(cfg)
     gen = cfg.generation
+    keep_reference = cfg.loss.kl_coef > 0 or cfg.advantage.kl_in_reward_coef > 0
+    trainer_state = dict(trainer_state) if trainer_state is not None else None
+    saved_ref = trainer_state.pop("reference_dir", None) if trainer_state is not None else None
+    reference_dir = resolve_reference_dir(reference_dir or saved_ref or policy_dir) if keep_reference else None
     kwargs = dict(logprob_temperature=1.0 if (gen.greedy or gen.temperature == 0) else gen.temperature,
-                  device=device, dtype=cfg.model.dtype,
-                  keep_reference=cfg.loss.kl_coef > 0 or cfg.advantage.kl_in_reward_coef > 0, version=version)
+                  device=device, dtype=cfg.model.dtype, keep_reference=keep_reference, version=version)
+    if reference_dir is not None and reference_dir != str(Path(policy_dir).resolve()):
+        kwargs["reference_dir"] = reference_dir
     backend = cfg.trainer.backend
     if backend == "torch":
         from rl_core.train.torch_trainer import TorchTrainer
@@ -95,9 +103,23 @@ def make_trainer(cfg, policy_dir: str | Path, *, device: str | None = None, vers
             trainer = MegatronTrainer(policy_dir, cfg.trainer, **kwargs)
     else:
         raise ValueError(f"unknown trainer.backend {backend!r}; expected one of {BACKENDS}")
+    trainer.reference_dir = reference_dir  # saved in run checkpoints (rl_core.checkpoint.run_state)
     if trainer_state is not None:
         trainer.load_state_dict(trainer_state)
     return trainer
+
+
+def resolve_reference_dir(path: str | Path) -> str:
+    """The reference policy's directory as an absolute path; a clear error when it is gone."""
+    from rl_core.errors import CheckpointError
+
+    p = Path(path).resolve()
+    if not (p / "config.json").is_file():
+        raise CheckpointError(
+            f"The KL reference policy {p} (the run's initial policy, recorded in its checkpoints) has no "
+            "config.json: it was moved or deleted. Fix: restore that directory, or start a new run "
+            "(the KL terms must compare against the same initial policy throughout a run).")
+    return str(p)
 
 
 def check_megatron_model(cfg, policy_dir: str | Path) -> None:

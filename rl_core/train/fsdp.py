@@ -67,12 +67,13 @@ class FSDPTrainer(DataParallelTrainer):
     first publishes the call, so worker ranks in `serve_worker` build it alongside)."""
 
     def __init__(self, model_dir: str | Path, cfg: TrainerConfig, *, logprob_temperature: float = 1.0,
-                 device: str = "cpu", dtype: str = "float32", keep_reference: bool = False, version: int = 0):
+                 device: str = "cpu", dtype: str = "float32", keep_reference: bool = False, version: int = 0,
+                 reference_dir: str | Path | None = None):
         if not dist.is_initialized():
             raise RuntimeError("FSDPTrainer needs an initialised process group: build it with "
                                "rl_core.train.make_trainer (which calls rl_core.launch.distributed.init_distributed)")
         kwargs = dict(model_dir=str(model_dir), cfg=cfg, logprob_temperature=logprob_temperature, device=device,
-                      dtype=dtype, keep_reference=keep_reference, version=version)
+                      dtype=dtype, keep_reference=keep_reference, version=version, reference_dir=reference_dir)
         rank, world = dist.get_rank(), dist.get_world_size()
         self._setup_step_state(CommandChannel.shared(cfg.collective_timeout_s), rank, world, None,
                                cfg.microbatch_size, cfg.max_grad_norm, version)
@@ -90,7 +91,8 @@ class FSDPTrainer(DataParallelTrainer):
         try:
             self.mesh = self._mesh(world)
             self.model, self.hf_config = self._build(model_dir, trainable=True)
-            self.reference = self._build(model_dir, trainable=False)[0] if keep_reference else None
+            self.reference = (self._build(reference_dir or model_dir, trainable=False)[0]  # the initial policy
+                              if keep_reference else None)
             self.optimizer = torch.optim.AdamW(
                 self.model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
                 weight_decay=cfg.weight_decay, foreach=True)

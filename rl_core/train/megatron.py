@@ -108,14 +108,15 @@ class MegatronTrainer(DataParallelTrainer):
     """`trainer.backend: megatron`. Construct on every rank of an initialised process group."""
 
     def __init__(self, model_dir: str | Path, cfg: TrainerConfig, *, logprob_temperature: float = 1.0,
-                 device: str = "cpu", dtype: str = "float32", keep_reference: bool = False, version: int = 0):
+                 device: str = "cpu", dtype: str = "float32", keep_reference: bool = False, version: int = 0,
+                 reference_dir: str | Path | None = None):
         if not dist.is_initialized():
             raise RuntimeError("MegatronTrainer needs an initialised process group: build it with "
                                "rl_core.train.make_trainer")
         from transformers import AutoConfig
 
         kwargs = dict(model_dir=str(model_dir), cfg=cfg, logprob_temperature=logprob_temperature, device=device,
-                      dtype=dtype, keep_reference=keep_reference, version=version)
+                      dtype=dtype, keep_reference=keep_reference, version=version, reference_dir=reference_dir)
         self.channel = CommandChannel.shared(cfg.collective_timeout_s)
         seq = self._driver_init(kwargs)
         try:
@@ -147,7 +148,9 @@ class MegatronTrainer(DataParallelTrainer):
             with cpu_workarounds(self.device):
                 self._init_rng(on_cpu)
                 model = self._gpt(shard)
-                self.reference = self._gpt(shard) if keep_reference else None
+                ref_shard = shard if reference_dir is None else split_tensor_parallel(  # the initial policy
+                    hf_to_megatron(_read_hf_weights(reference_dir), self.shape), tp, self.tp_rank)
+                self.reference = self._gpt(ref_shard) if keep_reference else None
                 self.model = self._ddp(model)
             if self.reference is not None:
                 self.reference.eval()

@@ -51,7 +51,8 @@ class TorchTrainer:
     """`trainer.backend: torch`."""
 
     def __init__(self, model_dir: str | Path, cfg: TrainerConfig, *, logprob_temperature: float = 1.0,
-                 device: str = "cpu", dtype: str = "float32", keep_reference: bool = False, version: int = 0):
+                 device: str = "cpu", dtype: str = "float32", keep_reference: bool = False, version: int = 0,
+                 reference_dir: str | Path | None = None):
         from transformers import AutoModelForCausalLM
 
         self.cfg = cfg
@@ -60,8 +61,10 @@ class TorchTrainer:
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=DTYPES[dtype]).to(self.device)
         self.model.train()
         self.reference = None
-        if keep_reference:
-            self.reference = copy.deepcopy(self.model).eval()
+        if keep_reference:  # the initial policy: `reference_dir` when resuming, else these weights
+            self.reference = (AutoModelForCausalLM.from_pretrained(str(reference_dir), dtype=DTYPES[dtype])
+                              .to(self.device).eval() if reference_dir is not None
+                              else copy.deepcopy(self.model).eval())
             for p in self.reference.parameters():
                 p.requires_grad_(False)
         self.replay = self.reference_replay = None

@@ -18,7 +18,8 @@ from rl_core.metrics.logger import read_jsonl
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 24
 ARGS = [f"grpo.max_num_steps={STEPS}", "checkpoint.save_every_steps=8", "async_rl.reproducible=true",
-        "validation.val_at_start=false", "validation.val_at_end=false", "logging.tensorboard=false"]
+        "validation.val_at_start=false", "validation.val_at_end=false", "logging.tensorboard=false",
+        "loss.kl_coef=0.05"]  # a KL term: the resumed run must keep the *initial* policy as its reference
 
 
 def _sha(path: Path) -> str:
