@@ -28,6 +28,7 @@ def _run(tmp_path, warm_policy, monkeypatch, recipe, steps, *extra):
 def test_ppo_with_a_critic_learns(tmp_path, warm_policy, monkeypatch):
     summary, steps = _run(tmp_path, warm_policy, monkeypatch, "tiny-addition-ppo.yaml", 200)
     before, after = summary["val_start"]["accuracy"], summary["val_end"]["accuracy"]
+    print(f"[ppo] held-out accuracy {before:.3f} -> {after:.3f} in 200 RL steps")
     assert after - before >= 0.06, f"PPO held-out accuracy {before:.3f} -> {after:.3f}"
     assert "critic/loss" in steps[-1] and steps[-1]["train/advantage/value_mean"] != 0.0
     first = statistics.fmean(r["train/reward_mean"] for r in steps[:50])
@@ -42,4 +43,5 @@ def test_gdpo_improves_both_rewards(tmp_path, warm_policy, monkeypatch):
     for name in ("reward/correct", "reward/digits"):
         first = statistics.fmean(r[name] for r in steps[:50])
         last = statistics.fmean(r[name] for r in steps[-50:])
+        print(f"[gdpo] {name}: mean of the first 50 steps {first:.3f} -> last 50 steps {last:.3f}")
         assert last > first + 0.02, f"{name} did not improve: {first:.3f} -> {last:.3f}"
