@@ -1,9 +1,9 @@
 """Which generation backend can run where, and what each backend can honour: checked at
 config load (the recipe alone, no torch, nothing built).
 
-Owns: the support table of (generation backend, placement) pairs and the cross-field rules
-of `generation.vllm`, raised as `RecipeError`s naming the field, the value, what is
-expected and the fix. `schema.py` calls `check_generation` from `GenerationConfig` and
+Owns: the support table of (generation backend, placement) pairs, the cross-field rules
+of `generation.vllm` and of the weight broadcast to local servers, raised as
+`RecipeError`s naming the field, the value, what is expected and the fix. `schema.py` calls `check_generation` from `GenerationConfig` and
 `check_recipe` from `RecipeConfig`.
 
 Placements (`generation.placement`):
@@ -91,9 +91,28 @@ def _check_vllm_sampling(params: Any, section: str) -> None:
               f"use temperature 0 or >= {VLLM_MIN_TEMPERATURE}.")
 
 
+def _check_weight_broadcast(cfg: Any) -> None:
+    """`trainer.weight_sync.type: broadcast` reaches only processes that join its group: the
+    local `rl-core serve` servers of `generation.backend: http`; local servers on other GPUs
+    need a CUDA run."""
+    gen, ws = cfg.generation, cfg.trainer.weight_sync
+    if ws.type == "broadcast" and (gen.backend != "http" or gen.http.num_local_servers < 1):
+        _fail("trainer.weight_sync.type", "broadcast",
+              "generation.backend 'http' with generation.http.num_local_servers >= 1 (the weight broadcast joins "
+              f"the local rl-core serve processes; this recipe has backend '{gen.backend}'"
+              + (f", num_local_servers {gen.http.num_local_servers})" if gen.backend == "http" else ")"),
+              "set generation.backend: http, generation.placement: separate and generation.http.num_local_servers: "
+              "1 (or more), or use trainer.weight_sync.type: filesystem (remote servers) / in_process (native).")
+    if gen.http.local_server_cuda_devices and cfg.runtime.device == "cpu":
+        _fail("generation.http.local_server_cuda_devices", gen.http.local_server_cuda_devices,
+              "empty with runtime.device 'cpu' (local servers then run on the CPU)",
+              "remove generation.http.local_server_cuda_devices, or set runtime.device: cuda (or auto).")
+
+
 def check_recipe(cfg: Any) -> None:
     """Rules across sections."""
     gen = cfg.generation
+    _check_weight_broadcast(cfg)
     if gen.backend != "vllm":
         return
     _check_vllm_sampling(cfg.validation.sampling, "validation.sampling")

@@ -261,6 +261,8 @@ class HttpBackendConfig(Section):
     """Times a local server that died is restarted (then brought to the current weights) before it is given up."""
     server_torch_num_threads: int | None = Field(None, ge=1)
     """CPU threads of each local server's torch (null = runtime.torch_num_threads, else torch's default)."""
+    local_server_cuda_devices: list[int] = []
+    """CUDA device index of each local server, one per server (server i sees only that GPU): `[1]` runs the one server on the second GPU while the trainer uses the first; empty = every server uses the run's device."""
 
     @model_validator(mode="after")
     def _servers(self):
@@ -268,6 +270,11 @@ class HttpBackendConfig(Section):
             _fail("generation.http.num_local_servers", self.num_local_servers,
                   "0 when generation.http.urls is set (either drive running servers or start local ones)",
                   "remove generation.http.urls or set num_local_servers: 0.")
+        devices = self.local_server_cuda_devices
+        if devices and (len(devices) != self.num_local_servers or min(devices) < 0):
+            _fail("generation.http.local_server_cuda_devices", devices,
+                  f"one CUDA device index >= 0 per local server (num_local_servers = {self.num_local_servers})",
+                  "list as many device indices as generation.http.num_local_servers, or leave it empty.")
         for url in self.urls:
             if not url.startswith(("http://", "https://")) or len(url.split("//", 1)[1].strip("/")) == 0:
                 _fail("generation.http.urls", url, "http(s) base URLs such as http://127.0.0.1:8000",
@@ -732,12 +739,14 @@ class MegatronConfig(Section):
 class WeightSyncConfig(Section):
     """How new weights reach the generation backends at refit."""
 
-    type: Literal["in_process", "filesystem"] = "in_process"
-    """`in_process`: hand the state dict to in-process engines; `filesystem`: write a versioned safetensors directory plus a ready marker that engines load (works across processes and nodes with a shared file system). NCCL/gloo broadcast to remote generation processes (`rl_core.weights.broadcast`) is wired by remote generation backends."""
+    type: Literal["in_process", "filesystem", "broadcast"] = "in_process"
+    """`in_process`: hand the state dict to in-process engines; `filesystem`: write a versioned safetensors directory plus a ready marker that engines load (works across processes and nodes with a shared file system); `broadcast`: send the tensors from trainer rank 0 to the local `rl-core serve` processes of `generation.backend: http` over a process group of their own (NCCL on GPU, gloo on CPU; `rl_core.weights.broadcast`), no files."""
     dir: str | None = None
     """Root of the versioned weight directories (`filesystem`); null = <run dir>/weights."""
     keep_last_versions: int = Field(2, ge=1)
     """Versions kept on disk (`filesystem`); older ones are deleted once a newer one is ready."""
+    bucket_size_mb: float = Field(256.0, gt=0)
+    """`broadcast`: most MiB packed into one collective (a larger tensor travels alone)."""
 
 
 class RouterReplayConfig(Section):

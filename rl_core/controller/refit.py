@@ -47,8 +47,10 @@ class Refitter:
             await self.rollout.wait_idle()
         wait_s = time.monotonic() - t0
         try:
+            t_export = time.monotonic()
             weights = self.trainer.export_weights()
             t1 = time.monotonic()
+            export_s = t1 - t_export
             report = await self.sync.push(version, weights, self.backends)
             nbytes = report.bytes
             if self.recompute_kv:
@@ -59,6 +61,7 @@ class Refitter:
             if self.mode == "drain":
                 await self.rollout.set_dispatch_open(True)
         self.count += 1
-        return {"seconds": time.monotonic() - t0, "wait_s": wait_s, "update_s": update_s, "bytes": float(nbytes),
+        return {"seconds": time.monotonic() - t0, "wait_s": wait_s, "export_s": export_s, "update_s": update_s,
+                "bytes": float(nbytes),
                 "bytes_per_s": nbytes / update_s if update_s > 0 else 0.0,
                 **{f"sync_{k}": float(v) for k, v in report.parts.items()}}

@@ -20,6 +20,9 @@ OpenAI-compatible server that returns token ids (`server_kind="openai"`, e.g. vL
   concurrently. A server that fails with an infrastructure error is marked *stale*
   (excluded from routing) and caught up by the health task; a data error (weights of
   the wrong shape) raises; if no server took the version, the update raises.
+  With `trainer.weight_sync.type: broadcast` the servers instead join the trainer's
+  broadcast group once (`join_weight_broadcast`) and receive every version from it
+  (`receive_weight_broadcast`; `rl_core.weights.broadcast.BroadcastWeightSync` drives both).
 - **Abort**: `abort(id)` calls the server's `/rl/abort`, so the pending `generate`
   returns the tokens so far with finish_reason "abort"; a request not yet dispatched
   returns an empty abort result. Cancelling `generate` closes its connection, which the
@@ -354,6 +357,30 @@ class HttpBackend:
         ep.version = int(data["weight_version"])
         ep.stale = False
 
+    async def join_weight_broadcast(self, host: str, port: int, timeout_s: float, bucket_size_mb: float) -> list[dict]:
+        """Have server i join the trainer's broadcast group as rank i + 1 (rank 0, the trainer,
+        joins at the same time: this returns once the whole group formed)."""
+        world = len(self.endpoints) + 1
+        return list(await asyncio.gather(*(
+            self.fleet.request("POST", ep, "/rl/init_weight_broadcast", timeout=timeout_s,
+                               json={"host": host, "port": port, "rank": i + 1, "world_size": world,
+                                     "timeout_s": timeout_s, "bucket_size_mb": bucket_size_mb})
+            for i, ep in enumerate(self.endpoints))))
+
+    async def receive_weight_broadcast(self, version: int, timeout_s: float) -> list[dict]:
+        """Have every server receive `version` from the broadcast group and load it (the trainer
+        sends meanwhile); returns each server's report (bytes, recv_s, load_s)."""
+        async with self._update_lock:
+            out = list(await asyncio.gather(*(
+                self.fleet.request("POST", ep, "/rl/receive_weights", timeout=timeout_s, json={"version": version})
+                for ep in self.endpoints)))
+            for ep, data in zip(self.endpoints, out):
+                ep.version = int(data["weight_version"])
+                ep.stale = False
+            self._version = version
+        self.counters["weight_updates"] += 1
+        return out
+
     async def invalidate_kv_cache(self) -> None:
         if self.kind != "rl_core":
             raise GenerationError("plain OpenAI servers have no invalidate endpoint")
@@ -411,7 +438,8 @@ def make_http_backend(cfg: Any, policy_dir: str | Path, *, device: str, weight_v
                         max_seq_len=n.max_seq_len, max_num_kv_tokens=n.max_num_kv_tokens,
                         kv_cache_dtype=n.kv_cache_dtype, kv_scale_margin=n.kv_scale_margin, decode_path=n.decode_path,
                         seed=cfg.grpo.seed,
-                        torch_num_threads=h.server_torch_num_threads or cfg.runtime.torch_num_threads)
+                        torch_num_threads=h.server_torch_num_threads or cfg.runtime.torch_num_threads,
+                        cuda_devices=tuple(h.local_server_cuda_devices))
     return HttpBackend(
         h.urls, model_dir=policy_dir if h.num_local_servers else None, num_local_servers=h.num_local_servers,
         engine_args=engine, api_key=os.environ.get(h.api_key_env) or None,

@@ -40,6 +40,7 @@ class EngineArgs:
     seed: int = 0
     torch_num_threads: int | None = None
     extra: Sequence[str] = field(default_factory=tuple)
+    cuda_devices: Sequence[int] = ()  # server i sees only GPU cuda_devices[i] (CUDA_VISIBLE_DEVICES); empty: all
 
     def flags(self) -> list[str]:
         out = ["--device", self.device, "--max-batch-size", str(self.max_batch_size),
@@ -89,6 +90,10 @@ class LocalServer:
         self.ready_path.unlink(missing_ok=True)
         env = dict(os.environ)
         env[TOKEN_ENV] = self.token
+        if self.engine.cuda_devices:  # an index among this process's visible GPUs
+            visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+            index = self.engine.cuda_devices[self.index]
+            env["CUDA_VISIBLE_DEVICES"] = visible[index] if index < len(visible) else str(index)
         with open(self.log_path, "a") as log:
             log.write(f"--- launch {self.launches + 1}: {' '.join(self.command())}\n")
             log.flush()

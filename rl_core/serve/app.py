@@ -10,7 +10,9 @@ becomes engine requests and a response:
   protocol.py (token ids in and out, weight versions, `request_id`).
 - `GET /rl/weight_version`, `POST /rl/update_weights` (load a versioned safetensors
   directory, checking its ready marker), `POST /rl/abort` (by request_id, or all),
-  `POST /rl/invalidate_kv_cache`, `GET /rl/metrics`.
+  `POST /rl/invalidate_kv_cache`, `GET /rl/metrics`; the weight broadcast
+  (`trainer.weight_sync.type: broadcast`): `POST /rl/init_weight_broadcast` (join the
+  trainer's group) and `POST /rl/receive_weights` (receive a version and load it).
 
 Each choice is one engine request `"{request_id}/{choice index}"`; `/rl/abort` with the
 request id aborts all of them, and the aborted choices return what they generated so far
@@ -43,8 +45,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from rl_core.generation.backend import GenerationError, NativeBackend, StreamDelta
-from rl_core.serve.protocol import (AbortRequest, ChatCompletionRequest, CompletionRequest, UpdateWeightsRequest,
-                                    _Sampling)
+from rl_core.serve.protocol import (AbortRequest, ChatCompletionRequest, CompletionRequest, ReceiveWeightsRequest,
+                                    UpdateWeightsRequest, WeightGroupRequest, _Sampling)
 from rl_core.serve.text import TextCodec, TextStream, chat_logprobs, completion_logprobs, cut_at_stop
 from rl_core.types import GenerationRequest, GenerationResult
 
@@ -86,6 +88,7 @@ class Server:
         self.settings = settings
         self.inflight: dict[str, list[str]] = {}  # request_id -> engine request ids
         self.weights_lock = asyncio.Lock()
+        self.weight_receiver = None  # rl_core.weights.WeightReceiver once the trainer's broadcast group is joined
         self.counters = {"requests": 0, "errors": 0, "aborted_requests": 0}
 
     # ------------------------------------------------------------------ auth
@@ -341,6 +344,36 @@ class Server:
                 await self.backend.invalidate_kv_cache()
             return {"weight_version": self.backend.weight_version, "seconds": time.monotonic() - t0}
 
+    async def init_weight_broadcast(self, body: WeightGroupRequest) -> dict:
+        """Join the trainer's broadcast group (blocks until every member joined)."""
+        from rl_core.weights.broadcast import BroadcastGroup, WeightReceiver
+
+        if self.weight_receiver is not None:
+            raise ApiError(400, "this server already joined a weight-broadcast group; restart it to join another")
+        t0 = time.monotonic()
+        device = str(self.backend.engine.device)
+        group = await asyncio.to_thread(BroadcastGroup.create, body.host, body.port, body.rank, body.world_size,
+                                        device, body.timeout_s)
+        self.weight_receiver = WeightReceiver(group, body.bucket_size_mb)
+        return {"device": device, "seconds": time.monotonic() - t0}
+
+    async def receive_weights(self, body: ReceiveWeightsRequest) -> dict:
+        """Receive one broadcast version and load it (returns once it is live)."""
+        if self.weight_receiver is None:
+            raise ApiError(400, "no weight-broadcast group: POST /rl/init_weight_broadcast first", param="version")
+        async with self.weights_lock:
+            version, state, report = await asyncio.to_thread(self.weight_receiver.recv)
+            if version != body.version:
+                raise ApiError(400, f"the broadcast carried weight version {version}, the request says {body.version}",
+                               param="version")
+            t0 = time.monotonic()
+            await self.backend.update_weights(version, state)
+            if body.invalidate_kv_cache:
+                await self.backend.invalidate_kv_cache()
+            load_s = time.monotonic() - t0
+            return {"weight_version": self.backend.weight_version, "bytes": report.bytes,
+                    "recv_s": report.seconds, "load_s": load_s}
+
     def health(self) -> dict:
         m = self.backend.metrics()
         return {"status": "ok", "model": self.settings.model_name, "weight_version": self.backend.weight_version,
@@ -433,6 +466,14 @@ def create_app(backend: NativeBackend, tokenizer: Any, settings: ServerSettings)
     @api.post("/rl/update_weights")
     async def update_weights(body: UpdateWeightsRequest):
         return await server.update_weights(body)
+
+    @api.post("/rl/init_weight_broadcast")
+    async def init_weight_broadcast(body: WeightGroupRequest):
+        return await server.init_weight_broadcast(body)
+
+    @api.post("/rl/receive_weights")
+    async def receive_weights(body: ReceiveWeightsRequest):
+        return await server.receive_weights(body)
 
     @api.post("/rl/abort")
     async def abort(body: AbortRequest):

@@ -182,6 +182,28 @@ class UpdateWeightsRequest(Body):
     """Also drop cached keys/values of requests in flight (they recompute under the new weights)."""
 
 
+class WeightGroupRequest(Body):
+    """POST /rl/init_weight_broadcast: join the trainer's weight-broadcast group (`rl_core.weights.broadcast`)."""
+
+    host: str
+    """Address of the group's TCP store, hosted by trainer rank 0."""
+    port: int = Field(ge=1, le=65535)
+    rank: int = Field(ge=1)
+    """This server's rank in the group (rank 0 is the trainer)."""
+    world_size: int = Field(ge=2)
+    timeout_s: float = Field(600.0, gt=0)
+    """How long joining, and every later receive, may block."""
+    bucket_size_mb: float = Field(256.0, gt=0)
+    """Must equal the sender's: buckets are cut the same way on both sides."""
+
+
+class ReceiveWeightsRequest(Body):
+    """POST /rl/receive_weights: receive weight `version` from the broadcast group and load it."""
+
+    version: int = Field(ge=0)
+    invalidate_kv_cache: bool = False
+
+
 class AbortRequest(Body):
     """POST /rl/abort: abort requests by their `request_id` (every choice), or all."""
 

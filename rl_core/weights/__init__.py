@@ -11,10 +11,10 @@ Each reports bytes and seconds (`SyncReport`). `make_weight_sync` picks from the
 """
 
 from rl_core.weights.base import InProcessSync, SyncReport, make_weight_sync, state_dict_bytes
-from rl_core.weights.broadcast import BroadcastGroup, WeightBroadcaster, WeightReceiver
+from rl_core.weights.broadcast import BroadcastGroup, BroadcastWeightSync, WeightBroadcaster, WeightReceiver
 from rl_core.weights.filesystem import (FilesystemWeightSync, latest_ready_version, read_version, version_dir,
                                         wait_for_version)
 
-__all__ = ["BroadcastGroup", "FilesystemWeightSync", "InProcessSync", "SyncReport", "WeightBroadcaster",
+__all__ = ["BroadcastGroup", "BroadcastWeightSync", "FilesystemWeightSync", "InProcessSync", "SyncReport", "WeightBroadcaster",
            "WeightReceiver", "latest_ready_version", "make_weight_sync", "read_version", "state_dict_bytes",
            "version_dir", "wait_for_version"]

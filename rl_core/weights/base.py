@@ -67,4 +67,10 @@ def make_weight_sync(cfg, run_dir: str | Path):
 
         root = Path(ws.dir) if ws.dir else Path(run_dir) / "weights"
         return FilesystemWeightSync(root, keep_last_versions=ws.keep_last_versions)
+    if ws.type == "broadcast":  # trainer rank 0's device (set by init_distributed before this runs)
+        from rl_core.weights.broadcast import BroadcastWeightSync
+
+        cuda = cfg.runtime.device != "cpu" and torch.cuda.is_available()
+        device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
+        return BroadcastWeightSync(device, ws.bucket_size_mb, cfg.trainer.collective_timeout_s)
     raise ValueError(f"unknown trainer.weight_sync.type {ws.type!r}")

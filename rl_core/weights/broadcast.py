@@ -15,7 +15,10 @@ One sync (`WeightBroadcaster.send` -> `WeightReceiver.recv`):
    dtypes and shapes (on the group's device), then load them into their engine with
    `engine.update_weights(version, state_dict)`.
 Tied weights travel once and come back under both names. Both sides report bytes and
-seconds (`SyncReport`).
+seconds (`SyncReport`); the sender splits its time into the header (which waits for the
+receivers), packing (host-to-device copies included) and the bucket broadcasts alone.
+`BroadcastWeightSync` is the refit transport of `trainer.weight_sync.type: broadcast`: it
+forms the group with an `HttpBackend`'s local servers and drives both sides at each refit.
 
 Does not own: starting generation processes or deciding when to sync (refit).
 """
@@ -52,6 +55,8 @@ class BroadcastGroup:
         store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=True)
         dev = torch.device(device)
         if dev.type == "cuda":
+            if dev.index is None:  # "cuda" (an engine's device): the current one, made explicit for NCCL
+                dev = torch.device("cuda", torch.cuda.current_device())
             torch.cuda.set_device(dev)
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
@@ -105,16 +110,24 @@ class WeightBroadcaster:
         blob = torch.frombuffer(bytearray(pickle.dumps((version, header))), dtype=torch.uint8)
         self.group.broadcast(torch.tensor([blob.numel()], dtype=torch.int64, device=dev))
         self.group.broadcast(blob.to(dev))
-        nbytes, buckets = 0, 0
+        sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+        sync()  # the header waits for every receiver: kept out of the bucket times below
+        header_s = time.monotonic() - t0
+        nbytes, buckets, pack_s, wire_s = 0, 0, 0.0, 0.0
         for bucket in _buckets([_padded(t.numel() * t.element_size()) for t in tensors], self.bucket_bytes):
-            flat = torch.cat([_as_bytes(tensors[i], dev) for i in bucket])
+            t1 = time.monotonic()
+            flat = torch.cat([_as_bytes(tensors[i], dev) for i in bucket])  # host->device copies included
+            sync()
+            t2 = time.monotonic()
             self.group.broadcast(flat)
+            sync()
+            pack_s, wire_s = pack_s + t2 - t1, wire_s + time.monotonic() - t2
             nbytes += flat.numel()
             buckets += 1
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
         seconds = time.monotonic() - t0
-        return SyncReport(self.kind, version, nbytes, seconds, {"send_s": seconds, "buckets": float(buckets)})
+        return SyncReport(self.kind, version, nbytes, seconds, {"send_s": seconds, "buckets": float(buckets),
+                                                                  "header_s": header_s, "pack_s": pack_s,
+                                                                  "broadcast_s": wire_s})
 
 
 class WeightReceiver:
@@ -182,3 +195,67 @@ def _buckets(sizes: list[int], limit: int) -> list[list[int]]:
     if cur:
         out.append(cur)
     return out
+
+
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class BroadcastWeightSync:
+    """`trainer.weight_sync.type: broadcast`: the refit transport from trainer rank 0 to the
+    local `rl-core serve` servers of one `HttpBackend`. The first push forms the group (this
+    process hosts the store on a free port; server i joins as rank i + 1); every push then
+    broadcasts the version while the servers receive and load it, and reports the sender's
+    bytes and times plus the slowest server's receive and load seconds."""
+
+    kind = "broadcast"
+
+    def __init__(self, device: str, bucket_size_mb: float = 256.0, timeout_s: float = 600.0,
+                 host: str = "127.0.0.1"):
+        self.device = device
+        self.bucket_size_mb = bucket_size_mb
+        self.timeout_s = timeout_s
+        self.host = host
+        self.sender: WeightBroadcaster | None = None
+
+    async def _join(self, backend) -> float:
+        import asyncio
+
+        t0 = time.monotonic()
+        port = _free_port(self.host)
+        world = len(backend.endpoints) + 1
+        group, _ = await asyncio.gather(
+            asyncio.to_thread(BroadcastGroup.create, self.host, port, 0, world, self.device, self.timeout_s),
+            backend.join_weight_broadcast(self.host, port, self.timeout_s, self.bucket_size_mb))
+        self.sender = WeightBroadcaster(group, self.bucket_size_mb)
+        return time.monotonic() - t0
+
+    async def push(self, version: int, weights: Mapping[str, torch.Tensor], backends) -> SyncReport:
+        import asyncio
+
+        backends = list(backends)
+        if len(backends) != 1 or not hasattr(backends[0], "receive_weight_broadcast"):
+            raise ValueError("trainer.weight_sync.type 'broadcast' drives exactly one generation.backend 'http' "
+                             f"(local rl-core serve servers); got {[type(b).__name__ for b in backends]}")
+        backend = backends[0]
+        t0 = time.monotonic()
+        group_init_s = await self._join(backend) if self.sender is None else 0.0
+        t1 = time.monotonic()
+        recv = asyncio.ensure_future(backend.receive_weight_broadcast(version, self.timeout_s))
+        send = asyncio.ensure_future(asyncio.to_thread(self.sender.send, version, weights))
+        done, _ = await asyncio.wait({recv, send}, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            if task.exception() is not None:  # a failed side leaves the other blocked until the timeout
+                for other in (recv, send):
+                    other.cancel()
+                raise task.exception()
+        report, answers = await send, await recv
+        report.parts.update(group_init_s=group_init_s, recv_s=max(a["recv_s"] for a in answers),
+                            load_s=max(a["load_s"] for a in answers))
+        report.parts["deliver_s"] = time.monotonic() - t1  # sent, and every server received and loaded
+        report.seconds = time.monotonic() - t0
+        return report
