@@ -1,0 +1,141 @@
+"""Recipe sections of the asynchronous controller: samplers, rollout failure handling, the watchdog and `async_rl`.
+
+Part of the recipe schema (`rl_core.config.schema` re-exports every name); no torch import."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Field, model_validator
+
+from rl_core.config.base import Section, _fail
+
+
+# --------------------------------------------------------------------------- async controller
+
+
+class InOrderSamplerConfig(Section):
+    """Train step s on the groups dispatched for step s; dispatch for step s opens at weight version s - max_lookahead_versions."""
+
+    type: Literal["in_order"] = "in_order"
+    """Sampler type (registry key)."""
+    max_lookahead_versions: int = 1
+    """How many weight versions generation may run ahead of training: 0 = synchronous, 1 = one-step-off, ... Equals the largest staleness a trained group can have."""
+
+    @model_validator(mode="after")
+    def _lookahead(self):
+        if self.max_lookahead_versions < 0:
+            _fail("async_rl.sampler.max_lookahead_versions", self.max_lookahead_versions,
+                  "an integer >= 0 (0 = synchronous, 1 = generation may run one version ahead)",
+                  "set it to 0 for synchronous RL or to 1-4 for asynchronous RL.")
+        return self
+
+
+class WeightFifoSamplerConfig(Section):
+    """Oldest weight version first (strict FIFO by version, waiting for its stragglers); ready groups older than the window are evicted."""
+
+    type: Literal["weight_fifo"] = "weight_fifo"
+    """Sampler type (registry key)."""
+    max_staleness_versions: int = Field(1, ge=0)
+    """Largest trainer_version - start_version of a trained group; also gates dispatch (batch b opens at version b - this)."""
+
+
+class WindowedSamplerConfig(Section):
+    """Any ready group inside the staleness window; aged groups are evicted and in-flight groups that leave the window are aborted. No admission gate: dispatch is bounded by capacity, the in-flight caps and over_sampling_ratio."""
+
+    type: Literal["windowed"] = "windowed"
+    """Sampler type (registry key)."""
+    max_staleness_versions: int = Field(1, ge=0)
+    """Largest trainer_version - start_version of a trained group."""
+    sample_freshest_first: bool = False
+    """Select the groups generated with the newest weights first (else in dispatch order)."""
+
+
+class ReadyFirstSamplerConfig(Section):
+    """Any ready group, mixed versions, in dispatch order; never evicts, so staleness is unbounded: needs importance-sampling correction."""
+
+    type: Literal["ready_first"] = "ready_first"
+    """Sampler type (registry key)."""
+    max_staleness_versions: int = Field(1, ge=0)
+    """Dispatch gate: batch b opens at trainer version b - this (bounds how far generation runs ahead)."""
+
+
+class CustomSamplerConfig(Section):
+    """A user sampler class, imported and checked against rl_core.samplers.base.Sampler at config load."""
+
+    type: Literal["custom"] = "custom"
+    """Sampler type (registry key)."""
+    target: str = Field(..., pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    """Import path 'module.path:ClassName'; constructed as ClassName(num_prompts_per_step=P, **kwargs)."""
+    kwargs: dict[str, Any] = {}
+    """Extra keyword arguments for the constructor."""
+
+
+SamplerConfig = Annotated[
+    Union[InOrderSamplerConfig, WeightFifoSamplerConfig, WindowedSamplerConfig, ReadyFirstSamplerConfig,
+          CustomSamplerConfig],
+    Field(discriminator="type"),
+]
+
+
+class RolloutFailureConfig(Section):
+    """Resilience of the rollout pump: failure classes, retry budgets, deadlines, drop budgets."""
+
+    max_infra_attempts_per_group: int = Field(3, ge=1)
+    """Attempts of a group whose generation failed for an infrastructure reason (timeout, dead backend, transport error)."""
+    max_data_attempts_per_group: int = Field(1, ge=1)
+    """Attempts of a group that failed deterministically (bad data, environment error); counted apart from infra attempts."""
+    backoff_base_s: float = Field(0.2, ge=0)
+    """Infra retry delay: min(backoff_base_s * 2^(attempt-1), max_backoff_s)."""
+    max_backoff_s: float = Field(5.0, ge=0)
+    """Cap of the infra retry delay."""
+    generation_timeout_s: float | None = Field(None, gt=0)
+    """Deadline of one sample's generation (null = none); a miss aborts the request and counts as an infra failure."""
+    env_timeout_s: float | None = Field(None, gt=0)
+    """Deadline of one environment scoring call (null = none); a miss counts as an infra failure."""
+    max_dropped_groups: int = Field(0, ge=0)
+    """Run-lifetime number of groups that may exhaust their attempts and be dropped; 0 = the first such failure stops the run."""
+    on_dropped_group: Literal["shrink", "replace"] = "shrink"
+    """`shrink`: the step trains with fewer groups (down to min_step_batch_fraction); `replace`: a fresh prompt takes the dropped group's place (in_order: stamped with its step)."""
+    min_step_batch_fraction: float = Field(0.75, gt=0, le=1)
+    """A step may shrink only down to ceil(this * num_prompts_per_step) groups; below that the run stops."""
+    max_train_step_retries: int = Field(1, ge=0)
+    """Retries of an RL step whose training failed transiently (a microbatch raised, a non-finite gradient); after them the run stops with a checkpoint."""
+
+
+class WatchdogConfig(Section):
+    """Stall detection: no committed group and no RL step for stall_timeout_s."""
+
+    interval_s: float = Field(10.0, gt=0)
+    """How often the watchdog checks progress."""
+    stall_timeout_s: float = Field(600.0, gt=0)
+    """Report a stall after this long without progress; the report names what each pump waits on."""
+    action: Literal["warn", "abort"] = "abort"
+    """`warn`: print the report and keep waiting; `abort`: stop the run with a StallError carrying the report."""
+
+
+class AsyncRLConfig(Section):
+    """The single controller: sampler (staleness policy) and backpressure valves."""
+
+    sampler: SamplerConfig = InOrderSamplerConfig()
+    """Which groups may train now, and how stale they may be."""
+    max_inflight_groups: int = Field(32, ge=1)
+    """Prompt groups being generated at once (group-level in-flight cap)."""
+    max_inflight_generations: int | None = Field(None, ge=1)
+    """Samples being generated at once (generation-level backpressure): each sample takes a place when it starts and frees it when it finishes, so a slow sample does not hold back its group's other places. null = only the group cap."""
+    max_buffered_groups: int = Field(64, ge=1)
+    """Buffer capacity: reserved + ready groups not yet selected for training."""
+    min_groups_for_streaming_train: int = Field(1, ge=1)
+    """Ready groups handed to the trainer per chunk (streaming: training starts before the step's last group is generated)."""
+    over_sampling_ratio: float = Field(1.0, ge=1.0)
+    """Unstamped samplers: at most ceil(ratio * groups the trainer can still consume within the staleness window) groups may be live; 1 = no over-sampling. Wasted (evicted/aborted) generations are counted."""
+    refit_mode: Literal["in_flight", "drain"] | None = None
+    """`in_flight`: swap weights while generations run (each sample records start and end versions); `drain`: let in-flight generations finish first, so no sample spans two versions; null = `in_flight`, or the reproducible barrier when `reproducible: true`."""
+    recompute_kv_cache_after_weight_updates: bool = False
+    """After each refit, make every generation backend recompute (or drop) KV cache entries computed with older weights."""
+    reproducible: bool = False
+    """Reproducible asynchronous RL: every group of step s is generated entirely with weight version max(0, s - max_lookahead_versions) (refit waits for them: a barrier), samples use per-sample seeds, and each step trains its groups in dispatch order. The same recipe then gives the same weights, run after run and across kill/resume. Needs the `in_order` sampler."""
+    failure: RolloutFailureConfig = RolloutFailureConfig()
+    """Retries, deadlines and drop budgets."""
+    watchdog: WatchdogConfig = WatchdogConfig()
+    """Stall watchdog."""

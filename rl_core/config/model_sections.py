@@ -1,0 +1,158 @@
+"""Recipe sections of the policy model, the task data and the environment: `model`, `data`, `env`.
+
+Part of the recipe schema (`rl_core.config.schema` re-exports every name); no torch import."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import Field, model_validator
+
+from rl_core.config.base import Section, _fail
+
+
+# --------------------------------------------------------------------------- model
+
+
+class TinyModelConfig(Section):
+    """Shape of the random-init model built by `init_policy` when `model.source: tiny`."""
+
+    architecture: Literal["qwen2", "llama", "mixtral"] = "qwen2"
+    """transformers architecture used to build the config (Qwen2Config, LlamaConfig, or MixtralConfig: a sparse mixture-of-experts model whose routes can be replayed in training, see `trainer.router_replay`)."""
+    hidden_size: int = Field(128, ge=8)
+    """Width of the residual stream."""
+    num_hidden_layers: int = Field(2, ge=1)
+    """Number of decoder layers."""
+    num_attention_heads: int = Field(4, ge=1)
+    """Query heads per layer; must divide hidden_size."""
+    num_key_value_heads: int = Field(4, ge=1)
+    """Key/value heads per layer (grouped-query attention); must divide num_attention_heads."""
+    intermediate_size: int = Field(512, ge=8)
+    """Width of the SwiGLU MLP."""
+    max_position_embeddings: int = Field(64, ge=8)
+    """Longest sequence (prompt + completion, in tokens) the model supports."""
+    tie_word_embeddings: bool = False
+    """Share the input embedding and the LM head (with a ~300-token vocabulary, untied embeddings warm up ~5x faster and far more reliably across seeds)."""
+    rope_theta: float = Field(10000.0, gt=0)
+    """RoPE base frequency."""
+    tokenizer_vocab_size: int = Field(300, ge=260)
+    """Target vocabulary of the byte-level BPE tokenizer trained on the task text (>= 256 bytes + specials)."""
+    num_experts: int | None = Field(None, ge=2)
+    """`mixtral` only: experts per MoE layer (each a SwiGLU MLP of width intermediate_size); null for dense architectures."""
+    num_experts_per_tok: int | None = Field(None, ge=1)
+    """`mixtral` only: experts each token is routed to (router top-k; their softmax weights are renormalised to sum to 1); null for dense architectures."""
+
+    @model_validator(mode="after")
+    def _experts(self):
+        moe = self.architecture == "mixtral"
+        for name in ("num_experts", "num_experts_per_tok"):
+            value = getattr(self, name)
+            if moe and value is None:
+                _fail(f"model.tiny.{name}", None, "an integer with model.tiny.architecture 'mixtral'",
+                      "set model.tiny.num_experts (e.g. 4) and model.tiny.num_experts_per_tok (e.g. 2).")
+            if not moe and value is not None:
+                _fail(f"model.tiny.{name}", value, f"null with the dense architecture '{self.architecture}'",
+                      f"remove model.tiny.{name}, or set model.tiny.architecture: mixtral.")
+        if moe and self.num_experts_per_tok > self.num_experts:
+            _fail("model.tiny.num_experts_per_tok", self.num_experts_per_tok,
+                  f"at most model.tiny.num_experts ({self.num_experts})", "lower num_experts_per_tok (2 is typical).")
+        return self
+
+    @model_validator(mode="after")
+    def _heads(self):
+        if self.hidden_size % self.num_attention_heads:
+            _fail("model.tiny.num_attention_heads", self.num_attention_heads,
+                  f"a divisor of model.tiny.hidden_size ({self.hidden_size})",
+                  "pick a head count that divides the hidden size, e.g. 4 for 128.")
+        if self.num_attention_heads % self.num_key_value_heads:
+            _fail("model.tiny.num_key_value_heads", self.num_key_value_heads,
+                  f"a divisor of model.tiny.num_attention_heads ({self.num_attention_heads})",
+                  "set it equal to num_attention_heads (no GQA) or to one of its divisors.")
+        return self
+
+
+class WarmupConfig(Section):
+    """Supervised warm-up of a fresh tiny model so that RL starts from a low, non-zero accuracy."""
+
+    enabled: bool = True
+    """Run the warm-up (only used when `model.source: tiny`)."""
+    lr: float = Field(1e-3, gt=0)
+    """AdamW learning rate of the warm-up."""
+    batch_size: int = Field(128, ge=1)
+    """Examples per warm-up step."""
+    max_steps: int = Field(3000, ge=1)
+    """Give up after this many steps even if the target accuracy is not reached."""
+    target_accuracy: float = Field(0.10, ge=0.0, le=1.0)
+    """Stop at the first check whose greedy held-out accuracy reaches this (accuracy jumps sharply, so stop on it, not on a step count)."""
+    eval_every_steps: int = Field(10, ge=1)
+    """Check the held-out accuracy every this many steps."""
+    num_eval_prompts: int = Field(200, ge=1)
+    """Held-out prompts used by each warm-up check."""
+
+
+class ModelConfig(Section):
+    """The policy: where it comes from and its numeric type."""
+
+    source: Literal["tiny", "hf"] = "tiny"
+    """`tiny`: build a random-init model + tokenizer from `model.tiny` and warm it up; `hf`: load the HF directory at `model.path`."""
+    path: str | None = None
+    """HF model directory (config.json, safetensors, tokenizer) when `source: hf`."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype of trainer and generation (keep float32 on CPU)."""
+    tiny: TinyModelConfig = TinyModelConfig()
+    """Shape of the tiny model (source: tiny)."""
+    warmup: WarmupConfig = WarmupConfig()
+    """Supervised warm-up (source: tiny)."""
+
+    @model_validator(mode="after")
+    def _path(self):
+        if self.source == "hf" and not self.path:
+            _fail("model.path", self.path, "an HF model directory when model.source is 'hf'",
+                  "set model.path to a directory holding config.json and *.safetensors, or use model.source: tiny.")
+        return self
+
+
+# --------------------------------------------------------------------------- data / env
+
+
+class DataConfig(Section):
+    """Prompt datasets (JSON lines, one example per line)."""
+
+    train_file: str = "data/addition/train.jsonl"
+    """Training prompts; relative paths are resolved against the working directory."""
+    val_file: str = "data/addition/val.jsonl"
+    """Held-out prompts used by validation."""
+    shuffle: bool = True
+    """Shuffle the training prompts each epoch (seeded by grpo.seed and the epoch number)."""
+    max_train_examples: int | None = Field(None, ge=1)
+    """Use only the first N training examples (an epoch is then N // num_prompts_per_step steps); null = all."""
+
+
+class EnvSection(Section):
+    """Knobs every environment has."""
+
+    mask_flagged_samples: bool = True
+    """Exclude samples the environment flags (EnvResult.mask, e.g. aborted ones) from the loss."""
+
+
+class AdditionEnvConfig(EnvSection):
+    """Multi-digit addition: reward 1 for the exact (reversed-digit) answer followed by the end token."""
+
+    type: Literal["addition"] = "addition"
+    """Environment type (registry key)."""
+    format_reward: float = Field(0.0, ge=0.0)
+    """Extra reward for a well-formed answer (right number of digits, then end), whatever its value; 0 = off."""
+    digit_reward: float = Field(0.0, ge=0.0)
+    """Weight of partial credit in the total reward: the share of answer digits right, position by position (reported as reward component `digits` either way); 0 = off."""
+
+
+class ChainAdditionEnvConfig(EnvSection):
+    """Multi-turn chained addition: answer a+b, then the environment says `+c=` and the policy answers a+b+c."""
+
+    type: Literal["chain_addition"] = "chain_addition"
+    """Environment type (registry key)."""
+    max_turns: int = Field(2, ge=1, le=2)
+    """Turns per episode (1 = plain addition scored like chain turn 1)."""
+
+
+EnvConfig = Annotated[Union[AdditionEnvConfig, ChainAdditionEnvConfig], Field(discriminator="type")]

@@ -1,0 +1,159 @@
+"""Recipe sections of the trainer: `trainer` (torch / fsdp2 / megatron, weight sync, router replay) and its placement checks.
+
+Part of the recipe schema (`rl_core.config.schema` re-exports every name); no torch import."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rl_core.config.base import Section, _fail
+
+
+# --------------------------------------------------------------------------- trainer
+
+
+class FSDPConfig(Section):
+    """`trainer.backend: fsdp2`: torch FSDP2 (`fully_shard`, DTensor parameters), one process per device."""
+
+    mixed_precision: Literal["auto", "bf16", "none"] = "auto"
+    """`bf16`: bf16 parameters and compute, fp32 gradient reduction, fp32 master weights and optimizer (GPU only); `none`: everything in model.dtype; `auto`: bf16 on GPU, none on CPU."""
+    reshard_after_forward: bool = True
+    """Free each layer's gathered parameters after its forward and gather them again in backward (ZeRO-3 memory); false keeps them until backward (less communication, more memory)."""
+    data_parallel_replicate_size: int = Field(1, ge=1)
+    """HSDP: number of model replicas; each shards the model over world_size / this many processes (1 = plain FSDP over all processes)."""
+    compile: bool = False
+    """torch.compile each decoder layer (dynamic shapes) before sharding: fuses the norm, rotary and SwiGLU element-wise work; the first steps pay the compilation."""
+
+
+class MegatronConfig(Section):
+    """`trainer.backend: megatron`: Megatron-core GPTModel (local layer spec) with weights converted from and back to the HF layout."""
+
+    tensor_model_parallel_size: int = Field(1, ge=1)
+    """Tensor parallel size (splits attention heads, MLP width and vocabulary); must divide the number of key/value heads."""
+    pipeline_model_parallel_size: int = Field(1, ge=1)
+    """Pipeline parallel size; only 1 is supported (the split step API streams chunks that a pipeline schedule would reorder)."""
+    mixed_precision: Literal["auto", "bf16", "none"] = "auto"
+    """`bf16`: bf16 parameters and compute with fp32 main weights in Megatron's optimizer (GPU only); `none`: model.dtype; `auto`: bf16 on GPU, none on CPU."""
+    optimizer: Literal["auto", "megatron", "torch"] = "auto"
+    """`megatron`: Megatron's optimizer (fp32 main params, fused Adam; GPU only); `torch`: torch AdamW on Megatron's gradient buffers; `auto`: megatron on GPU, torch on CPU."""
+    grad_reduce_in_fp32: bool = True
+    """Accumulate and all-reduce gradients in fp32 even when parameters are bf16."""
+    attention: Literal["sdpa", "local"] = "sdpa"
+    """Core attention: `sdpa` = torch's fused scaled_dot_product_attention (flash attention on GPU), `local` = Megatron's unfused local-spec attention (materialises the score matrix)."""
+
+
+class WeightSyncConfig(Section):
+    """How new weights reach the generation backends at refit."""
+
+    type: Literal["in_process", "filesystem", "broadcast"] = "in_process"
+    """`in_process`: hand the state dict to in-process engines; `filesystem`: write a versioned safetensors directory plus a ready marker that engines load (works across processes and nodes with a shared file system); `broadcast`: send the tensors from trainer rank 0 to the local `rl-core serve` processes of `generation.backend: http` over a process group of their own (NCCL on GPU, gloo on CPU; `rl_core.weights.broadcast`), no files."""
+    dir: str | None = None
+    """Root of the versioned weight directories (`filesystem`); null = <run dir>/weights."""
+    keep_last_versions: int = Field(2, ge=1)
+    """Versions kept on disk (`filesystem`); older ones are deleted once a newer one is ready."""
+    bucket_size_mb: float = Field(256.0, gt=0)
+    """`broadcast`: most MiB packed into one collective (a larger tensor travels alone)."""
+
+
+class RouterReplayConfig(Section):
+    """Rollout Routing Replay (R3, Ma et al. 2025, arXiv 2510.11370) for mixture-of-experts policies: the trainer routes each token to the experts generation chose."""
+
+    enabled: bool = False
+    """Replay the routed experts recorded by generation in every trainer forward (training, old and reference logprobs): gate weights are the trainer router's softmax at the replayed experts, renormalised, so the router still gets gradients. Needs an MoE policy, `trainer.backend: torch` and `generation.backend: native`; a sample without routes is an error; tokens with missing routes are routed by the trainer (metric `train/router_replay_backfill_frac`)."""
+
+
+class TrainerConfig(Section):
+    """The training backend and its optimizer."""
+
+    backend: Literal["torch", "fsdp2", "megatron"] = "torch"
+    """`torch`: one process, plain PyTorch (CPU or one GPU); `fsdp2`: torch FSDP2 over N processes (one per device; gloo on CPU, NCCL on GPU); `megatron`: Megatron-core GPTModel (Qwen2/Llama) with tensor and data parallelism."""
+    lr: float = Field(1e-4, gt=0)
+    """AdamW learning rate."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    adam_beta1: float = Field(0.9, ge=0, lt=1)
+    """AdamW beta1."""
+    adam_beta2: float = Field(0.999, ge=0, lt=1)
+    """AdamW beta2."""
+    adam_eps: float = Field(1e-8, gt=0)
+    """AdamW epsilon."""
+    microbatch_size: int = Field(64, ge=1)
+    """Samples per forward/backward pass (per process for fsdp2/megatron); gradients accumulate over a step."""
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    """Clip the global gradient norm to this (null = no clipping)."""
+    collective_timeout_s: float = Field(1800.0, gt=0)
+    """fsdp2/megatron: how long a collective (or a worker rank waiting for the driver's next command) may block before the run fails."""
+    fsdp: FSDPConfig = FSDPConfig()
+    """Settings of `backend: fsdp2`."""
+    megatron: MegatronConfig = MegatronConfig()
+    """Settings of `backend: megatron`."""
+    weight_sync: WeightSyncConfig = WeightSyncConfig()
+    """How refit moves the new weights to generation."""
+    router_replay: RouterReplayConfig = RouterReplayConfig()
+    """MoE policies: replay generation's expert routes in the trainer (R3)."""
+
+    @model_validator(mode="after")
+    def _backend_options(self):
+        m = self.megatron
+        if m.pipeline_model_parallel_size != 1:
+            _fail("trainer.megatron.pipeline_model_parallel_size", m.pipeline_model_parallel_size,
+                  "1 (pipeline parallelism is not supported by the megatron backend)",
+                  "set it to 1 and use tensor_model_parallel_size or more data-parallel processes instead.")
+        if m.optimizer == "torch" and m.mixed_precision == "bf16":
+            _fail("trainer.megatron.mixed_precision", "bf16",
+                  "'none' or 'auto' with trainer.megatron.optimizer 'torch' (torch AdamW would update bf16 weights "
+                  "without fp32 master copies)",
+                  "set trainer.megatron.optimizer: megatron (or auto) for bf16 training.")
+        return self
+
+    def parallel_product(self) -> tuple[int, str] | None:
+        """(product of fixed parallel sizes, their description); the world size must be a multiple of it."""
+        if self.backend == "fsdp2":
+            return self.fsdp.data_parallel_replicate_size, "trainer.fsdp.data_parallel_replicate_size"
+        if self.backend == "megatron":
+            return (self.megatron.tensor_model_parallel_size * self.megatron.pipeline_model_parallel_size,
+                    "trainer.megatron.tensor_model_parallel_size x pipeline_model_parallel_size")
+        return None
+
+
+def check_trainer_placement(cfg) -> None:
+    """Load-time rules tying trainer options to the device and to the node groups (`cluster.trainer`,
+    `cluster.generation`); the launch itself is checked against them before any model is built
+    (`rl_core.launch.distributed.check_world`)."""
+    t, cluster = cfg.trainer, cfg.cluster
+    if cfg.runtime.device == "cpu":
+        for field, value in (("trainer.fsdp.mixed_precision", t.fsdp.mixed_precision),
+                             ("trainer.megatron.mixed_precision", t.megatron.mixed_precision)):
+            if value == "bf16" and field.split(".")[1] == {"fsdp2": "fsdp", "megatron": "megatron"}.get(t.backend):
+                _fail(field, "bf16", "'none' or 'auto' with runtime.device 'cpu' (bf16 mixed precision needs CUDA)",
+                      f"set {field}: auto, or runtime.device: cuda.")
+        if t.backend == "megatron" and t.megatron.optimizer == "megatron":
+            _fail("trainer.megatron.optimizer", "megatron", "'torch' or 'auto' with runtime.device 'cpu' "
+                  "(Megatron's optimizer allocates on CUDA)", "set trainer.megatron.optimizer: auto.")
+    group = cluster.trainer
+    if group is not None:
+        if group.num_gpus_per_node and group.num_processes_per_node not in (None, group.num_gpus_per_node):
+            _fail("cluster.trainer.num_processes_per_node", group.num_processes_per_node,
+                  f"null or num_gpus_per_node ({group.num_gpus_per_node}): one trainer process per GPU",
+                  "remove num_processes_per_node (it defaults to one per GPU).")
+        world = group.world_size
+        if t.backend == "torch" and world != 1:
+            _fail("cluster.trainer", group.model_dump(), "one process for trainer.backend 'torch' (it does not "
+                  f"distribute); this group has {world}", "set trainer.backend: fsdp2 (or megatron), or shrink the group to 1 process.")
+        fixed = t.parallel_product()
+        if fixed is not None and world % fixed[0]:
+            _fail(fixed[1].split(" x ")[0], fixed[0], f"a divisor of the trainer group's {world} processes "
+                  f"(cluster.trainer: {group.num_nodes} node(s) x {world // group.num_nodes}); {fixed[1]} = {fixed[0]}",
+                  f"change the parallel sizes or the group so that {fixed[0]} divides the number of processes.")
+        job = cluster.controller
+        if group.num_nodes > job.nodes or world // group.num_nodes > job.tasks_per_node or \
+                group.num_gpus_per_node > job.gpus_per_node:
+            _fail("cluster.trainer", group.model_dump(), "a group that fits in the controller job (cluster.controller: "
+                  f"{job.nodes} node(s), {job.tasks_per_node} task(s) and {job.gpus_per_node} GPU(s) per node)",
+                  "raise cluster.controller.nodes / tasks_per_node / gpus_per_node to hold the trainer group.")
+    if cluster.generation is not None and cfg.generation.placement != "separate":
+        _fail("cluster.generation", cluster.generation.model_dump(),
+              "null with generation.placement 'colocated' (colocated generation runs in the controller's processes)",
+              "set generation.placement: separate (vllm or http servers), or remove cluster.generation.")
