@@ -194,10 +194,13 @@ def make_executor(launcher: str, folder: str | os.PathLike, res: SlurmJobConfig,
 class _LogTail:
     """Copies what a job appends to its log (stderr goes to stdout, see make_executor) into our stdout."""
 
+    PROGRESS_EVERY_S = 20.0  # also show the newest "[train] step" line on the terminal this often
+
     def __init__(self, job: submitit.Job, prefix: str = ""):
         self.job = job
         self.prefix = prefix
         self.offsets: dict[Path, int] = {}
+        self.last_progress = time.monotonic()
 
     def pump(self) -> None:
         for path in (self.job.paths.stdout,):
@@ -210,10 +213,26 @@ class _LogTail:
                 continue
             if data:
                 text = data.decode("utf-8", "replace")
+                self._progress(text)
                 if self.prefix:
                     text = "".join(self.prefix + line for line in text.splitlines(keepends=True))
                 sys.stdout.write(text)
         sys.stdout.flush()
+
+
+    def _progress(self, text: str) -> None:
+        """Long stages stay visible: the newest step line every PROGRESS_EVERY_S, and every
+        validation line, go to snakemake's terminal too (rl_core.launch.workflow.tell_terminal)."""
+        from rl_core.launch.workflow import tell_terminal
+
+        lines = text.splitlines()
+        for line in lines:
+            if line.startswith("[val]"):
+                tell_terminal(f"{self.prefix}{line}")
+        steps = [line for line in lines if line.startswith("[train] step")]
+        if steps and time.monotonic() - self.last_progress >= self.PROGRESS_EVERY_S:
+            self.last_progress = time.monotonic()
+            tell_terminal(f"{self.prefix}{steps[-1]}")
 
 
 def _failure(job: submitit.Job, what: str) -> JobError:

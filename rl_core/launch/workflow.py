@@ -265,6 +265,15 @@ def branch_epoch(src_epoch_dir: str, dst_epoch_dir: str) -> None:
     print(f"[branch] {src} -> {dst} (checkpoint verified, files hard-linked)", flush=True)
 
 
+_terminal: Callable[[str], None] | None = None  # set while a rule's stage runs (run_in_rule)
+
+
+def tell_terminal(text: str) -> None:
+    """One progress line on snakemake's terminal (not only in the rule's log); no-op outside a rule."""
+    if _terminal is not None:
+        _terminal(text)
+
+
 def run_in_rule(smk: Any, fn: Callable[[], Any], append_log: bool = False) -> None:
     """Run a stage inside a rule's script: output into `smk.log[0]`, clean errors on the terminal."""
     log_path = Path(smk.log[0])
@@ -282,6 +291,8 @@ def run_in_rule(smk: Any, fn: Callable[[], Any], append_log: bool = False) -> No
     def tell(text: str) -> None:
         os.write(terminal, (text.rstrip() + "\n").encode())
 
+    global _terminal
+    _terminal = tell
     try:
         fn()
     except UserError as exc:
