@@ -33,6 +33,18 @@ class VLLMError(RuntimeError):
 # --------------------------------------------------------------------------- shared helpers
 
 
+def backend_metrics(stats: Mapping[str, float], t_start: float | None, running: int, version: int,
+                    setup_s: float) -> dict[str, float]:
+    """`metrics()` of both vLLM backends: their counters plus running, version, uptime, tokens/s."""
+    import time
+
+    uptime = time.monotonic() - t_start if t_start else 0.0
+    out = {k: float(v) for k, v in stats.items()}
+    out.update(running=float(running), weight_version=float(version), setup_s=setup_s, uptime_s=uptime,
+               tokens_per_s=stats["tokens_generated"] / uptime if uptime > 0 else 0.0)
+    return out
+
+
 def vllm_engine_env(is_cpu: bool) -> dict[str, str]:
     """Environment for a vLLM engine process (vllm-cpu.md §2). On CPU: one in-process
     executor ("uni") instead of a third process, one OpenMP thread for the EngineCore

@@ -44,7 +44,8 @@ from typing import Any, Mapping
 import torch
 
 from rl_core.generation.vllm_backend import VLLMOptions
-from rl_core.generation.vllm_common import (EXTENSION_CLS, FINISH_REASONS, ChildReaper, VLLMError, safetensors_files,
+from rl_core.generation.vllm_common import (EXTENSION_CLS, FINISH_REASONS, ChildReaper, VLLMError, backend_metrics,
+                                            safetensors_files,
                                             state_dict_bytes, token_versions_from_spans, to_vllm_sampling,
                                             vllm_engine_env)
 from rl_core.types import GenerationRequest, GenerationResult
@@ -280,11 +281,7 @@ class VLLMServerBackend:
         return self.options.max_num_seqs
 
     def metrics(self) -> dict[str, float]:
-        uptime = time.monotonic() - self._t_start if self._t_start else 0.0
-        out = {k: float(v) for k, v in self._stats.items()}
-        out.update(running=float(len(self._inflight)), weight_version=float(self._version), setup_s=self.setup_s,
-                   uptime_s=uptime, tokens_per_s=self._stats["tokens_generated"] / uptime if uptime > 0 else 0.0)
-        return out
+        return backend_metrics(self._stats, self._t_start, len(self._inflight), self._version, self.setup_s)
 
     async def shutdown(self) -> None:
         """Abort what is in flight, close the client, stop a server started here (its whole

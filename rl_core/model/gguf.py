@@ -24,7 +24,6 @@ fetched from a hub: HF_HUB_OFFLINE is set around the conversion).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.util
 import json
@@ -97,19 +96,11 @@ def is_converted(out_dir: str | Path, gguf_path: str | Path, dtype: str = "float
     return rec.get("source_sha256") == _sha256(src)
 
 
-@contextlib.contextmanager
 def _offline():
-    keys = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_PROGRESS_BARS")
-    saved = {k: os.environ.get(k) for k in keys}
-    os.environ.update({k: "1" for k in keys})
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    """No hub access and no progress bars while transformers reads the GGUF file."""
+    from rl_core.generation.vllm_common import scoped_env  # imports no vLLM
+
+    return scoped_env({k: "1" for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_PROGRESS_BARS")})
 
 
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float32") -> Path:
