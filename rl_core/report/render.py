@@ -102,9 +102,15 @@ def _figure(name: str, data: RunData) -> bytes:
         _epoch_panel(right, rows, [("reward", "mean reward")], "reward")
     elif name == "accuracy":
         _step_panel(left, data, [("accuracy", "train accuracy")], "accuracy", smooth=True)
+        labelled = False
         for e in data.epochs:  # in-training validations, at the weight version they saw
             xs, ys = _clean([r["step"] for r in e.val_inline], [r.get("val/accuracy") for r in e.val_inline])
-            left.plot(xs, ys, "s", ms=4, color="tab:red")
+            if xs:
+                left.plot(xs, ys, "s", ms=4, color="tab:red",
+                          label=None if labelled else "held-out validation (during training)")
+                labelled = True
+        if labelled:
+            left.legend(fontsize=7)
         _epoch_panel(right, rows, [("accuracy", "train accuracy (mean)"), ("val_accuracy", "validation accuracy")],
                      "accuracy")
         if data.init_validation:
