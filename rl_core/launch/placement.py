@@ -71,11 +71,9 @@ class SetupRecord:
 
     def report(self, logger: Any, timeline: Any, step: int) -> None:
         """Log `timing/setup/*` (kind "setup") and add `setup_<part>` spans to the timeline."""
-        from rl_core.controller.events import Span
-
         logger.log(step, self.metrics(), kind="setup")
-        for name, (a, b) in self.parts.items():
-            timeline.spans.append(Span(f"setup_{name}", step, a, b, step))
+        for name, (a, b) in self.parts.items():  # on the timeline's clock (negative: before the run began)
+            timeline.add(f"setup_{name}", step, a, b, step)
 
 
 def make_generation_backend(cfg: Any, policy_dir: str | Path, *, tokenizer: Any, device: str,

@@ -14,6 +14,8 @@ def test_generation_and_trainer_setups_overlap(run_recipe, capsys):
     spans = {s.kind: s for s in Timeline.read(run_dir / "timeline.jsonl") if s.kind.startswith("setup_")}
     gen, trainer = spans["setup_generation"], spans["setup_trainer"]
     assert gen.start < trainer.end and trainer.start < gen.end, "the two set-ups ran one after the other"
+    first = min(s.start for s in Timeline.read(run_dir / "timeline.jsonl") if not s.kind.startswith("setup_"))
+    assert max(gen.end, trainer.end) <= first + 1e-3 and gen.end < 0, "set-up spans are on the run's clock, before it"
 
     (setup,) = read_jsonl(run_dir / "metrics.jsonl", kind="setup")
     parts = setup["timing/setup/generation_s"] + setup["timing/setup/trainer_s"]
