@@ -186,7 +186,9 @@ def test_abort_frees_the_engine_and_returns_the_partial_choice(server):
         # a client that disconnects aborts its (non-streaming) request too
         before = http.get("/rl/metrics").json()["requests_aborted"]
         with pytest.raises(httpx.ReadTimeout):
-            http.post("/v1/completions", json={**body, "stream": False, "request_id": "gone"}, timeout=0.3)
+            # 32 sampled choices: the request cannot end (every choice at its end token) before the
+            # server's disconnect poll sees the closed connection
+            http.post("/v1/completions", json={**body, "stream": False, "request_id": "gone", "n": 32}, timeout=0.3)
         deadline = time.monotonic() + 10
         while http.get("/rl/metrics").json()["requests_aborted"] == before:
             assert time.monotonic() < deadline, "the disconnected request was not aborted"
