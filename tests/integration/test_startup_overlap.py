@@ -21,7 +21,9 @@ def test_generation_and_trainer_setups_overlap(run_recipe, capsys):
     parts = setup["timing/setup/generation_s"] + setup["timing/setup/trainer_s"]
     assert abs(setup["timing/setup/sum_s"] - parts) < 1e-6
     assert setup["timing/setup/overlap_s"] > 0
-    # the whole set-up took the sum of its parts minus the time they overlapped (or less)
-    assert setup["timing/setup/total_s"] <= parts - setup["timing/setup/overlap_s"] + 1e-3
+    # the whole set-up spans both parts (their union, plus a little bookkeeping around them),
+    # and, because they overlapped, less than their sum (no timing threshold: the structure)
+    assert setup["timing/setup/total_s"] >= parts - setup["timing/setup/overlap_s"] - 1e-6
+    assert setup["timing/setup/total_s"] < parts
     assert max(setup["timing/setup/generation_s"], setup["timing/setup/trainer_s"]) <= setup["timing/setup/total_s"]
     assert "[setup] " in capsys.readouterr().out
