@@ -130,12 +130,17 @@ class LocalServer:
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM by PID, SIGKILL after `grace_s`; waits for the exit."""
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        if self.proc is not None:
+            stop_process(self.proc, grace_s)
+
+
+def stop_process(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM the process by its PID, SIGKILL if it has not exited after `grace_s`; waits for the exit."""
+    if proc.poll() is not None:
+        return
+    os.kill(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from rl_core.model.tokenizer import GENERIC_CORPUS, train_bpe, wrap_tokenizer
+from rl_core.generation.http_servers import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN_ENV = "RL_CORE_TEST_TOKEN"
@@ -77,14 +77,3 @@ def running_server(model_dir: Path, workdir: Path, *args: str, token: str | None
         stop_process(proc)
         log.close()
 
-
-def stop_process(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGTERM the process by its PID, then SIGKILL if it has not exited after `grace_s`."""
-    if proc.poll() is not None:
-        return
-    os.kill(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(5)
