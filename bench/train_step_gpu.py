@@ -100,6 +100,24 @@ def chunk(vocab: int, batch: int, seq: int):
                       start_versions=torch.zeros(batch, dtype=torch.long))
 
 
+def time_steps(trainer, loss, c, warmup: int, steps: int, device: str) -> tuple[list[float], dict]:
+    """Seconds of each timed split step (after `warmup` untimed ones) and the last step's metrics."""
+    import torch
+
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    times, metrics = [], {}
+    for i in range(warmup + steps):
+        sync()
+        t = time.perf_counter()
+        trainer.begin(loss)
+        trainer.train_microbatches(c)
+        metrics = trainer.finish()
+        sync()
+        if i >= warmup:
+            times.append(time.perf_counter() - t)
+    return times, metrics
+
+
 def run_one(args) -> None:
     """Child process: time one backend, write its JSON."""
     import torch
@@ -118,18 +136,8 @@ def run_one(args) -> None:
     trainer = make_trainer(cfg, args.model_dir)
     build_s = time.perf_counter() - t0
     loss = make_loss(cfg.loss)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    times, metrics = [], {}
     try:
-        for i in range(args.warmup + args.steps):
-            sync()
-            t = time.perf_counter()
-            trainer.begin(loss)
-            trainer.train_microbatches(c)
-            metrics = trainer.finish()
-            sync()
-            if i >= args.warmup:
-                times.append(time.perf_counter() - t)
+        times, metrics = time_steps(trainer, loss, c, args.warmup, args.steps, device)
     finally:
         close_trainer(trainer)
     step_s = statistics.median(times)

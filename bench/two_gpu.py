@@ -50,7 +50,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from train_step_gpu import PEAK_TFLOPS, SHAPE, SMOKE_SHAPE, chunk, step_flops  # noqa: E402
+from train_step_gpu import PEAK_TFLOPS, SHAPE, SMOKE_SHAPE, chunk, step_flops, time_steps  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "tiny-addition.yaml"
@@ -159,18 +159,8 @@ def child_part2(args) -> None:
         return
     c = chunk(p["shape"]["vocab_size"], p["batch"], p["seq"])
     trainer = make_trainer(cfg, args.model_dir)
-    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
-    loss, times, metrics = make_loss(cfg.loss), [], {}
     try:
-        for i in range(p["warmup"] + p["steps"]):
-            sync()
-            t = time.perf_counter()
-            trainer.begin(loss)
-            trainer.train_microbatches(c)
-            metrics = trainer.finish()
-            sync()
-            if i >= p["warmup"]:
-                times.append(time.perf_counter() - t)
+        times, metrics = time_steps(trainer, make_loss(cfg.loss), c, p["warmup"], p["steps"], args.device)
         world = trainer.dp_size
     finally:
         close_trainer(trainer)
