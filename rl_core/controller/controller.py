@@ -87,6 +87,7 @@ class Controller:
         self.train: TrainPump | None = None
         self.buffer: ReplayBuffer | None = None
         self._t_pumps = time.monotonic()
+        self._gen_tokens_at_start = 0  # restored counters count earlier processes' tokens too
         self.checkpoints_written: list[int] = []
 
     # ------------------------------------------------------------------ state
@@ -144,7 +145,9 @@ class Controller:
         elapsed = time.monotonic() - self._t_pumps
         gen_tok = self.rollout.stats.generated_tokens
         metrics["throughput/generated_tokens_total"] = float(gen_tok)
-        metrics["throughput/generated_tokens_per_s"] = gen_tok / elapsed if elapsed > 0 else 0.0
+        # this process's rate: a resumed run's restored total includes tokens of earlier processes
+        new_tok = gen_tok - self._gen_tokens_at_start
+        metrics["throughput/generated_tokens_per_s"] = new_tok / elapsed if elapsed > 0 else 0.0
         for k, v in tm.items():
             metrics[f"generation/{k}"] = v
         self.logger.log(step + 1, metrics)
@@ -241,6 +244,7 @@ class Controller:
             if self.val_at_start:
                 await self._validate("start")
             t_pumps = self._t_pumps = self.progress.t0 = time.monotonic()
+            self._gen_tokens_at_start = self.rollout.stats.generated_tokens
             rollout_task = asyncio.create_task(self.rollout.run(), name="rollout_pump")
             train_task = asyncio.create_task(self.train.run(), name="train_pump")
             self.watchdog = Watchdog(cfg.async_rl.watchdog, self.rollout, self.train, self.buffer, self.p.backend,
@@ -294,6 +298,7 @@ class Controller:
             "train_idle_s": self.train.idle_s,
             "rollout_idle_s": self.rollout.stats.idle_s,
             "generated_tokens": self.rollout.stats.generated_tokens,
+            "generated_tokens_this_process": self.rollout.stats.generated_tokens - self._gen_tokens_at_start,
             "max_staleness": max(self.train.staleness_log) if self.train.staleness_log else 0,
             "staleness_bound": getattr(self.p.sampler, "staleness_bound", None),
             "checkpoints": self.checkpoints_written,

@@ -96,7 +96,8 @@ class RunData:
         rows = []
         for e in self.epochs:
             s = e.summary or {}
-            gen_tokens = _num(s.get("generated_tokens"))
+            # the epoch's own tokens (a resumed process restores the run's running total)
+            gen_tokens = _num(s.get("generated_tokens_this_process", s.get("generated_tokens")))
             wall = _num(s.get("pumps_s", s.get("wall_s")))
             k, pk = pass_at(e.validation)
             rows.append({

@@ -5,6 +5,7 @@ bit-identical weights, the same step count and the same metrics as an uninterrup
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -62,6 +63,9 @@ def test_sigkill_then_same_command_resumes_exactly(tmp_path, warm_policy):
     assert [r["step"] for r in b] == list(range(1, STEPS + 1))
     for x, y in zip(a, b):
         assert x["train/reward_mean"] == y["train/reward_mean"] and x["train/loss"] == y["train/loss"]
+    # the resumed process's own token count (its tokens/s) excludes what the killed one generated
+    done = json.loads((run / "summary.json").read_text())
+    assert 0 < done["generated_tokens_this_process"] < done["generated_tokens"]
 
 
 def test_resume_between_ppo_mini_steps(tmp_path, warm_policy):
