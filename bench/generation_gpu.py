@@ -61,8 +61,9 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return sum(seen.values())
 
 
-def best_of(fn, repeats: int) -> tuple[float, int]:
-    fn()  # warm-up (captures CUDA graphs, autotunes kernels)
+def best_of(fn, repeats: int, warm: bool = True) -> tuple[float, int]:
+    if warm:
+        fn()  # warm-up (captures CUDA graphs, autotunes kernels)
     best, count = float("inf"), 0
     for _ in range(repeats):
         torch.cuda.synchronize()
@@ -73,14 +74,21 @@ def best_of(fn, repeats: int) -> tuple[float, int]:
     return best, count
 
 
-def run_native(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, repeats: int) -> dict:
+def make_engine(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, compile: bool):
     from rl_core.generation import NativeEngine
-    from rl_core.types import GenerationRequest, SamplingParams
 
     batch, prompt_len = prompts.shape
-    engine = NativeEngine(cfg, model.state_dict(), device="cuda", dtype=torch.bfloat16, max_batch_size=batch,
-                          max_seq_len=prompt_len + new_tokens + 8, eos_token_ids=[], decode_path=path,
-                          kv_cache_dtype=kv_dtype)
+    return NativeEngine(cfg, model.state_dict(), device="cuda", dtype=torch.bfloat16, max_batch_size=batch,
+                        max_seq_len=prompt_len + new_tokens + 8, eos_token_ids=[], decode_path=path,
+                        kv_cache_dtype=kv_dtype, decode_compile=compile)
+
+
+def run_native(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, compile: bool, repeats: int) -> dict:
+    from rl_core.types import GenerationRequest, SamplingParams
+
+    batch = prompts.shape[0]
+    built = time.perf_counter()
+    engine = make_engine(model, cfg, prompts, new_tokens, path, kv_dtype, compile)
     rows = prompts.tolist()
     params = SamplingParams(temperature=1.0, max_tokens=new_tokens)
 
@@ -92,16 +100,86 @@ def run_native(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, r
             n += sum(len(r.token_ids) for r in engine.step())
         return n
 
-    seconds, tokens = best_of(once, repeats)
+    first = time.perf_counter()
+    once()  # warm-up outside best_of's: also times graph capture (and compilation)
+    warmup_s = time.perf_counter() - first
+    seconds, tokens = best_of(once, repeats, warm=False)
     decode = sorted(r.duration_s for r in list(engine.stats.trace)[-new_tokens:] if r.num_tokens == batch)
     step_ms = statistics.median(decode) * 1e3 if decode else float("nan")
     out = {"tok_s": tokens / seconds, "seconds": seconds, "tokens": tokens, "step_ms": step_ms,
            "decode_tok_s": batch / (step_ms / 1e3) if decode else float("nan"),
            "graphs": engine.decoder.num_graphs if engine.decoder is not None else 0,
-           "kv_gib": engine.cache.nbytes / 2**30}
+           "kv_gib": engine.cache.nbytes / 2**30, "build_s": first - built, "warmup_s": warmup_s}
     del engine
     torch.cuda.empty_cache()
     return out
+
+
+def profile_decode(model, cfg, prompts, new_tokens: int, path: str, compile: bool, out_dir: str | None) -> dict:
+    """Where a decode step's time goes: the whole `engine.step()`, the graph replay alone
+    (CUDA events), sampling alone (parameters + kernels + the host copy), and the rest
+    (host work: scheduling, index building, bookkeeping). Also a torch.profiler table of
+    10 steps (written under `out_dir` when given)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from rl_core.generation.sampling import SamplingBatch, sample_tokens
+    from rl_core.types import GenerationRequest, SamplingParams
+
+    batch = prompts.shape[0]
+    engine = make_engine(model, cfg, prompts, new_tokens, path, "auto", compile)
+    params = SamplingParams(temperature=1.0, max_tokens=new_tokens)
+    for i, p in enumerate(prompts.tolist()):
+        engine.add_request(GenerationRequest(str(i), p, params))
+    for _ in range(30):  # prefill, then decode steps in the 128-key bucket (its graph captured)
+        engine.step()
+
+    def timed(fn, n: int) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / n * 1e3
+
+    step_ms = timed(engine.step, 20)
+    seqs = list(engine._running.values())
+    slots = [s.slot for s in seqs]
+    s, k = engine.decoder.buckets_for(slots)
+    graph, logits = engine.decoder._graphs[(s, k)]
+    # Replaying rewrites the keys/values of the inputs left in the static buffers: the same values.
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(50):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    replay_ms = start.elapsed_time(end) / 50
+    rows = logits.index_select(0, torch.tensor(slots, device="cuda"))
+
+    def sample_once():
+        b = SamplingBatch.build([q.request.params for q in seqs], [q.generator for q in seqs], engine.generator,
+                                engine.device)
+        out = sample_tokens(rows, b)
+        torch.stack((out.tokens.double(), out.logprobs.double())).tolist()
+
+    sample_ms = timed(sample_once, 50)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            engine.step()
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25)
+    cpu_table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+    if out_dir:
+        import os
+        name = f"profile_b{batch}_{path}{'_compiled' if compile else ''}"
+        with open(os.path.join(out_dir, name + ".txt"), "w") as f:
+            f.write(table + "\n\n" + cpu_table)
+        prof.export_chrome_trace(os.path.join(out_dir, name + ".json"))
+    print(table[:6000])
+    del engine
+    torch.cuda.empty_cache()
+    return {"step_ms": step_ms, "replay_ms": replay_ms, "sample_ms": sample_ms,
+            "host_ms": step_ms - replay_ms - sample_ms, "bucket": (s, k)}
 
 
 def run_hf(model, prompts, new_tokens: int, repeats: int) -> dict:
@@ -128,6 +206,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--hbm-tbps", type=float, default=None, help="HBM bandwidth for the roofline (default: measured)")
     parser.add_argument("--skip-hf", action="store_true", help="skip transformers generate()")
+    parser.add_argument("--compile", action="store_true", help="also run each path with decode_compile (torch.compile)")
+    parser.add_argument("--profile", action="store_true",
+                        help="at the first batch size, break one decode step down (replay / sampling / host) and "
+                             "print a torch.profiler table")
+    parser.add_argument("--out", default=None, help="directory for profiler tables and traces")
     args = parser.parse_args()
     assert torch.cuda.is_available(), "this benchmark needs a CUDA device"
 
@@ -143,7 +226,9 @@ def main() -> None:
           f"tied embedding counted once); HBM copy bandwidth measured {measured:.2f} TB/s"
           + (f", given {args.hbm_tbps:.2f} TB/s" if args.hbm_tbps else ""))
     kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 2
-    configs = [(p, "auto") for p in args.paths] + ([("graph", "fp8_e4m3")] if args.fp8 else [])
+    configs = [(p, "auto", False) for p in args.paths]
+    configs += [(p, "auto", True) for p in args.paths if args.compile and p != "eager"]
+    configs += [("graph", "fp8_e4m3", args.compile)] if args.fp8 else []
     for batch in args.batch_sizes:
         gen = torch.Generator(device="cuda").manual_seed(batch)
         prompts = torch.randint(0, cfg.vocab_size, (batch, args.prompt_len), device="cuda", generator=gen)
@@ -157,13 +242,20 @@ def main() -> None:
         print("  weight-read roofline: " + ", ".join(f"{k} {v:,.0f} tok/s" for k, v in roofs.items()))
         if hf is not None:
             print(f"  transformers generate(): {hf['tok_s']:>10,.0f} tok/s ({hf['seconds']:.2f} s)")
-        for path, kv in configs:
-            m = run_native(model, cfg, prompts, args.new_tokens, path, kv, args.repeats)
+        for path, kv, compiled in configs:
+            m = run_native(model, cfg, prompts, args.new_tokens, path, kv, compiled, args.repeats)
             ratio = f", {m['tok_s'] / hf['tok_s']:.1f}x generate()" if hf is not None else ""
             frac = ", ".join(f"{m['decode_tok_s'] / v:.1%} of {k}" for k, v in roofs.items())
-            print(f"  native {path:<6} kv {kv:<8}: {m['tok_s']:>10,.0f} tok/s end to end{ratio}; decode step "
+            name = path + ("+compile" if compiled else "")
+            print(f"  native {name:<14} kv {kv:<8}: {m['tok_s']:>10,.0f} tok/s end to end{ratio}; decode step "
                   f"{m['step_ms']:.2f} ms = {m['decode_tok_s']:,.0f} tok/s ({frac}); graphs {m['graphs']}, "
-                  f"KV cache {m['kv_gib']:.2f} GiB")
+                  f"KV cache {m['kv_gib']:.2f} GiB; build {m['build_s']:.1f} s, first run {m['warmup_s']:.1f} s",
+                  flush=True)
+            if args.profile and path == "graph" and kv == "auto" and batch == args.batch_sizes[0]:
+                b = profile_decode(model, cfg, prompts, args.new_tokens, path, compiled, args.out)
+                print(f"    step breakdown at bucket {b['bucket']}: step {b['step_ms']:.3f} ms = graph replay "
+                      f"{b['replay_ms']:.3f} + sampling {b['sample_ms']:.3f} + host/other {b['host_ms']:.3f} ms",
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -22,9 +22,27 @@ buffers (filled from the host each step), parameters (`load_weights` copies into
 FP8 scales (`KVCache.set_scales` copies), the cache itself. So weight refits and KV-scale
 syncs need no re-capture.
 
+Sampling in the step: when every sampling row of the step is plain (greedy or temperature
+sampling: `sampling.is_plain`), the caller passes each row's (temperature, greedy,
+uniform) and the step also runs `sampling.sample_plain` over the S rows (captured as a
+second graph per bucket pair, replayed right after the forward): the step then returns
+[2, S] float64, token and logprob of slot s in column s, and costs one launch and one
+copy back instead of a dozen small sampling kernels launched from Python. Idle slots
+sample greedily (nobody reads them). Other steps return the logits and the engine samples.
+
 Modes: `use_graphs=False` runs the same static-shape function eagerly; that is how the
 CPU exercises this path (tests compare it with the packed eager path), and what a CUDA
 run uses if graphs are turned off.
+
+Compilation (`compile=True`): each layer runs `model.decode_layer` through
+`torch.compile` (TorchInductor: the elementwise work of a layer, norms, RoPE with the
+cache write, mask and softmax, SiLU gate and residual adds, fuses into a few generated
+kernels around the matmuls), and graphs capture the compiled layers. `decode_layer` is a pure
+function of tensors, so one compilation serves all layers; shapes are compiled as dynamic,
+so one compilation also serves every bucket (sizes 0/1 get their own). The compile happens
+in the warm-up of the first capture (seconds to a minute, once per process).
+`emulate_precision_casts` keeps the bf16 roundings where the eager code has them, so
+compiled and eager steps agree to float rounding of the kernels.
 
 Does not own: the maths (model.py), the cache (kv_cache.py), scheduling or sampling
 (engine.py).
@@ -38,7 +56,8 @@ from typing import Sequence
 import torch
 
 from rl_core.generation.kv_cache import KVCache
-from rl_core.generation.model import CausalLM
+from rl_core.generation.model import CausalLM, decode_layer
+from rl_core.generation.sampling import sample_plain
 
 DEFAULT_KEY_BUCKET_MIN = 64
 
@@ -79,12 +98,16 @@ class DecodeRunner:
     """Runs single-token steps over a slot range with static shapes (graphs on CUDA)."""
 
     def __init__(self, model: CausalLM, cache: KVCache, use_graphs: bool,
-                 slot_sizes: Sequence[int] | None = None, key_sizes: Sequence[int] | None = None):
+                 slot_sizes: Sequence[int] | None = None, key_sizes: Sequence[int] | None = None,
+                 compile: bool = False):
         device = cache.k.device
         if use_graphs and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device; the cache is on {device}. "
                              "Use the eager or static decode path on this device.")
         self.model, self.cache, self.use_graphs, self.device = model, cache, use_graphs, device
+        self.compiled = compile
+        self._layer_fn = (torch.compile(decode_layer, fullgraph=True, dynamic=True,
+                                        options={"emulate_precision_casts": True}) if compile else None)
         self.slot_sizes = sorted(slot_sizes) if slot_sizes else slot_buckets(cache.num_slots)
         self.key_sizes = sorted(key_sizes) if key_sizes else key_buckets(cache.max_seq_len)
         if self.slot_sizes[-1] < cache.num_slots or self.key_sizes[-1] < cache.max_seq_len:
@@ -94,13 +117,19 @@ class DecodeRunner:
         self.positions = torch.zeros(n, dtype=torch.long, device=device)
         self.slot_index = torch.arange(n, device=device)
         self.key_index = torch.arange(self.key_sizes[-1], device=device)
-        # Host staging of [input_ids; positions]: pinned on CUDA so the copy is asynchronous.
+        self.logit_rows = torch.zeros(n, dtype=torch.long, device=device)
+        self.sample_in = torch.zeros(3, n, dtype=torch.float64, device=device)  # temperature, greedy, uniform per slot
+        self._host_sample = torch.zeros(3, n, dtype=torch.float64, pin_memory=device.type == "cuda")
+        self._sample_graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # Host staging of [input_ids; positions; logit rows]: pinned on CUDA so the copies are
+        # asynchronous (a copy from pageable memory would wait for the device to finish).
         # Reusing it each step is safe because every step ends in a host sync (sampling).
-        self._host = torch.zeros(2, n, dtype=torch.long, pin_memory=device.type == "cuda")
+        self._host = torch.zeros(3, n, dtype=torch.long, pin_memory=device.type == "cuda")
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
         self.replays = 0
         self.eager_runs = 0
+        self.sampled_steps = 0  # steps that sampled in the step (plain rows)
 
     @property
     def num_graphs(self) -> int:
@@ -114,9 +143,12 @@ class DecodeRunner:
         return s, k
 
     @torch.no_grad()
-    def run(self, slots: Sequence[int], tokens: Sequence[int], logit_slots: Sequence[int]) -> torch.Tensor:
+    def run(self, slots: Sequence[int], tokens: Sequence[int], logit_slots: Sequence[int],
+            plain: tuple[Sequence[float], Sequence[bool], Sequence[float]] | None = None) -> torch.Tensor:
         """Feed `tokens[i]` at the next position of slot `slots[i]`; returns the logits
-        [len(logit_slots), vocab] of the listed slots, in that order."""
+        [len(logit_slots), vocab] of the listed slots, in that order. With `plain` =
+        (temperature, greedy, uniform) of each logit slot, samples them in the step instead
+        and returns [2, S] float64: (token, logprob) of slot s in column s."""
         s, k = self.buckets_for(slots)
         lengths = self.cache.lengths
         host = self._host
@@ -127,6 +159,17 @@ class DecodeRunner:
         host[0].index_copy_(0, index, torch.tensor(tokens, dtype=torch.long))
         self.input_ids[:s].copy_(host[0, :s], non_blocking=True)
         self.positions[:s].copy_(host[1, :s], non_blocking=True)
+        rows = len(logit_slots)
+        dense = list(logit_slots) == list(range(s))  # every slot of the range, in order: no selection
+        if plain is not None:
+            values = [[1.0] * s, [1.0] * s, [0.0] * s]  # idle slots: greedy at temperature 1
+            for slot, t, g, u in zip(logit_slots, *plain):
+                values[0][slot], values[1][slot], values[2][slot] = t, float(g), u
+            self._host_sample[:, :s] = torch.tensor(values, dtype=torch.float64)
+            self.sample_in[:, :s].copy_(self._host_sample[:, :s], non_blocking=True)
+        elif not dense:
+            host[2, :rows] = torch.tensor(logit_slots, dtype=torch.long)
+            self.logit_rows[:rows].copy_(host[2, :rows], non_blocking=True)
         if self.use_graphs:
             graph, logits = self._graphs.get((s, k)) or self._capture(s, k)
             graph.replay()
@@ -134,31 +177,52 @@ class DecodeRunner:
         else:
             logits = self._forward(s, k)
             self.eager_runs += 1
-        rows = torch.tensor(logit_slots, dtype=torch.long).to(self.device, non_blocking=True)
-        return logits.index_select(0, rows)
+        if plain is not None:
+            self.sampled_steps += 1
+            if not self.use_graphs:
+                return self._sample(logits, s)
+            graph, out = self._sample_graphs.get((s, k)) or self._capture_sampler(s, k, logits)
+            graph.replay()
+            return out
+        return logits if dense else logits.index_select(0, self.logit_rows[:rows])
+
+    def _sample(self, logits: torch.Tensor, s: int) -> torch.Tensor:
+        params = self.sample_in[:, :s]
+        tokens, logprobs = sample_plain(logits, params[0].float(), params[1] > 0.5, params[2])
+        return torch.stack((tokens.double(), logprobs.double()))
+
+    def _capture_sampler(self, s: int, k: int, logits: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """Capture `_sample` over the logits of graph (s, k) (its fixed output buffer)."""
+        graph = torch.cuda.CUDAGraph()
+        self._sample_graphs[(s, k)] = self._capture_fn(graph, lambda: self._sample(logits, s))
+        return self._sample_graphs[(s, k)]
 
     def _forward(self, s: int, k: int) -> torch.Tensor:
         return self.model.decode_slots(self.input_ids[:s], self.positions[:s], self.cache, k, self.slot_index,
-                                       self.key_index)
+                                       self.key_index, layer_fn=self._layer_fn)
 
     def _capture(self, s: int, k: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         # The static buffers already hold this step's inputs, so the warm-up writes exactly
         # the keys/values the replay will write again: capturing changes no result.
+        self._graphs[(s, k)] = self._capture_fn(torch.cuda.CUDAGraph(), lambda: self._forward(s, k))
+        return self._graphs[(s, k)]
+
+    def _capture_fn(self, graph: torch.cuda.CUDAGraph, fn) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """Warm `fn` up on a side stream (as PyTorch requires), then capture it into `graph`
+        in the shared pool; returns (graph, its output tensor). Capturing runs `fn` once."""
         stream = torch.cuda.Stream(device=self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._forward(s, k)
+                fn()
         torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
         # thread_local: only this thread must avoid unsafe CUDA calls while capturing; the
         # trainer may keep using the same device from its own thread (colocated placement).
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            logits = self._forward(s, k)
+            out = fn()
         if self._pool is None:
             self._pool = graph.pool()
-        self._graphs[(s, k)] = (graph, logits)
-        return graph, logits
+        return graph, out
 
     def capture_all(self, slot_sizes: Sequence[int] | None = None, key_sizes: Sequence[int] | None = None) -> int:
         """Capture graphs ahead of time (largest first, so smaller ones reuse the pool)

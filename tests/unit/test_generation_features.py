@@ -43,6 +43,26 @@ def test_static_decode_path_matches_eager_path(arch):
     assert engine.decoder.eager_runs == engine.stats.static_decode_steps and engine.decoder.num_graphs == 0
 
 
+def test_static_decode_samples_plain_rows_in_the_step_like_the_engine_sampler():
+    """Greedy and temperature rows (seeded or drawing from the engine's generator) sample
+    inside the decode step (`sample_plain`, what the CUDA graph captures): the same tokens
+    and logprobs as the packed eager path, whose engine samples with `sample_tokens`."""
+    model = tiny_model()
+    ps = prompts(8, lengths=(2, 10))
+    params = [greedy(9) if i % 3 == 0 else SamplingParams(temperature=0.6 + 0.1 * i, max_tokens=10,
+                                                          seed=i if i % 2 else None) for i in range(len(ps))]
+    reqs = [GenerationRequest(str(i), p, sp) for i, (p, sp) in enumerate(zip(ps, params))]
+    arrivals = [0, 0, 1, 2, 2, 4, 7, 7]
+    eager = run(make_engine(model, max_batch_size=4, decode_path="eager", seed=3), reqs, arrivals)
+    engine = make_engine(model, max_batch_size=4, decode_path="static", seed=3)
+    static = run(engine, reqs, arrivals)
+    for req in reqs:
+        assert static[req.request_id].token_ids == eager[req.request_id].token_ids
+        assert torch.allclose(torch.tensor(static[req.request_id].logprobs),
+                              torch.tensor(eager[req.request_id].logprobs), atol=1e-5)
+    assert engine.decoder.sampled_steps == engine.stats.static_decode_steps > 0
+
+
 def test_static_decode_logprobs_match_transformers():
     model = tiny_model()
     engine = make_engine(model, decode_path="static")

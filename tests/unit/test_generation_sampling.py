@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from rl_core.generation.sampling import SamplingBatch, filter_logits, inverse_cdf, new_generator, sample
+from rl_core.generation.sampling import CDF_BLOCK, SamplingBatch, filter_logits, inverse_cdf, new_generator, sample
 from rl_core.types import SamplingParams
 
 
@@ -24,6 +24,23 @@ def test_inverse_cdf_picks_by_cumulative_mass_and_never_a_zero_token():
     assert inverse_cdf(tail_zero, torch.tensor([1.0 - 1e-17], dtype=torch.float64)).tolist() == [1]
     unnormalised = torch.tensor([[2.0, 0.0, 6.0]])  # only relative mass matters
     assert inverse_cdf(unnormalised, torch.tensor([0.3], dtype=torch.float64)).tolist() == [2]
+
+
+def test_two_level_inverse_cdf_equals_the_flat_cdf_across_blocks():
+    """Vocabularies of several blocks (one padded), sparse rows with whole empty blocks,
+    and uniforms at block edges: the same token as a flat float64 cdf search."""
+    g = torch.Generator().manual_seed(0)
+    for vocab in (CDF_BLOCK * 3, CDF_BLOCK * 5 + 37):
+        probs = torch.rand(64, vocab, generator=g) ** 8
+        probs[probs < 0.3] = 0.0  # sparse: zero tokens and, with the next line, empty blocks
+        probs[::3, CDF_BLOCK:2 * CDF_BLOCK] = 0.0
+        u = torch.rand(64, generator=g, dtype=torch.float64)
+        u[:4] = torch.tensor([0.0, 1.0 - 1e-17, 0.5, 1.0 / 3])
+        cdf = probs.double().cumsum(dim=-1)
+        flat = torch.searchsorted(cdf, (u.clamp(max=1.0 - 2.0**-40) * cdf[:, -1])[:, None], right=True).squeeze(1)
+        got = inverse_cdf(probs, u)
+        assert torch.equal(got, flat)
+        assert (probs.gather(1, got[:, None]) > 0).all()
 
 
 def test_top_k_keeps_ties_and_top_p_keeps_the_smallest_nucleus():
