@@ -74,21 +74,22 @@ def best_of(fn, repeats: int, warm: bool = True) -> tuple[float, int]:
     return best, count
 
 
-def make_engine(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, compile: bool):
+def make_engine(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, compile: bool, overlap: bool = False):
     from rl_core.generation import NativeEngine
 
     batch, prompt_len = prompts.shape
     return NativeEngine(cfg, model.state_dict(), device="cuda", dtype=torch.bfloat16, max_batch_size=batch,
                         max_seq_len=prompt_len + new_tokens + 8, eos_token_ids=[], decode_path=path,
-                        kv_cache_dtype=kv_dtype, decode_compile=compile)
+                        kv_cache_dtype=kv_dtype, decode_compile=compile, overlap_steps=overlap)
 
 
-def run_native(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, compile: bool, repeats: int) -> dict:
+def run_native(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, compile: bool, overlap: bool,
+               repeats: int) -> dict:
     from rl_core.types import GenerationRequest, SamplingParams
 
     batch = prompts.shape[0]
     built = time.perf_counter()
-    engine = make_engine(model, cfg, prompts, new_tokens, path, kv_dtype, compile)
+    engine = make_engine(model, cfg, prompts, new_tokens, path, kv_dtype, compile, overlap)
     rows = prompts.tolist()
     params = SamplingParams(temperature=1.0, max_tokens=new_tokens)
 
@@ -207,6 +208,8 @@ def main() -> None:
     parser.add_argument("--hbm-tbps", type=float, default=None, help="HBM bandwidth for the roofline (default: measured)")
     parser.add_argument("--skip-hf", action="store_true", help="skip transformers generate()")
     parser.add_argument("--compile", action="store_true", help="also run each path with decode_compile (torch.compile)")
+    parser.add_argument("--overlap", action="store_true",
+                        help="also run the graph path with decode_compile (if --compile) and overlap_steps")
     parser.add_argument("--profile", action="store_true",
                         help="at the first batch size, break one decode step down (replay / sampling / host) and "
                              "print a torch.profiler table")
@@ -226,9 +229,10 @@ def main() -> None:
           f"tied embedding counted once); HBM copy bandwidth measured {measured:.2f} TB/s"
           + (f", given {args.hbm_tbps:.2f} TB/s" if args.hbm_tbps else ""))
     kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 2
-    configs = [(p, "auto", False) for p in args.paths]
-    configs += [(p, "auto", True) for p in args.paths if args.compile and p != "eager"]
-    configs += [("graph", "fp8_e4m3", args.compile)] if args.fp8 else []
+    configs = [(p, "auto", False, False) for p in args.paths]
+    configs += [(p, "auto", True, False) for p in args.paths if args.compile and p != "eager"]
+    configs += [("graph", "auto", args.compile, True)] if args.overlap else []
+    configs += [("graph", "fp8_e4m3", args.compile, False)] if args.fp8 else []
     for batch in args.batch_sizes:
         gen = torch.Generator(device="cuda").manual_seed(batch)
         prompts = torch.randint(0, cfg.vocab_size, (batch, args.prompt_len), device="cuda", generator=gen)
@@ -242,16 +246,16 @@ def main() -> None:
         print("  weight-read roofline: " + ", ".join(f"{k} {v:,.0f} tok/s" for k, v in roofs.items()))
         if hf is not None:
             print(f"  transformers generate(): {hf['tok_s']:>10,.0f} tok/s ({hf['seconds']:.2f} s)")
-        for path, kv, compiled in configs:
-            m = run_native(model, cfg, prompts, args.new_tokens, path, kv, compiled, args.repeats)
+        for path, kv, compiled, overlap in configs:
+            m = run_native(model, cfg, prompts, args.new_tokens, path, kv, compiled, overlap, args.repeats)
             ratio = f", {m['tok_s'] / hf['tok_s']:.1f}x generate()" if hf is not None else ""
             frac = ", ".join(f"{m['decode_tok_s'] / v:.1%} of {k}" for k, v in roofs.items())
-            name = path + ("+compile" if compiled else "")
-            print(f"  native {name:<14} kv {kv:<8}: {m['tok_s']:>10,.0f} tok/s end to end{ratio}; decode step "
+            name = path + ("+compile" if compiled else "") + ("+overlap" if overlap else "")
+            print(f"  native {name:<22} kv {kv:<8}: {m['tok_s']:>10,.0f} tok/s end to end{ratio}; decode step "
                   f"{m['step_ms']:.2f} ms = {m['decode_tok_s']:,.0f} tok/s ({frac}); graphs {m['graphs']}, "
                   f"KV cache {m['kv_gib']:.2f} GiB; build {m['build_s']:.1f} s, first run {m['warmup_s']:.1f} s",
                   flush=True)
-            if args.profile and path == "graph" and kv == "auto" and batch == args.batch_sizes[0]:
+            if args.profile and path == "graph" and kv == "auto" and not overlap and batch == args.batch_sizes[0]:
                 b = profile_decode(model, cfg, prompts, args.new_tokens, path, compiled, args.out)
                 print(f"    step breakdown at bucket {b['bucket']}: step {b['step_ms']:.3f} ms = graph replay "
                       f"{b['replay_ms']:.3f} + sampling {b['sample_ms']:.3f} + host/other {b['host_ms']:.3f} ms",

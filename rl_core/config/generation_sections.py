@@ -65,6 +65,8 @@ class NativeEngineConfig(Section):
     """FP8 KV cache: scales put the calibration maximum at 448 / this (headroom for unseen tokens)."""
     decode_path: Literal["auto", "eager", "static", "graph"] = "auto"
     """`graph`: decode steps replayed as CUDA graphs per batch bucket (CUDA only); `static`: the same static-shape step run eagerly; `eager`: packed eager steps; `auto`: graph on CUDA, eager on CPU."""
+    overlap_steps: bool = False
+    """Launch each plain decode step (greedy or temperature sampling, no top-k/top-p/top logprobs) before the previous step's tokens are read back, so the host's per-step work overlaps the device's; same tokens for greedy and seeded requests; needs decode_path `graph` or `static` (or `auto` on CUDA) and a dense model."""
     decode_compile: bool = False
     """Compile the layers of the static/graph decode step with torch.compile (TorchInductor fuses each layer's elementwise work; the graphs then replay the compiled kernels). Costs a compilation of about a minute at start-up; needs decode_path `graph` or `static` (or `auto` on CUDA) and a dense model."""
 

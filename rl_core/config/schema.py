@@ -168,12 +168,13 @@ class RecipeConfig(Section):
         if gen.native.decode_path == "graph" and self.runtime.device == "cpu":
             _fail("generation.native.decode_path", "graph", "a CUDA device for CUDA graphs (runtime.device is 'cpu')",
                   "set generation.native.decode_path: auto (graphs on CUDA, eager on CPU) or static.")
-        if gen.native.decode_compile and (gen.native.decode_path == "eager"
-                                          or (gen.native.decode_path == "auto" and self.runtime.device == "cpu")):
-            _fail("generation.native.decode_compile", True,
-                  f"a static or graph decode path (decode_path is {gen.native.decode_path!r}"
-                  + (" and resolves to eager on runtime.device 'cpu')" if gen.native.decode_path == "auto" else ")"),
-                  "set generation.native.decode_path: static (or graph on CUDA), or decode_compile: false.")
+        eager = gen.native.decode_path == "eager" or (gen.native.decode_path == "auto" and self.runtime.device == "cpu")
+        for knob in ("decode_compile", "overlap_steps"):
+            if getattr(gen.native, knob) and eager:
+                _fail(f"generation.native.{knob}", True,
+                      f"a static or graph decode path (decode_path is {gen.native.decode_path!r}"
+                      + (" and resolves to eager on runtime.device 'cpu')" if gen.native.decode_path == "auto" else ")"),
+                      f"set generation.native.decode_path: static (or graph on CUDA), or {knob}: false.")
         tiny = self.model.tiny if self.model.source == "tiny" else None
         if tiny is not None and gen.native.max_seq_len is not None and gen.native.max_seq_len > tiny.max_position_embeddings:
             _fail("generation.native.max_seq_len", gen.native.max_seq_len,
@@ -191,10 +192,11 @@ class RecipeConfig(Section):
                   "'eager' or 'auto' with an MoE policy (model.tiny.architecture 'mixtral': the static/CUDA-graph "
                   "decode step has no expert dispatch and records no routes)",
                   "set generation.native.decode_path: auto (eager for MoE models) or eager.")
-        if moe and self.generation.native.decode_compile:
-            _fail("generation.native.decode_compile", True,
-                  "false with an MoE policy (model.tiny.architecture 'mixtral' decodes eagerly; only the dense "
-                  "static/graph decode step is compiled)", "set generation.native.decode_compile: false.")
+        for knob in ("decode_compile", "overlap_steps"):
+            if moe and getattr(self.generation.native, knob):
+                _fail(f"generation.native.{knob}", True,
+                      f"false with an MoE policy (model.tiny.architecture 'mixtral' decodes eagerly; {knob} needs the "
+                      "dense static/graph decode step)", f"set generation.native.{knob}: false.")
         if not self.trainer.router_replay.enabled:
             return self
         if self.model.source == "tiny" and not moe:

@@ -119,12 +119,17 @@ class DecodeRunner:
         self.key_index = torch.arange(self.key_sizes[-1], device=device)
         self.logit_rows = torch.zeros(n, dtype=torch.long, device=device)
         self.sample_in = torch.zeros(3, n, dtype=torch.float64, device=device)  # temperature, greedy, uniform per slot
-        self._host_sample = torch.zeros(3, n, dtype=torch.float64, pin_memory=device.type == "cuda")
         self._sample_graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        # Host staging of [input_ids; positions; logit rows]: pinned on CUDA so the copies are
-        # asynchronous (a copy from pageable memory would wait for the device to finish).
-        # Reusing it each step is safe because every step ends in a host sync (sampling).
-        self._host = torch.zeros(3, n, dtype=torch.long, pin_memory=device.type == "cuda")
+        # Host staging of [input_ids; positions; logit rows], of the sampling inputs, and of the
+        # packed tokens on their way back: pinned on CUDA so the copies are asynchronous (a copy
+        # from pageable memory would wait for the device to finish). Two of each, used in turn:
+        # at most two steps are in flight (one launched ahead, see the engine's overlap_steps),
+        # and a step's buffers are reused only after the step two launches earlier was read.
+        pin = device.type == "cuda"
+        self._hosts = [torch.zeros(3, n, dtype=torch.long, pin_memory=pin) for _ in range(2)]
+        self._host_samples = [torch.zeros(3, n, dtype=torch.float64, pin_memory=pin) for _ in range(2)]
+        self._host_outs = [torch.zeros(2, n, dtype=torch.float64, pin_memory=pin) for _ in range(2)]
+        self._turn = 0
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
         self.replays = 0
@@ -143,21 +148,29 @@ class DecodeRunner:
         return s, k
 
     @torch.no_grad()
-    def run(self, slots: Sequence[int], tokens: Sequence[int], logit_slots: Sequence[int],
-            plain: tuple[Sequence[float], Sequence[bool], Sequence[float]] | None = None) -> torch.Tensor:
+    def run(self, slots: Sequence[int], tokens: Sequence[int] | None, logit_slots: Sequence[int],
+            plain: tuple[Sequence[float], Sequence[bool], Sequence[float]] | None = None,
+            tokens_from: torch.Tensor | None = None) -> torch.Tensor:
         """Feed `tokens[i]` at the next position of slot `slots[i]`; returns the logits
         [len(logit_slots), vocab] of the listed slots, in that order. With `plain` =
         (temperature, greedy, uniform) of each logit slot, samples them in the step instead
-        and returns [2, S] float64: (token, logprob) of slot s in column s."""
+        and returns [2, S] float64: (token, logprob) of slot s in column s. With
+        `tokens_from` (such a [2, S'] result of the previous step, still on the device) and
+        `tokens` None, slot s feeds the token in column s, copied on the device (other
+        slots of the range feed whatever is there: nobody reads their rows)."""
         s, k = self.buckets_for(slots)
         lengths = self.cache.lengths
-        host = self._host
-        host[0, :s] = 0
-        # Rows not in the step feed token 0 at their first unfilled position (see module doc).
+        self._turn ^= 1
+        host = self._hosts[self._turn]
+        # Rows not in the step feed at their first unfilled position (see module doc).
         host[1, :s] = torch.tensor([min(x, self.cache.max_seq_len - 1) for x in lengths[:s]], dtype=torch.long)
-        index = torch.tensor(slots, dtype=torch.long)
-        host[0].index_copy_(0, index, torch.tensor(tokens, dtype=torch.long))
-        self.input_ids[:s].copy_(host[0, :s], non_blocking=True)
+        if tokens is None:
+            width = min(s, tokens_from.shape[1])
+            self.input_ids[:width].copy_(tokens_from[0, :width])  # float64 token ids, exact
+        else:
+            host[0, :s] = 0
+            host[0].index_copy_(0, torch.tensor(slots, dtype=torch.long), torch.tensor(tokens, dtype=torch.long))
+            self.input_ids[:s].copy_(host[0, :s], non_blocking=True)
         self.positions[:s].copy_(host[1, :s], non_blocking=True)
         rows = len(logit_slots)
         dense = list(logit_slots) == list(range(s))  # every slot of the range, in order: no selection
@@ -165,8 +178,9 @@ class DecodeRunner:
             values = [[1.0] * s, [1.0] * s, [0.0] * s]  # idle slots: greedy at temperature 1
             for slot, t, g, u in zip(logit_slots, *plain):
                 values[0][slot], values[1][slot], values[2][slot] = t, float(g), u
-            self._host_sample[:, :s] = torch.tensor(values, dtype=torch.float64)
-            self.sample_in[:, :s].copy_(self._host_sample[:, :s], non_blocking=True)
+            staged = self._host_samples[self._turn]
+            staged[:, :s] = torch.tensor(values, dtype=torch.float64)
+            self.sample_in[:, :s].copy_(staged[:, :s], non_blocking=True)
         elif not dense:
             host[2, :rows] = torch.tensor(logit_slots, dtype=torch.long)
             self.logit_rows[:rows].copy_(host[2, :rows], non_blocking=True)
@@ -185,6 +199,10 @@ class DecodeRunner:
             graph.replay()
             return out
         return logits if dense else logits.index_select(0, self.logit_rows[:rows])
+
+    def host_out(self) -> torch.Tensor:
+        """The pinned host buffer for the packed result of the step just run (two in turn)."""
+        return self._host_outs[self._turn]
 
     def _sample(self, logits: torch.Tensor, s: int) -> torch.Tensor:
         params = self.sample_in[:, :s]

@@ -36,6 +36,18 @@ attention) for every step; "static" runs steps in which every row feeds one toke
 the same through CUDA graphs captured per bucket (CUDA only); "auto" = graph on CUDA,
 eager on CPU. Steps with a multi-token row (prefill) always take the eager path.
 `decode_compile=True` compiles the layers of the static/graph step (TorchInductor).
+
+Overlapped steps (`overlap_steps=True`, static/graph paths): a decode step that sampled in
+the step (plain rows) launches the next step, fed with its tokens on the device, before its
+own tokens are read back; the host work of one step (reading tokens, stop rules,
+bookkeeping, the next launch) then runs while the device computes the next. The next step
+is launched ahead only when it is certain to be a plain decode step of the same sequences
+(see `_launch_ahead`); a sequence that ends with a stop token computes one row nobody
+reads. Anything that changes the engine's state (weights, KV invalidation, abort) first
+completes the step in flight, which keeps the version it was launched with. Greedy and
+seeded requests get the same tokens as without overlap; an unseeded sampled request may
+not (a row launched ahead for a sequence that then stops still draws a uniform from the
+shared generator).
 Mixture-of-experts models (Mixtral) run eagerly only: "auto" is eager for them, "static"
 and "graph" raise.
 
@@ -108,16 +120,32 @@ class EngineStats:
     preemptions: int = 0  # sequences sent back to the queue by the KV token budget
     kv_calibrations: int = 0  # FP8 scale calibration passes
     static_decode_steps: int = 0  # steps run by the DecodeRunner (graph replays or static eager)
+    ahead_steps: int = 0  # steps launched before the previous step's tokens were read (overlap_steps)
     last_batch_size: int = 0
     kv_tokens: int = 0  # tokens in the KV cache (running sequences) after the last step
     trace: deque = field(default_factory=lambda: deque(maxlen=1024))
+
+
+@dataclass
+class _Launched:
+    """A step whose forward is launched and whose tokens are not applied yet."""
+
+    rows: list  # (sequence, tokens fed)
+    sampling: list  # sequences that sample a token in this step
+    num_fed: int
+    started: float  # time.monotonic() at launch
+    version: int  # weight version the step ran with
+    out: Any  # logits to sample, or [2, S] tokens/logprobs by slot when `packed`
+    packed: bool  # sampled in the decode step (DecodeRunner.run with plain rows)
+    host: torch.Tensor | None = None  # pinned copy of `out` on its way back (overlap on CUDA)
+    event: Any = None  # CUDA event after that copy
 
 
 class _Sequence:
     """A request inside the engine."""
 
     __slots__ = ("request", "slot", "pending", "tokens", "logprobs", "versions", "generator",
-                 "stop_ids", "start_version", "started_at", "top", "routes")
+                 "stop_ids", "start_version", "started_at", "top", "routes", "fed_ahead")
 
     def __init__(self, request: GenerationRequest, stop_ids: frozenset[int], version: int,
                  record_routes: bool = False):
@@ -134,6 +162,7 @@ class _Sequence:
         self.started_at = time.monotonic()
         self.top: list[list[tuple[int, float]]] | None = [] if request.params.top_logprobs else None
         self.routes: list[list[int]] | None = [] if record_routes else None  # per position: layers x k ids
+        self.fed_ahead = False  # a step launched ahead already feeds the token still to be read
 
     def held(self, cache: KVCache) -> int:
         """KV tokens this running sequence holds once its pending tokens are fed."""
@@ -155,7 +184,9 @@ class NativeEngine:
     "auto" (the model dtype) or "fp8_e4m3"; `kv_scale_margin`: headroom of FP8 scales over
     the calibration maximum. `decode_path`: "auto" | "eager" | "static" | "graph" (see the
     module docstring); `decode_compile`: run the static/graph decode step's layers through
-    `torch.compile` (decode_graph.py; needs a static or graph path).
+    `torch.compile` (decode_graph.py; needs a static or graph path); `overlap_steps`:
+    launch the next decode step before reading this one's tokens (see `step`; needs a
+    static or graph path).
     """
 
     def __init__(self, config: Any, state_dict: Mapping[str, torch.Tensor], *, device: str | torch.device = "cpu",
@@ -163,7 +194,7 @@ class NativeEngine:
                  eos_token_ids: Iterable[int] | None = None, decode: Callable[[list[int]], str] | None = None,
                  seed: int = 0, max_step_tokens: int | None = None, weight_version: int = 0,
                  max_num_kv_tokens: int | None = None, kv_cache_dtype: str = "auto", kv_scale_margin: float = 2.0,
-                 decode_path: str = "auto", decode_compile: bool = False):
+                 decode_path: str = "auto", decode_compile: bool = False, overlap_steps: bool = False):
         self.spec = ModelSpec.from_config(config)
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size is {max_batch_size}; it must be >= 1.")
@@ -209,6 +240,14 @@ class NativeEngine:
             raise ValueError("decode_compile compiles the static-shape decode step; decode_path resolves to 'eager' "
                              f"here ({self.device.type} device, model_type {self.spec.model_type!r}). Use decode_path "
                              "'static' or 'graph' (dense models), or turn decode_compile off.")
+        if overlap_steps and decode_path == "eager":
+            raise ValueError("overlap_steps launches static-shape decode steps ahead; decode_path resolves to "
+                             f"'eager' here ({self.device.type} device, model_type {self.spec.model_type!r}). Use "
+                             "decode_path 'static' or 'graph' (dense models), or turn overlap_steps off.")
+        self.overlap_steps = overlap_steps
+        self._ahead: _Launched | None = None  # a step launched before the previous one's tokens were read
+        self._drained: list[GenerationResult] = []  # finished by a drained step, returned by the next step()
+        self._last_done = 0.0
         self.decode_path = decode_path
         self.decoder = None if decode_path == "eager" else DecodeRunner(
             self.model, self.cache, use_graphs=decode_path == "graph", compile=decode_compile)
@@ -242,7 +281,7 @@ class NativeEngine:
         return len(self._waiting)
 
     def has_work(self) -> bool:
-        return bool(self._running or self._waiting)
+        return bool(self._running or self._waiting or self._drained)
 
     @property
     def kv_tokens(self) -> int:
@@ -275,6 +314,7 @@ class NativeEngine:
         """End a waiting or running request now, freeing its slot. Returns its result
         (finish_reason "abort", tokens so far), or None if the id is not in the engine.
         The result is not returned again by `step()`."""
+        self._drain()
         seq = self._running.get(request_id)
         if seq is None:
             seq = next((s for s in self._waiting if s.request.request_id == request_id), None)
@@ -285,6 +325,7 @@ class NativeEngine:
 
     def abort_all(self) -> list[GenerationResult]:
         """Abort every waiting and running request (results in admission order)."""
+        self._drain()
         ids = [s.request.request_id for s in list(self._running.values()) + list(self._waiting)]
         return [r for r in map(self.abort, ids) if r is not None]
 
@@ -300,6 +341,7 @@ class NativeEngine:
         finished sequences under the new weights (kv_calibration.py)."""
         if kv_scales is not None and self.kv_sync is None:
             raise ValueError("kv_scales were given but the KV cache is not FP8 (kv_cache_dtype='auto').")
+        self._drain()  # a step launched ahead ran with the old weights: its tokens keep the old version
         self.model.load_weights(state_dict, strict=strict)
         self.version = version
         self.stats.weight_updates += 1
@@ -310,6 +352,7 @@ class NativeEngine:
         """Recompute and apply FP8 KV scales from the current weights; returns them."""
         if self.kv_sync is None:
             raise ValueError("calibrate_kv_scales needs kv_cache_dtype='fp8_e4m3'.")
+        self._drain()
         scales = self.kv_sync.calibrate()
         self._set_kv_scales(*scales)
         return scales
@@ -321,6 +364,7 @@ class NativeEngine:
     def invalidate_kv_cache(self) -> None:
         """Drop every in-flight sequence's cache: its next step re-feeds prompt + tokens so
         far under the current weights (then samples as usual)."""
+        self._drain()
         for seq in self._running.values():
             self.cache.lengths[seq.slot] = 0
             seq.pending = list(seq.request.prompt_ids) + seq.tokens
@@ -329,24 +373,36 @@ class NativeEngine:
     # ------------------------------------------------------------------ stepping
 
     def step(self) -> list[GenerationResult]:
-        """Run one forward over the scheduled rows; returns the requests that finished."""
-        if not self.has_work():
-            return []
+        """Run one forward over the scheduled rows; returns the requests that finished.
+
+        With `overlap_steps`, a plain decode step also launches the next one (fed with this
+        step's tokens on the device) before its own tokens are read back, so that the host
+        work of a step runs while the device computes the next (see `_launch_ahead`)."""
+        done, self._drained = self._drained, []
+        if self._ahead is not None:
+            cur, self._ahead = self._ahead, None
+        else:
+            if not self.has_work():
+                return done
+            rows = self._schedule()
+            if not rows:  # everything waits on the KV budget; cannot happen (one sequence always fits)
+                return done
+            cur = self._launch(rows)
+        if self.overlap_steps:
+            self._ahead = self._launch_ahead(cur)
+        return done + self._complete(cur)
+
+    def _launch(self, rows: list[tuple[_Sequence, int]]) -> _Launched:
+        """Feed the rows (asynchronously on CUDA) and advance the cache lengths; the sampled
+        tokens are read in `_complete`."""
         started = time.monotonic()
-        rows = self._schedule()
-        if not rows:  # everything waits on the KV budget; cannot happen (one sequence always fits)
-            return []
         want = [n == len(s.pending) for s, n in rows]
         sampling = [s for (s, _), w in zip(rows, want) if w]
         num_fed = sum(n for _, n in rows)
         plain = None  # (temperature, greedy, uniform) per sampling row when the decode step samples
         with torch.no_grad():
             if self.decoder is not None and num_fed == len(rows):  # every row feeds one token
-                params = [s.request.params for s in sampling]
-                if sampling and is_plain(params):
-                    draws = draw_uniforms(params, [s.generator for s in sampling], self.generator)
-                    plain = ([p.logprob_temperature for p in params], [p.is_greedy for p in params],
-                             [0.0] * len(params) if draws is None else draws.tolist())
+                plain = self._plain_inputs(sampling)
                 logits = self.decoder.run([s.slot for s, _ in rows], [s.pending[0] for s, _ in rows],
                                           [s.slot for s in sampling], plain)
                 self.stats.static_decode_steps += 1
@@ -362,41 +418,109 @@ class NativeEngine:
         for seq, n in rows:
             self.cache.lengths[seq.slot] += n
             del seq.pending[:n]
+        return self._launched(rows, sampling, num_fed, started, logits, plain is not None)
+
+    def _launched(self, rows, sampling, num_fed, started, out, packed: bool) -> _Launched:
+        record = _Launched(rows, sampling, num_fed, started, self.version, out, packed)
+        if packed and self.overlap_steps and self.device.type == "cuda":
+            # Copy the packed tokens back now, before a step launched ahead can reuse the buffer.
+            record.host = self.decoder.host_out()[:, :out.shape[1]]
+            record.host.copy_(out, non_blocking=True)
+            record.event = torch.cuda.Event()
+            record.event.record()
+        return record
+
+    def _plain_inputs(self, sampling: list[_Sequence]):
+        """(temperature, greedy, uniform) of each sampling row when all are plain, else None."""
+        params = [s.request.params for s in sampling]
+        if not sampling or not is_plain(params):
+            return None
+        draws = draw_uniforms(params, [s.generator for s in sampling], self.generator)
+        return ([p.logprob_temperature for p in params], [p.is_greedy for p in params],
+                [0.0] * len(params) if draws is None else draws.tolist())
+
+    def _launch_ahead(self, cur: _Launched) -> _Launched | None:
+        """Launch the step after `cur` before reading `cur`'s tokens, when that step is
+        certain to be a plain decode step of the same sequences: `cur` sampled in the step,
+        every running sequence is in it, none ends by length at `cur`, no waiting request
+        could take a free slot, and one more token each fits the KV budget. Its input tokens
+        are `cur`'s, copied on the device. A sequence that ends at `cur` with a stop token
+        or string computes one row nobody reads (its slot is freed; as for idle slots, what
+        it wrote is overwritten before anything attends to it)."""
+        if not cur.packed or len(cur.sampling) != len(self._running) or (self._waiting and self.cache.num_free):
+            return None
+        rows = [s for s in cur.sampling
+                if len(s.tokens) + 1 < s.request.params.max_tokens
+                and len(s.request.prompt_ids) + len(s.tokens) + 1 < self.max_seq_len]
+        if not rows or self.kv_tokens + len(rows) > self.max_num_kv_tokens:
+            return None
+        started = time.monotonic()
+        slots = [s.slot for s in rows]
+        with torch.no_grad():
+            out = self.decoder.run(slots, None, slots, self._plain_inputs(rows), tokens_from=cur.out)
+        self.stats.static_decode_steps += 1
+        self.stats.ahead_steps += 1
+        for seq in rows:
+            self.cache.lengths[seq.slot] += 1
+            seq.fed_ahead = True
+        return self._launched([(s, 1) for s in rows], rows, len(rows), started, out, True)
+
+    def _drain(self) -> None:
+        """Complete a step launched ahead (before anything changes the engine's state); its
+        finished requests are returned by the next `step()`."""
+        if self._ahead is not None:
+            cur, self._ahead = self._ahead, None
+            self._drained += self._complete(cur)
+
+    def _complete(self, cur: _Launched) -> list[GenerationResult]:
+        """Read the step's tokens (sampling its logits first if the step did not) and apply
+        them: append, stamp the step's weight version, check the stop rules."""
         finished = []
+        sampling = cur.sampling
+        applied = 0
         if sampling:
             top = None
-            if plain is not None:  # sampled in the decode step: [2, S], slot s in column s
-                by_slot = logits.tolist()
+            if cur.packed:  # sampled in the decode step: [2, S], slot s in column s
+                if cur.event is not None:
+                    cur.event.synchronize()
+                by_slot = (cur.host if cur.host is not None else cur.out).tolist()
                 tokens = [by_slot[0][s.slot] for s in sampling]
                 logprobs = [by_slot[1][s.slot] for s in sampling]
             else:
                 batch = SamplingBatch.build([s.request.params for s in sampling], [s.generator for s in sampling],
                                             self.generator, self.device)
-                out = sample_tokens(logits, batch)
+                out = sample_tokens(cur.out, batch)
                 if out.top_ids is not None:
                     top = list(zip(out.top_ids.tolist(), out.top_logprobs.tolist()))
                 # one device-to-host copy for both (float64 holds token ids and float32 logprobs exactly)
                 tokens, logprobs = torch.stack((out.tokens.double(), out.logprobs.double())).tolist()
             for i, (seq, token, logprob) in enumerate(zip(sampling, map(int, tokens), logprobs)):
+                if seq.slot < 0:  # ended (stop token of the step before) while this step ran ahead
+                    continue
+                applied += 1
                 seq.tokens.append(token)
                 seq.logprobs.append(logprob)
-                seq.versions.append(self.version)
+                seq.versions.append(cur.version)
                 if seq.top is not None:
                     k = seq.request.params.top_logprobs
                     seq.top.append(list(zip(top[i][0][:k], top[i][1][:k])))
-                seq.pending = [token]
+                # fed already when the next step was launched ahead with it
+                seq.pending = [] if seq.fed_ahead else [token]
+                seq.fed_ahead = False
                 reason = self._stop_reason(seq, token)
                 if reason is not None:
                     finished.append(self._finish(seq, reason))
-        duration = time.monotonic() - started
+        now = time.monotonic()
+        duration = now - max(cur.started, self._last_done)  # this step's share of the wall time
+        self._last_done = now
         stats = self.stats
         stats.steps += 1
         stats.busy_s += duration
-        stats.tokens_generated += len(sampling)
-        stats.tokens_fed += num_fed
-        stats.last_batch_size = len(rows)
+        stats.tokens_generated += applied
+        stats.tokens_fed += cur.num_fed
+        stats.last_batch_size = len(cur.rows)
         stats.kv_tokens = self.kv_tokens
-        stats.trace.append(StepRecord(started, duration, len(rows), num_fed, len(sampling), len(finished)))
+        stats.trace.append(StepRecord(cur.started, duration, len(cur.rows), cur.num_fed, applied, len(finished)))
         return finished
 
     def _record_routes(self, rows: list[tuple[_Sequence, int]]) -> None:

@@ -38,6 +38,7 @@ class EngineArgs:
     kv_scale_margin: float = 2.0
     decode_path: str = "auto"
     decode_compile: bool = False
+    overlap_steps: bool = False
     seed: int = 0
     torch_num_threads: int | None = None
     extra: Sequence[str] = field(default_factory=tuple)
@@ -54,6 +55,8 @@ class EngineArgs:
                 out += [flag, str(value)]
         if self.decode_compile:
             out.append("--decode-compile")
+        if self.overlap_steps:
+            out.append("--overlap-steps")
         return out + list(self.extra)
 
 

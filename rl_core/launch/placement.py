@@ -91,7 +91,7 @@ def make_generation_backend(cfg: Any, policy_dir: str | Path, *, tokenizer: Any,
             decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), seed=cfg.grpo.seed,
             weight_version=weight_version, max_seq_len=n.max_seq_len, max_num_kv_tokens=n.max_num_kv_tokens,
             kv_cache_dtype=n.kv_cache_dtype, kv_scale_margin=n.kv_scale_margin, decode_path=n.decode_path,
-            decode_compile=n.decode_compile)
+            decode_compile=n.decode_compile, overlap_steps=n.overlap_steps)
         return NativeBackend(engine)
     if gen.backend == "http":
         from rl_core.generation.http_backend import make_http_backend

@@ -54,6 +54,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-path", choices=["auto", "eager", "static", "graph"], default="auto")
     p.add_argument("--decode-compile", action="store_true",
                    help="compile the static/graph decode step's layers with torch.compile")
+    p.add_argument("--overlap-steps", action="store_true",
+                   help="launch each plain decode step before the previous step's tokens are read back")
     p.add_argument("--seed", type=int, default=0, help="seed of requests sent without one")
     p.add_argument("--weight-version", type=int, default=0, help="weight version of MODEL_DIR's weights")
     p.add_argument("--torch-num-threads", type=int, default=None, help="intra-op CPU threads")
@@ -144,7 +146,7 @@ def build_app(args, token: str | None):
             decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), weight_version=args.weight_version,
             max_num_kv_tokens=args.max_num_kv_tokens, kv_cache_dtype=args.kv_cache_dtype,
             kv_scale_margin=args.kv_scale_margin, decode_path=args.decode_path,
-            decode_compile=args.decode_compile)
+            decode_compile=args.decode_compile, overlap_steps=args.overlap_steps)
     except ValueError as exc:
         raise ServeError(f"cannot build the engine: {exc}") from None
     name = args.served_model_name or Path(args.model_dir).resolve().name

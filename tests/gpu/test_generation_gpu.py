@@ -141,6 +141,29 @@ def test_cuda_graph_path_matches_eager_path(dtype, compile):
     assert shared >= 0.8 * total
 
 
+@pytest.mark.parametrize("compile", [False, True], ids=["graphs", "compiled-graphs"])
+def test_cuda_overlapped_steps_match_plain_steps(compile):
+    """overlap_steps through CUDA graphs (the next step fed with this step's tokens on the
+    device, two steps in flight, pinned buffers in turn): greedy and seeded requests get
+    the tokens and logprobs of the same engine without overlap."""
+    model = tiny_model("qwen2", torch.float32)
+    ps = prompts(12, seed=5)
+    reqs = [GenerationRequest(str(i), p, SamplingParams(greedy=True, max_tokens=5 + i % 9) if i % 2 else
+                              SamplingParams(temperature=0.8, max_tokens=4 + i % 11, seed=100 + i))
+            for i, p in enumerate(ps)]
+    arrivals = [0, 0, 0, 1, 2, 5, 5, 6, 9, 14, 14, 20]
+    kwargs = dict(decode_path="graph", max_batch_size=5, eos_token_ids=[7, 11], decode_compile=compile)
+    ref = generate_all(_engine(model, **kwargs), reqs, arrivals)
+    engine = _engine(model, overlap_steps=True, **kwargs)
+    got = generate_all(engine, reqs, arrivals)
+    print(f"compile={compile}: {engine.stats.ahead_steps} of {engine.stats.steps} steps launched ahead")
+    assert engine.stats.ahead_steps > engine.stats.steps // 3
+    for req in reqs:
+        a, b = got[req.request_id], ref[req.request_id]
+        assert (a.token_ids, a.finish_reason) == (b.token_ids, b.finish_reason)
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+
+
 def _logprob_gaps(model, results, reqs) -> torch.Tensor:
     gaps = []
     for req in reqs:

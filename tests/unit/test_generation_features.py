@@ -270,3 +270,74 @@ def test_top_logprobs_and_progress():
         assert [t for t, _ in row] == want.indices.tolist()
         assert torch.allclose(torch.tensor([v for _, v in row]), want.values, atol=1e-4)
         assert row[0][1] >= res.logprobs[i] - 1e-6  # the sampled token is never above the best
+
+
+# ---------------------------------------------------------------------- overlapped steps
+
+
+def _overlap_requests(n=12):
+    ps = prompts(n, lengths=(2, 12))
+    params = [greedy(5 + i % 9) if i % 2 else SamplingParams(temperature=0.8, max_tokens=4 + i % 11, seed=100 + i)
+              for i in range(n)]
+    return [GenerationRequest(str(i), p, sp) for i, (p, sp) in enumerate(zip(ps, params))]
+
+
+@pytest.mark.parametrize("budget", [None, 60])
+def test_overlapped_steps_give_the_tokens_of_plain_steps(budget):
+    """overlap_steps launches the next decode step before reading this one's tokens: greedy
+    and seeded requests (arrivals mid-run, more requests than slots, end tokens, a tight KV
+    budget) get the same tokens, logprobs and versions as without overlap."""
+    model = tiny_model()
+    reqs = _overlap_requests()
+    arrivals = [0, 0, 0, 1, 2, 5, 5, 6, 9, 14, 14, 20]
+    kwargs = dict(max_batch_size=5, decode_path="static", eos_token_ids=[7, 11], max_num_kv_tokens=budget)
+    ref = run(make_engine(model, **kwargs), reqs, arrivals)
+    engine = make_engine(model, overlap_steps=True, **kwargs)
+    got = run(engine, reqs, arrivals)
+    assert {r.finish_reason for r in ref.values()} == {"stop", "length"}
+    for req in reqs:
+        a, b = got[req.request_id], ref[req.request_id]
+        assert (a.token_ids, a.finish_reason, a.token_versions) == (b.token_ids, b.finish_reason, b.token_versions)
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-6)
+    assert engine.stats.ahead_steps > engine.stats.steps // 3
+    assert engine.stats.tokens_generated == sum(len(r.token_ids) for r in got.values())
+    assert engine.kv_tokens == 0 and engine.cache.num_free == 5
+
+
+def test_overlapped_steps_drain_before_weights_abort_and_invalidation():
+    model, other = tiny_model(seed=0), tiny_model(seed=1)
+    reqs = [GenerationRequest(str(i), p, greedy(14)) for i, p in enumerate(prompts(4))]
+    engine = make_engine(model, max_batch_size=4, decode_path="static", eos_token_ids=[], overlap_steps=True)
+    for r in reqs:
+        engine.add_request(r)
+    for _ in range(4):
+        assert engine.step() == []
+    assert engine._ahead is not None  # a step is in flight
+    engine.update_weights(1, other.state_dict())
+    assert engine._ahead is None
+    aborted = engine.abort("0")
+    assert aborted.finish_reason == "abort" and aborted.token_versions == [0] * len(aborted.token_ids)
+    results = {}
+    while engine.has_work():
+        results.update({r.request_id: r for r in engine.step()})
+    for rid in ("1", "2", "3"):
+        versions = results[rid].token_versions
+        assert versions == sorted(versions) and versions[0] == 0 and versions[-1] == 1
+        assert len(results[rid].token_ids) == 14
+    # invalidation in flight: greedy tokens as without overlap (the cache is recomputed, same weights)
+    ref_engine = make_engine(model, max_batch_size=4, decode_path="static", eos_token_ids=[])
+    ov_engine = make_engine(model, max_batch_size=4, decode_path="static", eos_token_ids=[], overlap_steps=True)
+    outs = []
+    for eng in (ref_engine, ov_engine):
+        for r in reqs:
+            eng.add_request(r)
+        for _ in range(5):
+            eng.step()
+        eng.invalidate_kv_cache()
+        out = {}
+        while eng.has_work():
+            out.update({r.request_id: r for r in eng.step()})
+        outs.append(out)
+    assert all(outs[0][r.request_id].token_ids == outs[1][r.request_id].token_ids for r in reqs)
+    with pytest.raises(ValueError, match="overlap_steps"):
+        make_engine(model, overlap_steps=True)  # auto on the CPU is eager
