@@ -195,6 +195,7 @@ class NativeBackend:
             "max_num_kv_tokens": float(self.engine.max_num_kv_tokens),
             "kv_calibrations": float(s.kv_calibrations),
             "static_decode_steps": float(s.static_decode_steps),
+            "ahead_steps": float(s.ahead_steps),
         }
 
     def step_trace(self) -> list:

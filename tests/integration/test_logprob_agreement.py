@@ -53,3 +53,18 @@ def test_first_step_of_a_run_is_on_policy(run_recipe):
     assert first["train/gen_logprob_abs_error"] < 1e-3
     assert first["staleness/max"] == 0
     assert torch.isfinite(torch.tensor(first["train/loss"]))
+
+
+def test_overlapped_static_decode_in_the_rl_loop(run_recipe):
+    """The static decode path with `overlap_steps` through the whole loop on the CPU: refits
+    drain the step in flight, the first step stays on policy, and steps were launched ahead."""
+    from rl_core.metrics.logger import read_jsonl
+
+    _, run_dir = run_recipe("grpo.max_num_steps=4", "validation.val_at_start=false", "validation.val_at_end=false",
+                            "generation.native.decode_path=static", "generation.native.overlap_steps=true",
+                            name="overlap")
+    rows = read_jsonl(run_dir / "metrics.jsonl", kind="train")
+    assert len(rows) == 4
+    assert rows[0]["train/gen_logprob_abs_error"] < 1e-3 and rows[0]["staleness/max"] == 0
+    assert rows[-1]["generation/ahead_steps"] > 0 and rows[-1]["generation/weight_updates"] >= 3
+    assert all(torch.isfinite(torch.tensor(r["train/loss"])) for r in rows)
