@@ -13,6 +13,9 @@ head is counted, once, even when tied), L is the number of layers, d_attn = head
 dim, and T is the sequence length (the token attends to T positions: QK^T and attention x
 V cost 2 * 2 * d_attn * T each in the forward pass, x3 for forward+backward). A sequence of
 T tokens therefore costs 6 N T + 12 L d_attn T^2; a forward pass alone costs a third.
+Mixture of experts (Fedus et al. 2022, "Switch Transformers", sec. 2: a token's compute is
+that of the experts it is routed to): N counts k of the E expert weight sets of each MoE
+layer (`num_experts_per_tok` of `num_local_experts`), the active parameters, not all.
 Like PaLM we count the full T x T attention matrix (`causal=False`, the MFU convention);
 `causal=True` counts only the T (T + 1) / 2 unmasked entries. Padding tokens are not
 counted: these are model FLOPs, not hardware FLOPs.
@@ -57,7 +60,12 @@ class FlopsSpec:
         tied = emb is not None and out is not None and out.weight is emb.weight
         lookup = emb.weight.numel() if (emb is not None and not tied) else 0
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        return cls(matmul_params=total - lookup, num_layers=cfg.num_hidden_layers,
+        experts, active = getattr(cfg, "num_local_experts", 0) or 0, getattr(cfg, "num_experts_per_tok", 0) or 0
+        idle = 0  # parameters of the experts a token is not routed to
+        if experts and active:
+            expert_params = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
+            idle = expert_params * (experts - active) // experts
+        return cls(matmul_params=total - lookup - idle, num_layers=cfg.num_hidden_layers,
                    attn_dim=cfg.num_attention_heads * head_dim)
 
 

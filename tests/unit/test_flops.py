@@ -44,6 +44,19 @@ def test_spec_from_model_excludes_the_embedding_lookup_once():
     assert FlopsSpec.from_model(t).matmul_params == sum(p.numel() for p in {id(p): p for p in t.parameters()}.values())
 
 
+def test_spec_of_a_mixture_of_experts_counts_the_routed_experts_only():
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    cfg = MixtralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=50, num_local_experts=4, num_experts_per_tok=2)
+    spec = FlopsSpec.from_model(MixtralForCausalLM(cfg))
+    attn = 32 * 32 * 2 + 16 * 32 * 2  # q, o; k, v
+    router, experts = 4 * 32, 4 * (128 * 32 + 32 * 64)  # gate; gate_up + down of 4 experts
+    norms = 2 * 32
+    per_layer = attn + router + experts // 2 + norms  # 2 of the 4 experts per token
+    assert spec.matmul_params == 2 * per_layer + 32 + 50 * 32  # final norm, untied LM head (embedding excluded)
+
+
 def test_counter_sums_every_optimizer_step_and_forward_passes():
     counter = FlopsCounter(SPEC)
     for _epoch in range(3):  # e.g. 3 PPO epochs over the same two sequences
