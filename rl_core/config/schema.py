@@ -80,6 +80,19 @@ from rl_core.config.run_sections import (  # noqa: F401  (re-exported: the schem
 # --------------------------------------------------------------------------- top level
 
 
+def _hf_architecture(path: str | None) -> tuple[str, bool] | None:
+    """(model_type, is a mixture of experts) from `path`/config.json, or None when that file
+    cannot be read here (e.g. a path on the cluster's file system, checked when loaded)."""
+    import json
+    from pathlib import Path
+
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return None
+    return str(cfg.get("model_type")), bool(cfg.get("num_local_experts") or cfg.get("num_experts"))
+
+
 class RecipeConfig(Section):
     """A whole rl_core run."""
 
@@ -185,7 +198,9 @@ class RecipeConfig(Section):
     @model_validator(mode="after")
     def _router_replay(self):
         """MoE + router replay: only the paths that record and replay routes (native engine, torch trainer)."""
-        moe = self.model.source == "tiny" and self.model.tiny.architecture == "mixtral"
+        hf = _hf_architecture(self.model.path) if self.model.source == "hf" else None  # None: not readable here
+        moe = (self.model.source == "tiny" and self.model.tiny.architecture == "mixtral") or (
+            hf is not None and hf[1])
         path = self.generation.native.decode_path
         if moe and path in ("static", "graph"):
             _fail("generation.native.decode_path", path,
@@ -203,6 +218,10 @@ class RecipeConfig(Section):
             _fail("trainer.router_replay.enabled", True,
                   f"false for the dense model.tiny.architecture '{self.model.tiny.architecture}' (no router to replay)",
                   "set model.tiny.architecture: mixtral (with num_experts, num_experts_per_tok), or disable router_replay.")
+        if hf is not None and not moe:
+            _fail("trainer.router_replay.enabled", True,
+                  f"false for the dense model at model.path (config.json model_type {hf[0]!r}: no router to replay)",
+                  "use a mixture-of-experts policy (e.g. model_type 'mixtral'), or disable router_replay.")
         if self.trainer.backend != "torch":
             _fail("trainer.router_replay.enabled", True,
                   f"false with trainer.backend '{self.trainer.backend}' (only the 'torch' trainer replays routes)",

@@ -231,3 +231,22 @@ def test_recipe_rules():
     for data, pattern in cases:
         with pytest.raises(RecipeError, match=pattern):
             validate_dict(data)
+
+
+def test_replay_with_a_dense_hf_policy_stops_at_recipe_load(tmp_path):
+    import json
+
+    on = {"trainer": {"router_replay": {"enabled": True}}}
+    (tmp_path / "dense").mkdir()
+    (tmp_path / "dense" / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    with pytest.raises(RecipeError, match="trainer.router_replay.enabled.*model_type 'qwen2'"):
+        validate_dict(_with(on, {"model": {"source": "hf", "path": str(tmp_path / "dense")}}))
+    (tmp_path / "moe").mkdir()
+    (tmp_path / "moe" / "config.json").write_text(json.dumps({"model_type": "mixtral", "num_local_experts": 4}))
+    cfg = validate_dict(_with(on, {"model": {"source": "hf", "path": str(tmp_path / "moe")}}))
+    assert cfg.trainer.router_replay.enabled
+    with pytest.raises(RecipeError, match="generation.native.decode_path"):
+        validate_dict(_with(on, {"model": {"source": "hf", "path": str(tmp_path / "moe")},
+                                 "generation": {"native": {"decode_path": "static"}}}))
+    # a path this machine cannot read (e.g. on the cluster) is checked when the model loads
+    assert validate_dict(_with(on, {"model": {"source": "hf", "path": str(tmp_path / "elsewhere")}}))
