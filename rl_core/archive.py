@@ -18,6 +18,9 @@ variable-length token arrays use HDF5 vlen types):
               (empty when not recorded), reward, advantage, finish_reason, start_version,
               end_version, env_mask, prompt_len, completion_len
     /samples/rewards/<name>   named reward components (NaN where a sample lacks one)
+    /samples/routed_experts*  MoE rollouts only: the routed expert ids of each fed position
+              (prompt + completion but the last token), flattened; attribute `width` =
+              layers x k ids per position (empty for a sample without routes)
 
 Every completion token is trained unless the sample's `env_mask` is set (the loss mask is
 `env_mask == False` broadcast over `completion_ids`).
@@ -64,6 +67,7 @@ def compile_spool(spool_dir: str | os.PathLike, out_path: str | os.PathLike,
                                                 "token_versions", "reward", "advantage", "finish_reason",
                                                 "start_version", "end_version", "env_mask")}
     components: dict[str, list[float]] = {}
+    routes: list[list[list[int]]] = []  # per sample, per position: layers x k expert ids
     for path in _spool_files(Path(spool_dir)):
         rec = json.loads(path.read_text())
         steps["step"].append(rec["step"])
@@ -86,6 +90,7 @@ def compile_spool(spool_dir: str | os.PathLike, out_path: str | os.PathLike,
                           "start_version", "end_version", "env_mask"):
                     samples[k].append(s[k])
                 samples["token_versions"].append(s.get("token_versions") or [])
+                routes.append(s.get("routed_experts") or [])
                 for name, value in (s.get("rewards") or {}).items():
                     col = components.setdefault(name, [math.nan] * n)
                     col.append(float(value))
@@ -126,6 +131,15 @@ def compile_spool(spool_dir: str | os.PathLike, out_path: str | os.PathLike,
             sa.create_dataset("prompt_len", data=np.asarray([len(x) for x in samples["prompt_ids"]], dtype=np.int32))
             sa.create_dataset("completion_len",
                               data=np.asarray([len(x) for x in samples["completion_ids"]], dtype=np.int32))
+            widths = {len(pos) for r in routes for pos in r}
+            if len(widths) > 1:
+                raise DataError(f"Rollout spool {spool_dir}: routed_experts rows have different widths {sorted(widths)} "
+                                "(expected layers x k ids at every position of every sample). Fix: rerun the epoch.")
+            if widths:
+                ds = sa.create_dataset("routed_experts", (n,), dtype=_VI32)
+                ds.attrs["width"] = widths.pop()
+                for i, r in enumerate(routes):
+                    ds[i] = np.asarray(r, dtype=np.int32).reshape(-1)
             rw = sa.create_group("rewards")
             for name, col in components.items():
                 rw.create_dataset(name, data=np.asarray(col, dtype=np.float32))
@@ -191,6 +205,9 @@ class RolloutArchive:
                    rewards={k: float(v[i]) for k, v in s["rewards"].items()},
                    group_id=g["group_id"].asstr()[gi], prompt_index=int(g["prompt_index"][gi]),
                    staleness=int(g["staleness"][gi]))
+        if "routed_experts" in s:  # [positions][layers x k]
+            flat, width = s["routed_experts"][i], int(s["routed_experts"].attrs["width"])
+            out["routed_experts"] = flat.reshape(-1, width).tolist()
         return out
 
     def summary(self) -> dict[str, Any]:
@@ -277,4 +294,7 @@ def inspect_main(path: str, tokenizer_dir: str | None = None, num_samples: int =
         lines.append(f"  [step {s['step']} {s['group_id']}] {prompt} -> {completion}  reward {s['reward']:.3g} "
                      f"adv {s['advantage']:+.3f} v{s['start_version']}->v{s['end_version']} stale {s['staleness']} "
                      f"{s['finish_reason']}{' MASKED' if s['env_mask'] else ''}")
+        if s.get("routed_experts"):
+            r = s["routed_experts"]
+            lines.append(f"    routed experts: {len(r)} positions x {len(r[0])} ids (layers x k); first {r[0]}")
     return "\n".join(lines) + "\n"

@@ -1,7 +1,7 @@
 """The rollout spool: one JSON file per RL step with the rollouts that step trained on.
 
 Owns: writing each step's trained groups (token ids, generation logprobs, rewards,
-advantages, versions, staleness, masks) atomically to `<dir>/step_{n:06d}.json`, and
+advantages, versions, staleness, masks; the routed experts of MoE rollouts) atomically to `<dir>/step_{n:06d}.json`, and
 dropping records past a resume point. A killed run keeps every finished step's file;
 the workflow compiles an epoch's spool into `rollouts.h5` (rl_core.archive).
 
@@ -28,6 +28,7 @@ def step_record(step: int, weight_version: int, trained) -> dict:
                 "reward": s.reward, "rewards": s.rewards, "advantage": a, "finish_reason": s.finish_reason,
                 "start_version": s.start_version, "end_version": s.end_version, "env_mask": s.env_mask,
                 "token_versions": s.info.get("token_versions"), "completion_mask": s.completion_mask,
+                **({"routed_experts": s.routed_experts} if s.routed_experts is not None else {}),
             } for s, a in zip(g.samples, t.advantages)],
         })
     return {"step": step, "weight_version": weight_version, "groups": groups}

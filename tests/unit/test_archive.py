@@ -82,6 +82,33 @@ def test_compile_and_read_back_every_field(tmp_path):
     assert sorted(p.name for p in out.parent.iterdir()) == ["rollouts.h5"]
 
 
+def test_routed_experts_of_moe_rollouts_round_trip(tmp_path):
+    spool, records = _spool(tmp_path, num_steps=2)
+    rng = random.Random(1)
+    width = 3 * 2  # layers x k
+    for path, rec in zip(sorted(spool.glob("step_*.json")), records):
+        for g in rec["groups"]:
+            for s in g["samples"]:
+                fed = len(s["prompt_ids"]) + max(len(s["completion_ids"]) - 1, 0)
+                s["routed_experts"] = [[rng.randint(0, 7) for _ in range(width)] for _ in range(fed)]
+        path.write_text(json.dumps(rec))
+    out = tmp_path / "rollouts.h5"
+    compile_spool(spool, out)
+    flat = [s for rec in records for g in rec["groups"] for s in g["samples"]]
+    with RolloutArchive(out) as ar:
+        assert ar.f["samples/routed_experts"].attrs["width"] == width
+        for i, s in enumerate(flat):
+            assert ar.sample(i)["routed_experts"] == s["routed_experts"]
+    text = inspect_main(str(out), num_samples=1)
+    assert f"routed experts: {len(flat[0]['routed_experts'])} positions x {width} ids" in text
+    # dense rollouts: no routes column, no key
+    (tmp_path / "dense").mkdir()
+    spool2, _ = _spool(tmp_path / "dense")
+    compile_spool(spool2, tmp_path / "dense.h5")
+    with RolloutArchive(tmp_path / "dense.h5") as ar:
+        assert "routed_experts" not in ar.f["samples"] and "routed_experts" not in ar.sample(0)
+
+
 def test_inspect_prints_summary_and_samples(tmp_path, capsys):
     spool, _ = _spool(tmp_path, num_steps=2)
     out = tmp_path / "rollouts.h5"
