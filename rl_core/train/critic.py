@@ -29,7 +29,6 @@ Does not own: computing returns (GAE) or deciding when the critic trains (warm-u
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from rl_core.algorithms.metrics import finalize_metrics, merge_metrics
 from rl_core.algorithms.value_loss import ClippedValueLoss
 from rl_core.config.schema import CriticConfig
 from rl_core.fsutil import atomic_dir
+from rl_core.train.update import LocalStep, local_microbatches, local_update
 from rl_core.types import TrainChunk
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -88,8 +88,10 @@ def load_value_model(model_dir: str | Path, dtype: torch.dtype = torch.float32) 
     return model
 
 
-class Critic:
+class Critic(LocalStep):
     """`critic.enabled: true`: the value model, its AdamW and the split step API."""
+
+    _name = "critic"
 
     def __init__(self, model_dir: str | Path, cfg: CriticConfig, *, device: str = "cpu", dtype: str = "float32",
                  version: int = 0):
@@ -113,21 +115,12 @@ class Critic:
 
     def begin(self, loss=None) -> None:
         """Open one critic step; `loss` defaults to the clipped value loss of `critic.value_clip_eps`."""
-        if self._loss is not None:
-            raise RuntimeError("critic begin() called while a step is open; call finish() or abort() first")
-        self._loss = loss if loss is not None else ClippedValueLoss(self.cfg.value_clip_eps)
-        self._reset_step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self._open_step(loss if loss is not None else ClippedValueLoss(self.cfg.value_clip_eps))
 
     def train_microbatches(self, chunk: TrainChunk) -> None:
-        if self._loss is None:
-            raise RuntimeError("critic train_microbatches() called without begin()")
+        self._require_open("train_microbatches")
         t0 = time.perf_counter()
-        mbs = self.cfg.microbatch_size
-        for start in range(0, chunk.num_samples, mbs):
-            mb = chunk.slice(start, min(start + mbs, chunk.num_samples)).to(self.device)
-            if mb.num_valid_tokens() == 0:
-                continue
+        for mb in local_microbatches(chunk, self.cfg.microbatch_size, self.device):
             values = self.model(mb.input_ids, mb.attention_mask)
             out = self._loss(values, mb)
             out.loss_sum.backward()
@@ -140,36 +133,21 @@ class Critic:
         """Normalise by the step's total normaliser, clip, one AdamW step; returns metrics.
         `advance_version=False` for the inner mini-steps of an RL step (as `TorchTrainer.finish`):
         `version` counts RL steps the critic trained in, `optimizer_steps` every update."""
-        if self._loss is None:
-            raise RuntimeError("critic finish() called without begin()")
+        self._require_open("finish")
         t0 = time.perf_counter()
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        metrics: dict[str, float] = {}
-        if self._normalizer > 0 and params:
-            for p in params:
-                p.grad.mul_(1.0 / self._normalizer)
-            max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else math.inf
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-            if not math.isfinite(grad_norm):
-                self.abort()
-                raise FloatingPointError(f"non-finite critic gradient norm ({grad_norm}) at critic step {self.version}")
-            self.optimizer.step()
-            self.optimizer_steps += 1
-            metrics.update(grad_norm=grad_norm, loss=self._loss_sum / self._normalizer, skipped_update=0.0)
-        else:
-            metrics["skipped_update"] = 1.0
-        self.optimizer.zero_grad(set_to_none=True)
+        try:
+            metrics = local_update(self.model, self.optimizer, self._normalizer, self._loss_sum,
+                                   self.cfg.max_grad_norm, f"critic gradient norm at critic step {self.version}")
+        except FloatingPointError:
+            self.abort()
+            raise
+        self.optimizer_steps += 1 - int(metrics["skipped_update"])
         metrics.update(finalize_metrics(self._metrics))
         metrics["compute_s"] = self._t_compute + (time.perf_counter() - t0)
         if advance_version:
             self.version += 1
         self._loss = None
         return metrics
-
-    def abort(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-        self._loss = None
-        self._reset_step()
 
     # ------------------------------------------------------------------ inference / state / files
 

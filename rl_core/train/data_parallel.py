@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from rl_core.algorithms.metrics import finalize_metrics, merge_metrics
 from rl_core.protocols import PolicyLoss
+from rl_core.train.update import apply_update
 from rl_core.train.spmd import INIT, CommandChannel
 from rl_core.types import TrainChunk
 
@@ -177,18 +178,11 @@ class DataParallelTrainer(abc.ABC):
     def _spmd_finish(self, advance_version: bool = True) -> dict[str, float]:
         t0 = time.perf_counter()
         sums = self._reduce_step_sums()
-        metrics: dict[str, float] = {}
         try:
-            if sums["normalizer"] > 0:
-                self._scale_grads(sums["normalizer"])
-                grad_norm = self._clip_grads(self.max_grad_norm if self.max_grad_norm is not None else math.inf)
-                if not math.isfinite(grad_norm):
-                    raise FloatingPointError(f"non-finite gradient norm ({grad_norm}) at RL step {self.version}")
-                self._optimizer_step()
-                self.optimizer_steps += 1
-                metrics.update(grad_norm=grad_norm, loss=sums["loss_sum"] / sums["normalizer"], skipped_update=0.0)
-            else:
-                metrics["skipped_update"] = 1.0
+            metrics = apply_update(sums["normalizer"], sums["loss_sum"], self.max_grad_norm, scale=self._scale_grads,
+                                   clip=self._clip_grads, step=self._optimizer_step,
+                                   what=f"gradient norm at RL step {self.version}")
+            self.optimizer_steps += 1 - int(metrics["skipped_update"])
         finally:
             self._zero_grad()
             self._loss = None

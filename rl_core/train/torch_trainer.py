@@ -18,7 +18,6 @@ or distributed training (other backends sit behind the same protocol).
 from __future__ import annotations
 
 import copy
-import math
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -31,6 +30,7 @@ from rl_core.algorithms.metrics import finalize_metrics, merge_metrics
 from rl_core.config.schema import TrainerConfig
 from rl_core.protocols import PolicyLoss
 from rl_core.train.router_replay import RouterReplay, check_routes
+from rl_core.train.update import LocalStep, local_microbatches, local_update
 from rl_core.types import TrainChunk
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -47,7 +47,7 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
 
 
-class TorchTrainer:
+class TorchTrainer(LocalStep):
     """`trainer.backend: torch`."""
 
     def __init__(self, model_dir: str | Path, cfg: TrainerConfig, *, logprob_temperature: float = 1.0,
@@ -106,21 +106,12 @@ class TorchTrainer:
         return replay.replaying(mb.routed_experts)
 
     def begin(self, loss: PolicyLoss) -> None:
-        if self._loss is not None:
-            raise RuntimeError("begin() called while a step is open; call finish() or abort() first")
-        self._loss = loss
-        self._reset_step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self._open_step(loss)
 
     def train_microbatches(self, chunk: TrainChunk) -> None:
-        if self._loss is None:
-            raise RuntimeError("train_microbatches() called without begin()")
+        self._require_open("train_microbatches")
         t0 = time.perf_counter()
-        mbs = self.cfg.microbatch_size
-        for start in range(0, chunk.num_samples, mbs):
-            mb = chunk.slice(start, min(start + mbs, chunk.num_samples)).to(self.device)
-            if mb.num_valid_tokens() == 0:
-                continue  # nothing to train: no forward/backward
+        for mb in local_microbatches(chunk, self.cfg.microbatch_size, self.device):
             if self._loss.needs_reference_logprobs and mb.ref_logprobs is None:
                 mb.ref_logprobs = self.logprobs(mb, reference=True)
             with self._replaying(self.replay, mb, count=True):
@@ -138,29 +129,15 @@ class TorchTrainer:
     def finish(self, advance_version: bool = True) -> dict[str, float]:
         """One optimizer step. `advance_version=False` for the inner mini-steps of an RL step
         (PPO epochs/minibatches): the weight version counts RL steps, not optimizer steps."""
-        if self._loss is None:
-            raise RuntimeError("finish() called without begin()")
+        self._require_open("finish")
         t0 = time.perf_counter()
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        metrics: dict[str, float] = {}
-        if self._normalizer > 0 and params:
-            scale = 1.0 / self._normalizer
-            for p in params:
-                p.grad.mul_(scale)
-            max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else math.inf
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-            if not math.isfinite(grad_norm):
-                self.optimizer.zero_grad(set_to_none=True)
-                self._loss = None
-                raise FloatingPointError(f"non-finite gradient norm ({grad_norm}) at RL step {self.version}")
-            self.optimizer.step()
-            self.optimizer_steps += 1
-            metrics["grad_norm"] = grad_norm
-            metrics["loss"] = self._loss_sum / self._normalizer
-            metrics["skipped_update"] = 0.0
-        else:
-            metrics["skipped_update"] = 1.0
-        self.optimizer.zero_grad(set_to_none=True)
+        try:
+            metrics = local_update(self.model, self.optimizer, self._normalizer, self._loss_sum,
+                                   self.cfg.max_grad_norm, f"gradient norm at RL step {self.version}")
+        except FloatingPointError:
+            self._loss = None
+            raise
+        self.optimizer_steps += 1 - int(metrics["skipped_update"])
         metrics.update(finalize_metrics(self._metric_sums))
         metrics["num_samples"] = float(self._num_samples)
         metrics["num_tokens"] = float(self._num_tokens)
@@ -177,11 +154,6 @@ class TorchTrainer:
             self._rl_compute_s = 0.0
         self._loss = None
         return metrics
-
-    def abort(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-        self._loss = None
-        self._reset_step()
 
     # ------------------------------------------------------------------ inference / export / state
 

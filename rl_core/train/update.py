@@ -1,0 +1,91 @@
+"""The one update rule every trainer applies at the end of a step.
+
+Owns: dividing the step's summed gradients by its total normalizer (tokens, sequences or
+whatever the loss's reduction counts), clipping by global norm (none = no limit), refusing
+a non-finite norm (`FloatingPointError`, the controller's retry signal), the optimizer step,
+and the metrics `grad_norm`, `loss` (the step's mean) and `skipped_update` (1 when nothing
+had a gradient). `apply_update` takes the three actions as callables so the torch trainer,
+the critic and the data-parallel backends (FSDP2 scaling, Megatron's optimizer) share the
+rule; `local_update` is it for a plain module and a torch optimizer. Also the pieces of
+the split step that the one-process trainers (torch policy trainer, critic) share:
+`local_microbatches` and the open/abort bookkeeping of `LocalStep`.
+
+Does not own: the forward/backward of microbatches, how sums reach this rank (data_parallel
+all-reduces them first), versions or the other metrics of a step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterator
+
+import torch
+
+from rl_core.types import TrainChunk
+
+
+def apply_update(normalizer: float, loss_sum: float, max_grad_norm: float | None, *,
+                 scale: Callable[[float], None], clip: Callable[[float], float], step: Callable[[], None],
+                 what: str) -> dict[str, float]:
+    """grads /= normalizer (`scale`), clip to `max_grad_norm` (`clip` returns the norm before
+    clipping), then `step`; with nothing to train (normalizer 0) only `skipped_update`.
+    `what` names the step in the error (e.g. "gradient norm at RL step 3")."""
+    if normalizer <= 0:
+        return {"skipped_update": 1.0}
+    scale(normalizer)
+    grad_norm = float(clip(max_grad_norm if max_grad_norm is not None else math.inf))
+    if not math.isfinite(grad_norm):
+        raise FloatingPointError(f"non-finite {what} ({grad_norm})")
+    step()
+    return {"grad_norm": grad_norm, "loss": loss_sum / normalizer, "skipped_update": 0.0}
+
+
+def local_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, normalizer: float, loss_sum: float,
+                 max_grad_norm: float | None, what: str) -> dict[str, float]:
+    """`apply_update` for a module whose gradients are all local; gradients are zeroed after,
+    whatever happens."""
+    params = [p for p in model.parameters() if p.grad is not None]
+
+    def scale(total: float) -> None:
+        for p in params:
+            p.grad.mul_(1.0 / total)
+
+    try:
+        return apply_update(normalizer if params else 0.0, loss_sum, max_grad_norm, scale=scale,
+                            clip=lambda max_norm: torch.nn.utils.clip_grad_norm_(params, max_norm),
+                            step=optimizer.step, what=what)
+    finally:
+        optimizer.zero_grad(set_to_none=True)
+
+
+def local_microbatches(chunk: TrainChunk, size: int, device: torch.device) -> Iterator[TrainChunk]:
+    """The chunk's microbatches of `size` samples on `device`, skipping those without a
+    trained token (nothing to forward or backward)."""
+    for start in range(0, chunk.num_samples, size):
+        mb = chunk.slice(start, min(start + size, chunk.num_samples)).to(device)
+        if mb.num_valid_tokens() > 0:
+            yield mb
+
+
+class LocalStep:
+    """begin / abort of the split step for a trainer with `self.optimizer`, `self._loss` (None
+    while no step is open) and `_reset_step()`; `_name` prefixes its errors."""
+
+    _name = "trainer"
+
+    def _open_step(self, loss) -> None:
+        if self._loss is not None:
+            raise RuntimeError(f"{self._name} begin() called while a step is open; call finish() or abort() first")
+        self._loss = loss
+        self._reset_step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _require_open(self, method: str) -> None:
+        if self._loss is None:
+            raise RuntimeError(f"{self._name} {method}() called without begin()")
+
+    def abort(self) -> None:
+        """Drop the open step: gradients cleared, no update."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self._loss = None
+        self._reset_step()
