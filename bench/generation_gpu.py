@@ -111,15 +111,16 @@ def run_native(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, c
            "decode_tok_s": batch / (step_ms / 1e3) if decode else float("nan"),
            "graphs": engine.decoder.num_graphs if engine.decoder is not None else 0,
            "kv_gib": engine.cache.nbytes / 2**30, "build_s": first - built, "warmup_s": warmup_s}
-    del engine
+    engine = None  # free the cache and graphs before empty_cache()
     torch.cuda.empty_cache()
     return out
 
 
 def profile_decode(model, cfg, prompts, new_tokens: int, path: str, compile: bool, out_dir: str | None) -> dict:
     """Where a decode step's time goes: the whole `engine.step()`, the graph replay alone
-    (CUDA events), sampling alone (parameters + kernels + the host copy), and the rest
-    (host work: scheduling, index building, bookkeeping). Also a torch.profiler table of
+    (CUDA events), sampling alone (the sampling graph's replay when plain rows sample inside
+    the step, else the engine's sampler: parameters + kernels + the host copy), and the rest
+    (host work: scheduling, index building, bookkeeping, launches). Also a torch.profiler table of
     10 steps (written under `out_dir` when given)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -147,23 +148,31 @@ def profile_decode(model, cfg, prompts, new_tokens: int, path: str, compile: boo
     slots = [s.slot for s in seqs]
     s, k = engine.decoder.buckets_for(slots)
     graph, logits = engine.decoder._graphs[(s, k)]
+
+    def device_ms(fn, n: int = 50) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(n):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / n
+
     # Replaying rewrites the keys/values of the inputs left in the static buffers: the same values.
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(50):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    replay_ms = start.elapsed_time(end) / 50
-    rows = logits.index_select(0, torch.tensor(slots, device="cuda"))
+    replay_ms = device_ms(graph.replay)
+    sampler = engine.decoder._sample_graphs.get((s, k))
+    if sampler is not None:  # plain rows sample inside the step: the sampling graph's device time
+        sample_ms = device_ms(sampler[0].replay)
+    else:  # the engine samples the logits: parameters, kernels and the copy back, wall time
+        rows = logits.index_select(0, torch.tensor(slots, device="cuda"))
 
-    def sample_once():
-        b = SamplingBatch.build([q.request.params for q in seqs], [q.generator for q in seqs], engine.generator,
-                                engine.device)
-        out = sample_tokens(rows, b)
-        torch.stack((out.tokens.double(), out.logprobs.double())).tolist()
+        def sample_once():
+            b = SamplingBatch.build([q.request.params for q in seqs], [q.generator for q in seqs], engine.generator,
+                                    engine.device)
+            out = sample_tokens(rows, b)
+            torch.stack((out.tokens.double(), out.logprobs.double())).tolist()
 
-    sample_ms = timed(sample_once, 50)
+        sample_ms = timed(sample_once, 50)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(10):
             engine.step()
@@ -177,7 +186,7 @@ def profile_decode(model, cfg, prompts, new_tokens: int, path: str, compile: boo
             f.write(table + "\n\n" + cpu_table)
         prof.export_chrome_trace(os.path.join(out_dir, name + ".json"))
     print(table[:6000])
-    del engine
+    engine = None  # free the cache and graphs before empty_cache()
     torch.cuda.empty_cache()
     return {"step_ms": step_ms, "replay_ms": replay_ms, "sample_ms": sample_ms,
             "host_ms": step_ms - replay_ms - sample_ms, "bucket": (s, k)}

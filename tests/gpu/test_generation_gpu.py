@@ -10,7 +10,6 @@ Throughput against transformers `generate()` and the weight-read roofline:
 
 from __future__ import annotations
 
-import time
 
 import pytest
 import torch
@@ -18,6 +17,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from rl_core.generation import NativeEngine
 from rl_core.types import GenerationRequest, SamplingParams
+
+from helpers.engine_models import run as generate_all
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 VOCAB = 100
@@ -33,18 +34,6 @@ def tiny_model(arch: str, dtype: torch.dtype, seed: int = 0, init: float = 0.3):
     else:
         model = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=False, **common))
     return model.to("cuda", dtype).eval()
-
-
-def generate_all(engine, requests, arrivals=None):
-    arrivals = arrivals or [0] * len(requests)
-    results, step = {}, 0
-    while len(results) < len(requests):
-        for req, at in zip(requests, arrivals):
-            if at == step:
-                engine.add_request(req)
-        results.update({r.request_id: r for r in engine.step()})
-        step += 1
-    return results
 
 
 def prompts(n, seed=1):
