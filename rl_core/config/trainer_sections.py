@@ -35,7 +35,7 @@ class MegatronConfig(Section):
     pipeline_model_parallel_size: int = Field(1, ge=1)
     """Pipeline parallel size; only 1 is supported (the split step API streams chunks that a pipeline schedule would reorder)."""
     mixed_precision: Literal["auto", "bf16", "none"] = "auto"
-    """`bf16`: bf16 parameters and compute with fp32 main weights in Megatron's optimizer (GPU only); `none`: model.dtype; `auto`: bf16 on GPU, none on CPU."""
+    """`bf16`: bf16 parameters and compute with fp32 main weights in Megatron's optimizer, seeded from the checkpoint's own values (GPU only); `none`: model.dtype; `auto`: bf16 on GPU, none on CPU."""
     optimizer: Literal["auto", "megatron", "torch"] = "auto"
     """`megatron`: Megatron's optimizer (fp32 main params, fused Adam; GPU only); `torch`: torch AdamW on Megatron's gradient buffers; `auto`: megatron on GPU, torch on CPU."""
     grad_reduce_in_fp32: bool = True

@@ -157,6 +157,8 @@ class MegatronTrainer(DataParallelTrainer):
                 for p in self.reference.parameters():
                     p.requires_grad_(False)
             self.optimizer = self._make_optimizer()
+            if self.bf16 and self.optimizer_kind == "megatron":
+                self._seed_main_params(shard)
         finally:
             if seq is not None:
                 self.channel.complete(seq)
@@ -221,6 +223,24 @@ class MegatronTrainer(DataParallelTrainer):
                                adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps, bf16=self.bf16,
                                params_dtype=self.params_dtype, clip_grad=0.0, use_distributed_optimizer=False)
         return get_megatron_optimizer(ocfg, [self.model])
+
+    def _seed_main_params(self, shard: dict[str, torch.Tensor]) -> None:
+        """Start the fp32 main weights from the checkpoint's own values, not from the bf16 model weights.
+
+        Megatron's Float16 optimizer copies each bf16 parameter to make its fp32 main weight, so a
+        float32 checkpoint would lose its low bits and every main weight would start on the bf16 grid;
+        then an update smaller than half a bf16 ulp (lr 1e-4 against weights ~0.2) leaves the bf16
+        model weights unchanged, step after step. Seeded from the checkpoint, the rounded model
+        weights follow the fp32 trajectory on average, as the fsdp2 backend's fp32 master does.
+        """
+        for name, param in self.model.module.named_parameters():
+            main = getattr(param, "main_param", None)
+            if main is None:
+                continue
+            if name not in shard:
+                raise RuntimeError(f"Megatron parameter {name!r} has no checkpoint tensor to seed its fp32 main "
+                                   f"weight from (have {sorted(shard)[:8]}...)")
+            main.data.copy_(shard[name].to(device=main.device, dtype=main.dtype))
 
     # ------------------------------------------------------------------ hooks
 
@@ -324,11 +344,11 @@ class MegatronTrainer(DataParallelTrainer):
                 shards[r][name] = parts[r]
         return merge_tensor_parallel(shards)
 
-    def _spmd_export_weights(self) -> dict[str, torch.Tensor]:
+    def _spmd_export_weights(self, on_device: bool = False) -> dict[str, torch.Tensor]:
         full = self._full_megatron_state()
         if dist.get_rank() != 0:
             return {}
-        return {k: v.cpu() for k, v in megatron_to_hf(full, self.shape).items()}
+        return {k: v if on_device else v.cpu() for k, v in megatron_to_hf(full, self.shape).items()}
 
     def _spmd_save_pretrained(self, out_dir: str) -> None:
         from transformers import AutoModelForCausalLM
