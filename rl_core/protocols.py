@@ -122,8 +122,11 @@ class TrainerBackend(Protocol):
     def logprobs(self, chunk: TrainChunk, reference: bool = False) -> torch.Tensor:
         """Per-token logprobs [B, T] of the chunk's tokens under the current (or reference) weights."""
 
-    def export_weights(self) -> dict[str, torch.Tensor]:
-        """The current weights under HF parameter names (for refit and checkpoints)."""
+    def export_weights(self, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """The current weights under HF parameter names (for refit and checkpoints).
+
+        Data-parallel backends gather them to CPU on rank 0; `on_device=True` leaves them on
+        rank 0's device instead (a refit transport that sends from the GPU asks for it)."""
 
     def state_dict(self) -> dict[str, Any]: ...
 

@@ -48,7 +48,9 @@ class Refitter:
         wait_s = time.monotonic() - t0
         try:
             t_export = time.monotonic()
-            weights = self.trainer.export_weights()
+            # a transport that sends from the trainer's GPU takes the weights where they are
+            weights = (self.trainer.export_weights(on_device=True) if getattr(self.sync, "sends_from_device", False)
+                       else self.trainer.export_weights())
             t1 = time.monotonic()
             export_s = t1 - t_export
             report = await self.sync.push(version, weights, self.backends)

@@ -80,9 +80,10 @@ class DataParallelTrainer(abc.ABC):
             raise RuntimeError("reference logprobs requested but no reference model is kept (loss.kl_coef == 0)")
         return self.channel.call(self, "logprobs", chunk.to("cpu"), reference)
 
-    def export_weights(self) -> dict[str, torch.Tensor]:
-        """Full weights under HF names, on CPU, on rank 0 (a collective over the group)."""
-        return self.channel.call(self, "export_weights")
+    def export_weights(self, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """Full weights under HF names on rank 0 (a collective over the group): on CPU, or with
+        `on_device` on rank 0's device (no device-to-host copy; a GPU broadcast sends them as they are)."""
+        return self.channel.call(self, "export_weights", bool(on_device))
 
     def save_pretrained(self, out_dir: str | Path) -> None:
         self.channel.call(self, "save_pretrained", str(out_dir))

@@ -208,13 +208,17 @@ class FSDPTrainer(DataParallelTrainer):
 
     # ------------------------------------------------------------------ export and checkpoints
 
-    def _full_state(self) -> dict[str, torch.Tensor]:
+    def _full_state(self, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """Full (unsharded) tensors: on rank 0's CPU, or with `on_device` on the device of every
+        rank (the other ranks drop theirs on return; a full copy per GPU while it lasts)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True,
+                                                                         cpu_offload=not on_device))
 
-    def _spmd_export_weights(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach() for k, v in self._full_state().items()}
+    def _spmd_export_weights(self, on_device: bool = False) -> dict[str, torch.Tensor]:
+        state = self._full_state(on_device)
+        return {k: v.detach() for k, v in state.items()} if dist.get_rank() == 0 else {}
 
     def _spmd_save_pretrained(self, out_dir: str) -> None:
         from transformers import AutoModelForCausalLM

@@ -173,7 +173,8 @@ class TorchTrainer(LocalStep):
             out.append(torch.nn.functional.pad(lp, (0, pad)))
         return torch.cat(out, dim=0) if out else torch.zeros_like(chunk.gen_logprobs)
 
-    def export_weights(self) -> dict[str, torch.Tensor]:
+    def export_weights(self, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """The model's own tensors, on its device either way (no copy)."""
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
     def save_pretrained(self, out_dir: str | Path) -> None:

@@ -217,6 +217,7 @@ class BroadcastWeightSync:
     def __init__(self, device: str, bucket_size_mb: float = 256.0, timeout_s: float = 600.0,
                  host: str = "127.0.0.1"):
         self.device = device
+        self.sends_from_device = torch.device(device).type == "cuda"  # refit exports onto the GPU for it
         self.bucket_size_mb = bucket_size_mb
         self.timeout_s = timeout_s
         self.host = host

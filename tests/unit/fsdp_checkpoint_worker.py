@@ -55,11 +55,13 @@ def main() -> None:
     w1 = t.export_weights()
     ref = step(t)
     w_ref = t.export_weights()
+    result_on_device = diff(t.export_weights(on_device=True), w_ref)  # the broadcast refit's export
 
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(str(work / "hf")).state_dict()
-    result = {"hf_export_diff": diff({k: v for k, v in hf.items()}, w1), "ref": ref}
+    result = {"hf_export_diff": diff({k: v for k, v in hf.items()}, w1), "ref": ref,
+              "export_on_device_diff": result_on_device}
 
     t2 = make_trainer(cfg, work / "hf")  # a new trainer replaces the first on every rank
     t2.load_state_dict(torch.load(work / "trainer_state.pt", weights_only=True))

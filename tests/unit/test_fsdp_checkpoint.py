@@ -40,6 +40,7 @@ def _same_step(r: dict, how: str) -> None:
 def test_fsdp2_checkpoints_round_trip(tmp_path):
     r = _run(tmp_path)
     assert r["hf_export_diff"] == 0.0
+    assert r["export_on_device_diff"] == 0.0
     _same_step(r, "resume_state")
     _same_step(r, "resume_dcp")
     assert ".metadata" in r["dcp_files"] and len([f for f in r["dcp_files"] if f.endswith(".distcp")]) == 2
@@ -50,4 +51,5 @@ def test_fsdp2_checkpoints_round_trip(tmp_path):
 def test_megatron_tensor_parallel_state_round_trip(tmp_path):
     r = _run(tmp_path, "megatron", "trainer.megatron.tensor_model_parallel_size=2")
     assert r["hf_export_diff"] == 0.0
+    assert r["export_on_device_diff"] == 0.0
     _same_step(r, "resume_state")

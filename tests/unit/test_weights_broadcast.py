@@ -9,13 +9,41 @@ import os
 import subprocess
 import sys
 
-from rl_core.weights.broadcast import _buckets
+from rl_core.weights.base import SyncReport
+from rl_core.weights.broadcast import BroadcastWeightSync, _buckets
 from trainer_fixtures import ROOT, free_port
 
 
 def test_buckets_keep_order_and_limit():
     assert _buckets([4, 4, 4, 10, 1], 8) == [[0, 1], [2], [3], [4]]
     assert _buckets([], 8) == []
+
+
+def test_refit_exports_on_the_device_only_for_a_transport_that_sends_from_it():
+    import asyncio
+
+    import torch
+
+    from rl_core.controller.refit import Refitter
+
+    asked = []
+
+    class Trainer:
+        def export_weights(self, on_device=False):
+            asked.append(on_device)
+            return {"w": torch.zeros(2)}
+
+    class Sync:
+        def __init__(self, from_device):
+            self.sends_from_device = from_device
+
+        async def push(self, version, weights, backends):
+            return SyncReport("test", version, 8, 0.0)
+
+    for from_device in (False, True):
+        asyncio.run(Refitter([], Trainer(), rollout=None, sync=Sync(from_device)).refit(1))
+    assert asked == [False, True]
+    assert BroadcastWeightSync("cuda:0").sends_from_device and not BroadcastWeightSync("cpu").sends_from_device
 
 
 def test_broadcast_to_a_generation_process(tmp_path):
