@@ -352,7 +352,9 @@ def part1_numbers(run: dict, run_dir: Path, steps: int, model: str, sets: list[s
         out["num_parameters"] = json.loads(report.read_text()).get("num_parameters")
     keys = ("bytes", "seconds", "export_s", "update_s", "sync_header_s", "sync_pack_s", "sync_broadcast_s",
             "sync_recv_s", "sync_load_s", "sync_deliver_s", "sync_group_init_s")
-    per_step = [{"step": r["step"], **{k: r.get(f"refit/{k}") for k in keys}} for r in rows]
+    per_step = [{"step": r["step"], **{k: r.get(f"refit/{k}") for k in keys},
+                 **{k: r.get(f"timing/{k}") for k in ("gc_s", "gc_max_pause_s", "gc_full_collections")}}
+                for r in rows]
     out["refit_per_step"] = per_step
     out["refit_every_step"] = (len(rows) == steps and [r["step"] for r in rows] == list(range(1, steps + 1))
                                and all((r.get("refit/bytes") or 0) > 0 for r in rows)
@@ -404,6 +406,12 @@ def print_table(res: dict) -> None:
             print(f"  idle fraction over {i['window_s']:.1f}s: generation {i['generation_idle_frac']:.2f}, training "
                   f"{i['train_idle_frac']:.2f} (with refit {i['trainer_side_idle_frac']:.2f}); both busy "
                   f"{i['overlap_frac']:.2f}")
+        steps = p1.get("refit_per_step") or []
+        if steps:
+            slow = max(steps, key=lambda r: r["seconds"] or 0.0)
+            gc_max = max((r["gc_max_pause_s"] or 0.0) for r in steps)
+            print(f"  slowest refit {slow['seconds']:.3f}s (step {slow['step']}); controller GC: longest pause "
+                  f"{gc_max:.3f}s, full collections {sum(r['gc_full_collections'] or 0 for r in steps):.0f}")
         for k in ("failed", "skipped"):
             if k in p1:
                 print(f"  {k.upper()}: {p1[k]}\n{p1.get('log', '')[-1500:]}")

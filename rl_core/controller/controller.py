@@ -33,6 +33,7 @@ from rl_core.controller.rollout_pump import RolloutPump
 from rl_core.controller.train_pump import TrainPump
 from rl_core.controller.watchdog import Watchdog
 from rl_core.fsutil import atomic_write_json
+from rl_core.metrics.gc_pauses import GcClock, freeze_setup_objects, unfreeze
 from rl_core.metrics.logger import MetricsLogger
 from rl_core.metrics.progress import Progress
 from rl_core.rollout.group import sampling_params
@@ -243,6 +244,8 @@ class Controller:
         try:
             if self.val_at_start:
                 await self._validate("start")
+            freeze_setup_objects()  # full collections then scan only what the run allocates
+            self.train.gc_clock = GcClock().start()  # timing/gc_* per step
             t_pumps = self._t_pumps = self.progress.t0 = time.monotonic()
             self._gen_tokens_at_start = self.rollout.stats.generated_tokens
             rollout_task = asyncio.create_task(self.rollout.run(), name="rollout_pump")
@@ -272,6 +275,9 @@ class Controller:
             if self.val_at_end:
                 await self._validate("end")
         finally:
+            if self.train.gc_clock is not None:
+                self.train.gc_clock.stop()
+            unfreeze()
             self.progress.close()
             await self.p.backend.shutdown()
             self.logger.close()

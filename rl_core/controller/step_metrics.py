@@ -95,5 +95,7 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
         m[k if k.startswith(("critic/", "flops/", "perf/")) else f"train/{k}"] = v
     for k, v in refit_metrics.items():
         m[f"refit/{k}"] = v
+    if pump.gc_clock is not None:  # the garbage collector's time since the last step (metrics.gc_pauses)
+        m.update({f"timing/{k}": v for k, v in pump.gc_clock.take().items()})
     m["_histograms"] = {"rollout/gen_tokens": gen_len, "rollout/input_tokens": in_len, "rollout/total_tokens": tot_len}
     return m

@@ -89,6 +89,7 @@ class TrainPump:
         self.ds_budget = dropped_groups_budget(cfg.reward_shaping.dynamic_sampling, self.per_step)
         self.waiting_on = "not started"
         self.idle_s = 0.0
+        self.gc_clock = None  # a metrics.gc_pauses.GcClock while the pumps run: timing/gc_* per step
         self.selected_in_step = 0  # groups of the open step already taken from the buffer
         self.evicted_groups = 0
         self.dynamic_filtered_groups = 0

@@ -45,6 +45,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from rl_core.generation.backend import GenerationError, NativeBackend, StreamDelta
+from rl_core.metrics.gc_pauses import freeze_setup_objects, unfreeze
 from rl_core.serve.protocol import (AbortRequest, ChatCompletionRequest, CompletionRequest, ReceiveWeightsRequest,
                                     UpdateWeightsRequest, WeightGroupRequest, _Sampling)
 from rl_core.serve.text import TextCodec, TextStream, chat_logprobs, completion_logprobs, cut_at_stop
@@ -416,9 +417,11 @@ def create_app(backend: NativeBackend, tokenizer: Any, settings: ServerSettings)
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         await backend.start()
+        freeze_setup_objects()  # the engine's loop then never waits on a full scan of the model's objects
         try:
             yield
         finally:
+            unfreeze()
             await backend.shutdown()
 
     app = FastAPI(title="rl_core native engine", lifespan=lifespan)
