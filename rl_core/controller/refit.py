@@ -49,7 +49,7 @@ class Refitter:
         try:
             t_export = time.monotonic()
             # a transport that sends from the trainer's GPU takes the weights where they are
-            weights = (self.trainer.export_weights(on_device=True) if getattr(self.sync, "sends_from_device", False)
+            weights = (self.trainer.export_weights(on_device=True) if self.sync.sends_from_device
                        else self.trainer.export_weights())
             t1 = time.monotonic()
             export_s = t1 - t_export

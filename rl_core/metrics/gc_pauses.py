@@ -7,7 +7,7 @@ collections scan only what the run itself allocates. Measured on the embedded de
 (60 RL steps on the CPU): a single full collection paused the controller for 0.33 s; after
 the freeze, the run had none and the collector's total time fell from 0.39 s to 0.05 s.
 Also `GcClock`: the collector's time and longest pause since the last read, which the
-per-step metrics report (`timing/gc_s`, `timing/gc_max_pause_s`), so a pause that stalls
+per-step metrics report (`timing/gc_s`, `timing/gc_max_pause_s`, `timing/gc_full_collections`), so a pause that stalls
 a refit or a rollout shows up in the step that paid it.
 
 Objects are still freed by reference counting after a freeze; what the freeze gives up is

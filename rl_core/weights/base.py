@@ -49,6 +49,7 @@ class InProcessSync:
     """`trainer.weight_sync.type: in_process`: engines in this process copy the tensors directly."""
 
     kind = "in_process"
+    sends_from_device = False  # every transport says whether refit exports onto the trainer's GPU for it
 
     async def push(self, version: int, weights: Mapping[str, torch.Tensor], backends: Iterable) -> SyncReport:
         t0 = time.monotonic()

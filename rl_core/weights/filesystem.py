@@ -114,6 +114,7 @@ class FilesystemWeightSync:
     """`trainer.weight_sync.type: filesystem` (see the module doc)."""
 
     kind = "filesystem"
+    sends_from_device = False  # files are written from host memory
 
     def __init__(self, root: str | Path, keep_last_versions: int = 2, max_shard_mb: float = 2048.0):
         if keep_last_versions < 1:
