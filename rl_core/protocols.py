@@ -99,6 +99,10 @@ class PolicyLoss(Protocol):
 
     def __call__(self, logprobs: torch.Tensor, chunk: TrainChunk) -> LossOutput: ...
 
+    def skipped_normalizer(self, chunk: TrainChunk) -> float:
+        """The normaliser of a microbatch the trainer skips because no token of it is trained
+        (0 unless the loss counts empty sequences), so that skipping changes nothing."""
+
 
 @runtime_checkable
 class TrainerBackend(Protocol):

@@ -7,14 +7,21 @@ come from (environments), reward shaping (`shaping.py`), token-level estimators 
 which groups are trained (samplers) or packing advantages into tensors (`types`).
 
 Groups: a batch is a flat vector of B rewards plus `group_ids` [B] saying which prompt
-group each sample belongs to (ragged groups allowed). Every sample counts in its group's
-statistics, including samples later excluded from the loss (overlong filtering).
+group each sample belongs to (ragged groups allowed). By default every sample counts in its
+group's statistics, including samples later excluded from the loss (overlong filtering);
+with a validity vector `valid` [B] (`advantage.exclude_invalid_from_stats`) only valid
+samples enter the statistics (group mean/std, batch whitening) and invalid ones get
+advantage 0 (NeMo RL's `valid_mask` in `calculate_baseline_and_std_per_prompt`).
 
 - GRPO (Shao et al. 2024, "DeepSeekMath", arXiv:2402.03300, sec. 4.1.2): A_i = (r_i - b) / (std + eps)
   with b the group mean, or the leave-one-out mean b_i = mean_{j != i} r_j (Kool et al. 2019,
   "Buy 4 REINFORCE samples, get a baseline for free"); std is the Bessel-corrected standard
-  deviation of the group. A group whose rewards are all equal gets exactly 0, and so does a
-  group of one sample (nothing to compare it with) in the ragged path.
+  deviation of the group (`std_of: group`), or, with the leave-one-out baseline, of the
+  other samples of the group (`std_of: others`, as NeMo RL does with
+  `use_leave_one_out_baseline`); where the others have no spread (all equal, or fewer than
+  two) the advantage is only centred, r_i - b_i (NeMo RL, PR 1519: no division by ~0). A
+  group whose rewards are all equal gets exactly 0, and so does a group of one sample
+  (nothing to compare it with).
 - GDPO (Liu et al. 2026, "GDPO: group reward-decoupled normalization policy optimization
   for multi-reward RL optimization", arXiv:2601.05242): each named reward component k is
   normalised per group like GRPO, A = sum_k w_k A_k, then A is whitened over the batch
@@ -38,13 +45,13 @@ from rl_core.config.schema import AdvantageConfig
 
 def grpo_advantages(rewards: torch.Tensor, baseline: str = "mean", normalize_std: bool = True,
                     eps: float = 1e-6) -> torch.Tensor:
-    """rewards [G, N] (G groups of N samples) -> advantages [G, N]."""
+    """rewards [G, N] (G groups of N samples) -> advantages [G, N]; N = 1 gives 0."""
     if rewards.dim() == 1:
         rewards = rewards[None, :]
     r = rewards.to(torch.float64)
     n = r.shape[1]
-    if n < 2:
-        raise ValueError(f"GRPO needs at least 2 samples per group, got {n}")
+    if n < 2:  # nothing to compare a lone sample with (as in the ragged path)
+        return torch.zeros_like(r, dtype=torch.float32)
     mean = r.mean(dim=1, keepdim=True)
     if baseline == "mean":
         adv = r - mean
@@ -67,35 +74,82 @@ def group_ids_from_sizes(sizes: Sequence[int]) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(list(sizes), dtype=torch.long))
 
 
-def group_stats(r: torch.Tensor, gid: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Per-sample (group size, group sum, group mean, group unbiased std, group is constant)."""
+def _weights(r: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    return torch.ones_like(r) if valid is None else valid.to(device=r.device, dtype=r.dtype)
+
+
+def _group_sums(r: torch.Tensor, gid: torch.Tensor, w: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-sample statistics of its group over the samples with weight w > 0: size, total,
+    mean, sq (sum of squared deviations from the mean), hi, lo (extreme values)."""
     gid = gid.to(r.device)
     g = int(gid.max().item()) + 1 if gid.numel() else 0
     kw = {"dtype": r.dtype, "device": r.device}
-    size = torch.zeros(g, **kw).index_add_(0, gid, torch.ones_like(r))
-    total = torch.zeros(g, **kw).index_add_(0, gid, r)
+    size = torch.zeros(g, **kw).index_add_(0, gid, w)
+    total = torch.zeros(g, **kw).index_add_(0, gid, r * w)
     mean = total / size.clamp(min=1)
-    sq = torch.zeros(g, **kw).index_add_(0, gid, (r - mean[gid]) ** 2)
-    std = torch.sqrt(sq / (size - 1).clamp(min=1))
-    hi = torch.full((g,), -torch.inf, **kw).scatter_reduce_(0, gid, r, "amax")
-    lo = torch.full((g,), torch.inf, **kw).scatter_reduce_(0, gid, r, "amin")
-    return size[gid], total[gid], mean[gid], std[gid], (hi == lo)[gid]
+    sq = torch.zeros(g, **kw).index_add_(0, gid, w * (r - mean[gid]) ** 2)
+    use = w > 0
+    hi = torch.full((g,), -torch.inf, **kw).scatter_reduce_(0, gid, torch.where(use, r, -torch.inf), "amax")
+    lo = torch.full((g,), torch.inf, **kw).scatter_reduce_(0, gid, torch.where(use, r, torch.inf), "amin")
+    return {"size": size[gid], "total": total[gid], "mean": mean[gid], "sq": sq[gid], "hi": hi[gid], "lo": lo[gid]}
+
+
+def group_stats(r: torch.Tensor, gid: torch.Tensor, valid: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """Per-sample (group size, group sum, group mean, group unbiased std, group is constant),
+    over the group's valid samples (every sample when `valid` is None)."""
+    st = _group_sums(r, gid, _weights(r, valid))
+    std = torch.sqrt(st["sq"] / (st["size"] - 1).clamp(min=1))
+    return st["size"], st["total"], st["mean"], std, st["hi"] == st["lo"]
+
+
+def _others_std(r: torch.Tensor, gid: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per valid sample i: (Bessel-corrected std of the other valid samples of its group, the
+    others have no spread). Removing r_i from a group of n with mean m and squared deviations
+    S leaves S - (r_i - m)^2 n / (n - 1) (Welford's downdate); "no spread" (all others equal,
+    or fewer than two of them) is decided exactly on the values, never on a rounded std."""
+    st = _group_sums(r, gid, w)
+    size, hi, lo = st["size"], st["hi"], st["lo"]
+    n_hi = _group_sums((r == hi).to(r.dtype), gid, w)["total"]  # valid samples at the group's max
+    n_lo = _group_sums((r == lo).to(r.dtype), gid, w)["total"]
+    two_values = (hi != lo) & (n_hi + n_lo == size)
+    alone = ((r == hi) & (n_hi == 1)) | ((r == lo) & (n_lo == 1))
+    others = size - 1
+    flat = (hi == lo) | (two_values & alone) | (others < 2)
+    ss_others = (st["sq"] - (r - st["mean"]) ** 2 * size / others.clamp(min=1)).clamp(min=0)
+    return torch.sqrt(ss_others / (others - 1).clamp(min=1)), flat
 
 
 def group_normalized(rewards: torch.Tensor, group_ids: torch.Tensor, baseline: str = "mean",
-                     normalize_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
-    """GRPO on ragged groups: rewards [B], group_ids [B] -> advantages [B] (float64)."""
+                     normalize_std: bool = True, eps: float = 1e-6, std_of: str = "group",
+                     valid: torch.Tensor | None = None) -> torch.Tensor:
+    """GRPO on ragged groups: rewards [B], group_ids [B] -> advantages [B] (float64).
+
+    `std_of`: `group` (std of the whole group) or `others` (std of the other samples; needs
+    baseline leave_one_out). `valid` [B]: only these samples enter the statistics; the
+    others get 0."""
     r = rewards.to(torch.float64)
-    size, total, mean, std, same = group_stats(r, group_ids)
+    size, total, mean, std, same = group_stats(r, group_ids, valid)
+    w = _weights(r, valid)
     if baseline == "mean":
         adv = r - mean
     elif baseline == "leave_one_out":
-        adv = r - (total - r) / (size - 1).clamp(min=1)
+        adv = r - (total - r * w) / (size - 1).clamp(min=1)
     else:
         raise ValueError(f"unknown baseline {baseline!r}; expected 'mean' or 'leave_one_out'")
     if normalize_std:
-        adv = adv / (std + eps)
-    return torch.where(same | (size < 2), torch.zeros_like(adv), adv)
+        if std_of == "group":
+            adv = adv / (std + eps)
+        elif std_of == "others":
+            if baseline != "leave_one_out":
+                raise ValueError("std_of 'others' goes with the leave-one-out baseline (baseline='leave_one_out')")
+            std_o, flat = _others_std(r, group_ids, w)
+            adv = torch.where(flat, adv, adv / (std_o + eps))
+        else:
+            raise ValueError(f"unknown std_of {std_of!r}; expected 'group' or 'others'")
+    zero = same | (size < 2)
+    if valid is not None:
+        zero = zero | (w <= 0)
+    return torch.where(zero, torch.zeros_like(adv), adv)
 
 
 def whiten(x: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
@@ -118,7 +172,8 @@ def whiten(x: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-6)
 
 def gdpo_advantages(components: Mapping[str, torch.Tensor], group_ids: torch.Tensor,
                     weights: Mapping[str, float] | None = None, baseline: str = "mean",
-                    normalize_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
+                    normalize_std: bool = True, eps: float = 1e-6, std_of: str = "group",
+                    valid: torch.Tensor | None = None) -> torch.Tensor:
     """GDPO: components name -> rewards [B]; `weights` empty/None = every component, weight 1. -> [B] (float64)."""
     if weights:
         missing = sorted(set(weights) - set(components))
@@ -131,41 +186,52 @@ def gdpo_advantages(components: Mapping[str, torch.Tensor], group_ids: torch.Ten
         raise ValueError("GDPO needs at least one named reward component per sample")
     total = None
     for name in sorted(use):
-        a = use[name] * group_normalized(components[name], group_ids, baseline, normalize_std, eps)
+        a = use[name] * group_normalized(components[name], group_ids, baseline, normalize_std, eps, std_of, valid)
         total = a if total is None else total + a
-    return whiten(total, eps=eps)
+    return whiten(total, valid, eps=eps)
 
 
 def reinforce_pp_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, subtract_group_mean: bool = True,
-                            whiten_batch: bool = True, eps: float = 1e-6) -> torch.Tensor:
-    """REINFORCE++(-baseline) with one reward per sample: [B] -> [B] (float64)."""
+                            whiten_batch: bool = True, eps: float = 1e-6,
+                            valid: torch.Tensor | None = None) -> torch.Tensor:
+    """REINFORCE++(-baseline) with one reward per sample: [B] -> [B] (float64); invalid samples get 0."""
     r = rewards.to(torch.float64)
     if subtract_group_mean:
-        r = r - group_stats(r, group_ids)[2]
-    return whiten(r, eps=eps) if whiten_batch else r
+        r = r - group_stats(r, group_ids, valid)[2]
+    return _only_valid(whiten(r, valid, eps=eps) if whiten_batch else r, valid)
 
 
-def raw_reward_advantages(rewards: torch.Tensor, whiten_batch: bool = False, eps: float = 1e-6) -> torch.Tensor:
-    """The reward itself, optionally whitened over the batch: [B] -> [B] (float64)."""
+def raw_reward_advantages(rewards: torch.Tensor, whiten_batch: bool = False, eps: float = 1e-6,
+                          valid: torch.Tensor | None = None) -> torch.Tensor:
+    """The reward itself, optionally whitened over the batch: [B] -> [B] (float64); invalid samples get 0."""
     r = rewards.to(torch.float64)
-    return whiten(r, eps=eps) if whiten_batch else r
+    return _only_valid(whiten(r, valid, eps=eps) if whiten_batch else r, valid)
+
+
+def _only_valid(adv: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    return adv if valid is None else torch.where(_weights(adv, valid) > 0, adv, torch.zeros_like(adv))
 
 
 def sequence_advantages(cfg: AdvantageConfig, rewards: torch.Tensor, group_ids: torch.Tensor,
-                        components: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
-    """One advantage per sample [B] (float64) for every estimator except gae."""
+                        components: Mapping[str, torch.Tensor] | None = None,
+                        valid: torch.Tensor | None = None) -> torch.Tensor:
+    """One advantage per sample [B] (float64) for every estimator except gae.
+
+    `valid` [B] (bool or 0/1): samples that enter the group and batch statistics; the others
+    get 0. None = every sample (the default; `advantage.exclude_invalid_from_stats` decides
+    whether the caller passes one)."""
     if cfg.estimator == "grpo":
-        return group_normalized(rewards, group_ids, cfg.baseline, cfg.normalize_std, cfg.std_eps)
+        return group_normalized(rewards, group_ids, cfg.baseline, cfg.normalize_std, cfg.std_eps, cfg.std_of, valid)
     if cfg.estimator == "gdpo":
         if not components:
             raise ValueError("advantage.estimator 'gdpo' needs the named reward components of every sample "
                              "(Sample.rewards); none were given")
         return gdpo_advantages(components, group_ids, cfg.reward_weights, cfg.baseline, cfg.normalize_std,
-                               cfg.std_eps)
+                               cfg.std_eps, cfg.std_of, valid)
     if cfg.estimator == "reinforce_pp":
-        return reinforce_pp_advantages(rewards, group_ids, cfg.subtract_group_mean, cfg.whiten, cfg.std_eps)
+        return reinforce_pp_advantages(rewards, group_ids, cfg.subtract_group_mean, cfg.whiten, cfg.std_eps, valid)
     if cfg.estimator == "raw_reward":
-        return raw_reward_advantages(rewards, cfg.whiten, cfg.std_eps)
+        return raw_reward_advantages(rewards, cfg.whiten, cfg.std_eps, valid)
     if cfg.estimator == "gae":
         raise ValueError("advantage.estimator 'gae' gives one advantage per token from critic values: "
                          "use rl_core.algorithms.estimate.estimate_advantages")
@@ -200,28 +266,25 @@ def check_reward_weights(cfg: AdvantageConfig, reward_names: Sequence[str]) -> N
 
 
 def compute_advantages(cfg: AdvantageConfig, group_rewards: list[list[float]],
-                       group_components: list[list[Mapping[str, float]]] | None = None) -> list[list[float]]:
+                       group_components: list[list[Mapping[str, float]]] | None = None,
+                       group_valid: list[list[bool]] | None = None) -> list[list[float]]:
     """Dispatch on `advantage.estimator` for a list of groups; returns one list per group.
 
-    `group_components` (the samples' named rewards, same nesting) is needed by gdpo only.
+    The same formulas as the training path (`sequence_advantages`): a group of one sample
+    gets 0. `group_components` (the samples' named rewards, same nesting) is needed by gdpo
+    only; `group_valid` (same nesting) keeps invalid samples out of the statistics.
     Batch whitening (gdpo, reinforce_pp, raw_reward) is over the groups of this call.
     """
-    if cfg.estimator == "grpo":
-        sizes = {len(g) for g in group_rewards}
-        if len(sizes) == 1:
-            adv = grpo_advantages(torch.tensor(group_rewards, dtype=torch.float64), cfg.baseline,
-                                  cfg.normalize_std, cfg.std_eps)
-            return adv.tolist()
-        # ragged groups (a sample was dropped): compute one by one
-        return [grpo_advantages(torch.tensor(g, dtype=torch.float64), cfg.baseline, cfg.normalize_std,
-                                cfg.std_eps)[0].tolist() for g in group_rewards]
     sizes = [len(g) for g in group_rewards]
     gid = group_ids_from_sizes(sizes)
     rewards = torch.tensor([r for g in group_rewards for r in g], dtype=torch.float64)
     comps = None
     if group_components is not None:
         comps = stack_components([c for g in group_components for c in g])
-    flat = sequence_advantages(cfg, rewards, gid, comps).to(torch.float32).tolist()
+    valid = None
+    if group_valid is not None:
+        valid = torch.tensor([bool(v) for g in group_valid for v in g])
+    flat = sequence_advantages(cfg, rewards, gid, comps, valid).to(torch.float32).tolist()
     out, start = [], 0
     for n in sizes:
         out.append(flat[start:start + n])

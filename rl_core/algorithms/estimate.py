@@ -15,9 +15,13 @@ are packed (`types.make_train_chunk`), and the order of operations:
    broadcast over the sample's completion tokens.
 Statistics (group baselines, whitening) include every sample and token of the chunk's
 completions (`loss_mask`), also samples excluded from the loss (`sample_mask` = 0, e.g.
-overlong-filtered). Batch whitening is therefore over the chunk: hand the step's groups
-in one chunk (`async_rl.min_groups_for_streaming_train = grpo.num_prompts_per_step`) to
-whiten over the whole step.
+overlong-filtered), unless `advantage.exclude_invalid_from_stats`: then only the valid
+samples (`valid`, by default `sample_mask` > 0) enter them and the others get advantage 0,
+for every estimator (for gae: whitening over the valid samples' tokens). Batch whitening
+is over the chunk: hand the step's groups in one chunk
+(`async_rl.min_groups_for_streaming_train = grpo.num_prompts_per_step`) to whiten over
+the whole step. With `advantage.bootstrap_truncated` (gae), a truncated sample's GAE
+starts from the critic's value after its last token (`final_values`) instead of 0.
 
 Does not own: computing reference logprobs or critic values (trainer / critic), or writing
 the result into the chunk (the caller sets `chunk.advantages`, `chunk.values`, `chunk.returns`).
@@ -51,12 +55,18 @@ def estimate_advantages(cfg: AdvantageConfig, chunk: TrainChunk, rewards: Sequen
                         group_sizes: Sequence[int], *,
                         components: Sequence[Mapping[str, float]] | Mapping[str, torch.Tensor] | None = None,
                         ref_logprobs: torch.Tensor | None = None,
-                        values: torch.Tensor | None = None) -> AdvantageEstimate:
+                        values: torch.Tensor | None = None,
+                        valid: Sequence[bool] | torch.Tensor | None = None,
+                        truncated: Sequence[bool] | torch.Tensor | None = None,
+                        final_values: torch.Tensor | None = None) -> AdvantageEstimate:
     """Advantages for the B samples of `chunk`, which hold consecutive groups of `group_sizes`.
 
     rewards: [B] (shaped) scalar rewards. components: the samples' named rewards (gdpo).
     ref_logprobs: [B, T] reference-policy logprobs (needed when kl_in_reward_coef > 0).
     values: [B, T] the critic's values of the chunk (`Critic.values(chunk)`, needed by gae).
+    valid: [B] samples that enter the statistics when `exclude_invalid_from_stats` (default:
+    `chunk.sample_mask > 0`). truncated, final_values: [B] finish reason `length`, and the
+    critic's value after each sample's last token (`bootstrap_truncated`, gae).
     """
     mask = chunk.loss_mask.to(torch.float64)
     B = mask.shape[0]
@@ -64,6 +74,10 @@ def estimate_advantages(cfg: AdvantageConfig, chunk: TrainChunk, rewards: Sequen
         raise ValueError(f"group_sizes add up to {sum(group_sizes)} samples but the chunk holds {B}")
     r = torch.as_tensor(rewards, dtype=torch.float64).reshape(B).to(mask.device)
     gid = group_ids_from_sizes(group_sizes).to(mask.device)
+    ok = None  # [B] bool: the samples that enter the statistics (None = all)
+    if cfg.exclude_invalid_from_stats:
+        ok = (chunk.sample_mask > 0) if valid is None else torch.as_tensor(valid, dtype=torch.bool)
+        ok = ok.reshape(B).to(mask.device)
     metrics: dict = {}
     token_pen = None
     if cfg.kl_in_reward_coef > 0:
@@ -81,24 +95,40 @@ def estimate_advantages(cfg: AdvantageConfig, chunk: TrainChunk, rewards: Sequen
         if values is None:
             raise ValueError("advantage.estimator 'gae' needs the critic's values of the chunk (critic.values(chunk))")
         tok_r = token_rewards(r, mask, token_pen)
-        adv, ret = compute_gae(tok_r, values, mask, cfg.gamma, cfg.lam, cfg.value_lam, cfg.length_adaptive_alpha)
+        adv, ret = compute_gae(tok_r, values, mask, cfg.gamma, cfg.lam, cfg.value_lam, cfg.length_adaptive_alpha,
+                               _bootstrap(cfg, B, truncated, final_values, mask.device))
+        if ok is not None:
+            adv = adv * ok[:, None]
         if cfg.whiten:
-            adv = whiten(adv, mask, cfg.std_eps)
+            adv = whiten(adv, mask if ok is None else mask * ok[:, None], cfg.std_eps)
         metrics["value_mean"] = masked_sum_pair(values.to(torch.float64), mask)
         metrics["return_mean"] = masked_sum_pair(ret, mask)
         return AdvantageEstimate(adv.to(torch.float32), None, ret.to(torch.float32), pairs_to_floats(metrics))
     if token_pen is not None:
         if cfg.estimator != "reinforce_pp":
             raise ValueError(f"token-level KL in the reward needs estimator reinforce_pp or gae, not {cfg.estimator!r}")
-        seq = r - group_stats(r, gid)[2] if cfg.subtract_group_mean else r
+        seq = r - group_stats(r, gid, ok)[2] if cfg.subtract_group_mean else r
         kl_to_go = torch.flip(torch.cumsum(torch.flip(token_pen * mask, [1]), dim=1), [1])
-        adv = (seq[:, None] - kl_to_go) * mask
+        valid_mask = mask if ok is None else mask * ok[:, None]
+        adv = (seq[:, None] - kl_to_go) * valid_mask
         if cfg.whiten:
-            adv = whiten(adv, mask, cfg.std_eps)
+            adv = whiten(adv, valid_mask, cfg.std_eps)
         return AdvantageEstimate(adv.to(torch.float32), None, None, pairs_to_floats(metrics))
     comps = None
     if components is not None:
         comps = dict(components) if isinstance(components, Mapping) else stack_components(components)
-    seq_adv = sequence_advantages(cfg, r, gid, comps)
+    seq_adv = sequence_advantages(cfg, r, gid, comps, ok)
     return AdvantageEstimate((seq_adv[:, None] * mask).to(torch.float32), seq_adv.to(torch.float32), None,
                              pairs_to_floats(metrics))
+
+
+def _bootstrap(cfg: AdvantageConfig, B: int, truncated, final_values, device) -> torch.Tensor | None:
+    """[B] value after each sample's last token: the critic's where the completion was truncated, else 0."""
+    if not cfg.bootstrap_truncated:
+        return None
+    if truncated is None or final_values is None:
+        raise ValueError("advantage.bootstrap_truncated needs which samples were truncated and the critic's value "
+                         "after each sample's last token (critic.values(chunk, with_final=True))")
+    cut = torch.as_tensor(truncated, dtype=torch.bool).reshape(B).to(device)
+    v = final_values.to(device, torch.float64).reshape(B)
+    return torch.where(cut, v, torch.zeros_like(v))

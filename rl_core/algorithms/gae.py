@@ -15,7 +15,10 @@ advantage estimation", eqs. 11-16), backwards over the valid tokens of each sequ
   delta_t = r_t + gamma * V_next - V_t,   A_t = delta_t + gamma * lam * A_next,
 where `next` is the next *valid* token (masked positions are skipped: the running value
 and advantage carry over them), and V_next = A_next = 0 after the last valid token (the
-completion ends the episode; a truncated completion is treated as terminal too).
+completion ends the episode). A completion cut at the token limit did not end its episode:
+with `bootstrap` (`advantage.bootstrap_truncated`) V_next after its last token is the
+critic's value of the state reached there, V(s_L) (partial-episode bootstrapping: Pardo et
+al. 2018, "Time limits in reinforcement learning", ICML, sec. 3), and A_next stays 0.
 Returns (the critic's targets) are R_t = A_t(value_lam) + V_t; with lam = 1 they are the
 discounted reward-to-go. Length-adaptive lambda (VAPO: Yue et al. 2025, arXiv:2504.05118,
 eq. 8): lam_i = 1 - 1 / (alpha * l_i) for a completion of l_i tokens (clamped to [0, 1]).
@@ -47,8 +50,9 @@ def length_adaptive_lambda(lengths: torch.Tensor, alpha: float) -> torch.Tensor:
 
 
 def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
-                   lam: float | torch.Tensor) -> torch.Tensor:
-    """[B, T] GAE advantages (0 at masked positions). `lam` is a float or a [B] tensor of per-sequence lambdas."""
+                   lam: float | torch.Tensor, bootstrap: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, T] GAE advantages (0 at masked positions). `lam` is a float or a [B] tensor of per-sequence
+    lambdas; `bootstrap` [B] the value after each sequence's last valid token (None = 0 for all)."""
     B, T = rewards.shape
     r = rewards.to(torch.float64)
     v, m = values.to(r.device, torch.float64), mask.to(r.device, torch.float64)
@@ -56,6 +60,8 @@ def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tens
     lam_t = lam_t.expand(B) if lam_t.dim() == 0 else lam_t
     adv = torch.zeros(B, T, dtype=torch.float64, device=r.device)
     next_value = torch.zeros(B, dtype=torch.float64, device=r.device)
+    if bootstrap is not None:
+        next_value = bootstrap.to(r.device, torch.float64).reshape(B).clone()
     next_adv = torch.zeros(B, dtype=torch.float64, device=r.device)
     for t in range(T - 1, -1, -1):
         valid = m[:, t] > 0
@@ -69,18 +75,20 @@ def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tens
 
 def compute_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
                 lam: float = 0.95, value_lam: float | None = None,
-                length_adaptive_alpha: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                length_adaptive_alpha: float | None = None,
+                bootstrap: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages [B, T], returns [B, T]) in float64, both 0 at masked positions.
 
     advantages use `lam` (or the length-adaptive lambda when `length_adaptive_alpha` is set);
-    returns = GAE(value_lam) + V, with value_lam defaulting to `lam`.
+    returns = GAE(value_lam) + V, with value_lam defaulting to `lam`. `bootstrap` [B]: the
+    value after each sequence's last valid token (0 = the episode ended; None = 0 for all).
     """
     policy_lam: float | torch.Tensor = lam
     if length_adaptive_alpha is not None:
         policy_lam = length_adaptive_lambda(mask.sum(dim=1), length_adaptive_alpha)
-    adv = gae_advantages(rewards, values, mask, gamma, policy_lam)
+    adv = gae_advantages(rewards, values, mask, gamma, policy_lam, bootstrap)
     v_lam = lam if value_lam is None else value_lam
     same = length_adaptive_alpha is None and v_lam == lam
-    value_adv = adv if same else gae_advantages(rewards, values, mask, gamma, v_lam)
+    value_adv = adv if same else gae_advantages(rewards, values, mask, gamma, v_lam, bootstrap)
     returns = (value_adv + values.to(device=adv.device, dtype=torch.float64)) * mask.to(adv.device, torch.float64)
     return adv, returns

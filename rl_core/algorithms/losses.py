@@ -25,7 +25,10 @@ Formulas (all masked by mask = loss_mask * sample_mask, then by the off-policy m
 - off-policy weight w_t (detached, `offpolicy.py`): l_t = w_t * pg_t.
 - KL to the reference policy as a loss term: l_t += kl_coef * KL_t (`kl.py`), unweighted.
 - aggregation `token`: sum_t mask_t l_t / sum_t mask_t over the whole step;
-  `sequence`: mean over valid sequences of (sum_t mask_t l_t / sum_t mask_t).
+  `sequence`: mean over sequences of (sum_t mask_t l_t / sum_t mask_t), over the sequences
+  with a trained token (`empty_sequences: drop`), or over every sequence of the step with
+  an empty one counting 0 (`zero`; verl's `seq-mean-token-mean` divides by the batch size):
+  then the normaliser no longer depends on how many samples were masked.
 """
 
 from __future__ import annotations
@@ -40,21 +43,30 @@ from rl_core.protocols import LossOutput
 from rl_core.types import TrainChunk
 
 
-def aggregate_tensors(per_token: torch.Tensor, mask: torch.Tensor, level: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum form of the aggregation as tensors: (loss_sum, normalizer), without a device sync."""
+def aggregate_tensors(per_token: torch.Tensor, mask: torch.Tensor, level: str,
+                      empty_sequences: str = "drop") -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum form of the aggregation as tensors: (loss_sum, normalizer), without a device sync.
+
+    `empty_sequences` (sequence level): `drop` a sequence without a trained token from the
+    normaliser, or count it as a `zero` loss (the normaliser is then the number of rows)."""
     if level == "token":
         return (per_token * mask).sum(), mask.sum()
     if level == "sequence":
         tokens = mask.sum(dim=1)
-        valid = (tokens > 0).to(per_token.dtype)
         per_seq = (per_token * mask).sum(dim=1) / tokens.clamp(min=1)
+        if empty_sequences == "zero":  # an empty row adds 0 to the sum and 1 to the normaliser
+            return per_seq.sum(), torch.tensor(float(per_seq.shape[0]), dtype=per_token.dtype, device=per_token.device)
+        if empty_sequences != "drop":
+            raise ValueError(f"unknown empty_sequences {empty_sequences!r}; expected 'drop' or 'zero'")
+        valid = (tokens > 0).to(per_token.dtype)
         return (per_seq * valid).sum(), valid.sum()
     raise ValueError(f"unknown aggregation {level!r}; expected 'token' or 'sequence'")
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, level: str) -> tuple[torch.Tensor, float]:
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, level: str,
+              empty_sequences: str = "drop") -> tuple[torch.Tensor, float]:
     """Sum form of the aggregation: (loss_sum, normalizer)."""
-    loss_sum, normalizer = aggregate_tensors(per_token, mask, level)
+    loss_sum, normalizer = aggregate_tensors(per_token, mask, level, empty_sequences)
     return loss_sum, float(normalizer.item())
 
 
@@ -67,7 +79,13 @@ def sequence_log_ratio(logprobs: torch.Tensor, prev: torch.Tensor, mask: torch.T
 def clipped_pg_terms(logprobs: torch.Tensor, prev: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
                      eps_low: float, eps_high: float, dual_clip_c: float | None = None,
                      ratio_level: str = "token") -> tuple[torch.Tensor, dict]:
-    """Per-token clipped surrogate loss [B, T] and its metrics (ratio, clip fractions) as tensor pairs."""
+    """Per-token clipped surrogate loss [B, T] and its metrics (ratio, clip fractions) as tensor pairs.
+
+    `dual_clip_c` must exceed 1 (a cap at or below 1 x |A| would cut into the ordinary clipped
+    loss of negative advantages, not only bound the exploded ratios)."""
+    if dual_clip_c is not None and not dual_clip_c > 1.0:
+        raise ValueError(f"dual_clip_c must be > 1 (Ye et al. 2020: the cap -c*A for A < 0), got {dual_clip_c!r}; "
+                         "use e.g. 3.0, or None to turn dual clipping off")
     if ratio_level == "token":
         log_ratio = logprobs - prev
     elif ratio_level == "sequence":
@@ -131,11 +149,19 @@ class PolicyGradientLoss:
             kl = kl_penalty(logprobs, chunk.ref_logprobs, cfg.kl_estimator, cfg.kl_input_clamp, cfg.kl_output_clamp)
             per_token = per_token + cfg.kl_coef * kl
             metrics["kl_ref"] = masked_sum_pair(kl, mask)
-        loss_sum, normalizer = aggregate_tensors(per_token, mask, cfg.aggregation)
+        loss_sum, normalizer = aggregate_tensors(per_token, mask, cfg.aggregation, cfg.empty_sequences)
         metrics["pg_loss"] = masked_sum_pair(pg, mask)
         metrics["_normalizer"] = (normalizer, normalizer)
         floats = pairs_to_floats(metrics)  # one device-to-host transfer per microbatch
         return LossOutput(loss_sum=loss_sum, normalizer=floats.pop("_normalizer")[0], metrics=floats)
+
+
+    def skipped_normalizer(self, chunk: TrainChunk) -> float:
+        """What a microbatch without a trained token adds to the normaliser: its sequences under
+        `aggregation: sequence, empty_sequences: zero`, else 0 (its loss sum is 0 either way)."""
+        if self.cfg.aggregation == "sequence" and self.cfg.empty_sequences == "zero":
+            return float(chunk.num_samples)
+        return 0.0
 
 
 ClippedPGLoss = PolicyGradientLoss  # historical name

@@ -14,6 +14,9 @@ Order inside `shape_group`, per sample (the environment's reward is kept in
 2. overlong penalty (`reward_shaping.overlong_penalty`; DAPO: Yu et al. 2025,
    arXiv:2503.14476, eq. 13), for a completion of l tokens, L_max and buffer L_cache:
    R_len = 0 if l <= L_max - L_cache; ((L_max - L_cache) - l) / L_cache if l <= L_max; -1 beyond;
+   unsaturated (`saturate: false`): the ramp ((L_max - L_cache) - l) / L_cache continues
+   beyond L_max without the -1 floor, as the DAPO reference code computes it (verl's
+   DAPORewardManager: min(-(l - (L_max - L_cache)) / L_cache * factor, 0));
    r += penalty * R_len, and `rewards["overlong_penalty"]` records it (under gdpo it is a
    reward component of its own);
 3. overlong filtering (`reward_shaping.overlong_filtering`): a truncated sample (finish
@@ -40,15 +43,17 @@ PENALTY_COMPONENT = "overlong_penalty"
 
 
 def overlong_penalty(lengths: torch.Tensor | Sequence[int], max_response_tokens: int, buffer_tokens: int,
-                     penalty: float = 1.0) -> torch.Tensor:
-    """[B] float64 DAPO length penalty (<= 0) for completions of `lengths` tokens."""
+                     penalty: float = 1.0, saturate: bool = True) -> torch.Tensor:
+    """[B] float64 DAPO length penalty (<= 0) for completions of `lengths` tokens; beyond
+    `max_response_tokens` it stays at -penalty (`saturate`) or keeps falling linearly."""
     if not 1 <= buffer_tokens < max_response_tokens:
         raise ValueError(f"buffer_tokens must be in [1, max_response_tokens), got {buffer_tokens} "
                          f"with max_response_tokens {max_response_tokens}")
     n = torch.as_tensor(lengths, dtype=torch.float64)
     start = max_response_tokens - buffer_tokens
     ramp = (start - n) / buffer_tokens
-    out = torch.where(n <= start, torch.zeros_like(n), torch.where(n <= max_response_tokens, ramp, -torch.ones_like(n)))
+    beyond = -torch.ones_like(n) if saturate else ramp
+    out = torch.where(n <= start, torch.zeros_like(n), torch.where(n <= max_response_tokens, ramp, beyond))
     return penalty * out
 
 
@@ -85,7 +90,7 @@ def shape_group(cfg: RewardShapingConfig, samples: Sequence[Sample], generation_
     op = cfg.overlong_penalty
     if op.enabled:
         l_max, l_cache = overlong_window(op, generation_max_tokens)
-        pen = overlong_penalty([len(s.completion_ids) for s in samples], l_max, l_cache, op.penalty)
+        pen = overlong_penalty([len(s.completion_ids) for s in samples], l_max, l_cache, op.penalty, op.saturate)
         r = r + pen
     out = []
     filtered = 0

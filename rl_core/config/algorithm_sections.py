@@ -58,6 +58,10 @@ class AdvantageConfig(Section):
     """grpo, gdpo: group baseline: the group mean, or the mean of the other samples (leave-one-out, unbiased)."""
     normalize_std: bool = True
     """grpo, gdpo: divide by the group's reward standard deviation (+std_eps); groups of identical rewards get 0."""
+    std_of: Literal["group", "others"] = "group"
+    """grpo, gdpo with normalize_std: whose reward standard deviation divides sample i's advantage: `group` = the Bessel-corrected std of all the group's samples (GRPO); `others` = the Bessel-corrected std of the other samples of i's group, matching `baseline: leave_one_out` (NeMo RL's leave-one-out baseline and std); where the others have no spread (all equal, or fewer than two) the advantage is only centred. `others` needs baseline leave_one_out."""
+    exclude_invalid_from_stats: bool = False
+    """Keep invalid samples (excluded from the loss by the environment's mask or overlong filtering, or aborted) out of the group statistics (baseline, std) and of batch whitening; they get advantage 0. false = every sample counts in its group's statistics (today's behaviour). NeMo RL's valid mask in its per-prompt baseline."""
     std_eps: float = Field(1e-6, gt=0)
     """Added to a standard deviation before dividing by it (group std and batch whitening)."""
     reward_weights: dict[str, float] = {}
@@ -74,6 +78,8 @@ class AdvantageConfig(Section):
     """gae: lambda of the critic's return targets (returns = GAE(value_lam) + V); null = same as `lam` (VAPO uses 1.0)."""
     length_adaptive_alpha: float | None = Field(None, gt=0.0)
     """gae: per-sequence policy lambda = 1 - 1 / (alpha * completion length), replacing `lam` (VAPO, Yue et al. 2025, arXiv:2504.05118, alpha 0.05); null = off."""
+    bootstrap_truncated: bool = False
+    """gae: for a completion cut at the token limit (finish reason `length`) the value after its last token is the critic's value of that state, not 0 (partial-episode bootstrapping, Pardo et al. 2018, "Time limits in reinforcement learning"); false = every completion ends the episode (value 0 after it)."""
     kl_in_reward_coef: float = Field(0.0, ge=0.0)
     """Penalise the reward by this times the KL to the reference policy (KL in the reward, Ouyang et al. 2022); 0 = off. Cannot be combined with loss.kl_coef > 0."""
     kl_in_reward_estimator: Literal["k1", "k2", "k3"] = "k1"
@@ -83,9 +89,10 @@ class AdvantageConfig(Section):
 
     @model_validator(mode="after")
     def _estimator_knobs(self):
-        only = {"baseline": ("grpo", "gdpo"), "normalize_std": ("grpo", "gdpo"), "reward_weights": ("gdpo",),
-                "subtract_group_mean": ("reinforce_pp",), "whiten": ("raw_reward", "reinforce_pp", "gae"),
-                "gamma": ("gae",), "lam": ("gae",), "value_lam": ("gae",), "length_adaptive_alpha": ("gae",)}
+        only = {"baseline": ("grpo", "gdpo"), "normalize_std": ("grpo", "gdpo"), "std_of": ("grpo", "gdpo"),
+                "reward_weights": ("gdpo",), "subtract_group_mean": ("reinforce_pp",),
+                "whiten": ("raw_reward", "reinforce_pp", "gae"), "gamma": ("gae",), "lam": ("gae",),
+                "value_lam": ("gae",), "length_adaptive_alpha": ("gae",), "bootstrap_truncated": ("gae",)}
         for name, estimators in only.items():
             value = getattr(self, name)
             if self.estimator not in estimators and value != type(self).model_fields[name].default:
@@ -93,6 +100,11 @@ class AdvantageConfig(Section):
                       f"its default ({type(self).model_fields[name].default!r}) under estimator '{self.estimator}' "
                       f"(only {', '.join(estimators)} read it)",
                       f"remove advantage.{name}, or set advantage.estimator to {' or '.join(estimators)}.")
+        if self.std_of == "others" and (self.baseline != "leave_one_out" or not self.normalize_std):
+            _fail("advantage.std_of", "others",
+                  "'group' unless advantage.baseline is leave_one_out and advantage.normalize_std is true (the std of "
+                  "the other samples goes with their mean as the baseline)",
+                  "set advantage.baseline: leave_one_out and advantage.normalize_std: true, or remove advantage.std_of.")
         if self.reward_weights and not any(w != 0 for w in self.reward_weights.values()):
             _fail("advantage.reward_weights", self.reward_weights, "at least one non-zero weight",
                   "give the components that matter a positive weight (e.g. {correct: 1.0}).")
@@ -152,6 +164,8 @@ class LossConfig(Section):
     """clipped_pg: `token`: one ratio per token (PPO); `sequence`: the geometric mean of a sequence's token ratios on each of its tokens (GSPO, Zheng et al. 2025; needs aggregation: sequence and much smaller clip_eps, e.g. 3e-4/4e-4)."""
     aggregation: Literal["token", "sequence"] = "token"
     """`token`: sum over all valid tokens of the step / their count; `sequence`: per-sequence mean, then mean over sequences."""
+    empty_sequences: Literal["drop", "zero"] = "drop"
+    """aggregation sequence: a sequence with no trained token (every token masked: an excluded sample, an empty completion) is left out of the mean over sequences (`drop`), or counts as a loss of 0 (`zero`: the mean is over every sequence of the step, as verl's `seq-mean-token-mean` divides by the batch size)."""
     kl_coef: float = Field(0.0, ge=0.0)
     """Weight of the KL penalty to the reference (initial) policy as a loss term; 0 = off. Cannot be combined with advantage.kl_in_reward_coef > 0."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
@@ -171,6 +185,10 @@ class LossConfig(Section):
                 if value != default:
                     _fail(f"loss.{name}", value, f"its default ({default!r}) with loss.type 'reinforce' (no ratio, no clipping)",
                           f"remove loss.{name}, or set loss.type: clipped_pg.")
+        if self.empty_sequences != "drop" and self.aggregation != "sequence":
+            _fail("loss.empty_sequences", self.empty_sequences,
+                  "'drop' with loss.aggregation 'token' (a sequence without trained tokens adds nothing to a token mean)",
+                  "set loss.aggregation: sequence, or remove loss.empty_sequences.")
         if self.ratio_level == "sequence" and self.aggregation != "sequence":
             _fail("loss.aggregation", self.aggregation,
                   "'sequence' with loss.ratio_level 'sequence' (GSPO's objective averages one clipped ratio per sequence; token aggregation would weight each sequence by its length)",
@@ -188,7 +206,9 @@ class OverlongPenaltyConfig(Section):
     buffer_tokens: int | None = Field(None, ge=1)
     """L_cache: the penalty ramps linearly from 0 at L_max - L_cache tokens to -penalty at L_max; null = L_max // 5 (DAPO: 4096 of 20480)."""
     penalty: float = Field(1.0, gt=0.0)
-    """Penalty at L_max tokens and beyond."""
+    """Penalty at L_max tokens (and beyond, unless `saturate` is false)."""
+    saturate: bool = True
+    """true: the penalty stays at -penalty beyond L_max tokens (DAPO eq. 13); false (unsaturated): the linear ramp continues past L_max without a floor, -penalty * (l - (L_max - L_cache)) / L_cache (the DAPO reference code, verl's DAPORewardManager). Only completions longer than L_max differ: set max_response_tokens below generation.max_tokens, or multi-turn completions with observations."""
 
 
 class RewardScalingConfig(Section):

@@ -54,12 +54,18 @@ class AdvantageStage:
         if self.cfg.advantage.kl_in_reward_coef > 0:
             ref = await asyncio.to_thread(self.trainer.logprobs, chunk, True)
             chunk.ref_logprobs = ref
-        values = None
+        adv_cfg = self.cfg.advantage
+        values = final = None
         if self.critic is not None:
-            values = await asyncio.to_thread(self.critic.values, chunk)
+            if adv_cfg.bootstrap_truncated:
+                values, final = await asyncio.to_thread(self.critic.values, chunk, True)
+            else:
+                values = await asyncio.to_thread(self.critic.values, chunk)
         est = estimate_advantages(
-            self.cfg.advantage, chunk, [s.reward for s in samples], [len(g.samples) for g in groups],
-            components=[s.rewards for s in samples] if self.gdpo else None, ref_logprobs=ref, values=values)
+            adv_cfg, chunk, [s.reward for s in samples], [len(g.samples) for g in groups],
+            components=[s.rewards for s in samples] if self.gdpo else None, ref_logprobs=ref, values=values,
+            valid=[not s.env_mask and s.finish_reason != "abort" for s in samples],
+            truncated=[s.truncated for s in samples], final_values=final)
         chunk.advantages = est.advantages
         chunk.values = values
         chunk.returns = est.returns

@@ -1,9 +1,11 @@
 """Validation: accuracy, pass@k and lengths of a policy on held-out prompts.
 
-Owns: generating k samples per held-out prompt with validation-only sampling parameters
+Owns: generating n samples per held-out prompt with validation-only sampling parameters
 (greedy by default) on one pinned weight version, and the metrics: accuracy (mean
-correctness over all samples), pass@k (share of prompts with at least one correct
-sample), mean completion length, truncation rate. Used during training (by the
+correctness over all samples), `pass@n` (share of prompts with at least one correct
+sample among its n), `pass_at_k` (the unbiased estimator of pass@k for every k in 1..n,
+Chen et al. 2021, eq. 1: `pass_at_k["1"]` equals accuracy and `pass_at_k[str(n)]` equals
+`pass@n`), mean completion length, truncation rate. Used during training (by the
 controller) and on saved checkpoints (by the workflow's validate/evaluate stages).
 
 Does not own: when validation runs, or pinning the version (the caller must not refit
@@ -19,6 +21,27 @@ from typing import Any
 
 from rl_core.config.schema import ValidationConfig
 from rl_core.rollout.group import generate_group, is_correct, sampling_params
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased estimate of pass@k from n samples of which c are correct (1 <= k <= n).
+
+    Chen et al. 2021, "Evaluating large language models trained on code", arXiv:2107.03374,
+    eq. 1: pass@k = 1 - C(n - c, k) / C(n, k), the chance that k samples drawn without
+    replacement from the n include a correct one. Evaluated as the product
+    1 - prod_{i = n-c+1}^{n} (1 - k / i) (the paper's numerically stable form: no large
+    binomials); 1 when fewer than k samples are wrong.
+    """
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 1 <= k <= n, got k={k}, n={n}")
+    if not 0 <= c <= n:
+        raise ValueError(f"the number of correct samples must lie in [0, n={n}], got {c}")
+    if n - c < k:
+        return 1.0
+    miss = 1.0
+    for i in range(n - c + 1, n + 1):
+        miss *= 1.0 - k / i
+    return 1.0 - miss
 
 
 class Validator:
@@ -55,6 +78,8 @@ class Validator:
             "num_generations_per_prompt": k,
             "accuracy": statistics.fmean(c for row in correct for c in row),
             f"pass@{k}": statistics.fmean(1.0 if any(row) else 0.0 for row in correct),
+            "pass_at_k": {str(j): statistics.fmean(pass_at_k(k, sum(row), j) for row in correct)
+                          for j in range(1, k + 1)},
             "reward_mean": statistics.fmean(s.reward for s in samples),
             "mean_length": statistics.fmean(len(s.completion_ids) for s in samples),
             "truncation_rate": statistics.fmean(1.0 if s.truncated else 0.0 for s in samples),

@@ -29,8 +29,9 @@ import torch
 
 
 def synthetic_chunk(vocab_size: int, num_samples: int = 12, seed: int = 0, max_prompt: int = 6,
-                    max_completion: int = 8):
-    """A fixed batch of `num_samples` samples of mixed lengths (right padded), with advantages."""
+                    max_completion: int = 8, mask_every: int = 0):
+    """A fixed batch of `num_samples` samples of mixed lengths (right padded), with advantages;
+    `mask_every` k > 0 excludes every k-th sample from the loss (env_mask, sample_mask 0)."""
     from rl_core.types import Sample, make_train_chunk
 
     g = torch.Generator().manual_seed(seed)
@@ -42,7 +43,8 @@ def synthetic_chunk(vocab_size: int, num_samples: int = 12, seed: int = 0, max_p
         comp = torch.randint(0, vocab_size, (c,), generator=g).tolist()
         gen_lp = (-torch.rand(c, generator=g) * 3 - 1).tolist()
         samples.append(Sample(prompt_ids=prompt, completion_ids=comp, gen_logprobs=gen_lp, reward=float(i % 2),
-                              finish_reason="stop", start_version=0, end_version=0))
+                              finish_reason="stop", start_version=0, end_version=0,
+                              env_mask=mask_every > 0 and i % mask_every == 0))
         advs.append(float(torch.randn(1, generator=g)))
     return make_train_chunk(samples, advs, pad_id=0)
 
@@ -56,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--num-samples", type=int, default=12)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mask-every", type=int, default=0, help="exclude every k-th sample from the loss (0 = none)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="recipe override, e.g. trainer.microbatch_size=4 (repeatable)")
     args = ap.parse_args(argv)
@@ -76,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     if start_trainer_group(cfg):
         return 0  # a worker rank: served until rank 0 closed the group
     vocab = json.loads((Path(args.model_dir) / "config.json").read_text())["vocab_size"]
-    chunk = synthetic_chunk(vocab, args.num_samples, args.seed)
+    chunk = synthetic_chunk(vocab, args.num_samples, args.seed, mask_every=args.mask_every)
     trainer = make_trainer(cfg, args.model_dir)
     loss = make_loss(cfg.loss)
     steps = []

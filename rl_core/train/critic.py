@@ -14,6 +14,8 @@ not expose it.
 Alignment: `values(chunk)[:, t]` = V(s_t), the value of the state *before* token t,
 computed from the hidden state at position t - 1 (exactly where the logprob of token t
 comes from); position 0 gets 0. Only completion positions (loss_mask) are meaningful.
+`values(chunk, with_final=True)` also gives V after each sample's last token (from the
+hidden state there), the bootstrap value of a truncated completion (`advantage.bootstrap_truncated`).
 
 Call pattern per RL step (the train pump): for every chunk, `values(chunk)` before
 `estimate_advantages(..., values=...)`, set `chunk.values`/`chunk.returns`, then
@@ -58,11 +60,18 @@ class ValueModel(torch.nn.Module):
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """[B, T] float32 values: position t from the hidden state at t - 1, position 0 = 0."""
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                with_final: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """[B, T] float32 values: position t from the hidden state at t - 1, position 0 = 0.
+        `with_final`: also [B] the value after each row's last real token (right padding)."""
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
         v = self.head(hidden[:, :-1]).squeeze(-1).float()
-        return torch.cat([torch.zeros_like(v[:, :1]), v], dim=1)
+        values = torch.cat([torch.zeros_like(v[:, :1]), v], dim=1)
+        if not with_final:
+            return values
+        last = (attention_mask.sum(dim=1) - 1).clamp(min=0)
+        final = self.head(hidden[torch.arange(hidden.shape[0], device=hidden.device), last]).squeeze(-1).float()
+        return values, final
 
 
 def load_value_model(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> ValueModel:
@@ -152,19 +161,27 @@ class Critic(LocalStep):
     # ------------------------------------------------------------------ inference / state / files
 
     @torch.no_grad()
-    def values(self, chunk: TrainChunk) -> torch.Tensor:
-        """[B, T] float32 values of the chunk (on the CPU), padded to the chunk's width."""
+    def values(self, chunk: TrainChunk, with_final: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """[B, T] float32 values of the chunk (on the CPU), padded to the chunk's width; with
+        `with_final` also [B] the value after each sample's last token."""
         was_training = self.model.training
         self.model.eval()
-        out = []
+        out, finals = [], []
         try:
             for start in range(0, chunk.num_samples, self.cfg.microbatch_size):
                 mb = chunk.slice(start, min(start + self.cfg.microbatch_size, chunk.num_samples)).to(self.device)
-                v = self.model(mb.input_ids, mb.attention_mask).cpu()
+                v = self.model(mb.input_ids, mb.attention_mask, with_final=with_final)
+                if with_final:
+                    v, f = v
+                    finals.append(f.cpu())
+                v = v.cpu()
                 out.append(torch.nn.functional.pad(v, (0, chunk.input_ids.shape[1] - v.shape[1])))
         finally:
             self.model.train(was_training)
-        return torch.cat(out, dim=0) if out else torch.zeros(chunk.input_ids.shape, dtype=torch.float32)
+        values = torch.cat(out, dim=0) if out else torch.zeros(chunk.input_ids.shape, dtype=torch.float32)
+        if not with_final:
+            return values
+        return values, (torch.cat(finals) if finals else torch.zeros(chunk.num_samples, dtype=torch.float32))
 
     def state_dict(self) -> dict[str, Any]:
         return {"version": self.version, "optimizer_steps": self.optimizer_steps,

@@ -152,6 +152,8 @@ class DataParallelTrainer(abc.ABC):
             lp = self._model_logprobs(mb, reference=False)
             if dummy or mb.num_valid_tokens() == 0:
                 (lp.sum() * 0.0).backward()
+                if not dummy:  # as the single-process trainer: the loss may count its sequences
+                    self._normalizer += self._loss.skipped_normalizer(mb)
                 continue
             out = self._loss(lp, mb)
             out.loss_sum.backward()

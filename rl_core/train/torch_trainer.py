@@ -111,7 +111,7 @@ class TorchTrainer(LocalStep):
     def train_microbatches(self, chunk: TrainChunk) -> None:
         self._require_open("train_microbatches")
         t0 = time.perf_counter()
-        for mb in local_microbatches(chunk, self.cfg.microbatch_size, self.device):
+        for mb in local_microbatches(chunk, self.cfg.microbatch_size, self.device, on_skip=self._skipped):
             if self._loss.needs_reference_logprobs and mb.ref_logprobs is None:
                 mb.ref_logprobs = self.logprobs(mb, reference=True)
             with self._replaying(self.replay, mb, count=True):
@@ -125,6 +125,9 @@ class TorchTrainer(LocalStep):
             self._num_samples += mb.num_samples
             self._num_tokens += mb.num_valid_tokens()
         self._t_compute += time.perf_counter() - t0
+
+    def _skipped(self, mb: TrainChunk) -> None:
+        self._normalizer += self._loss.skipped_normalizer(mb)
 
     def finish(self, advance_version: bool = True) -> dict[str, float]:
         """One optimizer step. `advance_version=False` for the inner mini-steps of an RL step

@@ -58,13 +58,16 @@ def local_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, norma
         optimizer.zero_grad(set_to_none=True)
 
 
-def local_microbatches(chunk: TrainChunk, size: int, device: torch.device) -> Iterator[TrainChunk]:
+def local_microbatches(chunk: TrainChunk, size: int, device: torch.device,
+                       on_skip: Callable[[TrainChunk], None] | None = None) -> Iterator[TrainChunk]:
     """The chunk's microbatches of `size` samples on `device`, skipping those without a
-    trained token (nothing to forward or backward)."""
+    trained token (nothing to forward or backward); `on_skip(mb)` is called for each skipped one."""
     for start in range(0, chunk.num_samples, size):
-        mb = chunk.slice(start, min(start + size, chunk.num_samples)).to(device)
+        mb = chunk.slice(start, min(start + size, chunk.num_samples))
         if mb.num_valid_tokens() > 0:
-            yield mb
+            yield mb.to(device)
+        elif on_skip is not None:
+            on_skip(mb)
 
 
 class LocalStep:

@@ -164,3 +164,24 @@ def test_save_and_load_round_trip(model_dir, tmp_path):
 def test_missing_model_dir_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="critic.model_path"):
         Critic(tmp_path, CriticConfig(enabled=True))
+
+
+def test_final_value_is_the_value_after_the_last_token(model_dir):
+    """`values(chunk, with_final=True)`: V after each sample's last real token, i.e. the value the
+    next position would get (the bootstrap value of a truncated completion)."""
+    critic = Critic(model_dir, CriticConfig(enabled=True, microbatch_size=3))
+    torch.nn.init.normal_(critic.model.head.weight, std=1.0)
+    chunk = make_chunk([0.0, 0.0, 0.0, 0.0])  # row 0 has 6 real tokens, the others 8
+    v, final = critic.values(chunk, with_final=True)
+    assert torch.equal(v, critic.values(chunk)) and final.shape == (4,)
+    # row 0 is padded: position 6 (a pad) already holds V after token 5, from the same hidden state
+    assert final[0].item() == pytest.approx(v[0, 6].item(), abs=1e-6)
+    # full rows: append one token; its position's value is V after the old last token
+    longer = make_chunk([0.0, 0.0, 0.0, 0.0])
+    for name in ("input_ids", "attention_mask", "loss_mask", "gen_logprobs", "advantages", "returns"):
+        t = getattr(longer, name)
+        setattr(longer, name, torch.cat([t, t[:, -1:]], dim=1))
+    longer.attention_mask[0, 6:] = 0
+    v_long = critic.values(longer)
+    assert torch.allclose(final[1:], v_long[1:, 8], atol=1e-5)
+    assert not torch.allclose(final[1:], v[1:, 7], atol=1e-3)  # not the value before the last token

@@ -50,3 +50,16 @@ def test_fsdp2_hsdp_tied_kl_and_uneven_microbatches(models, tmp_path):
     assert "lm_head.weight" in w_got and "model.embed_tokens.weight" in w_got
     assert torch.equal(w_got["lm_head.weight"], w_got["model.embed_tokens.weight"])
     assert max_weight_diff(w_ref, w_got) < ABS
+
+
+def test_fsdp2_counts_empty_sequences_like_the_torch_trainer(models, tmp_path):
+    """`loss.empty_sequences: zero` with excluded samples and microbatches of one sample: a rank's
+    microbatch without a trained token still adds its sequence to the normaliser."""
+    sets = ("trainer.microbatch_size=1", "loss.aggregation=sequence", "loss.empty_sequences=zero")
+    ref, w_ref = run_check(models["untied"], tmp_path, "torch", 1, *sets, num_samples=6, mask_every=3)
+    whole, _ = run_check(models["untied"], tmp_path, "torch", 1, "trainer.microbatch_size=6", *sets[1:],
+                         num_samples=6, mask_every=3)
+    assert_same_step(whole, ref, REL)  # one microbatch or six (two of them without a trained token): one step
+    got, w_got = run_check(models["untied"], tmp_path, "fsdp2", 2, *sets, num_samples=6, mask_every=3)
+    assert_same_step(ref, got, REL)
+    assert max_weight_diff(w_ref, w_got) < ABS

@@ -43,14 +43,15 @@ def free_port() -> int:
 
 
 def run_check(model_dir: Path, out_dir: Path, backend: str, nproc: int = 1, *sets: str, steps: int = 2,
-              num_samples: int = 12, timeout_s: float = 240) -> tuple[dict, dict[str, torch.Tensor]]:
+              num_samples: int = 12, mask_every: int = 0, timeout_s: float = 240) -> tuple[dict, dict[str, torch.Tensor]]:
     """Run `rl_core.train.check_step` (under torchrun when nproc > 1); returns (result, weights)."""
     from safetensors.torch import load_file
 
-    tag = f"{backend}-{nproc}-{abs(hash(sets)) % 10**8}-{steps}"
+    tag = f"{backend}-{nproc}-{abs(hash(sets)) % 10**8}-{steps}-{mask_every}"
     out, weights = out_dir / f"{tag}.json", out_dir / f"{tag}.safetensors"
     args = ["-m", "rl_core.train.check_step", str(model_dir), "--backend", backend, "--out", str(out),
-            "--save-weights", str(weights), "--steps", str(steps), "--num-samples", str(num_samples)]
+            "--save-weights", str(weights), "--steps", str(steps), "--num-samples", str(num_samples),
+            "--mask-every", str(mask_every)]
     for s in sets:
         args += ["--set", s]
     if nproc == 1 and backend == "torch":  # no process group: run in this process (saves the start-up)
