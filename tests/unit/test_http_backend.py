@@ -156,19 +156,26 @@ def test_abort_and_cancel_free_the_servers(servers):
 
 
 def test_server_killed_mid_generation_is_retried_elsewhere_and_data_errors_are_not(servers, model_dir, tmp_path):
+    """The victim is frozen (SIGSTOP) before the requests go out, so the ones routed to it are held
+    there, sent but unanswered, until it is killed: the kill always lands while it holds them, with
+    no timing assumption (before, a kill after a sleep could land after they had finished)."""
     reqs = sampled(12, max_tokens=200, prefix="k")
     want = reference(model_dir, reqs)
 
     async def main():
         with running_server(model_dir, tmp_path, *SERVER_ARGS) as (victim_url, victim):
-            backend = HttpBackend([servers[0], victim_url], health_check_interval_s=0.3, retry_backoff_s=0.05,
+            # no periodic health check while the victim is frozen: only the failures take it out
+            backend = HttpBackend([servers[0], victim_url], health_check_interval_s=3600, retry_backoff_s=0.05,
                                   max_retries=3)
             await backend.start()
-            tasks = [asyncio.create_task(backend.generate(r)) for r in reqs]
             victim_ep = backend.endpoints[1]
-            await wait_until(lambda: victim_ep.outstanding >= 3)
-            await asyncio.sleep(0.2)
-            os.kill(victim.pid, signal.SIGKILL)  # infrastructure failure, mid-generation
+            os.kill(victim.pid, signal.SIGSTOP)  # the gate: the kernel still accepts, the server answers nothing
+            try:
+                tasks = [asyncio.create_task(backend.generate(r)) for r in reqs]
+                await wait_until(lambda: victim_ep.outstanding == len(reqs) // 2)  # least outstanding: half each
+                held = victim_ep.outstanding
+            finally:
+                os.kill(victim.pid, signal.SIGKILL)  # infrastructure failure while it holds requests
             results = await asyncio.gather(*tasks)
             await wait_until(lambda: not victim_ep.healthy)
             healthy = backend.metrics()["healthy_servers"]
@@ -176,13 +183,13 @@ def test_server_killed_mid_generation_is_retried_elsewhere_and_data_errors_are_n
                 await backend.generate(GenerationRequest("bad", [10**6], SamplingParams(max_tokens=2)))
             metrics = backend.metrics()
             await backend.shutdown()
-            return results, healthy, metrics
+            return results, healthy, metrics, held
 
-    results, healthy, metrics = run(main())
+    results, healthy, metrics, held = run(main())
     for r in results:  # seeds travel with the request: a retried sample is the same sample
         assert r.token_ids == want[r.request_id].token_ids and r.finish_reason == "length"
-    assert healthy == 1
-    assert metrics["infra_errors"] >= 1 and metrics["retries"] >= 1
+    assert held == 6 and healthy == 1
+    assert metrics["infra_errors"] == held and metrics["retries"] == held  # each held request retried once
     assert metrics["data_errors"] == 1 and metrics["retries"] == metrics["infra_errors"]  # the 400 was not retried
 
 
