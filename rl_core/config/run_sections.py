@@ -38,7 +38,7 @@ class ValidationConfig(Section):
     max_val_samples: int | None = Field(None, ge=1)
     """Use at most this many held-out prompts (null = all)."""
     num_val_generations_per_prompt: int = Field(1, ge=1)
-    """Samples per prompt; pass@k is reported with k = this."""
+    """Samples per prompt (n): `pass@n` (a prompt passes when any of its n samples is correct) and the unbiased `pass_at_k` for every k <= n (Chen et al. 2021) are reported."""
     sampling: SamplingParamsConfig = SamplingParamsConfig(greedy=True)
     """Validation-only sampling parameters (greedy by default)."""
     val_start_at: int = Field(0, ge=0)
@@ -81,7 +81,7 @@ class EvaluationConfig(Section):
     checkpoints: list[Literal["final", "best"]] = ["final", "best"]
     """Which epoch checkpoints to evaluate: `final` (the last epoch) and/or `best` (highest validation accuracy; ties go to the later epoch)."""
     num_generations_per_prompt: int = Field(4, ge=1)
-    """Samples per prompt; pass@k is reported with k = this."""
+    """Samples per prompt (n): `pass@n` (any of the n samples correct) and the unbiased `pass_at_k` for every k <= n are reported."""
     max_samples: int | None = Field(None, ge=1)
     """Use at most this many prompts of each set (null = all)."""
     sampling: SamplingParamsConfig = SamplingParamsConfig(temperature=1.0)

@@ -17,8 +17,8 @@ from rl_core.algorithms.losses import PolicyGradientLoss, aggregate, clipped_pg_
 from rl_core.algorithms.shaping import overlong_penalty, shape_group
 from rl_core.config import validate_dict
 from rl_core.config.schema import AdvantageConfig, LossConfig, RewardShapingConfig
-from rl_core.errors import RecipeError
 from rl_core.types import Sample, TrainChunk
+from test_losses_config import bad  # a refused recipe names the field, the value and the fix
 
 
 def close(a, b, tol=1e-9):
@@ -32,15 +32,6 @@ def chunk(mask, sample_mask=None, adv=None):
                       advantages=torch.zeros(B, n) if adv is None else torch.tensor(adv),
                       sample_mask=torch.tensor(sample_mask or [1.0] * B),
                       start_versions=torch.zeros(B, dtype=torch.long))
-
-
-def bad(data, field, *needles):
-    with pytest.raises(RecipeError) as err:
-        validate_dict(data)
-    text = str(err.value)
-    assert f"`{field}`" in text and "Fix:" in text, text
-    for n in needles:
-        assert n in text, text
 
 
 # ---------------------------------------------------------------- leave-one-out std of the other samples
