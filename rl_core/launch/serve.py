@@ -45,7 +45,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="parameter dtype (default: bfloat16 on CUDA, float32 on CPU)")
-    p.add_argument("--max-batch-size", type=int, default=256, help="sequences decoded together (KV cache slots)")
+    p.add_argument("--max-batch-size", type=int, default=None,
+                   help="sequences decoded together (KV cache slots); default: as many as fit in "
+                        "--kv-cache-memory-fraction of the memory available at start, at most 256")
+    p.add_argument("--kv-cache-memory-fraction", type=float, default=0.3,
+                   help="share of the available memory (GPU free memory on CUDA, host memory on CPU) the KV cache "
+                        "may take when --max-batch-size is not given (default %(default)s)")
     p.add_argument("--max-seq-len", type=int, default=None, help="prompt + completion tokens per sequence")
     p.add_argument("--max-num-kv-tokens", type=int, default=None, help="KV token budget across running sequences")
     p.add_argument("--kv-cache-dtype", choices=["auto", "fp8_e4m3"], default="auto",
@@ -115,6 +120,34 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def plan_kv_cache(args, config: dict, device: str, dtype: str) -> str:
+    """Sets `args.max_batch_size` (KV-cache slots) from the memory available when it was not given;
+    an explicit one that cannot fit, or a cache that cannot hold one sequence, is a ServeError."""
+    from rl_core.generation.engine import DEFAULT_MAX_SEQ_LEN_CAP
+    from rl_core.generation.kv_sizing import KVSizingError, available_memory, plan_kv_slots
+    from rl_core.generation.model import ModelSpec
+
+    if not 0 < args.kv_cache_memory_fraction <= 1:
+        raise ServeError(f"--kv-cache-memory-fraction is {args.kv_cache_memory_fraction}; expected a number in (0, 1]. "
+                         "Fix: pass e.g. --kv-cache-memory-fraction 0.3.")
+    if args.max_batch_size is not None and args.max_batch_size < 1:
+        raise ServeError(f"--max-batch-size is {args.max_batch_size}; expected an integer >= 1. Fix: pass a positive "
+                         "number, or leave it out to size the KV cache from memory.")
+    try:
+        spec = ModelSpec.from_config(config)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ServeError(f"{Path(args.model_dir) / 'config.json'} cannot be used: {exc}. Fix: serve a directory "
+                         "saved with save_pretrained of a supported architecture.") from None
+    max_seq_len = args.max_seq_len or min(spec.max_position_embeddings, DEFAULT_MAX_SEQ_LEN_CAP)  # as the engine
+    try:
+        plan = plan_kv_slots(spec, max_seq_len, dtype, args.kv_cache_dtype, available_memory(device),
+                             args.max_batch_size, args.kv_cache_memory_fraction)
+    except KVSizingError as exc:
+        raise ServeError(str(exc)) from None
+    args.max_batch_size = plan.slots
+    return plan.describe(max_seq_len)
+
+
 def build_app(args, token: str | None):
     """Tokenizer, engine, backend and app (the expensive part)."""
     import torch
@@ -139,6 +172,8 @@ def build_app(args, token: str | None):
     eos = set(raw if isinstance(raw, list) else [] if raw is None else [raw])
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
+    kv = plan_kv_cache(args, config, device, dtype)
+    print(f"[serve] {kv}", flush=True)
     try:
         engine = NativeEngine.from_pretrained(
             args.model_dir, device=device, dtype=dtype, max_batch_size=args.max_batch_size,
