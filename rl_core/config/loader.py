@@ -13,19 +13,24 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 import types
 import typing
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
+from rl_core.config.base import BoolNotNumber
+from rl_core.config.recipe_yaml import parse_yaml, read_recipe_text
 from rl_core.config.schema import RecipeConfig
 from rl_core.errors import RecipeError
 from rl_core.fsutil import atomic_write_text
 
 RESOLVED_CONFIG = "resolved_config.json"
+MAX_EXTENDS_DEPTH = 16
+_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
+"""Longest chain of `extends:`."""
 
 
 # --------------------------------------------------------------------------- YAML + overrides
@@ -33,24 +38,32 @@ RESOLVED_CONFIG = "resolved_config.json"
 
 def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     if not path.is_file():
+        if chain:
+            raise RecipeError.single("extends", str(path), "an existing YAML recipe file to build on",
+                                     "fix the `extends:` path (relative paths are relative to the recipe that extends).",
+                                     source=str(chain[-1]))
         raise RecipeError.single("(recipe file)", str(path), "an existing YAML recipe file",
                                  f"check the path; recipes ship in {Path('recipes').resolve()}/.")
     if path.resolve() in chain:
         raise RecipeError.single("extends", str(path), "no cycle of `extends:`", "remove the cyclic extends.",
                                  source=str(chain[-1]))
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise RecipeError.single("(YAML syntax)", str(exc).splitlines()[0], f"valid YAML{at}",
-                                 "fix the indentation or quoting there.", source=str(path)) from None
+    if len(chain) >= MAX_EXTENDS_DEPTH:
+        raise RecipeError.single("extends", str(path), f"a chain of at most {MAX_EXTENDS_DEPTH} recipes",
+                                 "build on fewer recipes.", source=str(chain[-1]))
+    data = parse_yaml(read_recipe_text(path), source=str(path))
+    if data is None:
+        raise RecipeError.single("(recipe file)", str(path), "a recipe with at least one setting (the file is empty)",
+                                 "write the settings, or `extends: tiny-addition.yaml` to start from a shipped recipe "
+                                 "(`{}` runs every default on purpose).", source=str(path))
     if not isinstance(data, dict):
         raise RecipeError.single("(top level)", data, "a mapping of sections (model:, grpo:, ...)",
                                  "write the recipe as `section: {key: value}` YAML.", source=str(path))
-    base = data.pop("extends", None)
-    if base is None:
+    if "extends" not in data:
         return data
+    base = data.pop("extends")
+    if not isinstance(base, str) or not base.strip():
+        raise RecipeError.single("extends", base, "the path of another YAML recipe (a string)",
+                                 "write `extends: other.yaml` (relative to this recipe), or remove it.", source=str(path))
     parent = _read_yaml((path.parent / base), chain + (path.resolve(),))
     return deep_merge(parent, data)
 
@@ -76,12 +89,14 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             raise RecipeError.single("(override)", item, "KEY=VALUE with a dotted key, e.g. grpo.max_num_steps=300",
                                      "write the override as section.field=value.")
         key, raw = item.split("=", 1)
-        try:
-            value = yaml.safe_load(raw) if raw != "" else ""
-        except yaml.YAMLError:
-            value = raw
-        node = data
         parts = key.strip().split(".")
+        if not all(_KEY.match(part) for part in parts):
+            raise RecipeError.single("(override)", item, "KEY=VALUE whose dotted key names fields "
+                                     "(letters, digits, _ and -, e.g. grpo.max_num_steps=300)",
+                                     "fix the key left of `=` (`rl-core docs` lists every field).", source="(command line)")
+        # the value is YAML (numbers, bools, null, lists); text that is not valid YAML stays a string
+        value = parse_yaml(raw, source="(command line)", what=key.strip(), on_syntax_error=raw) if raw != "" else ""
+        node = data
         for part in parts[:-1]:
             if not isinstance(node.get(part), dict):
                 node[part] = {}
@@ -152,7 +167,13 @@ def _problem(err: dict) -> list[dict]:
     if isinstance(inner, RecipeError):
         return inner.problems
     loc = tuple(err["loc"])
+    if isinstance(inner, BoolNotNumber):  # raised by a section for one of its keys
+        loc = loc + (inner.key,)
     names, owner = _walk(loc)
+    if isinstance(inner, BoolNotNumber):
+        path = ".".join(names)
+        return [{"field": path, "value": inner.value, "expected": inner.expected,
+                 "fix": f"write a value of the field's type for `{path}` (`rl-core docs` lists it), or remove it for the default."}]
     path = ".".join(names) or "(top level)"
     kind = err["type"]
     value = err.get("input")
