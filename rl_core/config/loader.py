@@ -3,7 +3,8 @@
 Owns: YAML parsing (with `extends:` to build a recipe on another one), dotted
 command-line overrides (`grpo.max_num_steps=300`), turning pydantic's errors into one
 `RecipeError` paragraph per problem (field, value, expectation, fix), the cheap
-file-system preflight, and writing `resolved_config.json` atomically.
+file-system preflight (data files line by line, the output directory, a custom
+sampler's import), and writing `resolved_config.json` atomically.
 
 Does not own: the schema itself (`schema.py`) or anything that needs torch.
 """
@@ -242,7 +243,8 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] | None = None, pre
 
 
 def preflight(cfg: RecipeConfig, source: str | None = None) -> None:
-    """Checks that need the file system but nothing heavy: data files, model directory."""
+    """Checks that need the file system but nothing heavy: data files (every line), model
+    directory, the output directory, and a `custom` sampler (imported and constructed)."""
     problems = []
     for field in ("train_file", "val_file"):
         p = Path(getattr(cfg.data, field))
@@ -267,6 +269,54 @@ def preflight(cfg: RecipeConfig, source: str | None = None) -> None:
                          "fix": "point critic.model_path at a saved transformers model, or remove it to start the critic from the initial policy."})
     if problems:
         raise RecipeError(problems, source)
+    check_output_dir(run_dir(cfg), "output_dir", source)
+    _check_data(cfg, source)
+    if cfg.async_rl.sampler.type == "custom":  # import, construct and check it now, not after the build
+        from rl_core.samplers import build_custom_sampler
+
+        build_custom_sampler(cfg.async_rl.sampler, cfg.grpo.num_prompts_per_step)
+
+
+def _check_data(cfg: RecipeConfig, source: str | None) -> None:
+    """Every line of every data file (UTF-8, size, JSON object, keys and types), and enough
+    training examples for one RL step."""
+    from rl_core.data.dataset import count_jsonl
+    from rl_core.errors import DataError
+
+    counts = {}
+    files = [("data.train_file", cfg.data.train_file), ("data.val_file", cfg.data.val_file)]
+    files += [(f"evaluation.sets.{name}", file) for name, file in cfg.evaluation.sets.items()]
+    for field, file in files:
+        try:
+            counts[field] = count_jsonl(file)
+        except DataError as exc:
+            raise DataError(f"`{field}`: {exc}") from None
+    n = counts["data.train_file"]
+    if cfg.data.max_train_examples is not None:
+        n = min(n, cfg.data.max_train_examples)
+    p = cfg.grpo.num_prompts_per_step
+    if n < p:
+        raise RecipeError.single("grpo.num_prompts_per_step", p,
+                                 f"at most the training examples used ({n}, from data.train_file"
+                                 + (" and data.max_train_examples" if cfg.data.max_train_examples is not None else "") + ")",
+                                 "lower grpo.num_prompts_per_step or use a larger data.train_file.", source)
+
+
+def check_output_dir(path: str | os.PathLike, field: str, source: str | None = None) -> None:
+    """`path` is a directory rl_core can create or write into: no part of it is a file, and
+    the nearest existing directory is writable. Nothing is created here."""
+    p = Path(path).absolute()
+    for here in [p, *p.parents]:
+        if not os.path.lexists(here):
+            continue
+        if not here.is_dir():
+            raise RecipeError.single(field, str(path), f"a directory path (but {here} is a file)",
+                                     "choose another directory, or move that file away.", source)
+        if not os.access(here, os.W_OK | os.X_OK):
+            what = "write into" if here == p else f"create {p.relative_to(here)} in"
+            raise RecipeError.single(field, str(path), f"a directory rl_core can {what} ({here} is not writable)",
+                                     "choose a directory you can write to.", source)
+        return
 
 
 def run_dir(cfg: RecipeConfig) -> Path:
@@ -275,7 +325,12 @@ def run_dir(cfg: RecipeConfig) -> Path:
 
 def write_resolved(cfg: RecipeConfig, directory: str | os.PathLike) -> Path:
     path = Path(directory) / RESOLVED_CONFIG
-    atomic_write_text(path, json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")
+    try:
+        atomic_write_text(path, json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")
+    except OSError as exc:
+        raise RecipeError.single("output_dir", str(directory), "a directory rl_core can create and write "
+                                 f"resolved_config.json into ({type(exc).__name__}: {exc.strerror or exc})",
+                                 "choose another output_dir (or --out), or free space / fix permissions there.") from None
     return path
 
 
