@@ -323,12 +323,12 @@ def run_dir(cfg: RecipeConfig) -> Path:
     return Path(cfg.output_dir) / cfg.run_name
 
 
-def write_resolved(cfg: RecipeConfig, directory: str | os.PathLike) -> Path:
+def write_resolved(cfg: RecipeConfig, directory: str | os.PathLike, field: str = "output_dir") -> Path:
     path = Path(directory) / RESOLVED_CONFIG
     try:
         atomic_write_text(path, json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")
     except OSError as exc:
-        raise RecipeError.single("output_dir", str(directory), "a directory rl_core can create and write "
+        raise RecipeError.single(field, str(directory), "a directory rl_core can create and write "
                                  f"resolved_config.json into ({type(exc).__name__}: {exc.strerror or exc})",
                                  "choose another output_dir (or --out), or free space / fix permissions there.") from None
     return path

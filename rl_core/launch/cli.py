@@ -31,7 +31,7 @@ def cmd_validate(args) -> int:
         check_output_dir(args.out, "--out")
     cfg = load_recipe(args.recipe, args.overrides)
     out = Path(args.out) if args.out else run_dir(cfg)
-    path = write_resolved(cfg, out)
+    path = write_resolved(cfg, out, field="--out" if args.out else "output_dir")
     print(f"recipe OK: {args.recipe} -> {path}")
     return 0
 
