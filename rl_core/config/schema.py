@@ -99,7 +99,7 @@ class RecipeConfig(Section):
     run_name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     """Name of the run; outputs go to <output_dir>/<run_name>/."""
     output_dir: str = "results"
-    """Root directory of run outputs."""
+    """Root directory of run outputs (must be a directory rl_core can create or write into; checked by `rl-core validate`)."""
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     env: EnvConfig = AdditionEnvConfig()
