@@ -35,7 +35,7 @@ MAX_ALIASES = 1_000
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader with alias accounting, duplicate-key errors and no timestamp type."""
+    """SafeLoader with alias accounting and no timestamp type (duplicates: `_check_duplicates`)."""
 
     def __init__(self, stream):
         super().__init__(stream)
@@ -49,23 +49,6 @@ class _StrictLoader(yaml.SafeLoader):
                 raise _Limit(f"more than {MAX_ALIASES} aliases (*name)", mark)
         return super().compose_node(parent, index)
 
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, MappingNode):
-            self.flatten_mapping(node)  # resolve `<<:` merge keys first (they may be overridden on purpose)
-            seen: dict[Any, Node] = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=deep)
-                try:
-                    first = seen.get(key)
-                except TypeError:  # an unhashable key: SafeLoader reports it below
-                    continue
-                if first is not None:
-                    raise _Duplicate(key, first.start_mark, key_node.start_mark)
-                seen[key] = key_node
-        return super().construct_mapping(node, deep=deep)
-
 
 class _Limit(Exception):
     def __init__(self, what: str, mark):
@@ -75,6 +58,33 @@ class _Limit(Exception):
 class _Duplicate(Exception):
     def __init__(self, key, first, again):
         self.key, self.first, self.again = key, first, again
+
+
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+def _check_duplicates(node: Node, path: str, seen_nodes: set[int]) -> None:
+    """Raise `_Duplicate` (with the dotted path) for a key given twice in one mapping. Keys that
+    a `<<:` merge brings in may be overridden on purpose and are not duplicates."""
+    if id(node) in seen_nodes or isinstance(node, ScalarNode):
+        return
+    seen_nodes.add(id(node))
+    if isinstance(node, SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_duplicates(item, f"{path}[{i}]", seen_nodes)
+        return
+    keys: dict[str, Node] = {}
+    for key_node, value_node in node.value:
+        if key_node.tag == _MERGE:
+            _check_duplicates(value_node, path, seen_nodes)
+            continue
+        name = key_node.value if isinstance(key_node, ScalarNode) else None
+        child = f"{path}.{name}" if path and name is not None else (name or path)
+        if name is not None:
+            if name in keys:
+                raise _Duplicate(child, keys[name].start_mark, key_node.start_mark)
+            keys[name] = key_node
+        _check_duplicates(value_node, child, seen_nodes)
 
 
 # dates and times stay strings: remove the implicit timestamp resolver (a copy per class)
@@ -148,12 +158,14 @@ def parse_yaml(text: str, source: str | None, what: str = "(YAML syntax)", on_sy
             if size > MAX_EXPANDED_NODES:
                 raise _Limit(f"more than {MAX_EXPANDED_NODES:,} values once its aliases (*name) are expanded "
                              "(or an alias that refers to itself)", node.start_mark)
+            _check_duplicates(node, "", set())
             data = loader.construct_document(node)
         finally:
             loader.dispose()
     except _Duplicate as dup:
-        raise RecipeError.single(what if what != "(YAML syntax)" else str(dup.key), dup.key,
-                                 f"each key once per mapping (`{dup.key}` is at {_where(dup.first)} "
+        key = f"{what}.{dup.key}" if what != "(YAML syntax)" else dup.key
+        raise RecipeError.single(key, dup.key.rsplit(".", 1)[-1],
+                                 f"each key once per mapping (it is at {_where(dup.first)} "
                                  f"and again at {_where(dup.again)})",
                                  "remove one of the two; YAML would silently keep only the last.", source=source) from None
     except _Limit as lim:

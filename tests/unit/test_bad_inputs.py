@@ -128,8 +128,10 @@ def _sampler(target: str, kwargs: str = "{}"):
 CASES = {
     # ---- recipe files: YAML
     "yaml_duplicate_section": (_recipe("grpo: {seed: 1}\ngrpo: {seed: 2}\n"), ["grpo", "line 3", "line 4"]),
-    "yaml_duplicate_nested_key": (_recipe("grpo:\n  seed: 1\n  max_num_steps: 3\n  seed: 2\n"), ["seed", "line 6"]),
-    "yaml_duplicate_in_flow": (_recipe("loss: {kl_coef: 0.1, kl_coef: 0.2}\n"), ["kl_coef"]),
+    "yaml_duplicate_nested_key": (_recipe("grpo:\n  seed: 1\n  max_num_steps: 3\n  seed: 2\n"), ["`grpo.seed`", "line 4", "line 6"]),
+    "yaml_duplicate_in_flow": (_recipe("loss: {kl_coef: 0.1, kl_coef: 0.2}\n"), ["`loss.kl_coef`"]),
+    "yaml_duplicate_in_list_item": (_recipe("evaluation:\n  checkpoints: [final]\ngeneration:\n  stop:\n    - {a: 1, a: 2}\n"),
+                                    ["`generation.stop[0].a`"]),
     "yaml_alias_bomb": (_recipe(_alias_bomb()), ["(YAML aliases)", "100,000"]),
     "yaml_recursive_alias": (_recipe("evaluation: &x {sets: *x}\n"), ["(YAML aliases)"]),
     "yaml_syntax": (_recipe("grpo: {seed: 1\n"), ["(YAML syntax)", "line"]),
@@ -183,7 +185,7 @@ CASES = {
     "override_max_train_examples": (_override("data.max_train_examples=3"), ["data.max_train_examples"]),
     "override_no_equals": (_override("grpo.seed"), ["(override)"]),
     "override_empty_key_part": (_override("grpo..seed=1"), ["(override)", "grpo..seed"]),
-    "override_duplicate_key": (_override("grpo={seed: 1, seed: 2}"), ["seed", "(command line)"]),
+    "override_duplicate_key": (_override("grpo={seed: 1, seed: 2}"), ["`grpo.seed`", "(command line)"]),
     "override_alias_bomb": (_override("grpo.seed=" + "[" + ", ".join(["&a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"] + ["*a"] * 2000) + "]"),
                             ["(YAML aliases)"]),
     "override_unknown_key": (_override("grpo.sed=3"), ["grpo.sed", "did you mean"]),
