@@ -1,6 +1,6 @@
 """The base of every recipe section (unknown keys are errors, attribute docstrings are docs,
-`true`/`false` are never numbers and numbers never booleans) and the error helper its validators raise through. No torch
-import."""
+`true`/`false` are never numbers and numbers never booleans, no number is inf or NaN) and the
+error helper its validators raise through. No torch import."""
 
 from __future__ import annotations
 
@@ -58,7 +58,8 @@ def _numeric_item(annotation):
 class Section(BaseModel):
     """Base of every recipe section: unknown keys are errors, docstrings are docs."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True,
+                              allow_inf_nan=False)  # no recipe number is infinite or NaN
 
     @model_validator(mode="before")
     @classmethod

@@ -90,6 +90,12 @@ def _extends_loop(tmp):
     return ("__FILE__", tmp / "a.yaml")
 
 
+def _extends_chain(tmp):
+    for i in range(20):
+        (tmp / f"r{i}.yaml").write_text(f"extends: r{i + 1}.yaml\n" if i < 19 else "grpo: {seed: 1}\n")
+    return ("__FILE__", tmp / "r0.yaml")
+
+
 def _output_file(tmp):
     (tmp / "a_file").write_text("keep me\n")
     return ("", [f"output_dir={tmp / 'a_file'}"])
@@ -152,6 +158,8 @@ CASES = {
     "extends_list": (_raw("extends: [a.yaml]\n"), ["`extends`"]),
     "extends_missing": (_raw("extends: no-such-recipe.yaml\n"), ["`extends`", "no-such-recipe.yaml"]),
     "extends_loop": (_extends_loop, ["`extends`", "cycl"]),
+    "extends_self": (_raw("extends: recipe.yaml\n"), ["`extends`", "cycl"]),
+    "extends_too_deep": (_extends_chain, ["`extends`", "at most 16"]),
     # ---- recipe values
     "unknown_key_did_you_mean": (_recipe("grpo:\n  num_prompt_per_step: 4\n"), ["grpo.num_prompt_per_step", "did you mean"]),
     "wrong_type": (_recipe("trainer:\n  lr: fast\n"), ["trainer.lr"]),
@@ -160,6 +168,8 @@ CASES = {
     "bool_as_float": (_recipe("loss:\n  kl_coef: false\n"), ["loss.kl_coef"]),
     "bool_as_string": (_recipe("run_name: true\n"), ["run_name"]),
     "int_as_bool": (_recipe("data:\n  shuffle: 1\n"), ["data.shuffle", "true or false"]),
+    "float_infinite": (_recipe("trainer:\n  lr: .inf\n"), ["trainer.lr", "finite"]),
+    "float_nan": (_override("loss.kl_coef=.nan"), ["loss.kl_coef", "finite"]),
     "seed_too_large": (_recipe(f"grpo:\n  seed: {2**70}\n"), ["grpo.seed"]),
     "seed_negative": (_recipe("grpo:\n  seed: -1\n"), ["grpo.seed"]),
     "float16_on_cpu": (_recipe("runtime: {device: cpu}\nmodel: {dtype: float16}\n"), ["model.dtype", "float32"]),
