@@ -25,8 +25,8 @@ class GRPOConfig(Section):
     """Stop after this many RL steps (also bounded by max_num_epochs)."""
     max_num_epochs: int | None = Field(None, ge=1)
     """Passes over the training prompts on the rollout side; null = unbounded."""
-    seed: int = 0
-    """Seed of data order, sampling and initialisation."""
+    seed: int = Field(0, ge=0, le=2**64 - 1)
+    """Seed of data order, sampling and initialisation (0 .. 2**64 - 1, the range torch's generators take)."""
     ppo_epochs: int = Field(1, ge=1)
     """Passes over each RL step's batch of rollouts (PPO epochs); the previous-policy logprobs stay fixed across them."""
     num_minibatches: int = Field(1, ge=1)

@@ -61,7 +61,7 @@ class ReadyFirstSamplerConfig(Section):
 
 
 class CustomSamplerConfig(Section):
-    """A user sampler class, imported and checked against rl_core.samplers.base.Sampler at config load."""
+    """A user sampler class: `rl-core validate` (and every command that loads the recipe) imports it, constructs it with `kwargs` and checks it against rl_core.samplers.base.Sampler before anything is built."""
 
     type: Literal["custom"] = "custom"
     """Sampler type (registry key)."""

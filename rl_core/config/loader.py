@@ -3,7 +3,8 @@
 Owns: YAML parsing (with `extends:` to build a recipe on another one), dotted
 command-line overrides (`grpo.max_num_steps=300`), turning pydantic's errors into one
 `RecipeError` paragraph per problem (field, value, expectation, fix), the cheap
-file-system preflight, and writing `resolved_config.json` atomically.
+file-system preflight (data files line by line, the output directory, a custom
+sampler's import), and writing `resolved_config.json` atomically.
 
 Does not own: the schema itself (`schema.py`) or anything that needs torch.
 """
@@ -13,19 +14,24 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 import types
 import typing
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
+from rl_core.config.base import BoolNotNumber
+from rl_core.config.recipe_yaml import parse_yaml, read_recipe_text
 from rl_core.config.schema import RecipeConfig
 from rl_core.errors import RecipeError
 from rl_core.fsutil import atomic_write_text
 
 RESOLVED_CONFIG = "resolved_config.json"
+MAX_EXTENDS_DEPTH = 16
+_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
+"""Longest chain of `extends:`."""
 
 
 # --------------------------------------------------------------------------- YAML + overrides
@@ -33,24 +39,32 @@ RESOLVED_CONFIG = "resolved_config.json"
 
 def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     if not path.is_file():
+        if chain:
+            raise RecipeError.single("extends", str(path), "an existing YAML recipe file to build on",
+                                     "fix the `extends:` path (relative paths are relative to the recipe that extends).",
+                                     source=str(chain[-1]))
         raise RecipeError.single("(recipe file)", str(path), "an existing YAML recipe file",
                                  f"check the path; recipes ship in {Path('recipes').resolve()}/.")
     if path.resolve() in chain:
         raise RecipeError.single("extends", str(path), "no cycle of `extends:`", "remove the cyclic extends.",
                                  source=str(chain[-1]))
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise RecipeError.single("(YAML syntax)", str(exc).splitlines()[0], f"valid YAML{at}",
-                                 "fix the indentation or quoting there.", source=str(path)) from None
+    if len(chain) >= MAX_EXTENDS_DEPTH:
+        raise RecipeError.single("extends", str(path), f"a chain of at most {MAX_EXTENDS_DEPTH} recipes",
+                                 "build on fewer recipes.", source=str(chain[-1]))
+    data = parse_yaml(read_recipe_text(path), source=str(path))
+    if data is None:
+        raise RecipeError.single("(recipe file)", str(path), "a recipe with at least one setting (the file is empty)",
+                                 "write the settings, or `extends: tiny-addition.yaml` to start from a shipped recipe "
+                                 "(`{}` runs every default on purpose).", source=str(path))
     if not isinstance(data, dict):
         raise RecipeError.single("(top level)", data, "a mapping of sections (model:, grpo:, ...)",
                                  "write the recipe as `section: {key: value}` YAML.", source=str(path))
-    base = data.pop("extends", None)
-    if base is None:
+    if "extends" not in data:
         return data
+    base = data.pop("extends")
+    if not isinstance(base, str) or not base.strip():
+        raise RecipeError.single("extends", base, "the path of another YAML recipe (a string)",
+                                 "write `extends: other.yaml` (relative to this recipe), or remove it.", source=str(path))
     parent = _read_yaml((path.parent / base), chain + (path.resolve(),))
     return deep_merge(parent, data)
 
@@ -76,12 +90,14 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             raise RecipeError.single("(override)", item, "KEY=VALUE with a dotted key, e.g. grpo.max_num_steps=300",
                                      "write the override as section.field=value.")
         key, raw = item.split("=", 1)
-        try:
-            value = yaml.safe_load(raw) if raw != "" else ""
-        except yaml.YAMLError:
-            value = raw
-        node = data
         parts = key.strip().split(".")
+        if not all(_KEY.match(part) for part in parts):
+            raise RecipeError.single("(override)", item, "KEY=VALUE whose dotted key names fields "
+                                     "(letters, digits, _ and -, e.g. grpo.max_num_steps=300)",
+                                     "fix the key left of `=` (`rl-core docs` lists every field).", source="(command line)")
+        # the value is YAML (numbers, bools, null, lists); text that is not valid YAML stays a string
+        value = parse_yaml(raw, source="(command line)", what=key.strip(), on_syntax_error=raw) if raw != "" else ""
+        node = data
         for part in parts[:-1]:
             if not isinstance(node.get(part), dict):
                 node[part] = {}
@@ -152,7 +168,13 @@ def _problem(err: dict) -> list[dict]:
     if isinstance(inner, RecipeError):
         return inner.problems
     loc = tuple(err["loc"])
+    if isinstance(inner, BoolNotNumber):  # raised by a section for one of its keys
+        loc = loc + (inner.key,)
     names, owner = _walk(loc)
+    if isinstance(inner, BoolNotNumber):
+        path = ".".join(names)
+        return [{"field": path, "value": inner.value, "expected": inner.expected,
+                 "fix": f"write a value of the field's type for `{path}` (`rl-core docs` lists it), or remove it for the default."}]
     path = ".".join(names) or "(top level)"
     kind = err["type"]
     value = err.get("input")
@@ -221,7 +243,8 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] | None = None, pre
 
 
 def preflight(cfg: RecipeConfig, source: str | None = None) -> None:
-    """Checks that need the file system but nothing heavy: data files, model directory."""
+    """Checks that need the file system but nothing heavy: data files (every line), model
+    directory, the output directory, and a `custom` sampler (imported and constructed)."""
     problems = []
     for field in ("train_file", "val_file"):
         p = Path(getattr(cfg.data, field))
@@ -246,15 +269,68 @@ def preflight(cfg: RecipeConfig, source: str | None = None) -> None:
                          "fix": "point critic.model_path at a saved transformers model, or remove it to start the critic from the initial policy."})
     if problems:
         raise RecipeError(problems, source)
+    check_output_dir(run_dir(cfg), "output_dir", source)
+    _check_data(cfg, source)
+    if cfg.async_rl.sampler.type == "custom":  # import, construct and check it now, not after the build
+        from rl_core.samplers import build_custom_sampler
+
+        build_custom_sampler(cfg.async_rl.sampler, cfg.grpo.num_prompts_per_step)
+
+
+def _check_data(cfg: RecipeConfig, source: str | None) -> None:
+    """Every line of every data file (UTF-8, size, JSON object, keys and types), and enough
+    training examples for one RL step."""
+    from rl_core.data.dataset import count_jsonl
+    from rl_core.errors import DataError
+
+    counts = {}
+    files = [("data.train_file", cfg.data.train_file), ("data.val_file", cfg.data.val_file)]
+    files += [(f"evaluation.sets.{name}", file) for name, file in cfg.evaluation.sets.items()]
+    for field, file in files:
+        try:
+            counts[field] = count_jsonl(file)
+        except DataError as exc:
+            raise DataError(f"`{field}`: {exc}") from None
+    n = counts["data.train_file"]
+    if cfg.data.max_train_examples is not None:
+        n = min(n, cfg.data.max_train_examples)
+    p = cfg.grpo.num_prompts_per_step
+    if n < p:
+        raise RecipeError.single("grpo.num_prompts_per_step", p,
+                                 f"at most the training examples used ({n}, from data.train_file"
+                                 + (" and data.max_train_examples" if cfg.data.max_train_examples is not None else "") + ")",
+                                 "lower grpo.num_prompts_per_step or use a larger data.train_file.", source)
+
+
+def check_output_dir(path: str | os.PathLike, field: str, source: str | None = None) -> None:
+    """`path` is a directory rl_core can create or write into: no part of it is a file, and
+    the nearest existing directory is writable. Nothing is created here."""
+    p = Path(path).absolute()
+    for here in [p, *p.parents]:
+        if not os.path.lexists(here):
+            continue
+        if not here.is_dir():
+            raise RecipeError.single(field, str(path), f"a directory path (but {here} is a file)",
+                                     "choose another directory, or move that file away.", source)
+        if not os.access(here, os.W_OK | os.X_OK):
+            what = "write into" if here == p else f"create {p.relative_to(here)} in"
+            raise RecipeError.single(field, str(path), f"a directory rl_core can {what} ({here} is not writable)",
+                                     "choose a directory you can write to.", source)
+        return
 
 
 def run_dir(cfg: RecipeConfig) -> Path:
     return Path(cfg.output_dir) / cfg.run_name
 
 
-def write_resolved(cfg: RecipeConfig, directory: str | os.PathLike) -> Path:
+def write_resolved(cfg: RecipeConfig, directory: str | os.PathLike, field: str = "output_dir") -> Path:
     path = Path(directory) / RESOLVED_CONFIG
-    atomic_write_text(path, json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")
+    try:
+        atomic_write_text(path, json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")
+    except OSError as exc:
+        raise RecipeError.single(field, str(directory), "a directory rl_core can create and write "
+                                 f"resolved_config.json into ({type(exc).__name__}: {exc.strerror or exc})",
+                                 "choose another output_dir (or --out), or free space / fix permissions there.") from None
     return path
 
 

@@ -98,7 +98,7 @@ class ModelConfig(Section):
     path: str | None = None
     """HF model directory (config.json, safetensors, tokenizer) when `source: hf`."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter dtype of trainer and generation (keep float32 on CPU)."""
+    """Parameter dtype of trainer and generation (keep float32 on CPU; float16 needs CUDA: an error with runtime.device cpu, and at train start when runtime.device auto finds no CUDA device)."""
     tiny: TinyModelConfig = TinyModelConfig()
     """Shape of the tiny model (source: tiny)."""
     warmup: WarmupConfig = WarmupConfig()
@@ -116,7 +116,7 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
-    """Prompt datasets (JSON lines, one example per line)."""
+    """Prompt datasets (UTF-8 JSON lines, one example per line: a string `prompt` and a string `answer`; at most 1 MiB a line). `rl-core validate` checks every line."""
 
     train_file: str = "data/addition/train.jsonl"
     """Training prompts; relative paths are resolved against the working directory."""
@@ -125,7 +125,7 @@ class DataConfig(Section):
     shuffle: bool = True
     """Shuffle the training prompts each epoch (seeded by grpo.seed and the epoch number)."""
     max_train_examples: int | None = Field(None, ge=1)
-    """Use only the first N training examples (an epoch is then N // num_prompts_per_step steps); null = all."""
+    """Use only the first N training examples (an epoch is then N // num_prompts_per_step steps; N must be at least grpo.num_prompts_per_step); null = all."""
 
 
 class EnvSection(Section):

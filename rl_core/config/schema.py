@@ -99,7 +99,7 @@ class RecipeConfig(Section):
     run_name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     """Name of the run; outputs go to <output_dir>/<run_name>/."""
     output_dir: str = "results"
-    """Root directory of run outputs."""
+    """Root directory of run outputs (must be a directory rl_core can create or write into; checked by `rl-core validate`)."""
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     env: EnvConfig = AdditionEnvConfig()
@@ -273,6 +273,13 @@ class RecipeConfig(Section):
             _fail("async_rl.max_buffered_groups", a.max_buffered_groups,
                   f">= {need} (the '{a.sampler.type}' sampler needs a whole step of groups buffered, or the pumps would deadlock)",
                   f"set async_rl.max_buffered_groups to {need} or more.")
+        m = self.data.max_train_examples
+        if m is not None and m < p:
+            _fail("data.max_train_examples", m,
+                  f"at least grpo.num_prompts_per_step ({p}): an RL step draws that many distinct prompts",
+                  f"raise data.max_train_examples to {p} or more (null = all), or lower grpo.num_prompts_per_step.")
+        if self.runtime.device == "cpu":
+            check_device_dtype(self, "cpu")
         if self.model.source == "tiny":
             t = self.model.tiny
             if self.generation.max_tokens >= t.max_position_embeddings:
@@ -280,6 +287,18 @@ class RecipeConfig(Section):
                       f"fewer than model.tiny.max_position_embeddings ({t.max_position_embeddings}) so a prompt still fits",
                       "lower generation.max_tokens or raise model.tiny.max_position_embeddings.")
         return self
+
+
+def check_device_dtype(cfg: RecipeConfig, device: str) -> None:
+    """`model.dtype` must be one the device computes in: float16 is a GPU format (CPU kernels
+    for it are missing or fall back to float32 arithmetic with fp16 rounding). Checked at load
+    for `runtime.device: cpu` and, for `auto`, by the launcher once the device is known,
+    before anything is built."""
+    if device == "cpu" and cfg.model.dtype == "float16":
+        _fail("model.dtype", cfg.model.dtype,
+              "float32 (or bfloat16) on a CPU trainer" + (" (runtime.device 'auto' found no CUDA device here)"
+                                                          if cfg.runtime.device == "auto" else ""),
+              "set model.dtype: float32 on the CPU, or run on a CUDA device (runtime.device: cuda).")
 
 
 def required_buffer_capacity(cfg: RecipeConfig) -> int:

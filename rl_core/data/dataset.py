@@ -1,9 +1,11 @@
 """Prompt datasets: reading JSON-lines files and the epoch-bounded prompt source.
 
 Owns:
-- `load_jsonl`: one example (a JSON object) per line, with a `DataError` that names the
-  file and the line for malformed JSON, a line that is not an object, a missing key, or a
-  file without examples. Blank lines are skipped.
+- `load_jsonl` / `iter_jsonl` / `count_jsonl`: one example (a JSON object) per line, with a
+  `DataError` that names the file and the line for a line over `MAX_LINE_BYTES` (1 MiB), bytes
+  that are not UTF-8, malformed JSON, a line that is not an object, a missing key, a known key
+  of the wrong type (`prompt` and `answer` are strings), or a file without examples. Blank
+  lines are skipped. `rl-core validate` runs the same checks over every line.
 - `PromptSource`: the seeded, resumable iterator the controller's rollout pump draws
   prompts from, one RL step's worth (`batch_size = grpo.num_prompts_per_step`) at a time.
 
@@ -36,16 +38,50 @@ from typing import Any, Iterator, NamedTuple, Sequence
 from rl_core.errors import DataError, RecipeError
 
 
-def load_jsonl(path: str | Path, required_keys: Sequence[str] = ("prompt", "answer")) -> list[dict[str, Any]]:
-    """Read a JSON-lines file of examples; every line must be an object with `required_keys`."""
+MAX_LINE_BYTES = 1 << 20
+"""Longest line (one example) read from a data file: 1 MiB. A prompt longer than any model's
+context is a broken file (a missing newline, a binary file), and reading it must fail fast."""
+
+FIELD_TYPES: dict[str, tuple[type, ...]] = {"prompt": (str,), "answer": (str,), "a": (int,), "b": (int,), "id": (int, str)}
+"""Types of the known example keys (`prompt` and `answer` are text: an answer such as `052`
+is compared as a string; `a`, `b` are the operands chain_addition reads). Other keys are free."""
+
+_TYPE_NAMES = {str: "a string", int: "an integer"}
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "an object", list: "a list", bool: "a boolean", type(None): "null", str: "a string",
+            int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
+
+
+def iter_jsonl(path: str | Path, required_keys: Sequence[str] = ("prompt", "answer")) -> Iterator[dict[str, Any]]:
+    """Stream the examples of a JSON-lines file, checking every line (see `load_jsonl`)."""
     p = Path(path)
     if not p.is_file():
         raise DataError(f"data file {p} does not exist (or is not a file); check data.train_file / "
                         f"data.val_file, or generate the addition task with "
-                        f"`python -m rl_core.data.addition data/addition`.")
-    examples: list[dict[str, Any]] = []
-    with open(p, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+                        f"`rl-core make-data addition`.")
+    found = False
+    try:
+        fh = open(p, "rb")
+    except OSError as exc:
+        raise DataError(f"data file {p} cannot be read ({exc.strerror}); check its permissions.") from None
+    with fh:
+        lineno = 0
+        while True:
+            raw = fh.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                break
+            lineno += 1
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                raise DataError(f"{p}, line {lineno}: longer than {MAX_LINE_BYTES:,} bytes (the data line-size "
+                                f"limit); each line must be one example, e.g. "
+                                f'{{"prompt": "07+45=", "answer": "250"}} (is this a data file? is a newline missing?).')
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{p}, line {lineno}: not UTF-8 (byte {raw[exc.start:exc.start + 1]!r} at column "
+                                f"{exc.start + 1}); data files must be UTF-8 JSON lines: re-encode the file.") from None
             if not line.strip():
                 continue
             try:
@@ -53,6 +89,9 @@ def load_jsonl(path: str | Path, required_keys: Sequence[str] = ("prompt", "answ
             except json.JSONDecodeError as exc:
                 raise DataError(f"{p}, line {lineno}: malformed JSON ({exc.msg} at column {exc.colno}); "
                                 f"each line must be one JSON object.") from None
+            except RecursionError:
+                raise DataError(f"{p}, line {lineno}: JSON nested too deeply; each line must be one flat "
+                                f"JSON object such as {{\"prompt\": \"07+45=\", \"answer\": \"250\"}}.") from None
             if not isinstance(record, dict):
                 raise DataError(f"{p}, line {lineno}: expected a JSON object, got {type(record).__name__}; "
                                 f"each line must be one JSON object such as "
@@ -62,11 +101,28 @@ def load_jsonl(path: str | Path, required_keys: Sequence[str] = ("prompt", "answ
                 raise DataError(f"{p}, line {lineno}: missing key(s) {', '.join(map(repr, missing))}; "
                                 f"every example needs {', '.join(map(repr, required_keys))} "
                                 f"(found {', '.join(map(repr, record)) or 'no keys'}).")
-            examples.append(record)
-    if not examples:
+            for key, types in FIELD_TYPES.items():
+                if key in record and (not isinstance(record[key], types) or isinstance(record[key], bool)):
+                    want = " or ".join(_TYPE_NAMES[t] for t in types)
+                    raise DataError(f"{p}, line {lineno}: field {key!r} got {_type_name(record[key])} "
+                                    f"({json.dumps(record[key])[:60]}); expected {want}. Fix the data "
+                                    f"(e.g. \"{key}\": " + ('"250"' if str in types else "25") + ").")
+            found = True
+            yield record
+    if not found:
         raise DataError(f"{p} holds no examples (the file is empty or blank); "
                         f"it needs one JSON object per line.")
-    return examples
+
+
+def load_jsonl(path: str | Path, required_keys: Sequence[str] = ("prompt", "answer")) -> list[dict[str, Any]]:
+    """Read a JSON-lines file of examples; every line must be a UTF-8 JSON object of at most
+    `MAX_LINE_BYTES` with `required_keys`, and known keys must have their `FIELD_TYPES`."""
+    return list(iter_jsonl(path, required_keys))
+
+
+def count_jsonl(path: str | Path, required_keys: Sequence[str] = ("prompt", "answer")) -> int:
+    """Check every line of a data file (as `load_jsonl`) without keeping it; the number of examples."""
+    return sum(1 for _ in iter_jsonl(path, required_keys))
 
 
 def load_task_data(train_file: str | Path, val_file: str | Path,

@@ -25,10 +25,13 @@ def _recipe_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_validate(args) -> int:
     from rl_core.config import load_recipe, run_dir, write_resolved
+    from rl_core.config.loader import check_output_dir
 
+    if args.out:  # before the recipe's own checks: a bad --out is named as such
+        check_output_dir(args.out, "--out")
     cfg = load_recipe(args.recipe, args.overrides)
     out = Path(args.out) if args.out else run_dir(cfg)
-    path = write_resolved(cfg, out)
+    path = write_resolved(cfg, out, field="--out" if args.out else "output_dir")
     print(f"recipe OK: {args.recipe} -> {path}")
     return 0
 

@@ -32,6 +32,16 @@ def pick_device(cfg: RecipeConfig) -> str:
     return cfg.runtime.device
 
 
+def check_device(cfg: RecipeConfig) -> str:
+    """The device this process trains on, with the recipe's device-dependent rules (model.dtype)
+    checked against it; called before anything is built."""
+    from rl_core.config.schema import check_device_dtype
+
+    device = pick_device(cfg)
+    check_device_dtype(cfg, device)
+    return device
+
+
 def setup_process(cfg: RecipeConfig) -> None:
     import numpy as np
     import torch
@@ -175,6 +185,7 @@ def train_from_recipe(cfg: RecipeConfig) -> dict:
 
     from rl_core.train import start_trainer_group
 
+    check_device(cfg)  # device-dependent recipe rules, before anything is written or built
     rd = run_dir(cfg)
     write_resolved(cfg, rd)
     setup_process(cfg)

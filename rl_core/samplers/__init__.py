@@ -56,14 +56,35 @@ def make_sampler(cfg) -> Sampler:
     if scfg.type == "ready_first":
         return ReadyFirstSampler(scfg, p)
     if scfg.type == "custom":
-        obj = load_custom_class(scfg.target)(num_prompts_per_step=p, **scfg.kwargs)
-        if not isinstance(obj, Sampler):
-            raise RecipeError.single("async_rl.sampler.target", scfg.target,
-                                     "an object satisfying rl_core.samplers.base.Sampler",
-                                     "subclass rl_core.samplers.base.BaseSampler.")
-        return obj
+        return build_custom_sampler(scfg, p)
     raise ValueError(f"unknown sampler type {scfg.type!r}")
 
 
+def build_custom_sampler(scfg, num_prompts_per_step: int) -> Sampler:
+    """Import, construct and check a `custom` sampler; every failure is a RecipeError naming
+    `async_rl.sampler.target` (or `.kwargs`). `rl-core validate` calls it, so a sampler that
+    does not import, construct or satisfy the protocol fails before anything is built."""
+    cls = load_custom_class(scfg.target)
+    if not isinstance(cls, type):
+        raise RecipeError.single("async_rl.sampler.target", scfg.target,
+                                 f"a class (got {type(cls).__name__})", "point target at the sampler class.")
+    try:
+        obj = cls(num_prompts_per_step=num_prompts_per_step, **scfg.kwargs)
+    except TypeError as exc:
+        raise RecipeError.single("async_rl.sampler.kwargs", scfg.kwargs,
+                                 f"keyword arguments {scfg.target} accepts besides num_prompts_per_step ({exc})",
+                                 "fix async_rl.sampler.kwargs to match the constructor.") from None
+    except Exception as exc:  # noqa: BLE001 - the user's constructor failed: reported as a recipe error
+        raise RecipeError.single("async_rl.sampler.target", scfg.target,
+                                 f"a sampler that constructs with num_prompts_per_step={num_prompts_per_step} and "
+                                 f"the given kwargs ({type(exc).__name__}: {exc})",
+                                 "fix the sampler's constructor or async_rl.sampler.kwargs.") from None
+    if not isinstance(obj, Sampler):
+        raise RecipeError.single("async_rl.sampler.target", scfg.target,
+                                 "an object satisfying rl_core.samplers.base.Sampler",
+                                 "subclass rl_core.samplers.base.BaseSampler.")
+    return obj
+
+
 __all__ = ["BaseSampler", "InOrderSampler", "ReadyFirstSampler", "Sampler", "WeightFifoSampler", "WindowedSampler",
-           "load_custom_class", "make_sampler"]
+           "build_custom_sampler", "load_custom_class", "make_sampler"]
