@@ -20,6 +20,17 @@ Streaming: `generate_stream()` yields `StreamDelta`s (the tokens each step added
 the worker after every step) and ends with the `GenerationResult`; closing the iterator
 early aborts the request.
 
+Lockstep (`lockstep=True`, what reproducible runs use): the engine's batches must not
+depend on thread timing, because its logprobs are only close, not bitwise equal, across
+batch compositions (row results of a matmul or an attention reduction change with the
+batch's shape). So the worker does not run free: a driver task on the event loop lets the
+loop settle (runs every ready callback: results delivered, groups scored and committed,
+new groups dispatched and submitted), then grants the worker one step together with the
+exact number of commands submitted so far. The engine thus sees the same commands at the
+same steps in every run, whatever the machine's load; only events from other threads (a
+trainer step ending) can still land between two steps, and the reproducible refit barrier
+keeps the engine idle whenever those change what is dispatched.
+
 Does not own: scheduling, sampling or stop rules (engine.py), or which weights to load
 (the controller's refit calls `update_weights`).
 """
@@ -78,12 +89,26 @@ def _settle(future: asyncio.Future, result: Any = None, error: BaseException | N
         future.set_result(result)
 
 
+async def _quiesce(loop: asyncio.AbstractEventLoop, max_rounds: int = 10_000) -> None:
+    """Yield until the event loop has no other ready callback (everything runnable has run).
+    Loops without a visible ready queue get a fixed number of yields."""
+    ready = getattr(loop, "_ready", None)
+    for _ in range(max_rounds if ready is not None else 64):
+        await asyncio.sleep(0)
+        if ready is not None and not ready:
+            return
+
+
 class NativeBackend:
     """Async generation over a `NativeEngine` driven by one dedicated thread."""
 
-    def __init__(self, engine: NativeEngine, name: str = "native"):
+    def __init__(self, engine: NativeEngine, name: str = "native", lockstep: bool = False):
         self.engine = engine
         self.name = name
+        self.lockstep = lockstep
+        self._grant: tuple[int, asyncio.Future, asyncio.AbstractEventLoop] | None = None  # lockstep
+        self._kick: asyncio.Event | None = None  # lockstep: set when a command is submitted
+        self._driver: asyncio.Task | None = None  # lockstep: grants the worker its steps
         self._cond = threading.Condition()
         self._commands: deque[_Command] = deque()
         self._waiters: dict[str, _Command] = {}  # worker thread only: request id -> its generate command
@@ -109,7 +134,11 @@ class NativeBackend:
         if self._thread is not None:
             raise RuntimeError("NativeBackend.start() was already called")
         self._started_at = time.monotonic()
-        self._thread = threading.Thread(target=self._run, name=f"{self.name}-engine", daemon=True)
+        if self.lockstep:
+            self._kick = asyncio.Event()
+            self._driver = asyncio.create_task(self._drive(), name=f"{self.name}-lockstep")
+        self._thread = threading.Thread(target=self._run_lockstep if self.lockstep else self._run,
+                                        name=f"{self.name}-engine", daemon=True)
         self._thread.start()
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
@@ -210,7 +239,11 @@ class NativeBackend:
             self._stopping = True
             self._commands.append(_Command("stop", None, None, None))
             self._cond.notify()
+        if self._kick is not None:
+            self._kick.set()
         await asyncio.to_thread(self._thread.join)
+        if self._driver is not None:
+            await asyncio.gather(self._driver, return_exceptions=True)
 
     # ------------------------------------------------------------------ loop side
 
@@ -227,7 +260,28 @@ class NativeBackend:
                 raise RuntimeError(f"the {self.name} backend is shut down")
             self._commands.append(_Command(kind, payload, future, loop, stream))
             self._cond.notify()
+        if self._kick is not None:
+            self._kick.set()
         return future
+
+    async def _drive(self) -> None:
+        """Lockstep: settle the loop, then grant the worker one step with the commands so far."""
+        loop = asyncio.get_running_loop()
+        has_work = False
+        while True:
+            if not has_work and not self._commands:
+                await self._kick.wait()
+            self._kick.clear()
+            await _quiesce(loop)
+            granted = loop.create_future()
+            with self._cond:
+                if self._dead is not None:
+                    return
+                self._grant = (len(self._commands), granted, loop)
+                self._cond.notify()
+            has_work, stop = await granted
+            if stop:
+                return
 
     # ------------------------------------------------------------------ worker side
 
@@ -258,16 +312,50 @@ class NativeBackend:
                     self._step()
         except BaseException as exc:  # a bug in the worker itself: fail everyone, loudly
             log.exception("the %s backend's worker died", self.name)
-            error = GenerationError(f"the {self.name} backend's worker died: {exc!r}")
-            error.__cause__ = exc
-            with self._cond:
-                self._dead = exc
-                pending = list(self._commands)
-                self._commands.clear()
-            for command in list(self._waiters.values()) + pending:
-                self._resolve(command, error=error)
-            self._waiters.clear()
-            self._streams.clear()
+            self._die(exc)
+
+    def _run_lockstep(self) -> None:
+        """Lockstep worker: per grant, execute exactly the granted commands, then one step."""
+        granted = None
+        try:
+            while True:
+                with self._cond:
+                    while self._grant is None:
+                        self._cond.wait()
+                    n, granted, loop = self._grant
+                    self._grant = None
+                    commands = [self._commands.popleft() for _ in range(min(n, len(self._commands)))]
+                stop = False
+                for command in commands:
+                    stop |= command.kind == "stop"
+                    self._execute(command)
+                if stop:
+                    for result in self.engine.abort_all():
+                        self._finish(result)
+                    loop.call_soon_threadsafe(_settle, granted, (False, True))
+                    return
+                if self.engine.has_work():
+                    self._step()
+                loop.call_soon_threadsafe(_settle, granted, (self.engine.has_work(), False))
+                granted = None
+        except BaseException as exc:  # a bug in the worker itself: fail everyone, loudly
+            log.exception("the %s backend's worker died", self.name)
+            self._die(exc)
+            if granted is not None:
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(_settle, granted, (False, True))
+
+    def _die(self, exc: BaseException) -> None:
+        error = GenerationError(f"the {self.name} backend's worker died: {exc!r}")
+        error.__cause__ = exc
+        with self._cond:
+            self._dead = exc
+            pending = list(self._commands)
+            self._commands.clear()
+        for command in list(self._waiters.values()) + pending:
+            self._resolve(command, error=error)
+        self._waiters.clear()
+        self._streams.clear()
 
     def _execute(self, command: _Command) -> None:
         try:

@@ -92,7 +92,8 @@ def make_generation_backend(cfg: Any, policy_dir: str | Path, *, tokenizer: Any,
             weight_version=weight_version, max_seq_len=n.max_seq_len, max_num_kv_tokens=n.max_num_kv_tokens,
             kv_cache_dtype=n.kv_cache_dtype, kv_scale_margin=n.kv_scale_margin, decode_path=n.decode_path,
             decode_compile=n.decode_compile, overlap_steps=n.overlap_steps)
-        return NativeBackend(engine)
+        # reproducible runs: the engine's batches follow the event loop, not thread timing
+        return NativeBackend(engine, lockstep=cfg.async_rl.reproducible)
     if gen.backend == "http":
         from rl_core.generation.http_backend import make_http_backend
 
