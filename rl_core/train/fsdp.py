@@ -95,7 +95,8 @@ class FSDPTrainer(DataParallelTrainer):
                               if keep_reference else None)
             self.optimizer = torch.optim.AdamW(
                 self.model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
-                weight_decay=cfg.weight_decay, foreach=True)
+                weight_decay=cfg.weight_decay,  # fused (one kernel per step) on GPU; foreach on CPU
+                **({"fused": True} if self.device.type == "cuda" else {"foreach": True}))
         finally:
             if seq is not None:
                 self.channel.complete(seq)
