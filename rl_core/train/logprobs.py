@@ -66,21 +66,28 @@ def resolve_chunk_tokens(setting: int | None, model_config) -> int:
     return setting
 
 
+def _acc_dtype(weight: torch.Tensor) -> torch.dtype:
+    """Softmax and accumulation dtype: fp32 for bf16/fp16/fp32 heads (as the reference path's
+    `.float()`), float64 for a float64 head (finite-difference checks)."""
+    return torch.promote_types(weight.dtype, torch.float32)
+
+
 class ChunkedHeadLogprobs(torch.autograd.Function):
     """lp[n] = log_softmax(hidden[n] @ W^T (+ b) / T)[targets[n]], `chunk` rows at a time.
 
     forward(hidden [N, H], weight [V, H], bias [V] or None, targets [N] long, temperature, chunk)
-    returns fp32 [N]. Saves hidden, the weight and the fp32 log-sum-exp per row ([N]), never
+    returns fp32 [N] (float64 for a float64 head). Saves hidden, the weight and the log-sum-exp per row ([N]), never
     the [N, V] logits."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature: float, chunk: int):
         n = hidden.shape[0]
-        out = torch.empty(n, dtype=torch.float32, device=hidden.device)
-        lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        acc = _acc_dtype(weight)
+        out = torch.empty(n, dtype=acc, device=hidden.device)
+        lse = torch.empty(n, dtype=acc, device=hidden.device)
         for s in range(0, n, chunk):
             e = min(s + chunk, n)
-            z = torch.nn.functional.linear(hidden[s:e], weight, bias).float()
+            z = torch.nn.functional.linear(hidden[s:e], weight, bias).to(acc)
             if temperature != 1.0:
                 z.div_(temperature)
             lse[s:e] = torch.logsumexp(z, dim=-1)
@@ -97,14 +104,15 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
         need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         grad_h = torch.empty_like(hidden) if need_h else None
         # partial products accumulate in fp32 (a bf16 sum over chunks would round each one)
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
-        grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b else None
-        g_all = grad_out.float() / t
+        acc = _acc_dtype(weight)
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_b else None
+        g_all = grad_out.to(acc) / t
         n = hidden.shape[0]
         for s in range(0, n, chunk):
             e = min(s + chunk, n)
             g = g_all[s:e]
-            z = torch.nn.functional.linear(hidden[s:e], weight, bias).float()
+            z = torch.nn.functional.linear(hidden[s:e], weight, bias).to(acc)
             if t != 1.0:
                 z.div_(t)
             # dz = g * (onehot(y) - softmax(z)) / T, built in place in z's buffer
@@ -114,9 +122,9 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
             if need_h:
                 grad_h[s:e] = dz @ weight
             if need_w:
-                grad_w += (dz.t() @ hidden[s:e]).float()
+                grad_w += (dz.t() @ hidden[s:e]).to(acc)
             if need_b:
-                grad_b += dz.float().sum(0)
+                grad_b += dz.to(acc).sum(0)
             del z, dz
         return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
                 None if grad_b is None else grad_b.to(bias.dtype), None, None, None)
