@@ -57,7 +57,7 @@ class TorchTrainer(LocalStep):
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=DTYPES[dtype]).to(self.device)
         self.model.train()
         if self.chunk_tokens and chunked_unsupported_reason(self.model):
-            self.chunk_tokens = resolve_chunk_tokens(cfg.logprob_chunk_tokens, self.model)  # raises if explicit
+            resolve_chunk_tokens(self.chunk_tokens, self.model)  # raises (e.g. a head that is not a Linear)
         if cfg.compile:
             from rl_core.train.fsdp import decoder_layers
 

@@ -17,7 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config
 
 from rl_core.config import apply_overrides, validate_dict
 from rl_core.errors import RecipeError
-from rl_core.train.logprobs import DEFAULT_CHUNK_TOKENS, ChunkedHeadLogprobs, resolve_chunk_tokens, token_logprobs
+from rl_core.train.logprobs import ChunkedHeadLogprobs, resolve_chunk_tokens, token_logprobs
 from trainer_fixtures import VOCAB, assert_same_step, max_weight_diff, run_check, tiny_hf_dir
 
 
@@ -78,12 +78,10 @@ def test_torch_trainer_step_with_chunked_logprobs_equals_the_full_logits_step(mo
     assert max_weight_diff(w_ref, w_got) < 1e-5
 
 
-def test_chunk_size_is_resolved_per_model():
+def test_chunk_size_is_checked_per_model():
     qwen = AutoConfig.for_model("qwen2")
     gpt2 = GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=16)
-    assert resolve_chunk_tokens(None, qwen) == DEFAULT_CHUNK_TOKENS
     assert resolve_chunk_tokens(0, qwen) == 0 and resolve_chunk_tokens(64, qwen) == 64
-    assert resolve_chunk_tokens(None, gpt2) == 0  # auto: the full-logits path for a head it does not know
     assert resolve_chunk_tokens(0, gpt2) == 0
     with pytest.raises(RecipeError, match="trainer.logprob_chunk_tokens.*gpt2"):
         resolve_chunk_tokens(64, gpt2)
@@ -98,14 +96,14 @@ def test_torch_trainer_honours_the_knobs(models):
     layers = list(trainer.model.model.layers)
     assert layers and all(layer._compiled_call_impl is not None for layer in layers)  # nn.Module.compile, in place
     assert "model.layers.0.mlp.up_proj.weight" in trainer.export_weights()  # HF names unchanged
-    auto = TorchTrainer(models["untied"], validate_dict({}).trainer)
-    assert auto.chunk_tokens == DEFAULT_CHUNK_TOKENS
-    assert all(layer._compiled_call_impl is None for layer in auto.model.model.layers)
+    default = TorchTrainer(models["untied"], validate_dict({}).trainer)
+    assert default.chunk_tokens == 0  # full logits unless asked
+    assert all(layer._compiled_call_impl is None for layer in default.model.model.layers)
 
 
 @pytest.mark.parametrize("sets,field", [
     (["trainer.backend=fsdp2", "trainer.logprob_chunk_tokens=1024"], "trainer.logprob_chunk_tokens"),
-    (["trainer.backend=megatron", "trainer.logprob_chunk_tokens=0"], "trainer.logprob_chunk_tokens"),
+    (["trainer.backend=megatron", "trainer.logprob_chunk_tokens=512"], "trainer.logprob_chunk_tokens"),
     (["trainer.backend=fsdp2", "trainer.compile=true"], "trainer.compile"),
     (["trainer.backend=megatron", "trainer.compile=true"], "trainer.compile"),
     (["trainer.logprob_chunk_tokens=-1"], "trainer.logprob_chunk_tokens"),
