@@ -18,12 +18,20 @@ without the causal halving, as PaLM does). The fraction is TFLOP/s / 771, the bf
 matmul rate measured on the same H200 (the issue's reference: plain transformers with
 fused AdamW reached 286 TFLOP/s = 37%; target >= 50%).
 
-Backends, each in its own process (fresh memory and global state), measured side by side:
-- torch: `TorchTrainer`, bf16 parameters, fused AdamW (the reference's setting);
-- fsdp2: `FSDPTrainer` on 1 GPU, fp32 master weights, bf16 mixed precision;
+Variants, each in its own process (fresh memory and global state), measured side by side
+(`--backends` picks a subset; the default runs them all, more than one call's time box):
+- torch: `TorchTrainer`, bf16 parameters, fused AdamW, the full-logits logprob path
+  (`trainer.logprob_chunk_tokens=0`): the baseline;
+- torch+chunked: logprobs chunked over 4,096 tokens (`trainer.logprob_chunk_tokens`), no full logits;
+- torch+compile / torch+chunked+compile: `trainer.compile` (each decoder layer compiled);
+- ...+mb2x: the same with twice --microbatch (chunked logprobs leave the memory for it);
+- fsdp2: `FSDPTrainer` on 1 GPU, fp32 master weights, bf16 mixed precision, foreach AdamW;
+- fsdp2+fused: the same with fused AdamW (measured slower over DTensor shards: not the default);
 - fsdp2+compile: the same with `trainer.fsdp.compile` (each decoder layer compiled);
 - megatron: `MegatronTrainer`, bf16 with Megatron's optimizer (fp32 main weights), SDPA attention.
-A backend that cannot run (e.g. megatron-core not installed) is reported as skipped.
+A backend that cannot run (e.g. megatron-core not installed) is reported as skipped. The
+'trainer MFU' column is the trainer's own `perf/mfu` metric (over the datasheet peak, 989
+TFLOP/s on an H200, and the step's compute time), a check that the metric exists and is sane.
 Time per step is the median of the timed steps after warm-up steps.
 """
 
@@ -48,16 +56,26 @@ SHAPE = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_
 SMOKE_SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                    intermediate_size=128, vocab_size=512, max_position_embeddings=256, tie_word_embeddings=True,
                    rope_theta=1e6, rms_norm_eps=1e-6)
-BACKENDS = {  # name -> recipe overrides
-    "torch": ["trainer.backend=torch", "model.dtype=bfloat16"],
+TORCH = ["trainer.backend=torch", "model.dtype=bfloat16"]
+BACKENDS = {  # name -> recipe overrides (after --microbatch, so a variant's own microbatch wins)
+    "torch": TORCH + ["trainer.logprob_chunk_tokens=0"],  # the full-logits path: the baseline
+    "torch+chunked": TORCH + ["trainer.logprob_chunk_tokens=4096"],
+    "torch+compile": TORCH + ["trainer.logprob_chunk_tokens=0", "trainer.compile=true"],
+    "torch+chunked+compile": TORCH + ["trainer.logprob_chunk_tokens=4096", "trainer.compile=true"],
+    "torch+chunked+mb2x": TORCH + ["trainer.logprob_chunk_tokens=4096"],  # twice --microbatch (set in run_one)
+    "torch+chunked+compile+mb2x": TORCH + ["trainer.logprob_chunk_tokens=4096", "trainer.compile=true"],
     "fsdp2": ["trainer.backend=fsdp2", "model.dtype=float32", "trainer.fsdp.mixed_precision=bf16"],
+    # lever c measured: fsdp2 with AdamW(fused=True) (bench-only: run_one swaps foreach for the fused kernel)
+    "fsdp2+fused": ["trainer.backend=fsdp2", "model.dtype=float32", "trainer.fsdp.mixed_precision=bf16"],
     "fsdp2+compile": ["trainer.backend=fsdp2", "model.dtype=float32", "trainer.fsdp.mixed_precision=bf16",
                       "trainer.fsdp.compile=true"],
     "megatron": ["trainer.backend=megatron", "model.dtype=float32", "trainer.megatron.mixed_precision=bf16",
                  "trainer.megatron.optimizer=megatron"],
 }
 SMOKE_BACKENDS = {
-    "torch": ["trainer.backend=torch"],
+    "torch": ["trainer.backend=torch", "trainer.logprob_chunk_tokens=0"],
+    "torch+chunked": ["trainer.backend=torch", "trainer.logprob_chunk_tokens=40"],
+    "torch+chunked+mb2x": ["trainer.backend=torch", "trainer.logprob_chunk_tokens=40"],
     "fsdp2": ["trainer.backend=fsdp2"],
     "megatron": ["trainer.backend=megatron"],
 }
@@ -127,10 +145,20 @@ def run_one(args) -> None:
     from rl_core.train import close_trainer, make_trainer
 
     device = "cpu" if args.smoke else "cuda"
-    sets = (SMOKE_BACKENDS if args.smoke else BACKENDS)[args.run] + [
-        f"runtime.device={device}", f"trainer.microbatch_size={args.microbatch}"]
+    microbatch = args.microbatch * (2 if args.run.endswith("+mb2x") else 1)
+    sets = [f"runtime.device={device}", f"trainer.microbatch_size={microbatch}"] + \
+        (SMOKE_BACKENDS if args.smoke else BACKENDS)[args.run]
     cfg = validate_dict(apply_overrides({}, sets))
     shape = SMOKE_SHAPE if args.smoke else SHAPE
+    if args.run.endswith("+fused"):  # lever c: the same trainer with AdamW(fused=True) instead of foreach
+        adamw = torch.optim.AdamW
+
+        class FusedAdamW(adamw):
+            def __init__(self, params, **kw):
+                kw.pop("foreach", None)
+                super().__init__(params, **{**kw, "fused": True})
+
+        torch.optim.AdamW = FusedAdamW
     c = chunk(shape["vocab_size"], args.batch, args.seq)
     t0 = time.perf_counter()
     trainer = make_trainer(cfg, args.model_dir)
@@ -142,7 +170,9 @@ def run_one(args) -> None:
         close_trainer(trainer)
     step_s = statistics.median(times)
     flops = step_flops(shape, args.batch, args.seq)
-    out = {"backend": args.run, "step_s": step_s, "steps_s": times, "tflops": flops / step_s / 1e12,
+    out = {"backend": args.run, "microbatch": microbatch, "step_s": step_s, "steps_s": times,
+           "tflops": flops / step_s / 1e12, "trainer_flops_per_s": metrics.get("flops/per_s"),
+           "trainer_mfu": metrics.get("perf/mfu"),
            "mfu": flops / step_s / 1e12 / PEAK_TFLOPS, "step_tflop": flops / 1e12, "build_s": build_s,
            "loss": metrics.get("loss"), "grad_norm": metrics.get("grad_norm"),
            "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None}
@@ -225,17 +255,19 @@ def main() -> int:
 def _print_table(results: dict[str, dict], args) -> None:
     print(f"\ntraining step, {args.batch} x {args.seq} tokens, microbatch {args.microbatch} "
           f"({'smoke: CPU, tiny shape' if args.smoke else 'Qwen2.5-0.5B shape, bf16'}); peak {PEAK_TFLOPS:.0f} TFLOP/s")
-    print(f"{'backend':<15}{'step s':>9}{'TFLOP/s':>10}{'of peak':>9}{'vs torch':>10}{'mem GB':>8}  note")
+    print(f"{'backend':<28}{'mb':>4}{'step s':>9}{'TFLOP/s':>10}{'of peak':>9}{'vs torch':>10}{'mem GB':>8}"
+          f"{'trainer MFU':>13}  note")
     base = results.get("torch", {}).get("tflops")
     for name, r in results.items():
         if "tflops" not in r:
-            note = r.get("skipped") or "FAILED: " + r.get("failed", "").strip().splitlines()[-1][:90]
-            print(f"{name:<15}{'-':>9}{'-':>10}{'-':>9}{'-':>10}{'-':>8}  {note}")
+            note = r.get("skipped") or "FAILED: " + (r.get("failed", "").strip().splitlines() or [""])[-1][:90]
+            print(f"{name:<28}{'-':>4}{'-':>9}{'-':>10}{'-':>9}{'-':>10}{'-':>8}{'-':>13}  {note}")
             continue
         ratio = f"{r['tflops'] / base:.2f}x" if base else "-"
         mem = f"{r['peak_mem_gb']:.1f}" if r.get("peak_mem_gb") is not None else "-"
-        print(f"{name:<15}{r['step_s']:>9.3f}{r['tflops']:>10.1f}{r['mfu'] * 100:>8.1f}%{ratio:>10}{mem:>8}  "
-              f"loss {r['loss']:.4f}")
+        tm = f"{r['trainer_mfu'] * 100:.1f}%" if r.get("trainer_mfu") is not None else "-"
+        print(f"{name:<28}{r['microbatch']:>4}{r['step_s']:>9.3f}{r['tflops']:>10.1f}{r['mfu'] * 100:>8.1f}%"
+              f"{ratio:>10}{mem:>8}{tm:>13}  loss {r['loss']:.4f}")
 
 
 if __name__ == "__main__":

@@ -68,6 +68,17 @@ class FlopsSpec:
         return cls(matmul_params=total - lookup - idle, num_layers=cfg.num_hidden_layers,
                    attn_dim=cfg.num_attention_heads * head_dim)
 
+    @classmethod
+    def from_hf_config(cls, config) -> "FlopsSpec":
+        """From a transformers config alone (a backend whose model is sharded or converted, e.g.
+        fsdp2 and megatron): the causal LM is built on the meta device (no memory, no weights) and
+        counted as `from_model` counts it."""
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        return cls.from_model(model)
+
 
 def _lengths(seq_lens: Sequence[int] | torch.Tensor | TrainChunk) -> torch.Tensor:
     if isinstance(seq_lens, TrainChunk):
@@ -117,11 +128,19 @@ class FlopsCounter:
 
     def metrics(self, seconds: float, peak_flops_per_s: float | None, num_devices: int = 1) -> dict[str, float]:
         """`flops/*` for the step (and `perf/mfu` when the peak is known)."""
-        out = {"flops/train": self.train, "flops/forward_only": self.forward, "flops/total": self.total,
-               "flops/per_s": self.total / seconds if seconds > 0 else 0.0}
-        if peak_flops_per_s:
-            out["perf/mfu"] = mfu(self.total, seconds, peak_flops_per_s, num_devices)
-        return out
+        return flops_metrics(self.train, self.forward, seconds, peak_flops_per_s, num_devices)
+
+
+def flops_metrics(train: float, forward: float, seconds: float, peak_flops_per_s: float | None,
+                  num_devices: int = 1) -> dict[str, float]:
+    """`flops/train`, `flops/forward_only`, `flops/total`, `flops/per_s` (all devices together) and,
+    when the peak is known, `perf/mfu` over `num_devices` devices."""
+    total = train + forward
+    out = {"flops/train": train, "flops/forward_only": forward, "flops/total": total,
+           "flops/per_s": total / seconds if seconds > 0 else 0.0}
+    if peak_flops_per_s:
+        out["perf/mfu"] = mfu(total, seconds, peak_flops_per_s, num_devices)
+    return out
 
 
 def mfu(flops: float, seconds: float, peak_flops_per_s: float, num_devices: int = 1) -> float:

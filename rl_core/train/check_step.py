@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
             trainer.train_microbatches(chunk.slice(0, half))  # two chunks: streaming into one step
             trainer.train_microbatches(chunk.slice(half, chunk.num_samples))
             m = trainer.finish()
-            steps.append({"loss": m.get("loss"), "grad_norm": m.get("grad_norm"), "num_tokens": m["num_tokens"]})
+            steps.append({"loss": m.get("loss"), "grad_norm": m.get("grad_norm"), "num_tokens": m["num_tokens"],
+                          "flops_total": m.get("flops/total"), "flops_train": m.get("flops/train")})
         lp = trainer.logprobs(chunk).float().cpu()
         weights = trainer.export_weights()
     finally:

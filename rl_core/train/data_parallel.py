@@ -7,7 +7,8 @@ microbatches: a rank whose block is used up runs a zero-weight dummy microbatch,
 collectives inside forward and backward line up), the sum-form accounting of a step
 (loss sums, normalizers and metric (sum, count) pairs all-reduced at `finish`, then one
 division of the gradients by the step's total normalizer, as `TorchTrainer` does), and
-the gathering of per-rank logprobs. Metric pairs reduce by `rl_core.algorithms.metrics`
+the gathering of per-rank logprobs, and the step's FLOPs/MFU metrics (`flops/*`, `perf/mfu`,
+summed over the data-parallel ranks as `TorchTrainer` reports them). Metric pairs reduce by `rl_core.algorithms.metrics`
 (means, and `_min`/`_max` extremes) within a rank and across ranks.
 
 Does not own: the model, its sharding, gradient scaling and clipping or the optimizer
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rl_core.algorithms.flops import FlopsCounter, FlopsSpec, flops_metrics, peak_flops_per_s
 from rl_core.algorithms.metrics import finalize_metrics, merge_metrics
 from rl_core.protocols import PolicyLoss
 from rl_core.train.update import apply_update
@@ -46,7 +48,16 @@ class DataParallelTrainer(abc.ABC):
         self.optimizer_steps = 0
         self._loss: PolicyLoss | None = None
         self._closed = False
+        self._flops: FlopsCounter | None = None  # this rank's passes since the last reduction (built lazily)
+        self._rl_flops = [0.0, 0.0]  # (train, forward-only) FLOPs of all ranks, summed over one RL step
+        self._rl_compute_s = 0.0
         self._reset_step()
+
+    def _flops_counter(self) -> FlopsCounter:
+        """Model FLOPs of this rank's microbatches (`rl_core.algorithms.flops`), counted from `self.hf_config`."""
+        if self._flops is None:
+            self._flops = FlopsCounter(FlopsSpec.from_hf_config(self.hf_config))
+        return self._flops
 
     def _driver_init(self, kwargs: dict) -> int | None:
         """Rank 0 in a multi-process group: publish the constructor call; returns its sequence number."""
@@ -160,20 +171,25 @@ class DataParallelTrainer(abc.ABC):
             self._normalizer += out.normalizer
             self._loss_sum += float(out.loss_sum.detach().item())
             merge_metrics(self._metric_sums, out.metrics)
+            self._flops_counter().add_train(mb)
             self._num_samples += mb.num_samples
             self._num_tokens += mb.num_valid_tokens()
         self._t_compute += time.perf_counter() - t0
 
     def _reduce_step_sums(self) -> dict[str, Any]:
+        counter = self._flops_counter()
         mine = {"normalizer": self._normalizer, "loss_sum": self._loss_sum, "num_samples": self._num_samples,
-                "num_tokens": self._num_tokens, "metrics": self._metric_sums}
+                "num_tokens": self._num_tokens, "metrics": self._metric_sums, "flops_train": counter.train,
+                "flops_forward": counter.forward}
+        counter.reset()
         if self.dp_size == 1:
             return mine
         every: list[dict | None] = [None] * self.dp_size
         dist.all_gather_object(every, mine, group=self.dp_group)
-        total = {"normalizer": 0.0, "loss_sum": 0.0, "num_samples": 0, "num_tokens": 0, "metrics": {}}
+        total = {"normalizer": 0.0, "loss_sum": 0.0, "num_samples": 0, "num_tokens": 0, "metrics": {},
+                 "flops_train": 0.0, "flops_forward": 0.0}
         for d in every:
-            for k in ("normalizer", "loss_sum", "num_samples", "num_tokens"):
+            for k in ("normalizer", "loss_sum", "num_samples", "num_tokens", "flops_train", "flops_forward"):
                 total[k] += d[k]
             merge_metrics(total["metrics"], d["metrics"])
         return total
@@ -194,8 +210,18 @@ class DataParallelTrainer(abc.ABC):
         metrics["num_tokens"] = float(sums["num_tokens"])
         metrics["lr"] = self._lr()
         metrics["compute_s"] = self._t_compute + (time.perf_counter() - t0)
+        # FLOPs/MFU over the RL step (PPO mini-steps and forward-only logprob passes included), as
+        # TorchTrainer reports them; every data-parallel rank's passes count, MFU is over all devices
+        self._rl_flops[0] += sums["flops_train"]
+        self._rl_flops[1] += sums["flops_forward"]
+        self._rl_compute_s += metrics["compute_s"]
         if advance_version:
             self.version += 1
+            peak = peak_flops_per_s(torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None)
+            metrics.update(flops_metrics(self._rl_flops[0], self._rl_flops[1], self._rl_compute_s, peak,
+                                         dist.get_world_size() if dist.is_initialized() else 1))
+            self._rl_flops = [0.0, 0.0]
+            self._rl_compute_s = 0.0
         return metrics
 
     def _spmd_abort(self) -> None:
@@ -213,6 +239,7 @@ class DataParallelTrainer(abc.ABC):
                 self._model_logprobs(self._dummy(chunk).to(self.device), reference=reference)
                 continue
             lp = self._model_logprobs(mb.to(self.device), reference=reference).float()
+            self._flops_counter().add_forward(mb)
             rows.append(torch.nn.functional.pad(lp, (0, width - lp.shape[1])))
         mine = torch.cat(rows) if rows else torch.zeros((0, width), device=self.device)
         mine = torch.nn.functional.pad(mine, (0, 0, 0, per_rank - mine.shape[0]))

@@ -1,8 +1,9 @@
 """The torch training backend: one process, a transformers causal LM, AdamW.
 
-Owns: the split step API (`begin` / `train_microbatches` / `finish` / `abort`), per-token
-logprob computation (the same formula the generation engine reports:
-log_softmax(logits / T) of each token given its prefix), microbatching, gradient
+Owns: the split step API (`begin` / `train_microbatches` / `finish` / `abort`), which
+per-token logprob path it uses (`rl_core.train.logprobs`: the formula the generation engine
+reports, log_softmax(logits / T) of each token given its prefix; chunked over tokens per
+`trainer.logprob_chunk_tokens`), `trainer.compile` (each decoder layer torch.compiled), microbatching, gradient
 accumulation in sum form with one normalisation at `finish`, gradient clipping, the
 optimizer and its state, the optional frozen reference model, and weight export.
 
@@ -29,22 +30,15 @@ from rl_core.algorithms.flops import FlopsCounter, FlopsSpec, peak_flops_per_s
 from rl_core.algorithms.metrics import finalize_metrics, merge_metrics
 from rl_core.config.schema import TrainerConfig
 from rl_core.protocols import PolicyLoss
+from rl_core.train.logprobs import chunked_unsupported_reason, resolve_chunk_tokens, token_logprobs
 from rl_core.train.router_replay import RouterReplay, check_routes
 from rl_core.train.update import LocalStep, local_microbatches, local_update
 from rl_core.types import TrainChunk
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+__all__ = ["DTYPES", "TorchTrainer", "token_logprobs"]  # token_logprobs: re-exported from rl_core.train.logprobs
 
 
-def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float = 1.0) -> torch.Tensor:
-    """[B, T] logprob of token t given tokens < t (position 0 gets 0)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-    logits = logits[:, :-1].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    lp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
 
 
 class TorchTrainer(LocalStep):
@@ -53,13 +47,22 @@ class TorchTrainer(LocalStep):
     def __init__(self, model_dir: str | Path, cfg: TrainerConfig, *, logprob_temperature: float = 1.0,
                  device: str = "cpu", dtype: str = "float32", keep_reference: bool = False, version: int = 0,
                  reference_dir: str | Path | None = None):
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         self.cfg = cfg
         self.device = torch.device(device)
         self.temperature = logprob_temperature
+        # trainer.logprob_chunk_tokens: checked on the config before the weights load
+        self.chunk_tokens = resolve_chunk_tokens(cfg.logprob_chunk_tokens, AutoConfig.from_pretrained(str(model_dir)))
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=DTYPES[dtype]).to(self.device)
         self.model.train()
+        if self.chunk_tokens and chunked_unsupported_reason(self.model):
+            resolve_chunk_tokens(self.chunk_tokens, self.model)  # raises (e.g. a head that is not a Linear)
+        if cfg.compile:
+            from rl_core.train.fsdp import decoder_layers
+
+            for layer in decoder_layers(self.model):
+                layer.compile(dynamic=True)  # in place: parameter names and state dict keys stay the HF ones
         self.reference = None
         if keep_reference:  # the initial policy: `reference_dir` when resuming, else these weights
             self.reference = (AutoModelForCausalLM.from_pretrained(str(reference_dir), dtype=DTYPES[dtype])
@@ -115,7 +118,7 @@ class TorchTrainer(LocalStep):
             if self._loss.needs_reference_logprobs and mb.ref_logprobs is None:
                 mb.ref_logprobs = self.logprobs(mb, reference=True)
             with self._replaying(self.replay, mb, count=True):
-                lp = token_logprobs(self.model, mb.input_ids, mb.attention_mask, self.temperature)
+                lp = token_logprobs(self.model, mb.input_ids, mb.attention_mask, self.temperature, self.chunk_tokens)
             out = self._loss(lp, mb)
             out.loss_sum.backward()
             self._normalizer += out.normalizer
@@ -170,7 +173,7 @@ class TorchTrainer(LocalStep):
         for start in range(0, chunk.num_samples, mbs):
             mb = chunk.slice(start, min(start + mbs, chunk.num_samples)).to(self.device)
             with self._replaying(self.reference_replay if reference else self.replay, mb):
-                lp = token_logprobs(model, mb.input_ids, mb.attention_mask, self.temperature)
+                lp = token_logprobs(model, mb.input_ids, mb.attention_mask, self.temperature, self.chunk_tokens)
             self.flops.add_forward(mb)
             pad = chunk.input_ids.shape[1] - lp.shape[1]
             out.append(torch.nn.functional.pad(lp, (0, pad)))

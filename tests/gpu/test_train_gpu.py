@@ -5,6 +5,8 @@ tiny Qwen2, then logprobs and the exported weights):
 - fsdp2 (NCCL, world 1) in fp32 equals the torch backend; with bf16 mixed precision (bf16
   compute, fp32 reduce and master weights) it stays within bf16 tolerance;
 - `trainer.fsdp.compile` gives the eager numbers;
+- the torch backend's chunked logprobs (`trainer.logprob_chunk_tokens`) equal the full-logits path
+  in fp32 (and within bf16 tolerance in bf16), and `trainer.compile` gives the eager numbers;
 - megatron (GPU path: Megatron's DDP and optimizer) equals the torch backend in fp32, and in
   bf16 with fp32 main weights stays within bf16 tolerance.
 Megatron tests skip (with the reason) when megatron-core is not installed.
@@ -60,6 +62,24 @@ def test_fsdp2_compile_equals_eager(model, tmp_path):
     comp, w_comp = run_check(model, tmp_path, "fsdp2", 1, *sets, "trainer.fsdp.compile=true", timeout_s=600)
     assert_same_step(eager, comp, TIGHT)
     assert max_weight_diff(w_eager, w_comp) < 1e-3
+
+
+def test_torch_chunked_logprobs_equal_full_logits(model, tmp_path):
+    for dtype, tol in (("float32", TIGHT), ("bfloat16", BF16)):
+        sets = (*CUDA, f"model.dtype={dtype}", "loss.kl_coef=0.1")
+        full, w_full = run_check(model, tmp_path, "torch", 1, *sets, "trainer.logprob_chunk_tokens=0")
+        chunked, w_chunked = run_check(model, tmp_path, "torch", 1, *sets, "trainer.logprob_chunk_tokens=7")
+        assert_same_step(full, chunked, tol)
+        lp_full, lp_chunked = (torch.tensor(r["logprobs"]) for r in (full, chunked))
+        assert (lp_full - lp_chunked).abs().max().item() < (1e-4 if dtype == "float32" else 5e-2)
+        assert max_weight_diff(w_full, w_chunked) < (1e-4 if dtype == "float32" else 1e-2)
+
+
+def test_torch_compile_equals_eager(model, torch_fp32, tmp_path):
+    ref, w_ref = torch_fp32
+    got, w_got = run_check(model, tmp_path, "torch", 1, *CUDA, "trainer.compile=true", timeout_s=600)
+    assert_same_step(ref, got, TIGHT)
+    assert max_weight_diff(w_ref, w_got) < 1e-3
 
 
 @needs_megatron

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer_fixtures import assert_same_step, max_weight_diff, run_check, tiny_hf_dir
+from trainer_fixtures import assert_same_flops, assert_same_step, max_weight_diff, run_check, tiny_hf_dir
 
 REL, ABS = 1e-5, 1e-4
 
@@ -34,6 +34,7 @@ def test_two_process_fsdp2_step_matches_one_process_torch(models, tmp_path):
     got, w_got = run_check(models["untied"], tmp_path, "fsdp2", 2)
     assert got["world_size"] == 2 and got["source"] == "torchrun" and got["version"] == 2
     assert_same_step(ref, got, REL)
+    assert_same_flops(ref, got)  # FLOPs/MFU metrics: both ranks' microbatches, counted once
     assert ref["steps"][0]["loss"] != ref["steps"][1]["loss"]  # the first step changed the weights
     assert (_logprobs(ref) - _logprobs(got)).abs().max().item() < ABS
     assert max_weight_diff(w_ref, w_got) < ABS

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rl_core.train.check_step import synthetic_chunk
-from trainer_fixtures import VOCAB, assert_same_step, max_weight_diff, run_check, tiny_hf_dir
+from trainer_fixtures import VOCAB, assert_same_flops, assert_same_step, max_weight_diff, run_check, tiny_hf_dir
 
 REL, ABS = 1e-5, 1e-4
 
@@ -40,6 +40,7 @@ def test_megatron_matches_transformers_and_the_torch_step(models, tmp_path):
     hf_lp = torch.cat([torch.zeros_like(lp[:, :1]), lp], 1) * chunk.loss_mask
     assert (torch.tensor(got["logprobs_initial"]) - hf_lp).abs().max().item() < ABS
     assert_same_step(ref, got, REL)
+    assert_same_flops(ref, got)  # FLOPs/MFU metrics as the torch backend reports them
     assert (torch.tensor(ref["logprobs"]) - torch.tensor(got["logprobs"])).abs().max().item() < ABS
     assert max_weight_diff(w_ref, w_got) < ABS
 
@@ -62,4 +63,5 @@ def test_two_process_megatron_matches_torch(models, tmp_path, layout):
     got, w_got = run_check(models["qwen2"], tmp_path, "megatron", 2, *sets, *extra, num_samples=6)
     assert got["world_size"] == 2
     assert_same_step(ref, got, REL)
+    assert_same_flops(ref, got)  # TP ranks share their microbatches: counted once per data-parallel rank
     assert max_weight_diff(w_ref, w_got) < ABS

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,3 +90,10 @@ def assert_same_step(ref: dict, got: dict, rel: float) -> None:
         for key in ("loss", "grad_norm"):
             tol = rel * max(1.0, abs(r[key]))
             assert abs(r[key] - g[key]) <= tol, f"step {i} {key}: {r[key]} vs {g[key]} (tolerance {tol:g})"
+
+
+def assert_same_flops(ref: dict, got: dict) -> None:
+    """Every step reports the same model FLOPs (`flops/total`, `flops/train`): all ranks' passes counted once."""
+    for i, (r, g) in enumerate(zip(ref["steps"], got["steps"])):
+        for key in ("flops_total", "flops_train"):
+            assert r[key] and g[key] == pytest.approx(r[key], rel=1e-9), f"step {i} {key}: {r[key]} vs {g[key]}"

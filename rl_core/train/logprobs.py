@@ -1,0 +1,148 @@
+"""Per-token logprobs of a causal LM for the trainers, with or without the full logits.
+
+Owns: `token_logprobs` (logprob of token t given tokens < t, log_softmax(logits / T) as the
+generation engine reports it; position 0 gets 0), its two paths, and the rule of which
+models the chunked path supports:
+- the reference path runs the whole model and takes log_softmax over the materialised
+  [B, T, V] logits in fp32 (for a 151,936-token vocabulary and 8 x 1024 tokens that is 5 GB
+  of fp32 logits, plus the same again for log_softmax's output and for each gradient);
+- the chunked path (`chunk_tokens > 0`) runs the decoder to its last hidden state and then
+  computes LM head, log-sum-exp and the target's logit `chunk_tokens` tokens at a time
+  (`ChunkedHeadLogprobs`). Only [chunk_tokens, V] logits exist at once; the backward pass
+  recomputes each chunk's logits from the saved hidden states and the per-token
+  log-sum-exp (one extra LM-head matmul, as activation checkpointing would pay) and forms
+  the gradient of logits directly: d lp_n / d z_n = (onehot(y_n) - softmax(z_n)) / T.
+  The matmuls run in the head's dtype and the softmax in fp32, as in the reference path,
+  so the two agree to rounding (tests/unit/test_chunked_logprobs.py).
+  The idea of never materialising the full logits is the one behind fused linear
+  cross-entropy kernels (e.g. Wijmans et al. 2024, "Cut Your Losses in Large-Vocabulary
+  Language Models", arXiv 2411.09009); this is a plain PyTorch version of it for logprobs
+  with a per-token upstream gradient.
+
+Measured on an H200 (docs/performance.md): at the same microbatch the chunked path is ~10%
+slower (the recomputed LM-head matmul) and takes ~30% less memory, so it is a memory lever
+(longer sequences or larger microbatches per GPU), off by default.
+
+Does not own: which path a trainer uses (trainer.logprob_chunk_tokens, checked by
+`resolve_chunk_tokens`) or any loss.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Causal LMs whose `ForCausalLM.forward` is exactly `lm_head(base_model(...).last_hidden_state)`
+# (no logit scaling or soft-capping), so the chunked path computes the same function.
+CHUNKED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe", "qwen3_moe"})
+
+
+def chunked_unsupported_reason(model_or_config) -> str | None:
+    """None when the chunked path computes this model's logprobs exactly, else why not."""
+    cfg = getattr(model_or_config, "config", model_or_config)
+    kind = getattr(cfg, "model_type", None)
+    if kind not in CHUNKED_MODEL_TYPES:
+        return (f"model type {kind!r} is not one whose logits are a plain linear head over the last hidden "
+                f"state (supported: {', '.join(sorted(CHUNKED_MODEL_TYPES))})")
+    if isinstance(model_or_config, torch.nn.Module):
+        head = model_or_config.get_output_embeddings()
+        if not isinstance(head, torch.nn.Linear):
+            return f"its output head is a {type(head).__name__}, not a torch.nn.Linear"
+        if model_or_config.base_model is model_or_config:
+            return "it has no separate base model to run up to the last hidden state"
+    return None
+
+
+def resolve_chunk_tokens(setting: int, model_config) -> int:
+    """The chunk size a torch trainer uses (`trainer.logprob_chunk_tokens`; 0 = full logits).
+    A chunk size for a model the chunked path does not support is a RecipeError."""
+    reason = chunked_unsupported_reason(model_config) if setting > 0 else None
+    if reason:
+        from rl_core.errors import RecipeError
+
+        raise RecipeError.single("trainer.logprob_chunk_tokens", setting, f"0 for this policy: {reason}",
+                                 "set trainer.logprob_chunk_tokens: 0 (the full-logits path).")
+    return setting
+
+
+def _acc_dtype(weight: torch.Tensor) -> torch.dtype:
+    """Softmax and accumulation dtype: fp32 for bf16/fp16/fp32 heads (as the reference path's
+    `.float()`), float64 for a float64 head (finite-difference checks)."""
+    return torch.promote_types(weight.dtype, torch.float32)
+
+
+class ChunkedHeadLogprobs(torch.autograd.Function):
+    """lp[n] = log_softmax(hidden[n] @ W^T (+ b) / T)[targets[n]], `chunk` rows at a time.
+
+    forward(hidden [N, H], weight [V, H], bias [V] or None, targets [N] long, temperature, chunk)
+    returns fp32 [N] (float64 for a float64 head). Saves hidden, the weight and the log-sum-exp per row ([N]), never
+    the [N, V] logits."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature: float, chunk: int):
+        n = hidden.shape[0]
+        acc = _acc_dtype(weight)
+        out = torch.empty(n, dtype=acc, device=hidden.device)
+        lse = torch.empty(n, dtype=acc, device=hidden.device)
+        for s in range(0, n, chunk):
+            e = min(s + chunk, n)
+            z = torch.nn.functional.linear(hidden[s:e], weight, bias).to(acc)
+            if temperature != 1.0:
+                z.div_(temperature)
+            lse[s:e] = torch.logsumexp(z, dim=-1)
+            out[s:e] = z.gather(-1, targets[s:e, None]).squeeze(-1) - lse[s:e]
+            del z
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        t, chunk = ctx.temperature, ctx.chunk
+        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        # partial products accumulate in fp32 (a bf16 sum over chunks would round each one)
+        acc = _acc_dtype(weight)
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_b else None
+        g_all = grad_out.to(acc) / t
+        n = hidden.shape[0]
+        for s in range(0, n, chunk):
+            e = min(s + chunk, n)
+            g = g_all[s:e]
+            z = torch.nn.functional.linear(hidden[s:e], weight, bias).to(acc)
+            if t != 1.0:
+                z.div_(t)
+            # dz = g * (onehot(y) - softmax(z)) / T, built in place in z's buffer
+            dz = z.sub_(lse[s:e, None]).exp_().mul_(-g[:, None])
+            dz.scatter_add_(-1, targets[s:e, None], g[:, None])
+            dz = dz.to(weight.dtype)
+            if need_h:
+                grad_h[s:e] = dz @ weight
+            if need_w:
+                grad_w += (dz.t() @ hidden[s:e]).to(acc)
+            if need_b:
+                grad_b += dz.to(acc).sum(0)
+            del z, dz
+        return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
+                None if grad_b is None else grad_b.to(bias.dtype), None, None, None)
+
+
+def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   temperature: float = 1.0, chunk_tokens: int = 0) -> torch.Tensor:
+    """[B, T] logprob of token t given tokens < t (position 0 gets 0). `chunk_tokens` > 0 takes the
+    chunked path (the caller checked `chunked_unsupported_reason`), 0 the full-logits reference."""
+    if chunk_tokens <= 0:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        logits = logits[:, :-1].float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        lp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+        return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
+    b, t = input_ids.shape
+    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    head = model.get_output_embeddings()
+    h = hidden[:, :-1].reshape(b * (t - 1), hidden.shape[-1])
+    lp = ChunkedHeadLogprobs.apply(h, head.weight, head.bias, input_ids[:, 1:].reshape(-1), float(temperature),
+                                   int(chunk_tokens))
+    return torch.cat([torch.zeros(b, 1, dtype=lp.dtype, device=lp.device), lp.view(b, t - 1)], dim=1)
