@@ -100,7 +100,7 @@ class RolloutFailureConfig(Section):
     min_step_batch_fraction: float = Field(0.75, gt=0, le=1)
     """A step may shrink only down to ceil(this * num_prompts_per_step) groups; below that the run stops."""
     max_train_step_retries: int = Field(1, ge=0)
-    """Retries of an RL step whose training failed transiently (a microbatch raised, a non-finite gradient); after them the run stops with a checkpoint."""
+    """Retries of an RL step whose training failed transiently (a microbatch raised, a non-finite gradient at the update): the step is reopened and its chunks replayed, up to this many times per RL step (PPO mini-steps share them). The previous-policy and reference logprob passes, the critic's value pass and the critic update are each retried up to this many times too. Used up: the run stops with TrainStepFailed and a checkpoint of the last good state (no trainer step left open)."""
 
 
 class WatchdogConfig(Section):

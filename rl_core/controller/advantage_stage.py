@@ -3,7 +3,8 @@
 Owns, per chunk of selected groups, in this order: the dynamic-sampling group filter
 (zero-variance groups are set aside so the step can be refilled), packing the samples
 (`types.make_train_chunk`), reference-policy logprobs when the reward carries a KL term,
-the critic's values (PPO), `algorithms.estimate.estimate_advantages` for every estimator,
+the critic's values (PPO) (both passes run through the pump's `run_pass`, which retries
+them), `algorithms.estimate.estimate_advantages` for every estimator,
 and the per-sample advantage summary kept for metrics and the rollout archive.
 
 Does not own: the formulas (rl_core.algorithms), selection (sampler), training (trainer,
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Awaitable, Callable
 
 import torch
 
@@ -31,8 +33,10 @@ class Stage:
 
 
 class AdvantageStage:
-    def __init__(self, cfg, trainer, critic, pad_id: int):
+    def __init__(self, cfg, trainer, critic, pad_id: int, run_pass: Callable[..., Awaitable] | None = None):
         self.cfg = cfg
+        # run_pass(what, fn, *args): runs a forward pass in a worker thread; the train pump's retries it
+        self.run_pass = run_pass or (lambda what, fn, *args: asyncio.to_thread(fn, *args))
         self.trainer = trainer
         self.critic = critic
         self.pad_id = pad_id
@@ -52,15 +56,15 @@ class AdvantageStage:
                                  require_routes=self.cfg.trainer.router_replay.enabled)
         ref = None
         if self.cfg.advantage.kl_in_reward_coef > 0:
-            ref = await asyncio.to_thread(self.trainer.logprobs, chunk, True)
+            ref = await self.run_pass("reference logprobs", self.trainer.logprobs, chunk, True)
             chunk.ref_logprobs = ref
         adv_cfg = self.cfg.advantage
         values = final = None
         if self.critic is not None:
             if adv_cfg.bootstrap_truncated:
-                values, final = await asyncio.to_thread(self.critic.values, chunk, True)
+                values, final = await self.run_pass("critic values", self.critic.values, chunk, True)
             else:
-                values = await asyncio.to_thread(self.critic.values, chunk)
+                values = await self.run_pass("critic values", self.critic.values, chunk)
         est = estimate_advantages(
             adv_cfg, chunk, [s.reward for s in samples], [len(g.samples) for g in groups],
             components=[s.rewards for s in samples] if self.gdpo else None, ref_logprobs=ref, values=values,

@@ -74,6 +74,7 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
         "rollout/wasted_samples": float(rs.wasted_samples),
         "rollout/buffer_live_groups": float(pump.buffer.live()),
         "train/step_retries_total": float(pump.train_retries),
+        "train/pass_retries_total": float(pump.pass_retries),
         "staleness/mean": statistics.fmean(stal),
         "staleness/max": float(max(stal)),
         "staleness/age_s_mean": statistics.fmean(ages) if ages else 0.0,

@@ -82,7 +82,7 @@ class TrainPump:
         self.pad_id = pad_id
         self.on_step = on_step
         self.on_checkpoint = on_checkpoint
-        self.stage = AdvantageStage(cfg, trainer, critic, pad_id)
+        self.stage = AdvantageStage(cfg, trainer, critic, pad_id, run_pass=self._pass)
         self.per_step = cfg.grpo.num_prompts_per_step
         self.mini_steps = cfg.grpo.ppo_epochs * cfg.grpo.num_minibatches
         self.whole_step = cfg.async_rl.reproducible or self.mini_steps > 1
@@ -93,7 +93,9 @@ class TrainPump:
         self.selected_in_step = 0  # groups of the open step already taken from the buffer
         self.evicted_groups = 0
         self.dynamic_filtered_groups = 0
-        self.train_retries = 0
+        self.train_retries = 0  # every retry: policy update, logprob/value passes, critic update
+        self.pass_retries = 0  # of which logprob/value passes and critic updates
+        self._step_retries = 0  # policy-update retries used by the RL step in progress
         self.stale_aborted_groups = 0
         self._open = False  # a trainer step is open (begin called, finish not yet)
         self._frozen = False  # critic warm-up: the policy is not updated this step
@@ -196,6 +198,7 @@ class TrainPump:
         t_step0 = time.monotonic()
         self.current_step = step
         self.selected_in_step, self._filtered_in_step, self._step_pairs = 0, 0, {}
+        self._step_retries = 0
         self._open_slots = []
         self._frozen = self.critic is not None and step < self.cfg.critic.num_warmup_steps
         trained: list[TrainedGroup] = []
@@ -286,20 +289,35 @@ class TrainPump:
             await self._retry(step, all_chunks, exc)
 
     async def _finish(self, step: int, chunks: list[TrainChunk], advance_version: bool = True) -> dict:
-        try:
-            out = await asyncio.to_thread(self.trainer.finish, advance_version)
-        except Exception as exc:  # noqa: BLE001
-            await self._retry(step, chunks, exc)
-            out = await asyncio.to_thread(self.trainer.finish, advance_version)
+        """The optimizer update closing the open trainer step. A failure (e.g. non-finite gradients:
+        `FloatingPointError`) reopens the step, replays `chunks` and tries the update again, as long
+        as the RL step's retry budget lasts; then `TrainStepFailed` with no trainer step left open."""
+        while True:
+            try:
+                out = await asyncio.to_thread(self.trainer.finish, advance_version)
+            except Exception as exc:  # noqa: BLE001 - transient failures are retried; _retry raises at the end
+                await self._retry(step, chunks, exc)
+                continue
+            self._open = False
+            if advance_version:  # the policy has trained on the step's groups: a later failure must not return them
+                self._open_slots = []
+            return out
+
+    def _close_step(self) -> None:
+        """Leave no trainer step open (after a failure)."""
+        self.trainer.abort()
         self._open = False
-        return out
 
     async def _retry(self, step: int, chunks: list[TrainChunk], exc: Exception) -> None:
+        """Reopen the trainer step and replay `chunks` after `exc`, using the RL step's retries
+        (`async_rl.failure.max_train_step_retries`, shared by every failure of the policy update in
+        one RL step, PPO mini-steps included); a replay that fails again uses the next retry."""
         budget = self.cfg.async_rl.failure.max_train_step_retries
         last = exc
-        for _ in range(budget):
+        while self._step_retries < budget:
+            self._step_retries += 1
             self.train_retries += 1
-            self.trainer.abort()
+            self._close_step()
             try:
                 self.trainer.begin(self.loss)
                 self._open = True
@@ -309,17 +327,44 @@ class TrainPump:
                 return
             except Exception as again:  # noqa: BLE001
                 last = again
-        self.trainer.abort()
-        self._open = False
+        self._close_step()
         raise TrainStepFailed(f"RL step {step} failed {budget + 1} times (async_rl.failure.max_train_step_retries="
                               f"{budget}); last error: {type(last).__name__}: {last}") from last
 
+    async def _retried(self, what: str, attempt: Callable[[], Awaitable], cleanup: Callable[[], None] | None = None):
+        """Run `attempt()` and retry it up to `max_train_step_retries` times (`cleanup()` after each
+        failure): the logprob, value and critic-update passes of a step. Used up: the open trainer
+        step is closed and `TrainStepFailed` stops the run (with a checkpoint)."""
+        budget = self.cfg.async_rl.failure.max_train_step_retries
+        for i in range(budget + 1):
+            try:
+                return await attempt()
+            except Exception as exc:  # noqa: BLE001 - transient failures are retried
+                last = exc
+                if cleanup is not None:
+                    cleanup()
+                if i < budget:
+                    self.train_retries += 1
+                    self.pass_retries += 1
+        if self._open:
+            self._close_step()
+        raise TrainStepFailed(f"{what} of RL step {self.current_step} failed {budget + 1} times "
+                              f"(async_rl.failure.max_train_step_retries={budget}); last error: "
+                              f"{type(last).__name__}: {last}") from last
+
+    async def _pass(self, what: str, fn: Callable, *args):
+        """A forward-only pass (logprobs, critic values) in a worker thread, with retries."""
+        return await self._retried(what, lambda: asyncio.to_thread(fn, *args))
+
     async def _critic_step(self, chunks: list[TrainChunk], advance: bool) -> dict:
-        """One critic optimizer step on the chunks' returns (clipped value loss)."""
-        self.critic.begin()
-        for c in chunks:
-            await asyncio.to_thread(self.critic.train_microbatches, c)
-        out = await asyncio.to_thread(self.critic.finish, advance)
+        """One critic optimizer step on the chunks' returns (clipped value loss), with retries."""
+        async def attempt() -> dict:
+            self.critic.begin()
+            for c in chunks:
+                await asyncio.to_thread(self.critic.train_microbatches, c)
+            return await asyncio.to_thread(self.critic.finish, advance)
+
+        out = await self._retried("the critic update", attempt, cleanup=self.critic.abort)
         return {f"critic/{k}": v for k, v in out.items()}
 
     async def _mini_steps(self, step: int, full: TrainChunk, trained: list[TrainedGroup],
@@ -333,7 +378,7 @@ class TrainPump:
             served = resume.get("served_weights")
         else:
             if needs_prev_logprobs(self.cfg):
-                full.prev_logprobs = await asyncio.to_thread(self.trainer.logprobs, full)
+                full.prev_logprobs = await self._pass("previous-policy logprobs", self.trainer.logprobs, full)
             start = 0
             # the generation side keeps serving this step's starting weights until refit: a checkpoint
             # between mini-steps must hold them too (the trainer's weights move on)
