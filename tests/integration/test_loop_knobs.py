@@ -3,7 +3,7 @@ RL steps of the tiny recipe each): each test asserts the knob's behaviour (count
 metrics), not only that the run finishes.
 
 - `async_rl.max_inflight_generations`: training generations in flight never exceed it, and
-  reach it (a group has more samples than the cap, so without it they would exceed it);
+  reach it (without it, the over-sampling runs below have more in flight);
 - `async_rl.recompute_kv_cache_after_weight_updates` set in the recipe: one KV-cache
   invalidation per refit, none when off;
 - `validation.val_start_at` and validation's own sampling parameters;
@@ -12,8 +12,8 @@ metrics), not only that the run finishes.
   group is used (or evicted), with 2.0 more groups are generated than used;
 - stale in-flight abort (windowed sampler): a group still generating when it leaves the
   staleness window is cancelled and counted in `rollout/aborted_stale_inflight_groups`;
-- dynamic sampling in a run: zero-variance groups set aside and the step refilled; its
-  budget error when they exceed the budget;
+- reward shaping (scaling) and dynamic sampling in a run: zero-variance groups set aside and
+  the step refilled; its budget error when they exceed the budget;
 - PPO critic warm-up (`critic.num_warmup_steps`): the policy is frozen, the critic trains.
 
 The generation backend is the real one behind a wrapper that counts (and, for the stale
@@ -107,7 +107,7 @@ def _run(tmp_path, warm_policy, monkeypatch, *overrides: str, steps: int = 3, na
 
 
 def test_generation_backpressure_kv_recompute_and_validation_knobs(tmp_path, warm_policy, monkeypatch):
-    cap = 3  # < N: one group alone would exceed it without the knob
+    cap = N + 2  # the config requires >= N (a whole group); two groups (2N) would exceed it
     ctl, backend, recs, cfg = _run(
         tmp_path, warm_policy, monkeypatch, f"async_rl.max_inflight_generations={cap}",
         "async_rl.recompute_kv_cache_after_weight_updates=true",
@@ -138,7 +138,7 @@ def test_over_sampling_ratio_bounds_generated_vs_used_groups(tmp_path, warm_poli
     bound = math.ceil(ratio * P * (window + 1))  # live groups, whatever the trainer's demand
     assert backend.max_live <= bound
     assert backend.invalidations == 0  # recompute_kv_cache_after_weight_updates off (default)
-    assert backend.max_running > 3  # no generation-level cap: a whole group (N samples) at once
+    assert backend.max_running > N + 2  # no generation-level cap: more than the capped run's 6 at once
     # every generated group is trained, evicted, aborted or left over
     leftover = ctl.buffer.live()
     assert rs.dispatched_groups == used + counts["evicted"] + counts["aborted"] + leftover
@@ -169,13 +169,19 @@ def test_dynamic_sampling_refills_the_step_and_its_budget_stops_the_run(tmp_path
     ctl, backend, recs, cfg = _run(tmp_path, warm_policy, monkeypatch,
                                    "reward_shaping.dynamic_sampling.enabled=true",
                                    "reward_shaping.dynamic_sampling.max_num_dropped_groups_per_step=64",
+                                   "reward_shaping.scaling.enabled=true", "reward_shaping.scaling.target_min=-1.0",
                                    "grpo.max_num_epochs=50", steps=2, name="ds")
     filtered = ctl.train.dynamic_filtered_groups
     assert filtered > 0 and ctl.rollout.stats.refill_groups == filtered  # in_order: one refill per drop
     assert recs[-1]["rollout/dynamic_filtered_groups"] == filtered
     assert len(ctl.train.trained_group_ids) == 2 * P  # each step refilled to its full size
     assert ctl.buffer.counts["evicted"] >= filtered  # set-aside groups leave the buffer as evicted
-    with pytest.raises(RuntimeError, match="dynamic sampling dropped .* budget reward_shaping.dynamic_sampling"):
+    # reward scaling [0, 1] -> [-1, 1] applied before the filter (a linear map keeps zero variance zero)
+    for r in recs:
+        assert r["shaping/reward_shaped_mean"] == pytest.approx(2 * r["shaping/reward_unshaped_mean"] - 1)
+        assert r["train/reward_mean"] == pytest.approx(r["shaping/reward_shaped_mean"])
+    with pytest.raises(RuntimeError, match=r"dynamic sampling dropped \d+ zero-variance groups while filling RL step \\d+ "
+                                           r"\(budget reward_shaping\.dynamic_sampling\.max_num_dropped_groups_per_step=0\)"):
         _run(tmp_path, warm_policy, monkeypatch, "reward_shaping.dynamic_sampling.enabled=true",
              "reward_shaping.dynamic_sampling.max_num_dropped_groups_per_step=0", steps=2, name="ds_budget")
 
