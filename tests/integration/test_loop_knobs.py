@@ -180,7 +180,7 @@ def test_dynamic_sampling_refills_the_step_and_its_budget_stops_the_run(tmp_path
     for r in recs:
         assert r["shaping/reward_shaped_mean"] == pytest.approx(2 * r["shaping/reward_unshaped_mean"] - 1)
         assert r["train/reward_mean"] == pytest.approx(r["shaping/reward_shaped_mean"])
-    with pytest.raises(RuntimeError, match=r"dynamic sampling dropped \d+ zero-variance groups while filling RL step \\d+ "
+    with pytest.raises(RuntimeError, match=r"dynamic sampling dropped \d+ zero-variance groups while filling RL step \d+ "
                                            r"\(budget reward_shaping\.dynamic_sampling\.max_num_dropped_groups_per_step=0\)"):
         _run(tmp_path, warm_policy, monkeypatch, "reward_shaping.dynamic_sampling.enabled=true",
              "reward_shaping.dynamic_sampling.max_num_dropped_groups_per_step=0", steps=2, name="ds_budget")
