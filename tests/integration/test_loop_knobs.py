@@ -48,7 +48,7 @@ class Watched:
     sampling parameters. `hold(dispatch_index, attempt)` -> True keeps that request waiting until
     it is cancelled (at most `hold_s`)."""
 
-    def __init__(self, inner, hold=None, hold_s: float = 120.0):
+    def __init__(self, inner, hold=None, hold_s: float = 600.0):
         self.inner = inner
         self.hold, self.hold_s = hold, hold_s
         self.ctl: Controller | None = None
