@@ -163,16 +163,19 @@ class Controller:
             await self._validate(f"step{done}")
 
     async def _checkpoint_on_failure(self, exc: BaseException) -> None:
-        """After a failed train step: save the last good state (its groups back in the buffer) so
-        the run can resume once the cause is fixed."""
+        """After a failed train step: save the last good state (its groups back in the buffer; or,
+        when PPO mini-steps of the step had already updated the policy, the step open after the
+        last completed mini-step) so the run can resume once the cause is fixed."""
         from rl_core.controller.train_pump import TrainStepFailed
 
         if not isinstance(exc, TrainStepFailed) or self.checkpoint_fn is None:
             return
         await self.rollout.set_dispatch_open(False)
         await self.rollout.wait_idle()
-        await self.train.return_open_step()
-        state = self.capture_state()
+        open_step = self.train.open_step_after_failure()  # PPO: mini-steps already updated the policy
+        if open_step is None:
+            await self.train.return_open_step()
+        state = self.capture_state(open_step)
         await asyncio.to_thread(self.checkpoint_fn, self.p.trainer.version, state)
         self.progress.message(f"[checkpoint] saved RL step {self.p.trainer.version} before stopping: {exc}")
 

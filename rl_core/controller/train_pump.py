@@ -96,6 +96,7 @@ class TrainPump:
         self.train_retries = 0  # every retry: policy update, logprob/value passes, critic update
         self.pass_retries = 0  # of which logprob/value passes and critic updates
         self._step_retries = 0  # policy-update retries used by the RL step in progress
+        self._ministep_state: dict | None = None  # the open RL step after its last completed PPO mini-step
         self.stale_aborted_groups = 0
         self._open = False  # a trainer step is open (begin called, finish not yet)
         self._frozen = False  # critic warm-up: the policy is not updated this step
@@ -127,6 +128,13 @@ class TrainPump:
             await self.train_step(self.trainer.version, resume=self.resume_open_step)
             self.resume_open_step = None
         self.waiting_on = "done"
+
+    def open_step_after_failure(self) -> dict | None:
+        """The RL step a failure interrupted after some of its PPO mini-steps had updated the policy
+        (their updates cannot be undone): its open-step state after the last completed mini-step,
+        to checkpoint so that a resume continues at the next mini-step instead of training the
+        step's groups again from the start. None when no mini-step of the step had completed."""
+        return self._ministep_state
 
     async def return_open_step(self) -> None:
         """Put the groups of a failed, unfinished step back into the buffer as ready."""
@@ -199,6 +207,7 @@ class TrainPump:
         self.current_step = step
         self.selected_in_step, self._filtered_in_step, self._step_pairs = 0, 0, {}
         self._step_retries = 0
+        self._ministep_state = None
         self._open_slots = []
         self._frozen = self.critic is not None and step < self.cfg.critic.num_warmup_steps
         trained: list[TrainedGroup] = []
@@ -238,6 +247,7 @@ class TrainPump:
         if self.mini_steps > 1:
             full = TrainChunk.concat(stage_chunks, self.pad_id)
             train_metrics = await self._mini_steps(step, full, trained, resume)
+            self._ministep_state = None
         else:
             if self.whole_step:
                 await self._train_chunks(step, chunks, streamed=chunks)
@@ -402,10 +412,12 @@ class TrainPump:
             for k, v in out.items():  # mean over the mini-steps that reported each metric
                 sums[k] = sums.get(k, 0.0) + v
                 counts[k] = counts.get(k, 0) + 1
-            if not last and self.on_ministep is not None:
-                await self.on_ministep({"step": step, "next_ministep": k_mini + 1, "trained": trained,
+            if not last:
+                self._ministep_state = {"step": step, "next_ministep": k_mini + 1, "trained": trained,
                                         "chunk": full, "served_weights": served,
-                                        "metric_sums": dict(sums), "metric_counts": dict(counts)})
+                                        "metric_sums": dict(sums), "metric_counts": dict(counts)}
+                if self.on_ministep is not None:
+                    await self.on_ministep(self._ministep_state)
         metrics = {k: sums[k] / counts[k] for k in sums}
         metrics["optimizer_steps_in_rl_step"] = float(total)
         return metrics

@@ -15,8 +15,11 @@ import json
 import pytest
 
 import rl_core.launch.train as launch_train
+from rl_core.config import load_recipe
 from rl_core.checkpoint import load_run_checkpoint, newest_complete
 from rl_core.controller.train_pump import TrainStepFailed
+
+from integration.conftest import RECIPE
 
 SMALL = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "validation.val_at_start=false",
          "validation.val_at_end=false", "async_rl.min_groups_for_streaming_train=2"]
@@ -30,11 +33,11 @@ def _poison_grad(module) -> None:
 
 class PoisonedUpdates:
     """Wraps the real torch trainer: the update of RL step `step` meets a NaN gradient the first
-    `times` times; logprob passes may raise too (`fail_logprobs`: {reference?: failures left})."""
+    `times` times (after letting `skip` updates through); logprob passes may raise too (`fail_logprobs`: {reference?: failures left})."""
 
-    def __init__(self, inner, step: int = -1, times: int = 0, fail_logprobs: dict | None = None):
+    def __init__(self, inner, step: int = -1, times: int = 0, fail_logprobs: dict | None = None, skip: int = 0):
         self.inner = inner
-        self.step, self.times = step, times
+        self.step, self.times, self.skip = step, times, skip  # skip: updates of `step` let through first
         self.poisoned = 0
         self.finish_calls: dict[int, int] = {}
         self.fail_logprobs = dict(fail_logprobs or {})
@@ -50,7 +53,7 @@ class PoisonedUpdates:
     def finish(self, advance_version: bool = True):
         v = self.inner.version
         self.finish_calls[v] = self.finish_calls.get(v, 0) + 1
-        if v == self.step and self.poisoned < self.times:
+        if v == self.step and self.finish_calls[v] > self.skip and self.poisoned < self.times:
             self.poisoned += 1
             _poison_grad(self.inner.model)
         return self.inner.finish(advance_version)
@@ -168,3 +171,29 @@ def test_a_pass_failing_beyond_the_budget_stops_the_run_with_a_checkpoint(run_re
     assert tr.logprob_failures == 3 and tr.inner._loss is None and tr.finish_calls == {}
     ck = newest_complete(tmp_path / "pass_spent" / "steps")
     assert ck is not None and load_run_checkpoint(ck, restore_rng=False).rl_step == 0
+
+
+def test_a_ppo_mini_step_failing_beyond_the_budget_checkpoints_the_open_step(run_recipe, monkeypatch, tmp_path):
+    # two mini-steps per RL step; the second update of RL step 1 keeps failing. The first one has
+    # already moved the policy, so the checkpoint holds step 1 open after it, and the resumed run
+    # continues at the second mini-step: no update is applied twice
+    real = launch_train.build_parts
+    built = _wrap_parts(monkeypatch, lambda t: PoisonedUpdates(t, step=1, times=10**6, skip=1))
+    overrides = [*SMALL, "grpo.max_num_steps=3", "grpo.ppo_epochs=2", "async_rl.failure.max_train_step_retries=1",
+                 "checkpoint.save_every_steps=0"]
+    with pytest.raises(TrainStepFailed, match="RL step 1 failed 2 times"):
+        run_recipe(*overrides, name="ppo_spent")
+    tr = built["trainer"]
+    assert tr.finish_calls == {0: 2, 1: 3} and tr.inner.optimizer_steps == 3 and tr.inner._loss is None
+    ck = newest_complete(tmp_path / "ppo_spent" / "steps")
+    loaded = load_run_checkpoint(ck, restore_rng=False)
+    assert loaded.rl_step == 1 and int(loaded.trainer_state["optimizer_steps"]) == 3
+    open_step = loaded.controller_state["open_step"]
+    assert open_step["step"] == 1 and open_step["next_ministep"] == 1 and len(open_step["trained"]) == 4
+    assert not [r for r in loaded.controller_state["buffer"]["ready"] if r["target_step"] == 1]
+    # the same command again, without the fault, resumes from that checkpoint
+    monkeypatch.setattr(launch_train, "build_parts", real)
+    cfg = load_recipe(RECIPE, [f"output_dir={tmp_path}", "run_name=ppo_spent", "logging.tensorboard=false",
+                               *overrides])
+    summary = launch_train.train_from_recipe(cfg)
+    assert summary["rl_steps"] == 3 and summary["optimizer_steps"] == 6  # 2 per RL step, none twice
