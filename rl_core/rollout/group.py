@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -38,10 +39,26 @@ def _splitmix64(x: int) -> int:
 
 def derive_seed(*parts: int) -> int:
     """A 63-bit seed that depends only on `parts` (stable across processes and platforms)."""
+    return _seed_prefix(*parts) >> 1
+
+
+def _seed_prefix(*parts: int) -> int:
     h = 0x5EED
     for p in parts:
         h = _splitmix64(h ^ (int(p) & _MASK64))
-    return h >> 1
+    return h
+
+
+def _seed_last(prefix: int, last: int) -> int:
+    """derive_seed(*parts, last) from _seed_prefix(*parts): the group's samples share the prefix."""
+    return _splitmix64(prefix ^ (int(last) & _MASK64)) >> 1
+
+
+def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
+    """`dataclasses.replace(params, seed=seed)` without its per-call field introspection."""
+    out = copy.copy(params)
+    out.seed = seed
+    return out
 
 
 def sampling_params(cfg: SamplingParamsConfig, stop_token_ids: tuple[int, ...] = (),
@@ -168,8 +185,9 @@ async def generate_group(backend: GenerationBackend, env: Environment, tokenizer
     """N samples of one prompt, generated concurrently, each with its own derived seed.
     If one sample fails, the others are cancelled and the error propagates."""
     opts = opts or GroupOptions()
+    prefix = _seed_prefix(*seed_parts)  # derive_seed(*seed_parts, i) == _seed_last(prefix, i)
     tasks = [asyncio.ensure_future(generate_sample(backend, env, tokenizer, example, prompt_ids,
-                                                   replace(params, seed=derive_seed(*seed_parts, i)), f"{key}/{i}",
+                                                   _with_seed(params, _seed_last(prefix, i)), f"{key}/{i}",
                                                    opts)) for i in range(n)]
     try:
         return list(await asyncio.gather(*tasks))
