@@ -134,3 +134,29 @@ def test_buffer_indexes_agree_with_a_scan_through_every_transition():
         assert other.live() == len(buf.ready()) and other.reserved() == []
 
     asyncio.run(go())
+
+
+def test_controller_raises_gc_thresholds_while_the_pumps_run_and_restores_them(tmp_path):
+    import gc
+
+    from helpers.fakes import make_parts
+    from rl_core.config import validate_dict
+    from rl_core.controller.controller import Controller
+    from rl_core.metrics.gc_pauses import RUN_THRESHOLDS
+
+    cfg = validate_dict({"grpo": {"num_prompts_per_step": 2, "num_generations_per_prompt": 2, "max_num_steps": 2},
+                         "validation": {"val_at_start": False, "val_at_end": False},
+                         "logging": {"tensorboard": False, "jsonl": False, "progress": "off"}})
+    ctl = Controller(cfg, make_parts(cfg), tmp_path, total_steps=2)
+    seen = []
+    orig = ctl._on_step
+
+    async def on_step(step, metrics, trained):
+        seen.append(gc.get_threshold())
+        await orig(step, metrics, trained)
+
+    ctl._on_step = on_step
+    before = gc.get_threshold()
+    asyncio.run(ctl.run())
+    assert seen and all(t[0] >= RUN_THRESHOLDS[0] for t in seen)
+    assert gc.get_threshold() == before
