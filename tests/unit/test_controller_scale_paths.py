@@ -160,3 +160,48 @@ def test_controller_raises_gc_thresholds_while_the_pumps_run_and_restores_them(t
     asyncio.run(ctl.run())
     assert seen and all(t[0] >= RUN_THRESHOLDS[0] for t in seen)
     assert gc.get_threshold() == before
+
+
+class _CountingBackend:
+    """FakeBackend-like: records how many generations run at once and, at every start, how
+    many dispatched samples are still waiting for a generation place."""
+
+    def __init__(self, inner):
+        self.inner, self.running, self.max_running, self.max_queued, self.ctl = inner, 0, 0, 0, None
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    async def generate(self, request):
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        self.max_queued = max(self.max_queued, self.ctl.rollout._queued_samples())
+        try:
+            return await self.inner.generate(request)
+        finally:
+            self.running -= 1
+
+
+@pytest.mark.parametrize("sampler", [{"type": "in_order", "max_lookahead_versions": 1},
+                                     {"type": "windowed", "max_staleness_versions": 1}])
+def test_generation_level_backpressure_caps_running_and_queued_samples(tmp_path, sampler):
+    from helpers.fakes import FakeBackend, make_parts
+    from rl_core.config import validate_dict
+    from rl_core.controller.controller import Controller
+
+    n, cap = 4, 8
+    cfg = validate_dict({
+        "grpo": {"num_prompts_per_step": 4, "num_generations_per_prompt": n, "max_num_steps": 5},
+        "async_rl": {"sampler": sampler, "max_inflight_groups": 16, "max_inflight_generations": cap,
+                     "max_buffered_groups": 16},
+        "validation": {"val_at_start": False, "val_at_end": False},
+        "logging": {"tensorboard": False, "jsonl": False, "progress": "off"}})
+    backend = _CountingBackend(FakeBackend(seed=2, max_latency_s=0.01))
+    ctl = Controller(cfg, make_parts(cfg, backend=backend, num_examples=200), tmp_path, total_steps=5)
+    backend.ctl = ctl
+    summary = asyncio.run(ctl.run())
+    assert summary["rl_steps"] == 5
+    assert backend.max_running == cap, "the generation places were never all in use"
+    # at most one group's worth waits, plus the group whose dispatch that allowed (n - 1 + n)
+    assert backend.max_queued <= 2 * n - 1, backend.max_queued
+    assert ctl.rollout.opts.gen_slots.queued == 0 and not ctl.rollout._unstarted
