@@ -275,9 +275,12 @@ class RolloutPump:
         self.stats.dispatched_groups += 1
         if target is not None:
             self.inflight_targets[group_id] = target
+        task = asyncio.create_task(self._guarded(group_id, index, epoch, example, version, target))
         if self.opts.gen_slots is not None:
             self._unstarted.add(group_id)
-        self.inflight[group_id] = asyncio.create_task(self._guarded(group_id, index, epoch, example, version, target))
+            # a task cancelled before it ever ran skips _guarded's finally: never leave it counted
+            task.add_done_callback(lambda _t, g=group_id: self._unstarted.discard(g))
+        self.inflight[group_id] = task
 
     async def _guarded(self, group_id: str, index: int, epoch: int, example: dict, version: int,
                        target: int | None) -> None:

@@ -205,3 +205,37 @@ def test_generation_level_backpressure_caps_running_and_queued_samples(tmp_path,
     # at most one group's worth waits, plus the group whose dispatch that allowed (n - 1 + n)
     assert backend.max_queued <= 2 * n - 1, backend.max_queued
     assert ctl.rollout.opts.gen_slots.queued == 0 and not ctl.rollout._unstarted
+
+
+def test_generation_slots_count_queued_samples_of_multi_turn_and_failed_groups():
+    from helpers.fakes import FakeBackend, FakeEnv, FakeTokenizer
+    from rl_core.rollout.group import GenerationSlots, GroupOptions, generate_group
+
+    class TwoTurnEnv(FakeEnv):
+        max_turns = 2
+
+        def parse_completion(self, ids, text, finish):
+            return {"ids": ids}
+
+        def observe(self, example, turn, parsed):
+            return [7, 7]
+
+        def score_turns(self, example, turns):
+            return self.score(example, turns[-1]["ids"], "", "stop")
+
+    async def go():
+        slots = GenerationSlots(3)
+        seen = []
+        slots.on_queue_shrunk = lambda: seen.append(slots.queued)
+        opts = GroupOptions(gen_slots=slots)
+        ex = {"id": 1, "prompt": "1", "answer": "x"}
+        samples = await asyncio.gather(*(generate_group(FakeBackend(seed=g), TwoTurnEnv(), FakeTokenizer(), ex, [1, 2],
+                                                        4, SamplingParams(), f"g{g}", (0, g), opts) for g in range(3)))
+        assert all(len(s) == 4 for s in samples) and slots.queued == 0
+        assert max(seen) < 12 and seen[-1] == 0  # each sample counted once (its first turn), never below 0
+        boom = FakeBackend(seed=5, fail=lambda r: RuntimeError("boom") if r.request_id.endswith("/0") else None)
+        with pytest.raises(RuntimeError):
+            await generate_group(boom, FakeEnv(), FakeTokenizer(), ex, [1], 4, SamplingParams(), "f", (0,), opts)
+        assert slots.queued == 0  # the cancelled samples of the failed group stop counting
+
+    asyncio.run(go())
