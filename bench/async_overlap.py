@@ -1,183 +1,240 @@
-"""Asynchronous vs synchronous RL on the same recipe, measured side by side in one run.
+"""Asynchronous vs synchronous RL on a long-tail workload, side by side in one run.
 
-Prints, for the same number of RL steps on a long-tail completion-length distribution:
-  (1) wall time of synchronous (lookahead 0) and asynchronous (lookahead 1) runs and their
-      ratio, and the asynchronous step time over max(generation time, training time) per
-      step measured in the synchronous run (1.0 = generation and training fully overlap);
-  (2) generation-slot utilisation (mean running samples / cap) with generation-level
-      backpressure (async_rl.max_inflight_generations) vs group-level only.
+The workload: every RL step trains 16 prompt groups x 8 samples. A sample's completion
+length is drawn from a Pareto tail (alpha 1.3) keyed by (prompt, sample index), so every
+configuration sees the same lengths: median 24 tokens, about 3% of the samples 10-20x
+the median (capped at 20x). A synchronous step must wait for its slowest sample.
 
-The long tail: a random-init tiny Qwen2 with a 256-token context whose per-request
-max_tokens is drawn from a Pareto distribution (a few samples are 10-20x longer than
-the median), rewards from a hash of the completion so advantages are non-zero and the
-trainer does real work. Everything else is the real loop (native engine, torch trainer).
+The engine is simulated so that only scheduling is measured, deterministically and fast
+on a shared CPU: `SlotEngine` is a continuous-batching engine with 32 sequence slots
+(a quarter of a step's samples) and a fixed decode time per token for the whole batch
+(the memory-bound regime of a real GPU engine: a decode step costs about the same at 4 or
+32 sequences); requests beyond 32 queue. Training is a fake whose time is fixed per
+sample (streamed chunks) plus an optimizer step. Everything else is the real controller:
+rollout pump, valves, samplers, buffer, advantage stage, refit, metrics.
 
-Run: .venv/bin/python bench/async_overlap.py [--steps 30]
+Configurations, all for the same number of RL steps:
+  sync                 in_order, lookahead 0, group-level cap (4 groups = 32 samples in flight)
+  sync+gen_bp          in_order, lookahead 0, generation-level backpressure (the whole step
+                       submitted, 32 samples generating at once: what a plain synchronous loop does)
+  async                in_order, lookahead 1, group-level cap (4 groups)
+  async+gen_bp         + generation-level backpressure: async_rl.max_inflight_generations 32
+                       (a slot is held by a sample, not by its group), group cap 2 steps
+  async+gen_bp+oversample
+                       windowed sampler (staleness <= 1), async_rl.over_sampling_ratio 1.25:
+                       a step trains the first groups ready; stragglers train in the next
+                       step inside the window or are aborted/evicted (counted as wasted)
+Partial rollouts (continuing an unfinished sample under new weights in a later step) are
+not implemented in rl_core; the table says so.
+
+Prints per configuration: wall time, time per step, speed-up over sync, generation-slot
+utilisation (time-weighted mean of running sequences / 64 slots while the pumps run),
+wasted samples and the largest staleness trained; then the targets' verdicts.
+
+Run: nice -n 10 .venv/bin/python bench/async_overlap.py [--steps 12] [--tick-ms 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import random
-import statistics
+import re
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
 
+from helpers.fakes import FakeBackend, FakeEnv, FakeTrainer, make_parts  # noqa: E402
 from rl_core.config import validate_dict  # noqa: E402
 from rl_core.controller.controller import Controller  # noqa: E402
-from rl_core.controller.events import Timeline  # noqa: E402
-from rl_core.types import EnvResult  # noqa: E402
+from rl_core.types import GenerationResult  # noqa: E402
+
+GROUPS, N, SLOTS = 16, 8, 32
+MEDIAN, TAIL_CAP, ALPHA = 24, 20, 1.3
+_ID = re.compile(r"-p(\d+)-.*/(\d+)$")
 
 
-class LongTailBackend:
-    """The real engine; each request's max_tokens is drawn from a Pareto tail (keyed by id)."""
+def completion_length(request_id: str) -> int:
+    """Pareto-tailed length with the given median, keyed by (prompt index, sample index)."""
+    m = _ID.search(request_id)
+    rng = random.Random(f"{m.group(1)}/{m.group(2)}" if m else request_id)
+    x_min = MEDIAN / 2 ** (1 / ALPHA)  # the median of Pareto(x_min, alpha) is x_min * 2^(1/alpha)
+    return max(1, min(TAIL_CAP * MEDIAN, round(x_min * rng.paretovariate(ALPHA))))
 
-    def __init__(self, inner, median: int = 8, cap: int = 160):
-        self.inner, self.median, self.cap = inner, median, cap
-        self.samples: list[tuple[float, int]] = []  # (time, running) for utilisation
 
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
+class SlotEngine(FakeBackend):
+    """A continuous-batching engine with `slots` sequence slots; every decode tick of
+    `tick_s` advances each running sequence by one token; extra requests queue (FIFO)."""
+
+    def __init__(self, slots: int, tick_s: float):
+        super().__init__(seed=0, max_latency_s=0.0)
+        self.slots, self.tick_s = slots, tick_s
+        self.waiting: list[list] = []  # [request, tokens left, future]
+        self.running: list[list] = []
+        self.busy = 0.0  # integral of running slots over time
+        self.t_first = self.t_last = None
+        self._wake = asyncio.Event()
+        self._loop_task = None
+
+    async def start(self):
+        self._loop_task = asyncio.create_task(self._loop())
+
+    async def shutdown(self):
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+
+    def metrics(self):
+        return {"running": float(len(self.running))}
+
+    def capacity(self):
+        return self.slots
 
     async def generate(self, request):
-        rng = random.Random(request.request_id)
-        n = min(self.cap, max(2, int(self.median * rng.paretovariate(1.3))))
-        params = replace(request.params, max_tokens=n, stop_token_ids=())
-        return await self.inner.generate(replace(request, params=params))
+        self.calls += 1
+        v0 = self.version
+        entry = [request, completion_length(request.request_id), asyncio.get_running_loop().create_future()]
+        self.waiting.append(entry)
+        self._wake.set()
+        try:
+            n = await entry[2]
+        finally:  # an aborted (cancelled) request frees its slot
+            for q in (self.waiting, self.running):
+                if entry in q:
+                    q.remove(entry)
+        return GenerationResult(request.request_id, request.prompt_ids, [5] * n, [-0.5] * n, "stop", v0, self.version)
+
+    async def _loop(self):
+        last = time.monotonic()
+        while True:
+            while self.waiting and len(self.running) < self.slots:
+                e = self.waiting.pop(0)
+                e.append(e[1])  # total length, returned when done
+                self.running.append(e)
+            if not self.running:
+                self._wake.clear()
+                await self._wake.wait()
+                last = time.monotonic()
+                continue
+            await asyncio.sleep(self.tick_s)
+            now = time.monotonic()
+            dt = now - last
+            last = now
+            self.busy += len(self.running) * dt
+            self.t_first = self.t_first if self.t_first is not None else now - dt
+            self.t_last = now
+            steps = max(1, round(dt / self.tick_s))  # decode ticks done in dt (loop jitter is not lost)
+            for e in list(self.running):
+                e[1] -= steps
+                if e[1] <= 0:
+                    self.running.remove(e)
+                    if not e[2].done():
+                        e[2].set_result(e[3])
 
 
-class HashEnv:
-    name = "hash"
-    max_turns = 1
+class TimedTrainer(FakeTrainer):
+    """Training that takes `per_sample_s` per streamed sample plus `finish_s` per optimizer step."""
 
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
+    def __init__(self, per_sample_s: float, finish_s: float):
+        super().__init__()
+        self.per_sample_s, self.finish_s = per_sample_s, finish_s
 
-    def prompt_ids(self, example):
-        return [int(c) + 1 for c in example["prompt"]][:6]
+    def train_microbatches(self, chunk):
+        time.sleep(self.per_sample_s * chunk.num_samples)
+        super().train_microbatches(chunk)
 
-    def stop_strings(self):
-        return ()
-
-    def score(self, example, completion_ids, completion_text, finish_reason):
-        r = float(int(hashlib.sha1(bytes(completion_ids[:3])).hexdigest(), 16) % 2)
-        return EnvResult(reward=r, rewards={"r": r}, info={"correct": bool(r)})
+    def finish(self, advance_version=True):
+        time.sleep(self.finish_s)
+        return super().finish(advance_version)
 
 
-def build(tmp: Path, lookahead: int, steps: int, gen_cap: int | None, seed: int = 0):
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def configs(oversample: float) -> dict:
+    group_cap = SLOTS // N  # group-level: as many groups as fill the engine's slots
+    return {
+        "sync": {"sampler": {"type": "in_order", "max_lookahead_versions": 0},
+                 "max_inflight_groups": group_cap, "max_buffered_groups": 2 * GROUPS},
+        "sync+gen_bp": {"sampler": {"type": "in_order", "max_lookahead_versions": 0},
+                        "max_inflight_groups": 2 * GROUPS, "max_inflight_generations": SLOTS,
+                        "max_buffered_groups": 2 * GROUPS},
+        "async": {"sampler": {"type": "in_order", "max_lookahead_versions": 1},
+                  "max_inflight_groups": group_cap, "max_buffered_groups": 2 * GROUPS},
+        "async+gen_bp": {"sampler": {"type": "in_order", "max_lookahead_versions": 1},
+                         "max_inflight_groups": 2 * GROUPS, "max_inflight_generations": SLOTS,
+                         "max_buffered_groups": 2 * GROUPS},
+        "async+gen_bp+oversample": {"sampler": {"type": "windowed", "max_staleness_versions": 1},
+                                    "over_sampling_ratio": oversample, "max_inflight_groups": 4 * GROUPS,
+                                    "max_inflight_generations": SLOTS, "max_buffered_groups": 4 * GROUPS},
+    }
 
-    from rl_core.controller.controller import Parts
-    from rl_core.data.dataset import PromptSource
-    from rl_core.generation.backend import NativeBackend
-    from rl_core.generation.engine import NativeEngine
-    from rl_core.algorithms.losses import make_loss
-    from rl_core.samplers import make_sampler
-    from rl_core.train.torch_trainer import TorchTrainer
 
-    model_dir = tmp / "model"
-    if not model_dir.exists():
-        torch.manual_seed(0)
-        cfg_m = Qwen2Config(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-                            intermediate_size=512, vocab_size=64, max_position_embeddings=256, eos_token_id=0,
-                            tie_word_embeddings=False)
-        Qwen2ForCausalLM(cfg_m).save_pretrained(model_dir)
+def run_one(name: str, steps: int, tick_s: float, train_s: float, tmp: Path, oversample: float) -> dict:
     cfg = validate_dict({
-        "model": {"source": "hf", "path": str(model_dir)},
-        "grpo": {"num_prompts_per_step": 8, "num_generations_per_prompt": 8, "max_num_steps": steps, "seed": seed},
-        "async_rl": {"sampler": {"type": "in_order", "max_lookahead_versions": lookahead},
-                     "max_inflight_groups": 32 if gen_cap else 4, "max_buffered_groups": 32,
-                     "max_inflight_generations": gen_cap, "min_groups_for_streaming_train": 2},
-        "generation": {"max_tokens": 160, "max_batch_size": 64},
-        "trainer": {"microbatch_size": 64},
+        "grpo": {"num_prompts_per_step": GROUPS, "num_generations_per_prompt": N, "max_num_steps": steps},
+        "async_rl": {**configs(oversample)[name], "min_groups_for_streaming_train": 1},
+        "model": {"tiny": {"max_position_embeddings": TAIL_CAP * MEDIAN + 64}},
+        "generation": {"max_tokens": TAIL_CAP * MEDIAN},
         "validation": {"val_at_start": False, "val_at_end": False},
         "logging": {"tensorboard": False, "jsonl": False, "progress": "off"},
         "checkpoint": {"save_every_steps": 0},
     })
-    examples = [{"id": i, "prompt": f"{i:06d}", "answer": ""} for i in range(4096)]
-    engine = NativeEngine.from_pretrained(model_dir, max_batch_size=64, max_seq_len=256, seed=seed)
-    backend = LongTailBackend(NativeBackend(engine))
-    parts = Parts(tokenizer=_Tok(), env=HashEnv(None), source=PromptSource(examples, 8, seed=seed), backend=backend,
-                  trainer=TorchTrainer(model_dir, cfg.trainer), loss=make_loss(cfg.loss), sampler=make_sampler(cfg),
-                  val_examples=[], stop_token_ids=(), pad_id=0)
-    return cfg, parts
-
-
-class _Tok:
-    eos_token_id = 0
-    pad_token_id = 0
-
-    def decode(self, ids, skip_special_tokens=True):
-        return ""
-
-
-async def _run_with_utilisation(ctl: Controller, backend, cap: int):
-    util: list[float] = []
-
-    async def probe():
-        while True:
-            await asyncio.sleep(0.02)
-            util.append(backend.inner.metrics().get("running", 0.0) / cap)
-
-    task = asyncio.create_task(probe())
-    try:
-        summary = await ctl.run()
-    finally:
-        task.cancel()
-    return summary, (statistics.fmean(util) if util else 0.0)
-
-
-def run(tmp: Path, name: str, lookahead: int, steps: int, gen_cap: int | None):
-    cfg, parts = build(tmp, lookahead, steps, gen_cap)
+    engine = SlotEngine(SLOTS, tick_s)
+    trainer = TimedTrainer(per_sample_s=0.6 * train_s / (GROUPS * N), finish_s=0.4 * train_s)
+    parts = make_parts(cfg, backend=engine, trainer=trainer, num_examples=GROUPS * (4 * steps + 8))
     ctl = Controller(cfg, parts, tmp / name, total_steps=steps)
     t0 = time.monotonic()
-    summary, util = asyncio.run(_run_with_utilisation(ctl, parts.backend, gen_cap or 4 * 8))
+    summary = asyncio.run(ctl.run())
     wall = time.monotonic() - t0
-    spans = Timeline.read(tmp / name / "timeline.jsonl")
-    gen_per_step = {}
-    for s in spans:
-        if s.kind == "generate":
-            lo, hi = gen_per_step.get(s.step, (s.start, s.end))
-            gen_per_step[s.step] = (min(lo, s.start), max(hi, s.end))
-    gen = statistics.fmean(hi - lo for lo, hi in gen_per_step.values())
-    train = statistics.fmean(s.end - s.start for s in spans if s.kind == "train")
-    return {"name": name, "wall_s": wall, "step_s": summary["pumps_s"] / steps, "gen_s_per_step": gen,
-            "train_s_per_step": train, "slot_utilisation": util, "overlap_s": summary["generation_train_overlap_s"]}
+    span = (engine.t_last - engine.t_first) if engine.t_first is not None else 0.0
+    util_pumps = engine.busy / (SLOTS * summary["pumps_s"]) if summary["pumps_s"] > 0 else 0.0
+    rs = ctl.rollout.stats
+    return {"name": name, "wall_s": wall, "pumps_s": summary["pumps_s"], "step_s": summary["pumps_s"] / steps,
+            "slot_utilisation": util_pumps, "slot_utilisation_while_decoding": engine.busy / (SLOTS * span) if span else 0,
+            "generated_samples": engine.calls, "wasted_samples": rs.wasted_samples,
+            "max_staleness": summary["max_staleness"]}
 
 
 def main():
+    global GROUPS, SLOTS
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--tick-ms", type=float, default=2.0, help="decode time per token (whole batch)")
+    ap.add_argument("--train-s", type=float, default=0.25, help="training time per RL step")
+    ap.add_argument("--groups", type=int, default=GROUPS, help="prompt groups per RL step")
+    ap.add_argument("--slots", type=int, default=SLOTS, help="engine sequence slots")
+    ap.add_argument("--oversample", type=float, default=1.25, help="async_rl.over_sampling_ratio")
+    ap.add_argument("--only", nargs="*", default=None)
     args = ap.parse_args()
-    import torch
-
-    torch.set_num_threads(2)
+    GROUPS, SLOTS = args.groups, args.slots
+    lengths = sorted(completion_length(f"e0-p{p}-d0/a0/{i}") for p in range(GROUPS * args.steps) for i in range(N))
+    med = lengths[len(lengths) // 2]
+    tail = sum(1 for x in lengths if x >= 10 * med) / len(lengths)
+    print(f"workload: {args.steps} steps x {GROUPS} groups x {N} samples; completion length median {med}, "
+          f"max {lengths[-1]} ({lengths[-1] / med:.0f}x), {tail:.1%} of samples >= 10x median; decode "
+          f"{args.tick_ms:g} ms/token for up to {SLOTS} sequences; training {args.train_s:g} s/step")
+    rows = []
     with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
-        sync = run(tmp, "sync", 0, args.steps, None)
-        asyn = group_bp = run(tmp, "async", 1, args.steps, None)
-        gen_bp = run(tmp, "async_gen_bp", 1, args.steps, 32)
-    ideal = max(sync["gen_s_per_step"], sync["train_s_per_step"])
-    print(json.dumps([sync, asyn, gen_bp], indent=1))
-    print(f"\n(1) {args.steps} RL steps on a long-tail length distribution")
-    print(f"    synchronous wall {sync['wall_s']:.1f}s, asynchronous wall {asyn['wall_s']:.1f}s: "
-          f"speed-up {sync['wall_s'] / asyn['wall_s']:.2f}x")
-    print(f"    per step: generation {sync['gen_s_per_step']:.3f}s, training {sync['train_s_per_step']:.3f}s "
-          f"(measured synchronously); asynchronous step {asyn['step_s']:.3f}s -> "
-          f"{asyn['step_s'] / ideal:.2f} x max(gen, train) (1.0 = perfect overlap)")
-    print(f"(2) generation-slot utilisation: group-level backpressure (4 groups x 8 samples) "
-          f"{group_bp['slot_utilisation']:.2f}, generation-level (32 samples) {gen_bp['slot_utilisation']:.2f} "
-          f"-> {gen_bp['slot_utilisation'] / max(group_bp['slot_utilisation'], 1e-9):.2f}x")
+        for name in args.only or configs(args.oversample):
+            rows.append(run_one(name, args.steps, args.tick_ms / 1000, args.train_s, Path(d), args.oversample))
+            r = rows[-1]
+            print(f"  {name:24s} wall {r['wall_s']:6.2f}s  step {r['step_s']:.3f}s  "
+                  f"speed-up {rows[0]['pumps_s'] / r['pumps_s']:.2f}x  slot utilisation {r['slot_utilisation']:.2f}  "
+                  f"wasted {r['wasted_samples']:3d}/{r['generated_samples']} samples  max staleness {r['max_staleness']}",
+                  flush=True)
+    print("  partial rollouts         not implemented in rl_core (no row)")
+    print(json.dumps(rows, indent=1))
+    by = {r["name"]: r for r in rows}
+    if {"sync", "sync+gen_bp", "async", "async+gen_bp"} <= by.keys():
+        s, sg, a, g = by["sync"], by["sync+gen_bp"], by["async"], by["async+gen_bp"]
+        print(f"async (lookahead 1) vs sync at equal steps, same valves: group-level {s['pumps_s'] / a['pumps_s']:.2f}x, "
+              f"generation-level {sg['pumps_s'] / g['pumps_s']:.2f}x; async+gen_bp vs sync (group-level) "
+              f"{s['pumps_s'] / g['pumps_s']:.2f}x (target >= 2x)")
+        print(f"slot utilisation: group-level {a['slot_utilisation']:.2f}, generation-level {g['slot_utilisation']:.2f} "
+              f"(target >= 0.8 and above group-level)")
 
 
 if __name__ == "__main__":

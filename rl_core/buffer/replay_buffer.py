@@ -44,10 +44,19 @@ class Slot:
     ready_at: float | None = None
 
 
+def _by_dispatch(slot: Slot) -> int:
+    return slot.dispatch_index
+
+
 class ReplayBuffer:
     def __init__(self, capacity: int, changed: asyncio.Condition | None = None):
         self.capacity = capacity
-        self._slots: dict[str, Slot] = {}
+        self._slots: dict[str, Slot] = {}  # live slots only (terminal ones are dropped at once)
+        # per-state indexes, so the valves and the samplers' queries cost O(1) / O(ready) and
+        # not O(all slots) at every wake-up of every waiter (quadratic in groups per step)
+        self._ready: dict[str, Slot] = {}
+        self._reserved: dict[str, Slot] = {}
+        self._ready_by_target: dict[int | None, dict[str, Slot]] = {}  # stamped samplers select by target step
         # shared with the rest of the controller so one wait can cover several conditions
         self._changed = changed or asyncio.Condition()
         self.counts = {s.value: 0 for s in SlotState}  # terminal/lifetime counters
@@ -55,14 +64,26 @@ class ReplayBuffer:
     # ------------------------------------------------------------------ queries
 
     def live(self) -> int:
-        return sum(1 for s in self._slots.values() if s.state in LIVE)
+        return len(self._slots)  # every slot held is reserved or ready
+
+    def num_ready(self) -> int:
+        return len(self._ready)
 
     def ready(self) -> list[Slot]:
-        return sorted((s for s in self._slots.values() if s.state == SlotState.READY), key=lambda s: s.dispatch_index)
+        """Ready slots in dispatch order."""
+        return sorted(self._ready.values(), key=_by_dispatch)
+
+    def ready_for_target(self, target_step: int | None) -> list[Slot]:
+        """Ready slots stamped for `target_step`, in dispatch order (O(those slots))."""
+        return sorted(self._ready_by_target.get(target_step, {}).values(), key=_by_dispatch)
+
+    def ready_targets(self) -> list[int | None]:
+        """The target steps that have ready slots."""
+        return list(self._ready_by_target)
 
     def reserved(self) -> list[Slot]:
-        return sorted((s for s in self._slots.values() if s.state == SlotState.RESERVED),
-                      key=lambda s: s.dispatch_index)
+        """Reserved (still generating) slots in dispatch order."""
+        return sorted(self._reserved.values(), key=_by_dispatch)
 
     def get(self, group_id: str) -> Slot:
         return self._slots[group_id]
@@ -93,7 +114,9 @@ class ReplayBuffer:
         if not force and not self.has_capacity():
             raise RuntimeError("reserve() without capacity; wait for has_capacity() first")
         slot = Slot(group_id, dispatch_index, prompt_index, epoch, start_version, target_step)
+        self._drop_index(group_id)
         self._slots[group_id] = slot
+        self._reserved[group_id] = slot
         self.counts[SlotState.RESERVED.value] += 1
         return slot
 
@@ -104,6 +127,8 @@ class ReplayBuffer:
         slot.end_version = group.end_version
         slot.state = SlotState.READY
         slot.ready_at = time.monotonic()
+        del self._reserved[group_id]
+        self._index_ready(slot)
         self.counts[SlotState.READY.value] += 1
         await self.notify()
         return slot
@@ -117,6 +142,7 @@ class ReplayBuffer:
             if state != SlotState.SELECTED:
                 slot.group = None
             del self._slots[slot.group_id]
+            self._drop_index(slot.group_id)
         await self.notify()
 
     async def restore_ready(self, slots: list[Slot]) -> None:
@@ -125,7 +151,21 @@ class ReplayBuffer:
             assert slot.state == SlotState.SELECTED and slot.group is not None, (slot.group_id, slot.state)
             slot.state = SlotState.READY
             self._slots[slot.group_id] = slot
+            self._index_ready(slot)
         await self.notify()
+
+    def _index_ready(self, slot: Slot) -> None:
+        self._ready[slot.group_id] = slot
+        self._ready_by_target.setdefault(slot.target_step, {})[slot.group_id] = slot
+
+    def _drop_index(self, group_id: str) -> None:
+        slot = self._ready.pop(group_id, None)
+        if slot is not None:
+            same = self._ready_by_target[slot.target_step]
+            del same[group_id]
+            if not same:
+                del self._ready_by_target[slot.target_step]
+        self._reserved.pop(group_id, None)
 
     # ------------------------------------------------------------------ state
 
@@ -144,8 +184,12 @@ class ReplayBuffer:
 
     def load_state_dict(self, state: dict) -> None:
         self._slots.clear()
+        self._ready.clear()
+        self._reserved.clear()
+        self._ready_by_target.clear()
         self.counts = dict(state["counts"])
         for r in state["ready"]:
             slot = Slot(r["group_id"], r["dispatch_index"], r["prompt_index"], r["epoch"], r["start_version"],
                         r["target_step"], SlotState.READY, r["end_version"], r["group"])
             self._slots[slot.group_id] = slot
+            self._index_ready(slot)

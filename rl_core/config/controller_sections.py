@@ -122,7 +122,7 @@ class AsyncRLConfig(Section):
     max_inflight_groups: int = Field(32, ge=1)
     """Prompt groups being generated at once (group-level in-flight cap)."""
     max_inflight_generations: int | None = Field(None, ge=1)
-    """Samples being generated at once (generation-level backpressure): each sample takes a place when it starts and frees it when it finishes, so a slow sample does not hold back its group's other places. null = only the group cap."""
+    """Samples being generated at once (generation-level backpressure): each sample takes a place when it starts and frees it when it finishes, so a slow sample does not hold back its group's other places. It also paces dispatch: a new group is dispatched only while fewer than one group's worth of samples waits for a place, so places are refilled at once without groups queueing (and ageing) behind the limit. null = only the group cap."""
     max_buffered_groups: int = Field(64, ge=1)
     """Buffer capacity: reserved + ready groups not yet selected for training."""
     min_groups_for_streaming_train: int = Field(1, ge=1)

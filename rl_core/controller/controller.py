@@ -20,6 +20,7 @@ group has committed, so it holds the exact state (ready groups included) to resu
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from rl_core.controller.rollout_pump import RolloutPump
 from rl_core.controller.train_pump import TrainPump
 from rl_core.controller.watchdog import Watchdog
 from rl_core.fsutil import atomic_write_json
-from rl_core.metrics.gc_pauses import GcClock, freeze_setup_objects, unfreeze
+from rl_core.metrics.gc_pauses import GcClock, freeze_setup_objects, run_thresholds, unfreeze
 from rl_core.metrics.logger import MetricsLogger
 from rl_core.metrics.progress import Progress
 from rl_core.rollout.group import sampling_params
@@ -240,6 +241,7 @@ class Controller:
         pump_s = 0.0
         if self.p.setup is not None:  # timing/setup/* metrics and setup_* timeline spans
             self.p.setup.report(self.logger, self.timeline, self.start_step)
+        gc_thresholds = None
         await self.p.backend.start()
         served = (self.restore or {}).get("open_step", {}) or {}
         if served.get("served_weights") is not None:  # resumed between mini-steps: serve the step's start weights
@@ -248,6 +250,7 @@ class Controller:
             if self.val_at_start:
                 await self._validate("start")
             freeze_setup_objects()  # full collections then scan only what the run allocates
+            gc_thresholds = run_thresholds()  # fewer re-scans of the buffered groups (metrics.gc_pauses)
             self.train.gc_clock = GcClock().start()  # timing/gc_* per step
             t_pumps = self._t_pumps = self.progress.t0 = time.monotonic()
             self._gen_tokens_at_start = self.rollout.stats.generated_tokens
@@ -281,6 +284,8 @@ class Controller:
             if self.train.gc_clock is not None:
                 self.train.gc_clock.stop()
             unfreeze()
+            if gc_thresholds is not None:
+                gc.set_threshold(*gc_thresholds)
             self.progress.close()
             await self.p.backend.shutdown()
             self.logger.close()

@@ -28,7 +28,7 @@ from rl_core.controller.events import Timeline, VersionClock, notify, wait_until
 from rl_core.protocols import Environment, GenerationBackend
 from rl_core.algorithms.shaping import shape_group
 from rl_core.resilience import Attempts, FailureKind, GroupDropped, backoff_s
-from rl_core.rollout.group import GroupOptions, generate_group
+from rl_core.rollout.group import GenerationSlots, GroupOptions, generate_group
 from rl_core.types import PromptGroup, SamplingParams
 
 
@@ -75,7 +75,7 @@ class RolloutPump:
         self.seed = cfg.grpo.seed
         self.opts = GroupOptions(
             generation_timeout_s=a.failure.generation_timeout_s, env_timeout_s=a.failure.env_timeout_s,
-            gen_slots=asyncio.Semaphore(a.max_inflight_generations) if a.max_inflight_generations else None,
+            gen_slots=GenerationSlots(a.max_inflight_generations) if a.max_inflight_generations else None,
             mask_flagged_samples=getattr(cfg.env, "mask_flagged_samples", True))
         rs = cfg.reward_shaping
         self.shaping = cfg.reward_shaping if (rs.overlong_filtering or rs.overlong_penalty.enabled
@@ -90,6 +90,13 @@ class RolloutPump:
         self.exhausted = False
         self._stop = False
         self._pending: list = []  # prompts drawn from the source but not dispatched yet
+        # generation-level backpressure: groups dispatched whose samples are not counted as
+        # queued yet (their task has not started), and whether dispatch waits on the queue
+        self._unstarted: set[str] = set()
+        self._blocked_on_queue = False
+        self._wakeups: set[asyncio.Task] = set()
+        if self.opts.gen_slots is not None:
+            self.opts.gen_slots.on_queue_shrunk = self._queue_shrunk
         self._failure: BaseException | None = None
 
     # ------------------------------------------------------------------ state
@@ -165,6 +172,28 @@ class RolloutPump:
         need = min(self.demand(), self.groups_per_step * (window + 1))
         return self.buffer.live() < math.ceil(self.over_sampling * need)
 
+    def _queued_samples(self) -> int:
+        """Samples dispatched but not generating yet (waiting for a generation place)."""
+        return self.opts.gen_slots.queued + self.n * len(self._unstarted)
+
+    def _generation_queue_ok(self) -> bool:
+        """Generation-level backpressure: dispatch while fewer than one group's worth of samples
+        waits for a place, so freed places are refilled at once but groups do not pile up
+        (and age) behind the limit."""
+        if self.opts.gen_slots is None:
+            return True
+        ok = self._queued_samples() < self.n
+        if not ok:
+            self._blocked_on_queue = True
+        return ok
+
+    def _queue_shrunk(self) -> None:
+        if self._blocked_on_queue and self._queued_samples() < self.n:
+            self._blocked_on_queue = False
+            task = asyncio.get_running_loop().create_task(notify(self.cond))
+            self._wakeups.add(task)
+            task.add_done_callback(self._wakeups.discard)
+
     def _admissible(self) -> bool:
         return self._stop or self._failure is not None or (
             self.dispatch_open
@@ -172,6 +201,7 @@ class RolloutPump:
             and self.buffer.has_capacity()
             and len(self.inflight) < self.max_inflight
             and self._oversampling_ok()
+            and self._generation_queue_ok()
         )
 
     def _describe_wait(self) -> str:
@@ -186,6 +216,9 @@ class RolloutPump:
             return f"group in-flight cap ({len(self.inflight)}/{self.max_inflight} groups generating)"
         if not self._oversampling_ok():
             return f"over-sampling bound ({self.buffer.live()} live groups, ratio {self.over_sampling})"
+        if not self._generation_queue_ok():
+            return (f"generation places ({self._queued_samples()} samples wait for one of "
+                    f"{self.opts.gen_slots.limit} places)")
         return "nothing"
 
     def _done_dispatching(self) -> bool:
@@ -242,7 +275,12 @@ class RolloutPump:
         self.stats.dispatched_groups += 1
         if target is not None:
             self.inflight_targets[group_id] = target
-        self.inflight[group_id] = asyncio.create_task(self._guarded(group_id, index, epoch, example, version, target))
+        task = asyncio.create_task(self._guarded(group_id, index, epoch, example, version, target))
+        if self.opts.gen_slots is not None:
+            self._unstarted.add(group_id)
+            # a task cancelled before it ever ran skips _guarded's finally: never leave it counted
+            task.add_done_callback(lambda _t, g=group_id: self._unstarted.discard(g))
+        self.inflight[group_id] = task
 
     async def _guarded(self, group_id: str, index: int, epoch: int, example: dict, version: int,
                        target: int | None) -> None:
@@ -278,6 +316,7 @@ class RolloutPump:
         finally:
             self.inflight.pop(group_id, None)
             self.inflight_targets.pop(group_id, None)
+            self._unstarted.discard(group_id)
             await notify(self.cond)
 
     async def _drop(self, group_id, index, epoch, example, target, attempts: Attempts, exc: Exception) -> None:
@@ -310,6 +349,7 @@ class RolloutPump:
         t0 = time.monotonic()
         prompt_ids = self.env.prompt_ids(example)
         key = f"{group_id}/a{attempts.infra + attempts.data}"
+        self._unstarted.discard(group_id)  # generate_group counts its samples as queued from here on
         samples = await generate_group(self.backend, self.env, self.tokenizer, example, prompt_ids, self.n,
                                        self.params, key, (self.seed, epoch, index), self.opts)
         if any(s.finish_reason == "abort" for s in samples):

@@ -180,9 +180,9 @@ class TrainPump:
                                    f"({self.selected_in_step}/{self.quota(step)} groups)")
             self.waiting_on = (f"{need} ready group(s) for step {step} "
                                f"(have {self.selected_in_step}/{self.quota(step)})")
-            snapshot = (len(self.buffer.ready()), self.quota(step), self.rollout.exhausted, len(self.rollout.inflight))
+            snapshot = (self.buffer.num_ready(), self.quota(step), self.rollout.exhausted, len(self.rollout.inflight))
             await wait_until(self.cond, lambda: self.rollout._failure is not None or snapshot != (
-                len(self.buffer.ready()), self.quota(step), self.rollout.exhausted, len(self.rollout.inflight)))
+                self.buffer.num_ready(), self.quota(step), self.rollout.exhausted, len(self.rollout.inflight)))
 
     async def _set_aside(self, step: int, dropped: list[Slot]) -> None:
         """Dynamic sampling dropped these zero-variance groups: count them and refill the step."""

@@ -38,10 +38,28 @@ def _splitmix64(x: int) -> int:
 
 def derive_seed(*parts: int) -> int:
     """A 63-bit seed that depends only on `parts` (stable across processes and platforms)."""
+    return _seed_prefix(*parts) >> 1
+
+
+def _seed_prefix(*parts: int) -> int:
     h = 0x5EED
     for p in parts:
         h = _splitmix64(h ^ (int(p) & _MASK64))
-    return h >> 1
+    return h
+
+
+def _seed_last(prefix: int, last: int) -> int:
+    """derive_seed(*parts, last) from _seed_prefix(*parts): the group's samples share the prefix."""
+    return _splitmix64(prefix ^ (int(last) & _MASK64)) >> 1
+
+
+def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
+    """`dataclasses.replace(params, seed=seed)` without its per-call field introspection
+    (`copy.copy` costs as much, through the reduce protocol)."""
+    out = object.__new__(type(params))
+    out.__dict__.update(params.__dict__)
+    out.seed = seed
+    return out
 
 
 def sampling_params(cfg: SamplingParamsConfig, stop_token_ids: tuple[int, ...] = (),
@@ -53,13 +71,64 @@ def sampling_params(cfg: SamplingParamsConfig, stop_token_ids: tuple[int, ...] =
     )
 
 
+class GenerationSlots:
+    """Generation-level backpressure: at most `limit` samples generate at once (a sample holds
+    a place from its start to its end, a multi-turn sample during each of its turns).
+
+    Also counts `queued`: samples of started groups that have not yet taken their first
+    place (waiting behind the limit, or not yet scheduled). The rollout pump dispatches a
+    new group only while fewer than one group's worth of samples is queued, so the places
+    stay full without groups piling up behind the limit and ageing there (a group's weight
+    version is its dispatch version). `on_queue_shrunk` is called when `queued` falls."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._sem = asyncio.Semaphore(limit)
+        self.queued = 0
+        self.on_queue_shrunk = None  # callable() -> None
+
+    async def __aenter__(self):
+        await self._sem.acquire()
+
+    async def __aexit__(self, *exc):
+        self._sem.release()
+
+    def expect(self, n: int) -> "_Ticket":
+        """`n` samples of one group are about to start: counted as queued until each takes a place."""
+        self.queued += n
+        return _Ticket(self, n)
+
+    def _shrink(self, k: int) -> None:
+        self.queued -= k
+        if self.on_queue_shrunk is not None:
+            self.on_queue_shrunk()
+
+
+class _Ticket:
+    """The queued samples of one group; `take()` at a sample's first place, `close()` when the
+    group ends (samples that never started, e.g. cancelled, stop counting)."""
+
+    def __init__(self, slots: GenerationSlots, n: int):
+        self.slots, self.remaining = slots, n
+
+    def take(self) -> None:
+        if self.remaining > 0:
+            self.remaining -= 1
+            self.slots._shrink(1)
+
+    def close(self) -> None:
+        if self.remaining > 0:
+            k, self.remaining = self.remaining, 0
+            self.slots._shrink(k)
+
+
 @dataclass
 class GroupOptions:
     """How one group is generated (shared by every group of a run)."""
 
     generation_timeout_s: float | None = None
     env_timeout_s: float | None = None
-    gen_slots: asyncio.Semaphore | None = None  # generation-level backpressure
+    gen_slots: GenerationSlots | asyncio.Semaphore | None = None  # generation-level backpressure
     mask_flagged_samples: bool = True
 
 
@@ -73,9 +142,12 @@ def _decode(tokenizer, ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=True)
 
 
-async def _generate(backend: GenerationBackend, request: GenerationRequest, opts: GroupOptions) -> GenerationResult:
+async def _generate(backend: GenerationBackend, request: GenerationRequest, opts: GroupOptions,
+                    ticket: _Ticket | None = None) -> GenerationResult:
     slots = opts.gen_slots
     async with slots if slots is not None else contextlib.nullcontext():
+        if ticket is not None:  # the sample's first place: no longer queued
+            ticket.take()
         return await with_deadline(backend.generate(request), opts.generation_timeout_s,
                                    f"generation of {request.request_id}")
 
@@ -102,13 +174,14 @@ async def _score(env, example, ids, text, finish, opts: GroupOptions, timings: S
 
 async def generate_sample(backend: GenerationBackend, env: Environment, tokenizer, example: dict[str, Any],
                           prompt_ids: list[int], params: SamplingParams, request_id: str,
-                          opts: GroupOptions) -> Sample:
-    """One sample: a single turn, or up to `env.max_turns` turns with observations in between."""
+                          opts: GroupOptions, ticket: _Ticket | None = None) -> Sample:
+    """One sample: a single turn, or up to `env.max_turns` turns with observations in between.
+    `ticket`: its group's queued-sample count (GenerationSlots), released at its first place."""
     timings = SampleTimings()
     max_turns = int(getattr(env, "max_turns", 1))
     t0 = time.monotonic()
     if max_turns <= 1:
-        res = await _generate(backend, GenerationRequest(request_id, list(prompt_ids), params), opts)
+        res = await _generate(backend, GenerationRequest(request_id, list(prompt_ids), params), opts, ticket)
         timings.generate_s = time.monotonic() - t0
         text = _decode(tokenizer, res.token_ids)
         scored = await _score(env, example, res.token_ids, text, res.finish_reason, opts, timings)
@@ -125,7 +198,7 @@ async def generate_sample(backend: GenerationBackend, env: Environment, tokenize
     for turn in range(max_turns):
         p = replace(params, seed=None if params.seed is None else derive_seed(params.seed, turn))
         res = await _generate(backend, GenerationRequest(f"{request_id}/t{turn}", list(prompt_ids) + completion, p),
-                              opts)
+                              opts, ticket if turn == 0 else None)
         start_version = res.start_version if start_version is None else start_version
         end_version, finish = res.end_version, res.finish_reason
         completion += res.token_ids
@@ -168,9 +241,12 @@ async def generate_group(backend: GenerationBackend, env: Environment, tokenizer
     """N samples of one prompt, generated concurrently, each with its own derived seed.
     If one sample fails, the others are cancelled and the error propagates."""
     opts = opts or GroupOptions()
+    prefix = _seed_prefix(*seed_parts)  # derive_seed(*seed_parts, i) == _seed_last(prefix, i)
+    slots = opts.gen_slots
+    ticket = slots.expect(n) if isinstance(slots, GenerationSlots) else None
     tasks = [asyncio.ensure_future(generate_sample(backend, env, tokenizer, example, prompt_ids,
-                                                   replace(params, seed=derive_seed(*seed_parts, i)), f"{key}/{i}",
-                                                   opts)) for i in range(n)]
+                                                   _with_seed(params, _seed_last(prefix, i)), f"{key}/{i}",
+                                                   opts, ticket)) for i in range(n)]
     try:
         return list(await asyncio.gather(*tasks))
     except BaseException:
@@ -178,6 +254,9 @@ async def generate_group(backend: GenerationBackend, env: Environment, tokenizer
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
+    finally:
+        if ticket is not None:
+            ticket.close()
 
 
 def is_correct(sample: Sample) -> bool:

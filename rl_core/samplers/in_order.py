@@ -25,11 +25,14 @@ class InOrderSampler(BaseSampler):
         self.reproducible = reproducible
 
     def select(self, buffer: ReplayBuffer, trainer_version: int, max_groups: int) -> list[Slot]:
-        return [s for s in buffer.ready() if s.target_step == trainer_version][:max_groups]
+        return buffer.ready_for_target(trainer_version)[:max_groups]
 
     def evict(self, buffer: ReplayBuffer, trainer_version: int) -> list[Slot]:
         # a group stamped for a step that already trained (e.g. restored from an older checkpoint)
-        return [s for s in buffer.ready() if s.target_step is not None and s.target_step < trainer_version]
+        old = [t for t in buffer.ready_targets() if t is not None and t < trainer_version]
+        if not old:  # the common case, O(1) at every wake-up of the train pump
+            return []
+        return sorted((s for t in old for s in buffer.ready_for_target(t)), key=lambda s: s.dispatch_index)
 
     def required_capacity(self) -> int:
         # a reproducible refit barrier holds every group of the next `lookahead` steps, plus the current one

@@ -1,0 +1,241 @@
+"""The controller's fast paths (issue 18, item 3) give the same results as the plain ones:
+`make_train_chunk` packs exactly what a per-sample reference packing gives; the replay
+buffer's per-state indexes agree with a scan of its slots through every transition; the
+group's per-sample seeds equal `derive_seed`."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+import torch
+
+from rl_core.buffer.replay_buffer import ReplayBuffer, SlotState
+from rl_core.rollout.group import _seed_last, _seed_prefix, _with_seed, derive_seed
+from rl_core.types import PromptGroup, Sample, SamplingParams, make_train_chunk
+
+
+def _reference_chunk(samples, advantages, pad_id, token_advantages=None):
+    """The per-sample packing make_train_chunk replaced (one row at a time)."""
+    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
+    B, T = len(samples), max(lengths) if samples else 0
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    att = torch.zeros((B, T), dtype=torch.long)
+    lm = torch.zeros((B, T))
+    lp = torch.zeros((B, T))
+    adv = torch.zeros((B, T))
+    for i, s in enumerate(samples):
+        p, c = len(s.prompt_ids), len(s.completion_ids)
+        ids[i, :p + c] = torch.tensor(s.prompt_ids + s.completion_ids)
+        att[i, :p + c] = 1
+        lm[i, p:p + c] = 1.0 if s.completion_mask is None else torch.tensor(s.completion_mask, dtype=torch.float32)
+        lp[i, p:p + c] = torch.tensor(s.gen_logprobs, dtype=torch.float32)
+        adv[i, p:p + c] = torch.tensor(token_advantages[i]) if token_advantages is not None else float(advantages[i])
+    return ids, att, lm, lp, adv
+
+
+def _samples(rng: random.Random, n: int, masks: bool) -> list[Sample]:
+    out = []
+    for _ in range(n):
+        p, c = rng.randrange(1, 7), rng.randrange(0, 12)
+        out.append(Sample(prompt_ids=[rng.randrange(1, 99) for _ in range(p)],
+                          completion_ids=[rng.randrange(1, 99) for _ in range(c)],
+                          gen_logprobs=[-rng.random() * 3 for _ in range(c)], reward=rng.random(),
+                          finish_reason="stop", start_version=rng.randrange(4), end_version=4,
+                          env_mask=rng.random() < 0.2,
+                          completion_mask=[rng.randrange(2) for _ in range(c)] if masks and rng.random() < 0.5
+                          else None))
+    return out
+
+
+@pytest.mark.parametrize("masks", [False, True])
+@pytest.mark.parametrize("token_level", [False, True])
+def test_make_train_chunk_matches_per_sample_packing(masks, token_level):
+    rng = random.Random(7 + masks + 2 * token_level)
+    samples = _samples(rng, 37, masks)
+    adv = [rng.uniform(-2, 2) for _ in samples]
+    tok = [[rng.uniform(-1, 1) for _ in s.completion_ids] for s in samples] if token_level else None
+    chunk = make_train_chunk(samples, torch.tensor(adv) if not token_level else adv, pad_id=3, token_advantages=tok)
+    ids, att, lm, lp, ad = _reference_chunk(samples, adv, 3, tok)
+    assert torch.equal(chunk.input_ids, ids) and torch.equal(chunk.attention_mask, att)
+    assert torch.equal(chunk.loss_mask, lm) and torch.equal(chunk.gen_logprobs, lp)
+    assert torch.equal(chunk.advantages, ad)
+    assert chunk.sample_mask.tolist() == [0.0 if s.env_mask else 1.0 for s in samples]
+    assert chunk.start_versions.tolist() == [s.start_version for s in samples]
+    assert (chunk.input_ids.dtype, chunk.loss_mask.dtype, chunk.advantages.dtype) == \
+        (torch.long, torch.float32, torch.float32)
+
+
+def test_make_train_chunk_rejects_misaligned_samples_and_packs_nothing():
+    s = Sample(prompt_ids=[1], completion_ids=[2, 3], gen_logprobs=[-1.0], reward=0.0, finish_reason="stop",
+               start_version=0, end_version=0)
+    with pytest.raises(ValueError, match="1 generation logprobs for 2 completion tokens"):
+        make_train_chunk([s], [0.0])
+    with pytest.raises(ValueError, match="2 advantages for 1 samples"):
+        make_train_chunk([Sample([1], [2], [-1.0], 0.0, "stop", 0, 0)], [0.0, 1.0])
+    empty = make_train_chunk([], [])
+    assert empty.input_ids.shape == (0, 0) and empty.num_samples == 0
+
+
+def test_group_seeds_equal_derive_seed():
+    rng = random.Random(0)
+    for _ in range(200):
+        parts = [rng.randrange(-3, 1 << 66) for _ in range(rng.randrange(4))]
+        i = rng.randrange(64)
+        assert _seed_last(_seed_prefix(*parts), i) == derive_seed(*parts, i)
+    p = SamplingParams(temperature=0.7, stop_token_ids=(1, 2))
+    q = _with_seed(p, 11)
+    assert q.seed == 11 and p.seed is None and (q.temperature, q.stop_token_ids) == (0.7, (1, 2))
+
+
+def _scan(buf: ReplayBuffer):
+    slots = list(buf._slots.values())
+    ready = sorted((s for s in slots if s.state == SlotState.READY), key=lambda s: s.dispatch_index)
+    reserved = sorted((s for s in slots if s.state == SlotState.RESERVED), key=lambda s: s.dispatch_index)
+    return ready, reserved
+
+
+def test_buffer_indexes_agree_with_a_scan_through_every_transition():
+    async def go():
+        rng = random.Random(3)
+        buf = ReplayBuffer(capacity=40)
+        nxt = 0
+        selected = []
+        for _ in range(400):
+            ready, reserved = _scan(buf)
+            assert buf.ready() == ready and buf.reserved() == reserved
+            assert buf.live() == len(ready) + len(reserved) and buf.num_ready() == len(ready)
+            for t in {s.target_step for s in ready}:
+                assert buf.ready_for_target(t) == [s for s in ready if s.target_step == t]
+            assert set(buf.ready_targets()) == {s.target_step for s in ready}
+            op = rng.randrange(5)
+            if op == 0 and buf.has_capacity():
+                buf.reserve(f"g{nxt}", nxt, nxt, 0, 0, rng.choice([None, 0, 1, 2]))
+                nxt += 1
+            elif op == 1 and reserved:
+                s = rng.choice(reserved)
+                await buf.commit(s.group_id, PromptGroup(s.group_id, 0, 0, {}, [], 0, 0, s.target_step))
+            elif op == 2 and ready:
+                pick = rng.sample(ready, rng.randrange(1, len(ready) + 1))
+                state = rng.choice([SlotState.SELECTED, SlotState.EVICTED])
+                await buf.finish(pick, state)
+                if state == SlotState.SELECTED:
+                    selected += pick
+            elif op == 3 and reserved:
+                await buf.finish([rng.choice(reserved)], SlotState.ABORTED)
+            elif op == 4 and selected:
+                back, selected = selected[:3], selected[3:]
+                await buf.restore_ready(back)
+        state = buf.state_dict()
+        other = ReplayBuffer(capacity=40)
+        other.load_state_dict(state)
+        assert [s.group_id for s in other.ready()] == [s.group_id for s in buf.ready()]
+        assert other.live() == len(buf.ready()) and other.reserved() == []
+
+    asyncio.run(go())
+
+
+def test_controller_raises_gc_thresholds_while_the_pumps_run_and_restores_them(tmp_path):
+    import gc
+
+    from helpers.fakes import make_parts
+    from rl_core.config import validate_dict
+    from rl_core.controller.controller import Controller
+    from rl_core.metrics.gc_pauses import RUN_THRESHOLDS
+
+    cfg = validate_dict({"grpo": {"num_prompts_per_step": 2, "num_generations_per_prompt": 2, "max_num_steps": 2},
+                         "validation": {"val_at_start": False, "val_at_end": False},
+                         "logging": {"tensorboard": False, "jsonl": False, "progress": "off"}})
+    ctl = Controller(cfg, make_parts(cfg), tmp_path, total_steps=2)
+    seen = []
+    orig = ctl._on_step
+
+    async def on_step(step, metrics, trained):
+        seen.append(gc.get_threshold())
+        await orig(step, metrics, trained)
+
+    ctl._on_step = on_step
+    before = gc.get_threshold()
+    asyncio.run(ctl.run())
+    assert seen and all(t[0] >= RUN_THRESHOLDS[0] for t in seen)
+    assert gc.get_threshold() == before
+
+
+class _CountingBackend:
+    """FakeBackend-like: records how many generations run at once and, at every start, how
+    many dispatched samples are still waiting for a generation place."""
+
+    def __init__(self, inner):
+        self.inner, self.running, self.max_running, self.max_queued, self.ctl = inner, 0, 0, 0, None
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    async def generate(self, request):
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        self.max_queued = max(self.max_queued, self.ctl.rollout._queued_samples())
+        try:
+            return await self.inner.generate(request)
+        finally:
+            self.running -= 1
+
+
+@pytest.mark.parametrize("sampler", [{"type": "in_order", "max_lookahead_versions": 1},
+                                     {"type": "windowed", "max_staleness_versions": 1}])
+def test_generation_level_backpressure_caps_running_and_queued_samples(tmp_path, sampler):
+    from helpers.fakes import FakeBackend, make_parts
+    from rl_core.config import validate_dict
+    from rl_core.controller.controller import Controller
+
+    n, cap = 4, 8
+    cfg = validate_dict({
+        "grpo": {"num_prompts_per_step": 4, "num_generations_per_prompt": n, "max_num_steps": 5},
+        "async_rl": {"sampler": sampler, "max_inflight_groups": 16, "max_inflight_generations": cap,
+                     "max_buffered_groups": 16},
+        "validation": {"val_at_start": False, "val_at_end": False},
+        "logging": {"tensorboard": False, "jsonl": False, "progress": "off"}})
+    backend = _CountingBackend(FakeBackend(seed=2, max_latency_s=0.01))
+    ctl = Controller(cfg, make_parts(cfg, backend=backend, num_examples=200), tmp_path, total_steps=5)
+    backend.ctl = ctl
+    summary = asyncio.run(ctl.run())
+    assert summary["rl_steps"] == 5
+    assert backend.max_running == cap, "the generation places were never all in use"
+    # at most one group's worth waits, plus the group whose dispatch that allowed (n - 1 + n)
+    assert backend.max_queued <= 2 * n - 1, backend.max_queued
+    assert ctl.rollout.opts.gen_slots.queued == 0 and not ctl.rollout._unstarted
+
+
+def test_generation_slots_count_queued_samples_of_multi_turn_and_failed_groups():
+    from helpers.fakes import FakeBackend, FakeEnv, FakeTokenizer
+    from rl_core.rollout.group import GenerationSlots, GroupOptions, generate_group
+
+    class TwoTurnEnv(FakeEnv):
+        max_turns = 2
+
+        def parse_completion(self, ids, text, finish):
+            return {"ids": ids}
+
+        def observe(self, example, turn, parsed):
+            return [7, 7]
+
+        def score_turns(self, example, turns):
+            return self.score(example, turns[-1]["ids"], "", "stop")
+
+    async def go():
+        slots = GenerationSlots(3)
+        seen = []
+        slots.on_queue_shrunk = lambda: seen.append(slots.queued)
+        opts = GroupOptions(gen_slots=slots)
+        ex = {"id": 1, "prompt": "1", "answer": "x"}
+        samples = await asyncio.gather(*(generate_group(FakeBackend(seed=g), TwoTurnEnv(), FakeTokenizer(), ex, [1, 2],
+                                                        4, SamplingParams(), f"g{g}", (0, g), opts) for g in range(3)))
+        assert all(len(s) == 4 for s in samples) and slots.queued == 0
+        assert max(seen) < 12 and seen[-1] == 0  # each sample counted once (its first turn), never below 0
+        boom = FakeBackend(seed=5, fail=lambda r: RuntimeError("boom") if r.request_id.endswith("/0") else None)
+        with pytest.raises(RuntimeError):
+            await generate_group(boom, FakeEnv(), FakeTokenizer(), ex, [1], 4, SamplingParams(), "f", (0,), opts)
+        assert slots.queued == 0  # the cancelled samples of the failed group stop counting
+
+    asyncio.run(go())
