@@ -252,24 +252,58 @@ def _fmt(stats: dict[str, float]) -> str:
     return "  ".join(f"{k} {v:.4g}" for k, v in stats.items())
 
 
+def _check_tokenizer_dir(tok_dir: Path) -> None:
+    from rl_core.errors import ArgumentError
+
+    if not tok_dir.is_dir() or not any((tok_dir / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        raise ArgumentError("--tokenizer", str(tok_dir), "an HF directory holding tokenizer.json or "
+                            "tokenizer_config.json (e.g. results/<run>/epoch_<k>/checkpoint/model)",
+                            "point --tokenizer at such a directory, or leave it out to use the epoch's checkpoint.",
+                            "inspect")
+
+
 def inspect_main(path: str, tokenizer_dir: str | None = None, num_samples: int = 5, step: int | None = None,
                  as_json: bool = False) -> str:
-    """The text `rl-core inspect` prints."""
+    """The text `rl-core inspect` prints. Options are checked before the archive is read, and a
+    damaged archive (missing datasets, unreadable rows) is a `DataError` naming the file."""
+    from rl_core.errors import ArgumentError
+
     p = Path(path)
+    if num_samples < 0:
+        raise ArgumentError("--num-samples", num_samples, "0 or more samples to print",
+                            "pass e.g. --num-samples 5 (0 prints only the statistics).", "inspect")
+    if tokenizer_dir:
+        _check_tokenizer_dir(Path(tokenizer_dir))
     with RolloutArchive(p) as ar:
-        summ = ar.summary()
-        if as_json:
-            return json.dumps(summ, indent=2)
-        steps = ar.column("samples/step")
-        rows = np.flatnonzero(steps == step) if step is not None else np.arange(steps.size)
-        picked = [ar.sample(int(i)) for i in rows[:num_samples]]
+        try:
+            summ = ar.summary()
+            if as_json:
+                return json.dumps(summ, indent=2)
+            steps = ar.column("samples/step")
+            if step is not None and not (steps == step).any():
+                have = sorted({int(x) for x in np.unique(steps)})
+                span = f"steps {have[0]}..{have[-1]}" if have else "no steps"
+                raise ArgumentError("--step", step, f"an RL step recorded in {p} ({span})",
+                                    f"pass one of those steps, or leave --step out to see all.", "inspect")
+            rows = np.flatnonzero(steps == step) if step is not None else np.arange(steps.size)
+            picked = [ar.sample(int(i)) for i in rows[:num_samples]]
+        except (KeyError, OSError, ValueError, IndexError, TypeError) as exc:
+            raise DataError(f"Rollout archive {p} is damaged: reading it failed ({type(exc).__name__}: {exc}). Fix: "
+                            f"rebuild it from the epoch's spool (rerun the archive_rollouts rule, e.g. delete the "
+                            f"file and rerun snakemake).") from None
     tok_dir = Path(tokenizer_dir) if tokenizer_dir else find_tokenizer(p)
     decode = None
     if tok_dir is not None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(str(tok_dir))
+        try:
+            tok = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
+        except Exception as exc:  # noqa: BLE001 - any failure to load names the directory
+            raise DataError(f"Tokenizer directory {tok_dir} ({'--tokenizer' if tokenizer_dir else 'found next to the '
+                            'archive'}) cannot be loaded ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}). "
+                            f"Fix: pass --tokenizer with a working HF tokenizer directory (e.g. the epoch's "
+                            f"checkpoint/model).") from None
         decode = lambda ids: tok.decode(ids, skip_special_tokens=False)  # noqa: E731
     a = summ["attrs"]
     lines = [f"{p}: run {a.get('run', '?')}, epoch {a.get('epoch', '?')}",

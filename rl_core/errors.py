@@ -62,3 +62,20 @@ class DataError(UserError):
 
 class StallError(RuntimeError):
     """The controller made no progress for longer than the watchdog allows."""
+
+
+class ArgumentError(UserError):
+    """A command-line option whose value cannot be used (`rl-core inspect --step 9999`).
+
+    Rendered like a recipe problem, but naming the option: what was received, what was
+    expected and the fix.
+    """
+
+    def __init__(self, option: str, value: Any, expected: str, fix: str, command: str | None = None):
+        self.option = option
+        where = f"rl-core {command} " if command else ""
+        super().__init__(f"{where}option `{option}` got {_short(value)}; expected {expected}. Fix: {fix}")
+
+
+class OutputPathError(UserError):
+    """An output path rl_core would have to delete or overwrite but did not create itself."""

@@ -1,5 +1,7 @@
 """Checkpoints: atomic directories with a manifest (store), and whole-run state (run_state)."""
 
+from rl_core.checkpoint.resume import (check_checkpoint_matches, check_model_matches, check_run_checkpoint,
+                                       choose_resume, set_aside_newer, validate_resume_from)
 from rl_core.checkpoint.run_state import LoadedCheckpoint, load_run_checkpoint, save_run_checkpoint
 from rl_core.checkpoint.store import (
     MANIFEST,
@@ -11,5 +13,6 @@ from rl_core.checkpoint.store import (
     write_checkpoint,
 )
 
-__all__ = ["LoadedCheckpoint", "MANIFEST", "is_complete", "load_run_checkpoint", "newest_complete", "prune",
+__all__ = ["check_checkpoint_matches", "check_model_matches", "check_run_checkpoint", "choose_resume",
+           "set_aside_newer", "validate_resume_from", "LoadedCheckpoint", "MANIFEST", "is_complete", "load_run_checkpoint", "newest_complete", "prune",
            "read_manifest", "save_run_checkpoint", "verify_checkpoint", "write_checkpoint"]

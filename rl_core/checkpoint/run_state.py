@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rl_core.checkpoint.store import load_json, load_torch, rng_state, set_rng_state, verify_checkpoint, write_checkpoint
+from rl_core.checkpoint.store import load_json, load_torch, rng_state, set_rng_state, write_checkpoint
 from rl_core.types import PromptGroup, Sample
 
 
@@ -98,10 +98,14 @@ class LoadedCheckpoint:
         return int(self.manifest["rl_step"])
 
 
-def load_run_checkpoint(path: str | Path, restore_rng: bool = True) -> LoadedCheckpoint:
-    """Verify every file against the manifest, then load the non-weight state (weights load from model/)."""
+def load_run_checkpoint(path: str | Path, restore_rng: bool = True, verified: bool = False) -> LoadedCheckpoint:
+    """Verify every file against the manifest and the state's structure (`resume.check_run_checkpoint`;
+    `verified`: the caller just did, skip the hashes), then load the non-weight state (weights load
+    from model/)."""
+    from rl_core.checkpoint.resume import check_run_checkpoint
+
     root = Path(path)
-    manifest = verify_checkpoint(root)
+    manifest = check_run_checkpoint(root, hashes=not verified)
     state = load_json(root / "controller_state.json")
     buffer_json = load_json(root / "buffer.json")
     state["buffer"] = {"capacity": buffer_json["capacity"], "counts": buffer_json["counts"],

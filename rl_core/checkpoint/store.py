@@ -33,6 +33,7 @@ from rl_core.fsutil import atomic_dir
 
 FORMAT = "rl_core.checkpoint/1"
 MANIFEST = "manifest.json"
+_RESUME_FIX = "`rl-core train RECIPE --resume-from <checkpoint>`, or rerun the same command to fall back to the newest intact one"
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -53,15 +54,50 @@ def _manifest(root: Path, meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_checkpoint(final_dir: str | os.PathLike, fill: Callable[[Path], None], meta: dict[str, Any]) -> Path:
-    """Build a checkpoint with `fill(tmp_dir)`, hash everything, write the manifest last, rename."""
-    with atomic_dir(final_dir) as tmp:
-        fill(tmp)
-        manifest = _manifest(tmp, meta)
-        with open(tmp / MANIFEST, "w") as fh:
-            json.dump(manifest, fh, indent=2)
-            fh.flush()
-            os.fsync(fh.fileno())
-    return Path(final_dir)
+    """Build a checkpoint with `fill(tmp_dir)`, hash everything, write the manifest last, rename.
+
+    A full disk (ENOSPC / EDQUOT) while writing becomes a `CheckpointError` that says so:
+    the half-written temporary is removed, and the newest earlier checkpoint beside it is
+    untouched (named in the message) so the same command resumes from it once there is room.
+    """
+    final = Path(final_dir)
+    try:
+        with atomic_dir(final, "checkpoint") as tmp:
+            fill(tmp)
+            manifest = _manifest(tmp, meta)
+            with open(tmp / MANIFEST, "w") as fh:
+                json.dump(manifest, fh, indent=2)
+                fh.flush()
+                os.fsync(fh.fileno())
+    except Exception as exc:  # noqa: BLE001 - only a full disk is translated, the rest re-raised as is
+        if not _disk_full(exc):
+            raise
+        prev = newest_complete(final.parent, final.name.split("_")[0] + "_") if final.parent.is_dir() else None
+        kept = (f"The previous checkpoint {prev} is intact and the run resumes from it"
+                if prev is not None and prev != final else
+                "No earlier checkpoint of this run exists, so a rerun starts from the beginning")
+        raise CheckpointError(
+            f"No space left on the device while writing checkpoint {final} ({exc}); the partial write was removed. "
+            f"{kept}. Fix: free space on the file system of {final.parent} (see `df -h {final.parent}`), or keep "
+            f"fewer checkpoints (checkpoint.keep_last) or point output_dir at a larger disk, then rerun the same "
+            f"command.") from None
+    return final
+
+
+def _disk_full(exc: BaseException) -> bool:
+    """Whether `exc` (or what caused it) is a full disk or quota; torch/safetensors wrap the OSError."""
+    import errno
+
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(seen) or "Disk quota exceeded" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def is_complete(path: str | os.PathLike) -> bool:
@@ -73,12 +109,27 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     if not p.is_file():
         raise CheckpointError(
             f"Checkpoint {path} is incomplete: {p} is missing (a writer was killed before finishing, or this is "
-            f"not a checkpoint directory). Fix: resume from an earlier checkpoint or delete this directory.")
+            f"not a checkpoint directory). Fix: resume from an earlier checkpoint ({_RESUME_FIX}).")
     try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"Checkpoint manifest {p} is not valid JSON ({exc}). Fix: delete the checkpoint "
-                              f"directory {path} and resume from an earlier one.") from None
+        manifest = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"Checkpoint manifest {p} cannot be read as JSON ({exc}). Fix: move the checkpoint "
+                              f"directory {path} away and resume from an earlier one ({_RESUME_FIX}).") from None
+    problem = None
+    if not isinstance(manifest, dict):
+        problem = f"is a JSON {type(manifest).__name__}, expected an object"
+    elif not isinstance(manifest.get("files"), dict):
+        problem = "has no `files` object (path -> size and sha256)"
+    else:
+        for rel, info in manifest["files"].items():
+            if not (isinstance(info, dict) and isinstance(info.get("size"), int) and isinstance(info.get("sha256"), str)):
+                problem = f"lists file {rel!r} without an integer `size` and a string `sha256`"
+                break
+    if problem is not None:
+        raise CheckpointError(f"Checkpoint manifest {p} {problem}; it was not written by rl_core or was edited. "
+                              f"Fix: move the checkpoint directory {path} away and resume from an earlier one "
+                              f"({_RESUME_FIX}).")
+    return manifest
 
 
 def verify_checkpoint(path: str | os.PathLike, hashes: bool = True) -> dict[str, Any]:
@@ -90,16 +141,19 @@ def verify_checkpoint(path: str | os.PathLike, hashes: bool = True) -> dict[str,
                               "Fix: use a checkpoint written by this version of rl_core.")
     for rel, info in manifest["files"].items():
         f = root / rel
+        if Path(rel).is_absolute() or ".." in Path(rel).parts:
+            raise CheckpointError(f"Checkpoint manifest {root / MANIFEST} lists {rel!r}, a path outside the checkpoint. "
+                                  f"Fix: use a checkpoint written by rl_core ({_RESUME_FIX}).")
         if not f.is_file():
             raise CheckpointError(f"Checkpoint file {f} is missing (listed in {root / MANIFEST}). "
-                                  "Fix: restore the file or resume from another checkpoint.")
+                                  f"Fix: restore the file or resume from another checkpoint ({_RESUME_FIX}).")
         size = f.stat().st_size
         if size != info["size"]:
             raise CheckpointError(f"Checkpoint file {f} has {size} bytes; the manifest says {info['size']} "
-                                  "(truncated or overwritten). Fix: resume from another checkpoint.")
+                                  f"(truncated or overwritten). Fix: resume from another checkpoint ({_RESUME_FIX}).")
         if hashes and sha256_file(f) != info["sha256"]:
             raise CheckpointError(f"Checkpoint file {f} does not match its sha256 in {root / MANIFEST} "
-                                  "(corrupted). Fix: resume from another checkpoint.")
+                                  f"(corrupted). Fix: resume from another checkpoint ({_RESUME_FIX}).")
     return manifest
 
 
@@ -145,7 +199,7 @@ def load_torch(path: Path) -> Any:
 def load_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:
         raise CheckpointError(f"Checkpoint file {path} cannot be read ({exc}). "
                               "Fix: resume from another checkpoint.") from None
 
@@ -175,13 +229,21 @@ def newest_complete(parent: str | os.PathLike, prefix: str = "step_") -> Path | 
 
 
 def prune(parent: str | os.PathLike, keep_last: int, prefix: str = "step_") -> None:
-    """Keep the newest `keep_last` complete checkpoints; remove older ones and stale temporaries."""
+    """Keep the newest `keep_last` complete checkpoints; remove older ones (only those rl_core wrote:
+    marker file or rl_core manifest) and stale temporaries."""
+    from rl_core.fsutil import has_marker
+
     root = Path(parent)
     if not root.is_dir():
         return
     complete = _complete_children(root, prefix)
     for p in complete[:-keep_last] if keep_last > 0 else complete:
-        shutil.rmtree(p, ignore_errors=True)
+        try:
+            ours = has_marker(p) or str(read_manifest(p).get("format", "")).startswith("rl_core.checkpoint/")
+        except CheckpointError:
+            ours = False
+        if ours:
+            shutil.rmtree(p, ignore_errors=True)
     for p in root.iterdir():
         if p.name.startswith(".") and ".tmp" in p.name:
             shutil.rmtree(p, ignore_errors=True)

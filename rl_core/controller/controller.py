@@ -105,6 +105,8 @@ class Controller:
             "sampler": self.p.sampler.state_dict(),
             "rollout": self.rollout.state_dict(),
             "buffer": self.buffer.state_dict(),
+            # earlier validations (before RL, periodic), so a resumed run's summary keeps them
+            "validations": [{k: v for k, v in r.items() if k != "examples"} for r in self.validations],
         }
 
     def _apply_restore(self) -> None:
@@ -113,6 +115,7 @@ class Controller:
         self.p.sampler.load_state_dict(st["sampler"])
         self.rollout.load_state_dict(st["rollout"])
         self.buffer.load_state_dict(st["buffer"])
+        self.validations = [dict(r) for r in st.get("validations") or []]  # checkpoints before this field: none
         if st.get("open_step") is not None:
             self.train.resume_open_step = st["open_step"]
 

@@ -122,6 +122,41 @@ def make_addition_data(out_dir: str | Path, num_digits: int = 2, num_val: int = 
     }
 
 
+def check_make_data_args(out_dir: str | Path, num_val: int, seed: int = 0, num_digits: int = 2,
+                         force: bool = False) -> None:
+    """`rl-core make-data`'s checks, before anything is written: `--num-val` leaves both files
+    non-empty, `--out` is a directory (or missing), and its train/val files are either absent,
+    identical to what would be written, or `force` is given (a user's data is not overwritten unasked)."""
+    from rl_core.errors import ArgumentError
+
+    total = 10 ** (2 * num_digits)
+    if not 0 < num_val < total:
+        raise ArgumentError("--num-val", num_val, f"an integer from 1 to {total - 1} (the task has {total} pairs of "
+                            f"{num_digits}-digit numbers; the rest become the training set)",
+                            f"pass e.g. --num-val 1000.", "make-data")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ArgumentError("--out", str(out), "a directory to write train.jsonl and val.jsonl into (created if missing)",
+                            f"{out} is a file; choose another --out (rl_core does not overwrite it).", "make-data")
+    if force:
+        return
+    for name in (TRAIN_FILE, VAL_FILE):
+        f = out / name
+        if f.is_dir():
+            raise ArgumentError("--out", str(out), f"a directory whose {name} is a file or missing",
+                                f"{f} is a directory; choose another --out.", "make-data")
+        if f.exists():
+            expected = to_jsonl(split_examples(all_examples(num_digits), num_val, seed)[name == VAL_FILE])
+            try:
+                same = f.read_text() == expected
+            except (OSError, UnicodeDecodeError):
+                same = False
+            if not same:
+                raise ArgumentError("--out", str(out), f"a directory without a {name} that holds other data",
+                                    f"{f} exists with different content; choose another --out, or pass --force to "
+                                    f"overwrite it.", "make-data")
+
+
 def _check_digits(num_digits: int) -> None:
     if not 1 <= num_digits <= MAX_DIGITS:
         raise ValueError(f"num_digits must be between 1 and {MAX_DIGITS}, got {num_digits} "

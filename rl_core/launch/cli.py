@@ -44,11 +44,38 @@ def cmd_docs(args) -> int:
 
 
 def cmd_make_data(args) -> int:
-    from rl_core.data.addition import make_addition_data
+    from rl_core.data.addition import check_make_data_args, make_addition_data
 
+    check_make_data_args(args.out, args.num_val, seed=args.seed, force=args.force)  # before anything is written
     make_addition_data(args.out, num_val=args.num_val, seed=args.seed)
     print(f"wrote {args.out}/train.jsonl and {args.out}/val.jsonl")
     return 0
+
+
+def _check_init_policy_out(out: Path, force: bool, explicit: bool) -> bool:
+    """Whether `out` is to be (re)built. Never deletes or overwrites a user's path: an existing
+    non-empty directory is rebuilt only with --force and only if rl_core wrote it (its marker);
+    a complete policy rl_core wrote is reused without --force (after the recipe shape check)."""
+    from rl_core.errors import OutputPathError
+    from rl_core.fsutil import MARKER, check_replaceable, has_marker
+    from rl_core.launch.train import policy_is_complete
+
+    named = f"--out {out}" if explicit else f"the run's initial policy directory {out}"
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise OutputPathError(f"rl-core init-policy: {named} exists and is not a directory; rl_core never deletes or "
+                              f"overwrites a file it did not write. Fix: choose another --out, or move {out} away.")
+    if not out.exists() or not any(out.iterdir()):
+        return True
+    if force:
+        check_replaceable(out, "initial policy directory", "--out" if explicit else None)
+        return True
+    if policy_is_complete(out) and has_marker(out):
+        return False
+    foreign = "" if has_marker(out) else f" and was not written by rl_core (it has no {MARKER} marker file)"
+    raise OutputPathError(
+        f"rl-core init-policy: {named} exists, is not empty{foreign}; rl_core does not replace it unasked. Fix: "
+        f"choose another --out, or pass --force to rebuild it (only a directory rl_core wrote is ever replaced), "
+        f"or move {out} away yourself.")
 
 
 def cmd_init_policy(args) -> int:
@@ -57,10 +84,17 @@ def cmd_init_policy(args) -> int:
 
     cfg = load_recipe(args.recipe, args.overrides)
     rd = run_dir(cfg)
-    write_resolved(cfg, rd)
     out = Path(args.out) if args.out else rd / "init_policy"
-    ensure_policy(cfg, out)
-    print(f"policy ready: {out}")
+    build = _check_init_policy_out(out, args.force, bool(args.out))  # before anything is written
+    write_resolved(cfg, rd)
+    if build:
+        from rl_core.model.init_policy import init_policy
+
+        init_policy(cfg, out)  # replaces only an empty directory or one rl_core wrote
+        print(f"policy ready: {out}")
+    else:
+        ensure_policy(cfg, out, args.recipe)  # checks its shape against the recipe
+        print(f"policy ready: {out} (already built for this recipe; reused, --force rebuilds it)")
     return 0
 
 
@@ -69,7 +103,7 @@ def cmd_train(args) -> int:
     from rl_core.launch.train import train_from_recipe
 
     cfg = load_recipe(args.recipe, args.overrides)
-    summary = train_from_recipe(cfg)
+    summary = train_from_recipe(cfg, resume_from=args.resume_from, recipe=args.recipe)
     if not summary:  # a worker rank of a multi-process trainer: rank 0 reports
         return 0
     vs, ve = summary.get("val_start"), summary.get("val_end")
@@ -83,7 +117,7 @@ def cmd_train(args) -> int:
 def cmd_inspect(args) -> int:
     from rl_core.archive import inspect_main
 
-    sys.stdout.write(inspect_main(args.path, args.tokenizer, args.num_samples, args.step, args.json))
+    sys.stdout.write(inspect_main(args.path, args.tokenizer, args.num_samples, args.step, args.json))  # checks its args first
     return 0
 
 
@@ -111,15 +145,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="data/addition")
     p.add_argument("--num-val", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true",
+                   help="overwrite train.jsonl / val.jsonl in --out even when they hold other data")
     p.set_defaults(func=cmd_make_data)
 
     p = sub.add_parser("init-policy", help="build (and warm up) or import the initial policy")
     _recipe_args(p)
-    p.add_argument("--out", help="output HF directory (default: <run dir>/init_policy)")
+    p.add_argument("--out", help="output HF directory (default: <run dir>/init_policy); an existing non-empty one "
+                                 "is refused unless --force (a policy already built for this recipe is reused)")
+    p.add_argument("--force", action="store_true",
+                   help="rebuild and replace an existing --out, but only a directory rl_core wrote (it carries the "
+                        ".rl_core-output marker file); a user's directory or a file is never replaced")
     p.set_defaults(func=cmd_init_policy)
 
     p = sub.add_parser("train", help="run RL end to end in this process (init policy if needed, train, validate)")
     _recipe_args(p)
+    p.add_argument("--resume-from", metavar="CHECKPOINT",
+                   help="continue from this step checkpoint (e.g. results/<run>/steps/step_000008) instead of the "
+                        "newest intact one; checked before anything is built; the run's newer step checkpoints are "
+                        "moved to <run dir>/set_aside_checkpoints/")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("inspect", help="summary statistics and samples of an epoch's rollout archive (rollouts.h5)")

@@ -84,7 +84,7 @@ def _epoch_entry(cfg: RecipeConfig, epoch: int) -> dict:
 
 def train_epoch(resolved_config_path: str, epoch: int, prev_checkpoint: str, epoch_dir: str) -> dict:
     """Train epoch `epoch` into `epoch_dir/checkpoint`; resumable (see module docstring)."""
-    from rl_core.checkpoint import load_run_checkpoint, newest_complete
+    from rl_core.checkpoint import check_checkpoint_matches, check_model_matches, choose_resume, load_run_checkpoint
     from rl_core.launch.train import _truncate_metrics, run_controller, setup_process
     from rl_core.rollout.spool import RolloutSpool
 
@@ -98,19 +98,24 @@ def train_epoch(resolved_config_path: str, epoch: int, prev_checkpoint: str, epo
 
     if start_trainer_group(cfg):  # ranks > 0 of a multi-process trainer followed rank 0 until the end
         return {}
-    latest = newest_complete(steps_dir)
+    # the newest intact step checkpoint of this epoch (damaged ones moved to epoch_k/damaged_checkpoints/)
+    latest = choose_resume(steps_dir, none_intact="none")
     resume = None
     policy_dir = None
     if latest is not None:
-        resume = load_run_checkpoint(latest)
+        check_checkpoint_matches(cfg, latest, edir)
+        resume = load_run_checkpoint(latest, verified=True)
         print(f"[resume] epoch {epoch}: continuing from {latest} (RL step {resume.rl_step})", flush=True)
     elif (Path(prev_checkpoint) / "manifest.json").is_file():
+        check_checkpoint_matches(cfg, prev_checkpoint, edir)
         resume = load_run_checkpoint(prev_checkpoint)
     else:
         if entry["first_step"] != 0:
             raise CheckpointError(f"Epoch {epoch} starts at RL step {entry['first_step']} but {prev_checkpoint} is not "
                                   "a run checkpoint (no manifest.json). Fix: pass the previous epoch's checkpoint.")
         policy_dir = prev_checkpoint
+        check_model_matches(cfg, policy_dir, what=f"the initial policy {policy_dir}",
+                            fix=f"move {policy_dir} away and rerun the workflow, which rebuilds it for this recipe.")
     start = resume.rl_step if resume is not None else 0
     if not entry["first_step"] <= start <= entry["end_step"]:
         raise CheckpointError(f"Checkpoint {resume.path} is at RL step {start}, outside epoch {epoch} "
@@ -126,9 +131,18 @@ def train_epoch(resolved_config_path: str, epoch: int, prev_checkpoint: str, epo
         raise CheckpointError(f"Epoch {epoch} ended without its final checkpoint {final}.")
     target = edir / "checkpoint"
     if target.exists():
+        from rl_core.fsutil import check_replaceable
+
+        check_replaceable(target, "epoch checkpoint")  # only one rl_core wrote (marker or rl_core manifest)
         shutil.rmtree(target)
     final.rename(target)
-    shutil.rmtree(steps_dir, ignore_errors=True)
+    from rl_core.checkpoint import prune
+
+    prune(steps_dir, 0)  # the epoch's other step checkpoints (rl_core's own); anything else stays
+    try:
+        steps_dir.rmdir()
+    except OSError:
+        pass
     summary["epoch"] = epoch
     summary.update({k: entry[k] for k in ("first_step", "end_step")})
     from rl_core.fsutil import atomic_write_json

@@ -59,11 +59,25 @@ def setup_process(cfg: RecipeConfig) -> None:
     torch.manual_seed(cfg.grpo.seed)
 
 
-def ensure_policy(cfg: RecipeConfig, out_dir: str | Path) -> Path:
-    """The initial policy as an HF directory: reuse `out_dir` if complete, else build it."""
+def policy_is_complete(out: Path) -> bool:
+    return out.is_dir() and (out / "config.json").is_file() and any(out.glob("*.safetensors"))
+
+
+def ensure_policy(cfg: RecipeConfig, out_dir: str | Path, recipe: str = "RECIPE") -> Path:
+    """The initial policy as an HF directory: reuse `out_dir` if complete (after checking that
+    its model shape is the recipe's: `CheckpointError` otherwise), else build it (which
+    refuses to replace a directory rl_core did not write)."""
     out = Path(out_dir)
-    if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
+    if policy_is_complete(out):
+        from rl_core.checkpoint.resume import check_model_matches
+
+        check_model_matches(cfg, out, what=f"the initial policy {out}",
+                            fix=f"rebuild it for this recipe: `rl-core init-policy {recipe} --out {out} --force` "
+                                f"(replaces that directory, which rl_core wrote), or move {out} away.")
         return out
+    from rl_core.fsutil import check_replaceable
+
+    check_replaceable(out, "initial policy directory")
     from rl_core.model.init_policy import init_policy
 
     init_policy(cfg, out)
@@ -126,7 +140,7 @@ def save_policy(parts, out_dir: str | Path) -> Path:
     """The trained policy as an HF directory (weights + tokenizer), written atomically."""
     from rl_core.fsutil import atomic_dir
 
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, "final-policy") as tmp:
         parts.trainer.save_pretrained(tmp)
         parts.tokenizer.save_pretrained(str(tmp))
     return Path(out_dir)
@@ -176,28 +190,44 @@ def run_controller(cfg: RecipeConfig, run_dir: str | Path, *, policy_dir: str | 
     return summary
 
 
-def train_from_recipe(cfg: RecipeConfig) -> dict:
+def train_from_recipe(cfg: RecipeConfig, resume_from: str | Path | None = None, recipe: str = "RECIPE") -> dict:
     """`rl-core train`: the whole run in this process; returns the controller's summary.
 
     Step checkpoints go to <run dir>/steps/; if the run dir already holds one (a killed
-    run), training resumes from the newest complete one."""
-    from rl_core.checkpoint import load_run_checkpoint, newest_complete
+    run), training resumes from the newest *intact* one (damaged newer ones are moved to
+    <run dir>/damaged_checkpoints/ and reported). `resume_from`: a checkpoint to continue
+    from instead (`--resume-from`), validated before anything is written; the run's newer
+    step checkpoints are moved to <run dir>/set_aside_checkpoints/. Either way the chosen
+    checkpoint's model shape must be the recipe's (`CheckpointError` otherwise)."""
+    from rl_core.checkpoint import (check_checkpoint_matches, choose_resume, load_run_checkpoint, set_aside_newer,
+                                    validate_resume_from)
 
     from rl_core.train import start_trainer_group
 
     check_device(cfg)  # device-dependent recipe rules, before anything is written or built
     rd = run_dir(cfg)
+    picked = None
+    if resume_from is not None:  # validated up front: before the resolved config is written or anything built
+        picked = validate_resume_from(resume_from)
+        check_checkpoint_matches(cfg, picked[0], rd)
     write_resolved(cfg, rd)
     setup_process(cfg)
     if start_trainer_group(cfg):  # ranks > 0 of a multi-process trainer followed rank 0 until the end
         return {}
-    latest = newest_complete(rd / "steps")
+    if picked is not None:
+        latest = picked[0]
+        set_aside_newer(latest, picked[1], rd / "steps")
+        how = "chosen with --resume-from"
+    else:
+        latest = choose_resume(rd / "steps")
+        how = "newest intact checkpoint"
     resume = None
     if latest is not None:
-        resume = load_run_checkpoint(latest)
-        print(f"[resume] continuing from {latest} (RL step {resume.rl_step})", flush=True)
+        check_checkpoint_matches(cfg, latest, rd)
+        resume = load_run_checkpoint(latest, verified=True)
+        print(f"[resume] continuing from {latest} (RL step {resume.rl_step}; {how})", flush=True)
         _truncate_metrics(rd / "metrics.jsonl", resume.rl_step)
-    policy = ensure_policy(cfg, rd / "init_policy") if resume is None else None
+    policy = ensure_policy(cfg, rd / "init_policy", recipe) if resume is None else None
     return run_controller(cfg, rd, policy_dir=policy, resume=resume, checkpoint_dir=rd / "steps",
                           val_at_start=None if resume is None else False, final_policy_dir=rd / "final_policy")
 

@@ -82,6 +82,7 @@ def _init_tiny(cfg: Any, out_dir: Path, log: Callable[[str], None] | None) -> di
     report = {
         "source": "tiny",
         "architecture": tiny.architecture,
+        "tiny": tiny.model_dump(mode="json"),  # the shape it was built for (checked when it is reused)
         "num_parameters": num_parameters(model),
         "vocab_size": len(tokenizer),
         "seed": seed,

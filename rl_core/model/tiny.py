@@ -11,7 +11,9 @@ Owns:
   files, `generation_config.json` carrying the eos id, plus optional extra JSON files)
   written **atomically**: everything goes into a temporary directory beside the target,
   which is then renamed onto it; an existing target is swapped out and removed only after
-  the new one is in place, so readers see the old directory or the new one, never a mix;
+  the new one is in place, so readers see the old directory or the new one, never a mix,
+  and only if rl_core wrote it (its marker file; see `rl_core.fsutil`): a user's directory
+  or a file at the target is refused;
 - `load_hf_dir`: model + tokenizer back from such a directory (works offline).
 
 There is no bos token: prompts start with their first text token. The model config sets
@@ -34,6 +36,8 @@ from typing import Any, Callable
 import torch
 from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig,
                           MixtralConfig, PreTrainedModel, PretrainedConfig, Qwen2Config)
+
+from rl_core.fsutil import check_replaceable, normalize_file_modes, write_marker
 
 _CONFIG_CLASSES = {"qwen2": Qwen2Config, "llama": LlamaConfig, "mixtral": MixtralConfig}
 
@@ -98,25 +102,37 @@ def num_parameters(model: torch.nn.Module) -> int:
 # --------------------------------------------------------------------------- atomic directories
 
 
-def write_dir_atomically(out_dir: str | Path, fill: Callable[[Path], None]) -> Path:
+def write_dir_atomically(out_dir: str | Path, fill: Callable[[Path], None], what: str = "policy") -> Path:
     """Call `fill(tmp)` on a fresh temporary directory beside `out_dir`, then move it onto `out_dir`.
 
-    An existing `out_dir` is renamed aside first and deleted once the new one is in place.
-    If `fill` raises, the temporary directory is removed and `out_dir` is left untouched.
+    The new directory carries rl_core's marker file (`rl_core.fsutil.MARKER`) and its files
+    the ordinary mode (0644 under umask 022). An existing `out_dir` is replaced only if
+    rl_core wrote it (marker) or it is empty; anything else (a user's directory, a file)
+    raises `OutputPathError` before `fill` runs. A replaced directory is renamed aside first
+    and deleted once the new one is in place. If `fill` raises, the temporary directory is
+    removed and `out_dir` is left untouched.
     """
     out = Path(out_dir)
+    check_replaceable(out, what)
     out.parent.mkdir(parents=True, exist_ok=True)
     tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp = out.with_name(f".{out.name}.tmp-{tag}")
     tmp.mkdir()
     try:
+        write_marker(tmp, what)
         fill(tmp)
+        normalize_file_modes(tmp)
         _fsync_tree(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     old = None
     if out.exists():
+        try:
+            check_replaceable(out, what)  # still ours (nothing swapped in while fill ran)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         old = out.with_name(f".{out.name}.old-{tag}")
         os.replace(out, old)
     os.replace(tmp, out)
