@@ -300,8 +300,9 @@ def inspect_main(path: str, tokenizer_dir: str | None = None, num_samples: int =
         try:
             tok = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
         except Exception as exc:  # noqa: BLE001 - any failure to load names the directory
-            raise DataError(f"Tokenizer directory {tok_dir} ({'--tokenizer' if tokenizer_dir else 'found next to the '
-                            'archive'}) cannot be loaded ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}). "
+            how = "--tokenizer" if tokenizer_dir else "found next to the archive"
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise DataError(f"Tokenizer directory {tok_dir} ({how}) cannot be loaded ({type(exc).__name__}: {first}). "
                             f"Fix: pass --tokenizer with a working HF tokenizer directory (e.g. the epoch's "
                             f"checkpoint/model).") from None
         decode = lambda ids: tok.decode(ids, skip_special_tokens=False)  # noqa: E731

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rl_core.errors import CheckpointError
-from rl_core.fsutil import atomic_dir
+from rl_core.fsutil import MARKER, atomic_dir
 
 FORMAT = "rl_core.checkpoint/1"
 MANIFEST = "manifest.json"
@@ -47,7 +47,7 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 def _manifest(root: Path, meta: dict[str, Any]) -> dict[str, Any]:
     files = {}
     for p in sorted(root.rglob("*")):
-        if p.is_file() and p.name != MANIFEST:
+        if p.is_file() and p.name not in (MANIFEST, MARKER):  # the ownership marker is not content
             rel = p.relative_to(root).as_posix()
             files[rel] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
     return {"format": FORMAT, **meta, "files": files}

@@ -99,17 +99,58 @@ def test_save_and_reload_offline(tok, tmp_path, arch):
 
 
 def test_save_replaces_an_existing_directory_atomically(tok, tmp_path):
+    """A directory rl_core wrote (it carries the marker) is replaced as a whole."""
+    from rl_core.fsutil import write_marker
+
     out = tmp_path / "policy"
     out.mkdir()
+    write_marker(out, "test")
     (out / "stale.txt").write_text("old")
     save_hf_dir(build_tiny_model(TinyModelConfig(), tok, seed=0), tok, out)
     assert not (out / "stale.txt").exists() and (out / "model.safetensors").is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["policy"]
+    assert json.loads((out / ".rl_core-output").read_text())["written_by"] == "rl_core policy"
+
+
+def test_save_refuses_a_users_directory_and_a_file(tok, tmp_path):
+    """Issue 13: a directory without rl_core's marker, or a file, is never deleted or overwritten."""
+    from rl_core.errors import OutputPathError
+
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    model = build_tiny_model(TinyModelConfig(), tok, seed=0)
+    with pytest.raises(OutputPathError, match="not written by rl_core"):
+        save_hf_dir(model, tok, out)
+    assert (out / "notes.txt").read_text() == "mine" and [p.name for p in out.iterdir()] == ["notes.txt"]
+    f = tmp_path / "file"
+    f.write_text("data")
+    with pytest.raises(OutputPathError, match="not a directory"):
+        save_hf_dir(model, tok, f)
+    assert f.read_text() == "data"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "mine"]  # no temporaries left
+
+
+def test_saved_files_are_world_readable_like_other_files(tok, tmp_path):
+    """Issue 13: save_pretrained writes model.safetensors 0600; rl_core's directories use the
+    mode an ordinary open() gives (0644 under umask 022)."""
+    import os
+
+    old = os.umask(0o022)
+    try:
+        out = save_hf_dir(build_tiny_model(TinyModelConfig(), tok, seed=0), tok, tmp_path / "p")
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert modes["model.safetensors"] == 0o644 and set(modes.values()) == {0o644}, modes
 
 
 def test_failed_write_leaves_the_old_directory(tmp_path):
+    from rl_core.fsutil import write_marker
+
     out = tmp_path / "policy"
     out.mkdir()
+    write_marker(out, "test")
     (out / "keep.txt").write_text("old")
 
     def fill(tmp):
