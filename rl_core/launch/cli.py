@@ -86,14 +86,15 @@ def cmd_init_policy(args) -> int:
     rd = run_dir(cfg)
     out = Path(args.out) if args.out else rd / "init_policy"
     build = _check_init_policy_out(out, args.force, bool(args.out))  # before anything is written
-    write_resolved(cfg, rd)
     if build:
         from rl_core.model.init_policy import init_policy
 
+        write_resolved(cfg, rd)
         init_policy(cfg, out)  # replaces only an empty directory or one rl_core wrote
         print(f"policy ready: {out}")
     else:
         ensure_policy(cfg, out, args.recipe)  # checks its shape against the recipe
+        write_resolved(cfg, rd)
         print(f"policy ready: {out} (already built for this recipe; reused, --force rebuilds it)")
     return 0
 

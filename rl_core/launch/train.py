@@ -210,6 +210,13 @@ def train_from_recipe(cfg: RecipeConfig, resume_from: str | Path | None = None, 
     if resume_from is not None:  # validated up front: before the resolved config is written or anything built
         picked = validate_resume_from(resume_from)
         check_checkpoint_matches(cfg, picked[0], rd)
+    if policy_is_complete(rd / "init_policy"):  # a stale initial policy (another model shape): say so now
+        from rl_core.checkpoint import check_model_matches
+
+        out = rd / "init_policy"
+        check_model_matches(cfg, out, what=f"the initial policy {out}",
+                            fix=f"rebuild it for this recipe: `rl-core init-policy {recipe} --force` (replaces that "
+                                f"directory, which rl_core wrote), or move {out} away.")
     write_resolved(cfg, rd)
     setup_process(cfg)
     if start_trainer_group(cfg):  # ranks > 0 of a multi-process trainer followed rank 0 until the end
