@@ -73,8 +73,8 @@ class ArgumentError(UserError):
 
     def __init__(self, option: str, value: Any, expected: str, fix: str, command: str | None = None):
         self.option = option
-        where = f"rl-core {command} " if command else ""
-        super().__init__(f"{where}option `{option}` got {_short(value)}; expected {expected}. Fix: {fix}")
+        self.command = command  # the CLI prefixes "rl-core <command>:" itself
+        super().__init__(f"option `{option}` got {_short(value)}; expected {expected}. Fix: {fix}")
 
 
 class OutputPathError(UserError):

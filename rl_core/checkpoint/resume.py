@@ -237,7 +237,7 @@ def check_model_matches(cfg: Any, model_dir: str | os.PathLike, *, what: str, fi
     overrides = " ".join(f"{f}={str(g).lower() if isinstance(g, bool) else g}" for f, _, g in diffs
                          if f.startswith("model.tiny.") and (f == "model.tiny.architecture" or not isinstance(g, str)))
     hint = f" (e.g. overrides {overrides})" if overrides else ""
-    raise CheckpointError(f"{what} was built for another model than the recipe asks for: {parts}. Using it would "
+    raise CheckpointError(f"{what[0].upper()}{what[1:]} was built for another model than the recipe asks for: {parts}. Using it would "
                           f"train the wrong model or fail late. Fix: set the recipe back to the saved values{hint}, "
                           f"or {fix}")
 

@@ -62,7 +62,7 @@ def _check_init_policy_out(out: Path, force: bool, explicit: bool) -> bool:
 
     named = f"--out {out}" if explicit else f"the run's initial policy directory {out}"
     if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise OutputPathError(f"rl-core init-policy: {named} exists and is not a directory; rl_core never deletes or "
+        raise OutputPathError(f"{named[0].upper()}{named[1:]} exists and is not a directory; rl_core never deletes or "
                               f"overwrites a file it did not write. Fix: choose another --out, or move {out} away.")
     if not out.exists() or not any(out.iterdir()):
         return True
@@ -73,7 +73,7 @@ def _check_init_policy_out(out: Path, force: bool, explicit: bool) -> bool:
         return False
     foreign = "" if has_marker(out) else f" and was not written by rl_core (it has no {MARKER} marker file)"
     raise OutputPathError(
-        f"rl-core init-policy: {named} exists, is not empty{foreign}; rl_core does not replace it unasked. Fix: "
+        f"{named[0].upper()}{named[1:]} exists, is not empty{foreign}; rl_core does not replace it unasked. Fix: "
         f"choose another --out, or pass --force to rebuild it (only a directory rl_core wrote is ever replaced), "
         f"or move {out} away yourself.")
 
