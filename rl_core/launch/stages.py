@@ -91,6 +91,9 @@ def train_epoch(resolved_config_path: str, epoch: int, prev_checkpoint: str, epo
     cfg = load_resolved(resolved_config_path)
     entry = _epoch_entry(cfg, epoch)
     edir = Path(epoch_dir)
+    from rl_core.fsutil import check_replaceable
+
+    check_replaceable(edir / "checkpoint", "epoch checkpoint")  # replaced at the end: say so before training
     edir.mkdir(parents=True, exist_ok=True)
     steps_dir = edir / "steps"
     setup_process(cfg)

@@ -210,6 +210,9 @@ def train_from_recipe(cfg: RecipeConfig, resume_from: str | Path | None = None, 
     if resume_from is not None:  # validated up front: before the resolved config is written or anything built
         picked = validate_resume_from(resume_from)
         check_checkpoint_matches(cfg, picked[0], rd)
+    from rl_core.fsutil import check_replaceable
+
+    check_replaceable(rd / "final_policy", "final policy directory")  # replaced at the end: say so now, not then
     if policy_is_complete(rd / "init_policy"):  # a stale initial policy (another model shape): say so now
         from rl_core.checkpoint import check_model_matches
 

@@ -197,6 +197,13 @@ def run_stale_init_policy(tmp):
     return _train(tmp), ["model.tiny.num_hidden_layers is 2 in the recipe but 4", "init_policy"]
 
 
+def run_foreign_final_policy(tmp):
+    d = tmp / "results" / "r" / "final_policy"
+    d.mkdir(parents=True)
+    (d / "my_model.bin").write_bytes(b"x")
+    return _train(tmp), ["final_policy", "not written by rl_core"]
+
+
 def ip_out_is_file(tmp):
     f = tmp / "a_file"
     f.write_text("user data")
@@ -299,7 +306,7 @@ def md_out_other_data(tmp):
 CASES = [ck_manifest_missing, ck_manifest_list, ck_manifest_no_files, ck_manifest_not_json, ck_manifest_bad_entry,
          ck_manifest_wrong_format, ck_manifest_escapes, ck_hash_mismatch, ck_truncated, ck_file_missing,
          ck_state_without_trainer, ck_state_is_list, ck_missing_path, ck_steps_dir_given, ck_other_model_shape,
-         ck_other_vocab, run_stale_init_policy, ip_out_is_file, ip_out_user_dir, ip_out_user_dir_force,
+         ck_other_vocab, run_stale_init_policy, run_foreign_final_policy, ip_out_is_file, ip_out_user_dir, ip_out_user_dir_force,
          ip_out_marked_other_shape, insp_garbage, insp_missing_datasets, insp_missing_file, insp_tokenizer_missing,
          insp_tokenizer_broken, insp_step_absent, insp_negative_samples, md_num_val_negative, md_num_val_too_big,
          md_num_val_all, md_out_is_file, md_out_other_data]
