@@ -260,7 +260,11 @@ def branch_epoch(src_epoch_dir: str, dst_epoch_dir: str) -> None:
     tmp = dst / ".checkpoint.branch"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src / "checkpoint", tmp, copy_function=link)
-    shutil.rmtree(dst / "checkpoint", ignore_errors=True)
+    if (dst / "checkpoint").exists():
+        from rl_core.fsutil import check_replaceable
+
+        check_replaceable(dst / "checkpoint", "branched epoch checkpoint")  # only one rl_core wrote
+        shutil.rmtree(dst / "checkpoint", ignore_errors=True)
     os.replace(tmp, dst / "checkpoint")
     print(f"[branch] {src} -> {dst} (checkpoint verified, files hard-linked)", flush=True)
 
