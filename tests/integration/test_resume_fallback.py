@@ -21,7 +21,7 @@ def test_damaged_newest_checkpoint_falls_back_and_keeps_before_rl_accuracy(tmp_p
     shutil.copytree(warm_policy, run / "init_policy")
     argv = ["train", RECIPE, f"output_dir={tmp_path}", "run_name=r", "grpo.max_num_steps=4",
             "checkpoint.save_every_steps=2", "checkpoint.keep_last=3", "validation.max_val_samples=32",
-            "logging.tensorboard=false", "logging.progress=off"]
+            "logging.tensorboard=false"]
     assert cli_main(argv) == 0
     first = json.loads((run / "summary.json").read_text())
     before = first["val_start"]["accuracy"]
