@@ -14,6 +14,12 @@ Layout:
     buffer.json            ready prompt groups with their payloads
     resolved_config.json   the recipe the run used
     manifest.json          {"format", "files": {path: {"size", "sha256"}}, "weight_version", "rl_step", "epoch", ...}
+    .rl_core-output        the ownership marker (rl_core.fsutil; not listed in the manifest)
+
+A manifest that is not a JSON object, lacks `files`, lists a malformed entry or a path
+outside the checkpoint is a `CheckpointError` naming it; a full disk while writing is a
+`CheckpointError` that names the previous (intact) checkpoint. `prune` deletes only
+checkpoints rl_core wrote (marker or rl_core manifest).
 
 Does not own: what the controller puts in its state (controller.state) or when to save.
 """

@@ -5,8 +5,10 @@ Owns: what each Snakemake stage computes and writes, and the epoch plan:
 - `validate_recipe`: recipe + overrides -> resolved_config.json;
 - `init_policy`: the initial policy HF directory;
 - `train_epoch`: run the controller from the previous epoch's checkpoint to the end of
-  epoch k, resuming from the newest complete step checkpoint of this epoch if a previous
-  attempt was killed; ends in `epoch_k/checkpoint/` (atomic, manifest last);
+  epoch k, resuming from the newest intact step checkpoint of this epoch if a previous
+  attempt was killed (damaged newer ones are moved to `epoch_k/damaged_checkpoints/`, and
+  the model shape of what it continues from is checked against the recipe); ends in
+  `epoch_k/checkpoint/` (atomic, manifest last);
 - `validate_checkpoint`: accuracy / pass@k of a checkpoint on a prompt file.
 
 Epoch k (1-based) holds RL steps [first_step, end_step): step s trains on prompt batch s,
