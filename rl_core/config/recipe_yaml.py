@@ -18,6 +18,7 @@ Does not own: `extends:` resolution, overrides or the schema (`loader.py`, `sche
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -87,9 +88,13 @@ def _check_duplicates(node: Node, path: str, seen_nodes: set[int]) -> None:
         _check_duplicates(value_node, child, seen_nodes)
 
 
-# dates and times stay strings: remove the implicit timestamp resolver (a copy per class)
+# Dates and times stay strings: remove the implicit timestamp resolver (a copy per class).
+# Booleans are YAML 1.2's: only true/false (any case); yes/no/on/off stay strings, so that
+# `logging.progress: off` is the documented value "off", not false.
+_BOOL_12 = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
 _StrictLoader.yaml_implicit_resolvers = {
-    ch: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    ch: [(tag, _BOOL_12 if tag == "tag:yaml.org,2002:bool" else rx) for tag, rx in resolvers
+         if tag != "tag:yaml.org,2002:timestamp"]
     for ch, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 
@@ -125,7 +130,7 @@ def _plain(value: Any, path: str, source: str | None) -> Any:
             if not isinstance(k, str):
                 raise RecipeError.single(f"{path}.{k}" if path else str(k), k,
                                          f"a string key (got a {type(k).__name__} key)",
-                                         "quote the key (YAML reads yes/no/on/off as booleans and digits as numbers).",
+                                         "quote the key (YAML reads true/false as booleans and digits as numbers).",
                                          source=source)
             _plain(v, f"{path}.{k}" if path else k, source)
         return value

@@ -143,7 +143,8 @@ CASES = {
     "yaml_syntax": (_recipe("grpo: {seed: 1\n"), ["(YAML syntax)", "line"]),
     "yaml_binary_tag": (_recipe("run_name: !!binary aGVsbG8=\n"), ["run_name", "!!binary"]),
     "yaml_set_tag": (_recipe("generation:\n  stop: !!set {a, b}\n"), ["generation.stop"]),
-    "yaml_bool_key": (_recipe("grpo:\n  yes: 3\n"), ["grpo.True", "quote the key"]),
+    "yaml_bool_key": (_recipe("grpo:\n  true: 3\n"), ["grpo.True", "quote the key"]),
+    "yaml_yes_key_is_a_string_and_unknown": (_recipe("grpo:\n  yes: 3\n"), ["grpo.yes"]),
     "yaml_two_documents": (_recipe("---\ngrpo: {seed: 1}\n---\ngrpo: {seed: 2}\n"), ["(YAML syntax)"]),
     "recipe_not_utf8": (_raw(b"run_name: caf\xe9\n"), ["byte offset 13", "line 1", "UTF-8"]),
     "recipe_utf16": (_raw("run_name: x\n".encode("utf-16")), ["byte offset 0", "UTF-8"]),
@@ -333,3 +334,11 @@ def test_valid_yaml_features_still_load(tmp_path, monkeypatch):
 
 def test_case_count():
     assert len(CASES) >= 60
+
+
+def test_yaml_12_booleans_keep_on_off_as_strings(tmp_path, capsys):
+    """`logging.progress=off` is the documented value "off" (YAML 1.1 would read it as false)."""
+    from rl_core.config import load_recipe
+
+    cfg = load_recipe(ROOT / "recipes" / "tiny-addition.yaml", ["logging.progress=off", f"output_dir={tmp_path}"])
+    assert cfg.logging.progress == "off"
