@@ -9,8 +9,10 @@ other rank sits in `CommandChannel.serve`, reads command after command from the 
 sequence order and runs the same body, so all ranks enter the same collectives in the
 same order. After a command each worker posts `ok` or its traceback under the command's
 key; rank 0 waits for all of them (at most `timeout_s`) and raises the first worker error
-with its rank, so a failure anywhere surfaces in the controller. Arguments travel pickled
-(chunks are token ids and a few float arrays per sample: small next to the model).
+with its rank, so a failure anywhere surfaces in the controller. Arguments travel in the
+pickle-free format of `rl_core.train.wire` (JSON values, safetensors tensors, recipe
+sections and a few registered types; chunks are token ids and a few float arrays per
+sample: small next to the model), so nothing that reaches the store can run code here.
 
 Why the store and not a broadcast: between two RL steps a worker waits as long as
 generation takes; a blocking collective would run into the process group's timeout,
@@ -27,11 +29,12 @@ Does not own: what the commands do (the trainers) or the process group's set-up
 
 from __future__ import annotations
 
-import pickle
 import threading
 import time
 import traceback
 from typing import Any, Callable
+
+from rl_core.train import wire
 
 COMMAND_PREFIX = "rl_core/trainer/"
 INIT, SHUTDOWN = "__init__", "__shutdown__"
@@ -91,7 +94,7 @@ class CommandChannel:
             if self._dead:
                 raise WorkerError(f"trainer worker rank(s) {sorted(self._dead)} failed earlier; the trainer group "
                                   "is unusable (see the first error above)")
-            self.store.set(f"cmd/{seq}", pickle.dumps((name, args, kwargs or {}), protocol=pickle.HIGHEST_PROTOCOL))
+            self.store.set(f"cmd/{seq}", wire.dumps([name, tuple(args), dict(kwargs or {})]))
         return seq
 
     def complete(self, seq: int) -> None:
@@ -164,7 +167,12 @@ class CommandChannel:
         while not self.store.check([key]):
             time.sleep(delay)
             delay = min(delay * 2, 0.02)
-        return pickle.loads(self.store.get(key))
+        message = wire.loads(self.store.get(key))
+        if (not isinstance(message, list) or len(message) != 3 or not isinstance(message[0], str)
+                or not isinstance(message[1], tuple) or not isinstance(message[2], dict)):
+            raise wire.WireError(f"command {seq} is not [name, args, kwargs]")
+        name, args, kwargs = message
+        return name, args, kwargs
 
     def serve(self, factory: Callable[..., Any]) -> None:
         """Worker ranks: run commands until the driver shuts the group down.
@@ -176,8 +184,8 @@ class CommandChannel:
         while True:
             seq = self._seq
             self._seq += 1
-            name, args, kwargs = self._next_command(seq)
             try:
+                name, args, kwargs = self._next_command(seq)  # a message that does not decode fails here
                 if name == SHUTDOWN:
                     self.store.set(f"done/{seq}/{self.rank}", b"ok")
                     return

@@ -7,8 +7,12 @@ TCP store that rank 0 hosts (`host:port`) and builds a gloo group on CPU or an N
 on GPU directly on that store; collectives are called on the group object.
 
 One sync (`WeightBroadcaster.send` -> `WeightReceiver.recv`):
-1. a header: the weight version and each tensor's name, dtype and shape, pickled into a
-   byte tensor (its length goes first, as one int64);
+1. a header: the weight version and each tensor's name, dtype and shape, as UTF-8 JSON in
+   a byte tensor (its length goes first, as one int64). The receiver parses it strictly
+   (`parse_header`): a bounded length, known dtypes only, non-negative integer shapes,
+   string names, aliases of earlier tensors; anything else is a `BroadcastHeaderError`.
+   Nothing received is unpickled or evaluated: a member of the group can at worst send
+   wrong numbers, never run code in a generation server;
 2. the tensors, in header order, packed as raw bytes into buckets of at most
    `bucket_size_mb` (a tensor larger than a bucket travels alone), each bucket one
    broadcast from rank 0. Receivers slice each bucket back into tensors of the header's
@@ -25,7 +29,8 @@ Does not own: starting generation processes or deciding when to sync (refit).
 
 from __future__ import annotations
 
-import pickle
+import json
+import math
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -34,6 +39,78 @@ from typing import Any, Mapping
 import torch
 
 from rl_core.weights.base import SyncReport
+
+HEADER_FORMAT = "rl_core.weights.broadcast/1"
+MAX_HEADER_BYTES = 64 * 2**20  # ~1M tensors of long names: far above any model, far below a memory problem
+MAX_DIMS = 8
+MAX_TENSOR_ELEMENTS = 2**40
+# the dtypes a header may name (torch's own names without the "torch." prefix); nothing else is looked up
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in (
+    "float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32", "int64", "bool",
+    "float8_e4m3fn", "float8_e5m2") if hasattr(torch, name)}
+
+
+class BroadcastHeaderError(ValueError):
+    """A broadcast header that is not what `WeightBroadcaster` sends (refused, never evaluated)."""
+
+
+def encode_header(version: int, entries: list[tuple[str, str, tuple[int, ...], str | None]]) -> bytes:
+    """The header's bytes: JSON {format, version, tensors: [[name, dtype, shape, alias], ...]}."""
+    return json.dumps({"format": HEADER_FORMAT, "version": int(version),
+                       "tensors": [[n, d, [int(x) for x in s], a] for n, d, s, a in entries]},
+                      separators=(",", ":")).encode()
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def parse_header(raw: bytes) -> tuple[int, list[tuple[str, torch.dtype, tuple[int, ...], str | None]]]:
+    """(version, [(name, dtype, shape, alias of an earlier name or None)]) of a header, checked."""
+    def bad(what: str) -> BroadcastHeaderError:
+        return BroadcastHeaderError(f"weight-broadcast header refused: {what}; expected the JSON header that "
+                                    "rl_core.weights.broadcast.WeightBroadcaster sends (same rl_core version on "
+                                    "both sides)")
+
+    if len(raw) > MAX_HEADER_BYTES:
+        raise bad(f"{len(raw)} bytes (limit {MAX_HEADER_BYTES})")
+    try:
+        data = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise bad(f"not UTF-8 JSON ({type(exc).__name__}: {str(exc)[:80]})") from None
+    if not isinstance(data, dict) or data.get("format") != HEADER_FORMAT or set(data) != {"format", "version",
+                                                                                         "tensors"}:
+        raise bad(f"not a {HEADER_FORMAT} object (keys {sorted(data)[:5] if isinstance(data, dict) else type(data).__name__})")
+    version, tensors = data["version"], data["tensors"]
+    if type(version) is not int or version < 0:
+        raise bad(f"version {version!r} is not a non-negative integer")
+    if not isinstance(tensors, list):
+        raise bad("tensors is not a list")
+    out: list[tuple[str, torch.dtype, tuple[int, ...], str | None]] = []
+    owned: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
+    seen: set[str] = set()
+    for i, entry in enumerate(tensors):
+        if not isinstance(entry, list) or len(entry) != 4:
+            raise bad(f"tensor entry {i} is not [name, dtype, shape, alias]")
+        name, dtype, shape, alias = entry
+        if not isinstance(name, str) or not name or len(name) > 1000 or name in seen:
+            raise bad(f"tensor entry {i} has name {name!r} (a unique non-empty string is expected)")
+        if not isinstance(dtype, str) or dtype not in DTYPES:
+            raise bad(f"tensor {name!r} has dtype {str(dtype)[:40]!r} (known: {', '.join(DTYPES)})")
+        if (not isinstance(shape, list) or len(shape) > MAX_DIMS
+                or any(type(x) is not int or x < 0 for x in shape)
+                or math.prod(shape) > MAX_TENSOR_ELEMENTS):
+            raise bad(f"tensor {name!r} has shape {str(shape)[:60]} (at most {MAX_DIMS} non-negative integers, "
+                      f"at most {MAX_TENSOR_ELEMENTS} elements)")
+        if alias is not None and (not isinstance(alias, str) or alias not in owned
+                                  or owned[alias] != (DTYPES[dtype], tuple(shape))):
+            raise bad(f"tensor {name!r} aliases {str(alias)[:60]!r}, which is not an earlier tensor of its dtype "
+                      "and shape")
+        seen.add(name)
+        if alias is None:
+            owned[name] = (DTYPES[dtype], tuple(shape))
+        out.append((name, DTYPES[dtype], tuple(shape), alias))
+    return version, out
 
 
 @dataclass
@@ -102,12 +179,12 @@ class WeightBroadcaster:
         for name, t in weights.items():
             key = (t.untyped_storage().data_ptr(), t.storage_offset())
             if key in owners:  # tied: the receiver aliases it
-                header.append((name, str(t.dtype), tuple(t.shape), owners[key]))
+                header.append((name, _dtype_name(t.dtype), tuple(t.shape), owners[key]))
                 continue
             owners[key] = name
-            header.append((name, str(t.dtype), tuple(t.shape), None))
+            header.append((name, _dtype_name(t.dtype), tuple(t.shape), None))
             tensors.append(t)
-        blob = torch.frombuffer(bytearray(pickle.dumps((version, header))), dtype=torch.uint8)
+        blob = torch.frombuffer(bytearray(encode_header(version, header)), dtype=torch.uint8)
         self.group.broadcast(torch.tensor([blob.numel()], dtype=torch.int64, device=dev))
         self.group.broadcast(blob.to(dev))
         sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
@@ -147,11 +224,15 @@ class WeightReceiver:
         dev = self.group.device
         n = torch.zeros(1, dtype=torch.int64, device=dev)
         self.group.broadcast(n)
-        blob = torch.empty(int(n.item()), dtype=torch.uint8, device=dev)
+        size = int(n.item())
+        if not 0 < size <= MAX_HEADER_BYTES:  # checked before allocating it
+            raise BroadcastHeaderError(f"weight-broadcast header refused: announced length {size} bytes is outside "
+                                       f"(0, {MAX_HEADER_BYTES}]; expected the header of "
+                                       "rl_core.weights.broadcast.WeightBroadcaster")
+        blob = torch.empty(size, dtype=torch.uint8, device=dev)
         self.group.broadcast(blob)
-        version, header = pickle.loads(blob.cpu().numpy().tobytes())
-        owned = [(name, getattr(torch, dtype.split(".")[-1]), shape) for name, dtype, shape, alias in header
-                 if alias is None]
+        version, header = parse_header(blob.cpu().numpy().tobytes())
+        owned = [(name, dtype, shape) for name, dtype, shape, alias in header if alias is None]
         sizes = [torch.Size(shape).numel() * torch.empty((), dtype=dt).element_size() for _, dt, shape in owned]
         state: dict[str, torch.Tensor] = {}
         nbytes = 0
@@ -179,6 +260,13 @@ class WeightReceiver:
         report.parts["load_s"] = load_s
         report.seconds += load_s
         return report
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = str(dtype).removeprefix("torch.")
+    if name not in DTYPES:
+        raise ValueError(f"weight {dtype} cannot be broadcast; supported dtypes: {', '.join(DTYPES)}")
+    return name
 
 
 def _buckets(sizes: list[int], limit: int) -> list[list[int]]:
