@@ -23,6 +23,10 @@ OpenAI-compatible server that returns token ids (`server_kind="openai"`, e.g. vL
   With `trainer.weight_sync.type: broadcast` the servers instead join the trainer's
   broadcast group once (`join_weight_broadcast`) and receive every version from it
   (`receive_weight_broadcast`; `rl_core.weights.broadcast.BroadcastWeightSync` drives both).
+  These `/rl/*` control routes exist only on managed servers (`rl-core serve --managed`):
+  local servers are launched managed with a per-launch secret; for remote rl_core servers
+  the backend sends the secret of the environment variable `RL_CORE_CONTROL_SECRET`
+  (`control_secret=`).
 - **Abort**: `abort(id)` calls the server's `/rl/abort`, so the pending `generate`
   returns the tokens so far with finish_reason "abort"; a request not yet dispatched
   returns an empty abort result. Cancelling `generate` closes its connection, which the
@@ -54,6 +58,7 @@ from rl_core.generation.backend import GenerationError
 from rl_core.generation.http_fleet import (Endpoint, FleetPolicy, GenerationRequestError, ServerFleet, error_message,
                                            is_infra_status)
 from rl_core.generation.http_servers import EngineArgs, LocalServer
+from rl_core.launch.serve import DEFAULT_CONTROL_SECRET_ENV
 from rl_core.types import GenerationRequest, GenerationResult
 
 log = logging.getLogger(__name__)
@@ -66,6 +71,7 @@ class HttpBackend:
 
     def __init__(self, urls: Sequence[str] = (), *, model_dir: str | Path | None = None, num_local_servers: int = 0,
                  engine_args: EngineArgs | None = None, server_kind: str = "rl_core", api_key: str | None = None,
+                 control_secret: str | None = None,
                  model_name: str | None = None, weight_root: str | Path | None = None, keep_weight_versions: int = 2,
                  weight_version: int = 0, routing: str = "least_outstanding", request_timeout_s: float = 600.0,
                  connect_timeout_s: float = 10.0, max_retries: int = 3, retry_backoff_s: float = 0.5,
@@ -84,6 +90,7 @@ class HttpBackend:
         self.kind = server_kind
         self.model_name = model_name
         self.api_key = api_key
+        self.control_secret = control_secret  # remote `rl-core serve --managed` servers' X-RL-Core-Secret
         self.weight_root = None if weight_root is None else Path(weight_root)
         self.keep_weight_versions = keep_weight_versions
         self._version = weight_version
@@ -142,7 +149,7 @@ class HttpBackend:
         self._started, self._started_at = True, time.monotonic()
         if not self._prepared:
             await asyncio.to_thread(self.prepare)
-        self.fleet.open(self.api_key)
+        self.fleet.open(self.api_key, self.control_secret)
         self._update_lock = asyncio.Lock()
         try:
             await self._first_contact()
@@ -443,6 +450,7 @@ def make_http_backend(cfg: Any, policy_dir: str | Path, *, device: str, weight_v
     return HttpBackend(
         h.urls, model_dir=policy_dir if h.num_local_servers else None, num_local_servers=h.num_local_servers,
         engine_args=engine, api_key=os.environ.get(h.api_key_env) or None,
+        control_secret=os.environ.get(DEFAULT_CONTROL_SECRET_ENV) or None,  # remote `rl-core serve --managed`
         weight_root=Path(ws.dir) if ws.dir else rd / "weights",
         keep_weight_versions=ws.keep_last_versions, weight_version=weight_version, routing=h.routing,
         request_timeout_s=h.request_timeout_s, connect_timeout_s=h.connect_timeout_s, max_retries=h.max_retries,

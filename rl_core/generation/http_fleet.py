@@ -14,7 +14,9 @@ capacity, outstanding requests, counters), and `ServerFleet`:
   whose weight version differs from the backend's is handed to the backend's catch-up
   callback. A local server whose process died is relaunched, at most
   `max_local_server_restarts` times;
-- **control requests** (`request`), with the failure classes every caller shares:
+- **control requests** (`request`; requests to `/rl/*` carry the endpoint's control
+  secret in `X-RL-Core-Secret`: a local server's per-launch secret, or the backend's for
+  remote managed servers), with the failure classes every caller shares:
   transport errors, timeouts and HTTP 408/429/5xx are *infrastructure* (retried with
   exponential backoff when asked, then `GenerationError`); other 4xx are *data* errors
   (`GenerationRequestError`, never retried).
@@ -37,6 +39,7 @@ import httpx
 
 from rl_core.generation.backend import GenerationError
 from rl_core.generation.http_servers import LocalServer
+from rl_core.launch.serve import CONTROL_SECRET_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +121,7 @@ class ServerFleet:
         self.wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._turn = itertools.count()
+        self.control_secret: str | None = None  # remote managed servers' secret (local ones have their own)
 
     # ------------------------------------------------------------------ processes
 
@@ -141,7 +145,8 @@ class ServerFleet:
 
     # ------------------------------------------------------------------ client, health task
 
-    def open(self, api_key: str | None) -> None:
+    def open(self, api_key: str | None, control_secret: str | None = None) -> None:
+        self.control_secret = control_secret
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.AsyncClient(
             headers=headers, limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
@@ -244,6 +249,11 @@ class ServerFleet:
                       **kwargs) -> dict:
         """One control request, classified (infra errors retried `retries` times)."""
         for attempt in range(retries + 1):
+            # read at every attempt: a relaunched local server has a new secret
+            secret = (ep.local.control_secret if ep.local is not None else self.control_secret) \
+                if path.startswith("/rl/") else None
+            if secret:
+                kwargs["headers"] = {**kwargs.get("headers", {}), CONTROL_SECRET_HEADER: secret}
             try:
                 response = await self.client.request(method, ep.url + path, timeout=timeout, **kwargs)
             except httpx.TransportError as exc:

@@ -2,7 +2,9 @@
 
 Owns: the command line of a local server (bound to 127.0.0.1 on a port the OS picks, so
 nothing can race for it; a random per-backend token passed through the environment, never
-on the command line), launching it with its output in a log file, waiting for its ready
+on the command line; `--managed` with a fresh random control secret per launch, also
+through the environment, which the server removes from its own environment once read),
+launching it with its output in a log file, waiting for its ready
 file (written by the server once it accepts connections; an early exit raises with the
 log's tail), and stopping it by PID (SIGTERM, then SIGKILL after a grace period).
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Sequence
 
 TOKEN_ENV = "RL_CORE_LOCAL_SERVER_TOKEN"
+CONTROL_SECRET_ENV = "RL_CORE_LOCAL_SERVER_CONTROL_SECRET"
 
 
 @dataclass
@@ -75,6 +79,7 @@ class LocalServer:
         self.proc: subprocess.Popen | None = None
         self.url: str | None = None
         self.launches = 0
+        self.control_secret: str | None = None  # new at every launch (the /rl/* routes' X-RL-Core-Secret)
 
     @property
     def log_path(self) -> Path:
@@ -87,6 +92,7 @@ class LocalServer:
     def command(self) -> list[str]:
         return [sys.executable, "-m", "rl_core.launch.cli", "serve", self.model_dir, "--host", "127.0.0.1",
                 "--port", "0", "--ready-file", str(self.ready_path), "--api-key-env", TOKEN_ENV,
+                "--managed", "--control-secret-env", CONTROL_SECRET_ENV,
                 "--served-model-name", self.model_name, "--weight-version", str(self.weight_version),
                 *self.engine.flags()]
 
@@ -96,6 +102,8 @@ class LocalServer:
         self.ready_path.unlink(missing_ok=True)
         env = dict(os.environ)
         env[TOKEN_ENV] = self.token
+        self.control_secret = secrets.token_urlsafe(32)
+        env[CONTROL_SECRET_ENV] = self.control_secret
         if self.engine.cuda_devices:  # an index among this process's visible GPUs
             visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
             index = self.engine.cuda_devices[self.index]

@@ -13,6 +13,22 @@ token is read from the environment variable named by `--api-key-env` (default
 can read command lines). When a token is set, every route but `/health` requires
 `Authorization: Bearer <token>`.
 
+Managed mode: the `/rl/*` control routes (load weights, join a weight broadcast, receive
+weights, abort, invalidate the KV cache) are off unless the server is started with
+`--managed`, and then every call needs the header `X-RL-Core-Secret: <secret>` (compared
+in constant time), loopback included: loopback is no trust boundary on a shared node. The
+secret is read from the environment variable named by `--control-secret-env` (default
+`RL_CORE_CONTROL_SECRET`, removed from the environment once read) or from
+`--control-secret-file` (a file only its owner can read, mode 0600), never from the
+command line. `HttpBackend` starts its local servers this way with a fresh random secret
+per launch.
+
+Checks before anything is built (each a one-paragraph `ServeError`, exit 2): the port
+range, positive sizes (`--max-seq-len`, `--max-batch-size`, ...), the model directory
+(config.json a JSON object, every *.safetensors file complete: its header parses and its
+data fits the file), tokenizer files present (a model without them would call every text
+prompt "zero tokens"), and the secret rule.
+
 Does not own: the routes (rl_core.serve.app) or the engine (rl_core.generation).
 """
 
@@ -21,13 +37,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ipaddress
+import json
 import os
 import socket
+import stat
+import struct
 from pathlib import Path
 
 from rl_core.errors import UserError
 
 DEFAULT_API_KEY_ENV = "RL_CORE_API_KEY"
+DEFAULT_CONTROL_SECRET_ENV = "RL_CORE_CONTROL_SECRET"
+CONTROL_SECRET_HEADER = "X-RL-Core-Secret"
+MIN_SECRET_CHARS = 16
+DEFAULT_MAX_CHOICES = 512
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
 
 
 class ServeError(UserError):
@@ -41,6 +65,16 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key-env", default=DEFAULT_API_KEY_ENV,
                    help="environment variable holding the bearer token (default %(default)s)")
     p.add_argument("--api-key-file", help="file holding the bearer token (instead of the environment)")
+    p.add_argument("--managed", action="store_true",
+                   help="managed rollout server: enable the /rl/* control routes (weight loading and broadcast, "
+                        "abort, KV invalidation); each call then needs the header X-RL-Core-Secret")
+    p.add_argument("--control-secret-env", default=DEFAULT_CONTROL_SECRET_ENV,
+                   help="with --managed: environment variable holding the control secret (default %(default)s; "
+                        "removed from the environment once read)")
+    p.add_argument("--control-secret-file",
+                   help="with --managed: file (mode 0600) holding the control secret, instead of the environment")
+    p.add_argument("--max-choices-per-request", type=int, default=DEFAULT_MAX_CHOICES,
+                   help="cap on prompts x n of one request (default %(default)s); more is refused with HTTP 400")
     p.add_argument("--served-model-name", help="model id in the API (default: the directory name)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
@@ -99,11 +133,116 @@ def check_token_rule(host: str, token: str | None, api_key_env: str) -> None:
             "to a secret token, or bind --host 127.0.0.1.")
 
 
+def read_control_secret(args) -> str | None:
+    """The control secret of a --managed server (None otherwise); see the module doc."""
+    if not args.managed:
+        if args.control_secret_file:
+            raise ServeError(f"--control-secret-file {args.control_secret_file} was given without --managed; the "
+                             "control secret guards the /rl/* routes, which only a managed server has. Fix: add "
+                             "--managed, or leave --control-secret-file out.")
+        return None
+    if args.control_secret_file:
+        path = Path(args.control_secret_file)
+        try:
+            info = path.stat()
+            secret = path.read_text().strip() if stat.S_ISREG(info.st_mode) else None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ServeError(f"--control-secret-file {path} cannot be read ({exc}); expected a file holding the "
+                             "secret. Fix: write the secret to that file (mode 0600).") from None
+        if secret is None:
+            raise ServeError(f"--control-secret-file {path} is not a regular file; expected a file holding the "
+                             "secret. Fix: write the secret to a file (mode 0600).")
+        if info.st_mode & 0o077:
+            raise ServeError(f"--control-secret-file {path} has mode {stat.S_IMODE(info.st_mode):04o}; expected a "
+                             f"file only its owner can read (0600). Fix: chmod 600 {path}.")
+        source = f"--control-secret-file {path}"
+    else:
+        secret = os.environ.pop(args.control_secret_env, "").strip()  # not inherited by anything started later
+        source = f"the environment variable {args.control_secret_env}"
+    if len(secret) < MIN_SECRET_CHARS:
+        raise ServeError(f"--managed needs a control secret of at least {MIN_SECRET_CHARS} characters; "
+                         f"{source} holds {len(secret)}. Fix: set it to a random per-launch secret, e.g. "
+                         "python -c 'import secrets; print(secrets.token_urlsafe(32))' (never on the command line).")
+    return secret
+
+
+def check_numbers(args) -> None:
+    """The numeric flags, before anything is built."""
+    if not 0 <= args.port <= 65535:
+        raise ServeError(f"--port got {args.port}; expected a TCP port in 0..65535 (0 = any free port). "
+                         "Fix: pass e.g. --port 8000 or --port 0.")
+    positive = (("--max-seq-len", args.max_seq_len), ("--max-batch-size", args.max_batch_size),
+                ("--max-num-kv-tokens", args.max_num_kv_tokens), ("--torch-num-threads", args.torch_num_threads),
+                ("--max-choices-per-request", args.max_choices_per_request))
+    for flag, value in positive:
+        if value is not None and value < 1:
+            raise ServeError(f"{flag} got {value}; expected a positive integer. Fix: pass a value >= 1, or leave "
+                             f"{flag} out for its default.")
+    if args.weight_version < 0:
+        raise ServeError(f"--weight-version got {args.weight_version}; expected an integer >= 0. Fix: pass the "
+                         "weight version of MODEL_DIR's weights (0 for an initial policy).")
+    if not args.kv_scale_margin > 0:
+        raise ServeError(f"--kv-scale-margin got {args.kv_scale_margin}; expected a number > 0. Fix: leave it at "
+                         "its default 2.0.")
+
+
+def check_safetensors_file(path: Path) -> None:
+    """Raise ValueError unless `path` is a complete safetensors file: an 8-byte header length,
+    a JSON header of tensor entries, and every tensor's data inside the file (read: the
+    header only)."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{path} holds {size} bytes: too short for a safetensors file (truncated or empty)")
+        (n,) = struct.unpack("<Q", head)
+        if n > min(size - 8, 100 * 2**20):
+            raise ValueError(f"{path} is not a complete safetensors file: its header announces {n} bytes, the file "
+                             f"has {size} (truncated, or not safetensors)")
+        try:
+            header = json.loads(fh.read(n).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            raise ValueError(f"{path} is not a safetensors file: its header is not JSON (garbage or another "
+                             "format)") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path} is not a safetensors file: its header is not a JSON object")
+    end = 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if (not isinstance(offsets, list) or len(offsets) != 2
+                or not all(isinstance(o, int) and o >= 0 for o in offsets) or offsets[0] > offsets[1]):
+            raise ValueError(f"{path} is not a valid safetensors file: tensor {name!r} has no valid data_offsets")
+        end = max(end, offsets[1])
+    if 8 + n + end > size:
+        raise ValueError(f"{path} is truncated: its tensors need {8 + n + end} bytes, the file has {size}")
+
+
 def check_model_dir(model_dir: str | Path) -> Path:
     path = Path(model_dir)
     if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
         raise ServeError(f"MODEL_DIR {path} is not an HF model directory; expected config.json and *.safetensors "
                          "(and a tokenizer) in it. Fix: pass a directory saved with save_pretrained.")
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ServeError(f"{path / 'config.json'} is not valid JSON ({type(exc).__name__}: {str(exc)[:100]}); "
+                         "expected the model's HF config. Fix: restore the file (save_pretrained writes it).") from None
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        got = type(config).__name__ if not isinstance(config, dict) else f"model_type {config.get('model_type')!r}"
+        raise ServeError(f"{path / 'config.json'} is not an HF model config (got {got}); expected a JSON object "
+                         "with a model_type. Fix: restore the file (save_pretrained writes it).")
+    for file in sorted(path.glob("*.safetensors")):
+        try:
+            check_safetensors_file(file)
+        except (OSError, ValueError) as exc:
+            raise ServeError(f"MODEL_DIR weights: {exc}; expected complete safetensors files. Fix: copy or save "
+                             "the model again.") from None
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ServeError(f"MODEL_DIR {path} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); the "
+                         "server would encode every text prompt to zero tokens. Fix: save the tokenizer into it "
+                         "(tokenizer.save_pretrained(MODEL_DIR)).")
     return path
 
 
@@ -148,7 +287,7 @@ def plan_kv_cache(args, config: dict, device: str, dtype: str) -> str:
     return plan.describe(max_seq_len)
 
 
-def build_app(args, token: str | None):
+def build_app(args, token: str | None, control_secret: str | None = None):
     """Tokenizer, engine, backend and app (the expensive part)."""
     import torch
     from transformers import AutoTokenizer
@@ -166,7 +305,14 @@ def build_app(args, token: str | None):
     elif device == "cuda" and not torch.cuda.is_available():
         raise ServeError("--device cuda: no CUDA device is visible; expected a GPU. Fix: use --device cpu or auto.")
     dtype = args.dtype or ("bfloat16" if device == "cuda" else "float32")
-    tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
+    except Exception as exc:  # noqa: BLE001 - transformers raises many types for a broken tokenizer
+        raise ServeError(f"the tokenizer of MODEL_DIR {args.model_dir} does not load ({type(exc).__name__}: "
+                         f"{str(exc)[:200]}); expected HF tokenizer files. Fix: save the tokenizer into it.") from None
+    if len(tokenizer) == 0 or not tokenizer("a b", add_special_tokens=False)["input_ids"]:
+        raise ServeError(f"the tokenizer of MODEL_DIR {args.model_dir} encodes text to zero tokens; expected a "
+                         "working tokenizer. Fix: save the model's tokenizer into MODEL_DIR.")
     config = read_config(args.model_dir)
     raw = config.get("eos_token_id")
     eos = set(raw if isinstance(raw, list) else [] if raw is None else [raw])
@@ -182,11 +328,13 @@ def build_app(args, token: str | None):
             max_num_kv_tokens=args.max_num_kv_tokens, kv_cache_dtype=args.kv_cache_dtype,
             kv_scale_margin=args.kv_scale_margin, decode_path=args.decode_path,
             decode_compile=args.decode_compile, overlap_steps=args.overlap_steps)
-    except ValueError as exc:
-        raise ServeError(f"cannot build the engine: {exc}") from None
+    except (ValueError, KeyError, TypeError) as exc:  # a config.json the engine cannot use
+        raise ServeError(f"cannot build the engine from {args.model_dir}: {type(exc).__name__}: {str(exc)[:300]}. "
+                         "Fix: check config.json and the weights (an HF directory of a supported model).") from None
     name = args.served_model_name or Path(args.model_dir).resolve().name
     settings = ServerSettings(model_name=name, api_key=token, max_model_len=engine.max_seq_len,
-                              vocab_size=engine.spec.vocab_size)
+                              vocab_size=engine.spec.vocab_size, managed=bool(args.managed),
+                              control_secret=control_secret, max_choices=args.max_choices_per_request)
     return create_app(NativeBackend(engine), tokenizer, settings)
 
 
@@ -208,16 +356,20 @@ def cmd_serve(args) -> int:
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    check_numbers(args)
     check_model_dir(args.model_dir)
     token = read_token(args)
     check_token_rule(args.host, token, args.api_key_env)
+    control_secret = read_control_secret(args)
     sock = bind_socket(args.host, args.port)  # before the model loads: a taken port fails in milliseconds
-    app = build_app(args, token)
+    app = build_app(args, token, control_secret)
     config = uvicorn.Config(app, log_level=args.log_level, access_log=args.log_level in ("info", "debug"),
                             timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     host, port = sock.getsockname()[:2]
     print(f"rl-core serve: {args.model_dir} on http://{host}:{port} "
-          f"({'token required' if token else 'no token: loopback only'})", flush=True)
+          f"({'token required' if token else 'no token: loopback only'}; "
+          f"{'managed: /rl/* control routes on, secret required' if args.managed else '/rl/* control routes off'})",
+          flush=True)
     asyncio.run(_serve(server, sock, args.ready_file))
     return 0

@@ -19,10 +19,22 @@ request id aborts all of them, and the aborted choices return what they generate
 with finish_reason "abort". A client that disconnects aborts its request (non-streaming
 requests poll for the disconnect; a closed stream cancels its generator).
 
-Errors: a request the engine cannot honour is 400 with the field and the fix; an engine
-failure is 500 (`type: "server_error"`, what retrying clients treat as infrastructure);
-a shut-down backend is 503. Auth: when the server has a token every route but `/health`
-needs `Authorization: Bearer <token>` (401 otherwise).
+Errors: every error is a JSON body `{"error": {message, type, param, code}}`. A request
+the engine cannot honour is 400 with the field (`param`) and the fix: a body that is not
+JSON says so, unknown fields are named, so are out-of-range values (non-finite numbers
+included) and prompts x n above the server's cap (`--max-choices-per-request`); a weight
+directory with an incomplete file is 400 naming the file. An engine failure is 500
+(`type: "server_error"`, what retrying clients treat as infrastructure), an unexpected
+exception too (JSON, never plain text); a shut-down backend is 503. `/rl/metrics` counts
+client errors (4xx) and server errors (5xx) apart.
+
+Auth: when the server has a token every route but `/health` needs `Authorization: Bearer
+<token>` (401 otherwise). The control routes (`POST /rl/update_weights`,
+`/rl/init_weight_broadcast`, `/rl/receive_weights`, `/rl/abort`, `/rl/invalidate_kv_cache`)
+are off (403, naming `--managed`) unless the server is managed, and then need the header
+`X-RL-Core-Secret` with the launch's secret (401 otherwise; `secrets.compare_digest`), on
+loopback too. The read-only `GET /rl/weight_version` and `GET /rl/metrics` need only the
+token.
 
 Does not own: the engine or its thread (rl_core.generation), request schemas
 (protocol.py), text handling (text.py), or process start-up (rl_core.launch.serve).
@@ -33,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import secrets
 import time
 import uuid
@@ -43,13 +56,16 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from safetensors import SafetensorError
 
 from rl_core.generation.backend import GenerationError, NativeBackend, StreamDelta
+from rl_core.launch.serve import CONTROL_SECRET_HEADER, DEFAULT_CONTROL_SECRET_ENV
 from rl_core.metrics.gc_pauses import freeze_setup_objects, unfreeze
 from rl_core.serve.protocol import (AbortRequest, ChatCompletionRequest, CompletionRequest, ReceiveWeightsRequest,
                                     UpdateWeightsRequest, WeightGroupRequest, _Sampling)
 from rl_core.serve.text import TextCodec, TextStream, chat_logprobs, completion_logprobs, cut_at_stop
 from rl_core.types import GenerationRequest, GenerationResult
+from rl_core.weights.broadcast import BroadcastHeaderError
 
 DISCONNECT_POLL_S = 0.25
 
@@ -60,6 +76,9 @@ class ServerSettings:
     api_key: str | None = None  # None: no auth (only allowed on loopback; the launcher enforces it)
     max_model_len: int = 4096
     vocab_size: int | None = None  # prompt ids are checked against it before anything is queued
+    managed: bool = False  # --managed: the /rl/* control routes are on (and need control_secret)
+    control_secret: str | None = None
+    max_choices: int = 512  # prompts x n of one request (--max-choices-per-request)
 
 
 class ApiError(Exception):
@@ -90,7 +109,9 @@ class Server:
         self.inflight: dict[str, list[str]] = {}  # request_id -> engine request ids
         self.weights_lock = asyncio.Lock()
         self.weight_receiver = None  # rl_core.weights.WeightReceiver once the trainer's broadcast group is joined
-        self.counters = {"requests": 0, "errors": 0, "aborted_requests": 0}
+        self.counters = {"requests": 0, "client_errors": 0, "server_errors": 0, "aborted_requests": 0}
+        if settings.managed and not settings.control_secret:
+            raise ValueError("a managed server needs a control secret")
 
     # ------------------------------------------------------------------ auth
 
@@ -103,6 +124,19 @@ class Server:
             raise ApiError(401, "missing or wrong API token: send the header 'Authorization: Bearer <token>' with "
                                 "the token the server was started with", code="invalid_api_key")
 
+    async def check_control(self, request: Request) -> None:
+        """The guard of the control routes (see the module doc)."""
+        if not self.settings.managed:
+            raise ApiError(403, f"{request.url.path} is a control route, and this server was not started as a managed "
+                                "rollout server; start it with `rl-core serve --managed` and a control secret "
+                                f"({DEFAULT_CONTROL_SECRET_ENV} or --control-secret-file), as HttpBackend does for "
+                                "the servers it launches", type="permission_error", code="control_routes_disabled")
+        sent = request.headers.get(CONTROL_SECRET_HEADER, "")
+        if not secrets.compare_digest(sent.encode(), self.settings.control_secret.encode()):
+            raise ApiError(401, f"missing or wrong control secret: send the header '{CONTROL_SECRET_HEADER}: <secret>' "
+                                "with the secret this managed server was started with", type="permission_error",
+                           code="invalid_control_secret")
+
     # ------------------------------------------------------------------ building engine requests
 
     def _jobs(self, body: _Sampling, prompts: list[list[int]], max_tokens: int | None, top: int,
@@ -113,9 +147,24 @@ class Server:
                            code="model_not_found")
         if base in self.inflight:
             raise ApiError(400, f"request_id {base!r} is already in flight; use a unique id", param="request_id")
+        choices = len(prompts) * body.n
+        if choices > self.settings.max_choices:
+            raise ApiError(400, f"this request asks for {len(prompts)} prompt(s) x n={body.n} = {choices} choices; this "
+                                f"server's cap is {self.settings.max_choices} per request (rl-core serve "
+                                "--max-choices-per-request). Send fewer prompts or a smaller n per request",
+                           param="n")
+        if max_tokens is not None and max_tokens > self.settings.max_model_len:
+            raise ApiError(400, f"max_tokens is {max_tokens}; this server's context is {self.settings.max_model_len} "
+                                "tokens (prompt + completion), so no completion can be that long. Send at most "
+                                f"{self.settings.max_model_len} (a completion that reaches the context ends with "
+                                "finish_reason 'length')", param=body.max_tokens_field())
+        vocab = self.settings.vocab_size
+        if vocab is not None and any(not 0 <= t < vocab for t in body.stop_token_ids):
+            bad = [t for t in body.stop_token_ids if not 0 <= t < vocab][:5]
+            raise ApiError(400, f"stop_token_ids holds {bad}, outside [0, {vocab}) (this model's vocabulary)",
+                           param="stop_token_ids")
         jobs = []
         for p, ids in enumerate(prompts):
-            vocab = self.settings.vocab_size
             if vocab is not None and (min(ids) < 0 or max(ids) >= vocab):
                 raise ApiError(400, f"prompt {p} holds token ids outside [0, {vocab}) (this model's vocabulary)",
                                param="prompt")
@@ -334,12 +383,13 @@ class Server:
         async with self.weights_lock:
             t0 = time.monotonic()
             try:
+                await asyncio.to_thread(_check_weight_files, path)  # a truncated file: 400 naming it
                 if body.require_marker:
                     weights = await asyncio.to_thread(_read_ready_version, path, body.version)
                     await self.backend.update_weights(body.version, weights)
                 else:
                     await self.backend.update_weights(body.version, path)
-            except (ValueError, OSError) as exc:  # a bad or incomplete directory, or weights of another shape
+            except (ValueError, OSError, SafetensorError) as exc:  # a bad or incomplete directory, wrong shapes
                 raise ApiError(400, str(exc), param="path") from None
             if body.invalidate_kv_cache:
                 await self.backend.invalidate_kv_cache()
@@ -363,7 +413,10 @@ class Server:
         if self.weight_receiver is None:
             raise ApiError(400, "no weight-broadcast group: POST /rl/init_weight_broadcast first", param="version")
         async with self.weights_lock:
-            version, state, report = await asyncio.to_thread(self.weight_receiver.recv)
+            try:
+                version, state, report = await asyncio.to_thread(self.weight_receiver.recv)
+            except BroadcastHeaderError as exc:
+                raise ApiError(400, str(exc), param=None) from None
             if version != body.version:
                 raise ApiError(400, f"the broadcast carried weight version {version}, the request says {body.version}",
                                param="version")
@@ -382,6 +435,17 @@ class Server:
                 "running": int(m["running"]), "waiting": int(m["waiting"]), "requests_in_flight": len(self.inflight)}
 
 
+def _check_weight_files(path: Path) -> None:
+    """Every *.safetensors file of a weight directory is complete (headers only are read)."""
+    from rl_core.launch.serve import check_safetensors_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{path} holds no *.safetensors file; send a directory of safetensors weights")
+    for file in files:
+        check_safetensors_file(file)
+
+
 def _read_ready_version(path: Path, version: int) -> dict:
     """The tensors of a `rl_core.weights.filesystem` version directory, checked: its name is
     the version's, its READY marker exists and its files have the marker's sizes."""
@@ -393,6 +457,31 @@ def _read_ready_version(path: Path, version: int) -> dict:
                          f"named {expected.name!r}, as rl_core.weights.filesystem writes); send that version's "
                          "directory, or require_marker: false for a plain HF directory")
     return read_version(path.parent, version)
+
+
+def _param_of(errors: list[dict]) -> str | None:
+    """The field a validation error is about: the common path of the errors (a union's member
+    names dropped: `prompt`, not `prompt.str`), or, for a check across fields ("logit_bias is
+    not supported ..."), the field its message starts with."""
+    locs = [[str(x) for x in e.get("loc", ()) if x != "body"] for e in errors]
+    if locs and locs[0]:
+        common = locs[0]
+        for loc in locs[1:]:
+            n = 0
+            while n < min(len(common), len(loc)) and common[n] == loc[n]:
+                n += 1
+            common = common[:n]
+        return ".".join(common or locs[0])
+    for e in errors:
+        m = re.match(r"(?:Value error, )?([a-z_]+)\b", str(e.get("msg", "")))
+        if e.get("type") == "value_error" and m:
+            return m.group(1)
+    return None
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _sse(events: AsyncIterator[dict]) -> StreamingResponse:
@@ -427,21 +516,37 @@ def create_app(backend: NativeBackend, tokenizer: Any, settings: ServerSettings)
     app = FastAPI(title="rl_core native engine", lifespan=lifespan)
     app.state.server = server
 
+    def count(status: int) -> None:
+        server.counters["server_errors" if status >= 500 else "client_errors"] += 1
+
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
-        server.counters["errors"] += 1
+        count(exc.status)
         return exc.response()
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
-        server.counters["errors"] += 1
-        parts = []
-        for err in exc.errors():
-            loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
-            parts.append(f"{loc or 'body'}: {err.get('msg')} (got {err.get('input')!r})"[:300])
-        first = next((e.get("loc") for e in exc.errors()), ())
-        param = ".".join(str(x) for x in first if x != "body") or None
-        return ApiError(400, "invalid request: " + "; ".join(parts), param=param).response()
+        errors = exc.errors()
+        if any(e.get("type") == "json_invalid" for e in errors):
+            err = ApiError(400, "the request body is not valid JSON (" + str(errors[0].get("ctx", {}).get("error", "")
+                                                                           )[:100] + "); send a JSON object",
+                           param=None, code="invalid_json")
+        else:
+            parts = []
+            for e in errors:
+                loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
+                msg = "unknown field (not part of this API; leave it out)" if e.get("type") == "extra_forbidden" \
+                    else e.get("msg")
+                parts.append(f"{loc or 'body'}: {msg} (got {_short(e.get('input'))})")
+            err = ApiError(400, "invalid request: " + "; ".join(parts)[:1000], param=_param_of(errors))
+        count(err.status)
+        return err.response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):  # JSON, never starlette's plain-text 500
+        err = ApiError(500, f"internal server error: {type(exc).__name__}: {str(exc)[:300]}", type="server_error")
+        count(err.status)
+        return err.response()
 
     @app.get("/health")
     async def health():
@@ -466,31 +571,35 @@ def create_app(backend: NativeBackend, tokenizer: Any, settings: ServerSettings)
     async def weight_version():
         return {"weight_version": backend.weight_version}
 
-    @api.post("/rl/update_weights")
-    async def update_weights(body: UpdateWeightsRequest):
-        return await server.update_weights(body)
-
-    @api.post("/rl/init_weight_broadcast")
-    async def init_weight_broadcast(body: WeightGroupRequest):
-        return await server.init_weight_broadcast(body)
-
-    @api.post("/rl/receive_weights")
-    async def receive_weights(body: ReceiveWeightsRequest):
-        return await server.receive_weights(body)
-
-    @api.post("/rl/abort")
-    async def abort(body: AbortRequest):
-        ids = list(server.inflight) if body.all else body.request_ids
-        return {"aborted": await server.abort(ids)}
-
-    @api.post("/rl/invalidate_kv_cache")
-    async def invalidate():
-        await backend.invalidate_kv_cache()
-        return {"ok": True}
-
     @api.get("/rl/metrics")
     async def metrics():
         return {**backend.metrics(), **{f"server_{k}": float(v) for k, v in server.counters.items()}}
 
+    # the control routes: off unless --managed, then the launch's secret (checked before the body is validated)
+    control = APIRouter(dependencies=[Depends(server.check_token), Depends(server.check_control)])
+
+    @control.post("/rl/update_weights")
+    async def update_weights(body: UpdateWeightsRequest):
+        return await server.update_weights(body)
+
+    @control.post("/rl/init_weight_broadcast")
+    async def init_weight_broadcast(body: WeightGroupRequest):
+        return await server.init_weight_broadcast(body)
+
+    @control.post("/rl/receive_weights")
+    async def receive_weights(body: ReceiveWeightsRequest):
+        return await server.receive_weights(body)
+
+    @control.post("/rl/abort")
+    async def abort(body: AbortRequest):
+        ids = list(server.inflight) if body.all else body.request_ids
+        return {"aborted": await server.abort(ids)}
+
+    @control.post("/rl/invalidate_kv_cache")
+    async def invalidate():
+        await backend.invalidate_kv_cache()
+        return {"ok": True}
+
     app.include_router(api)
+    app.include_router(control)
     return app

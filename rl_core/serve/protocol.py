@@ -1,9 +1,18 @@
 """Request bodies of the server's HTTP API (OpenAI-compatible + rl_core's RL endpoints).
 
-Owns: what a request may contain and how it maps to engine `SamplingParams`. Unknown
-fields are refused (HTTP 400 naming the field) rather than silently ignored, and so are
-OpenAI options the native engine cannot honour (penalties, logit bias, echo, suffix,
-best_of > n): each says which field and what to send instead.
+Owns: what a request may contain and how it maps to engine `SamplingParams`.
+
+Field policy (one rule for every route): a field this API does not define is refused
+(HTTP 400 naming the field), never silently ignored. OpenAI fields that do not change
+what is generated are accepted and not used (`user`, `metadata`, `store`,
+`service_tier`, `parallel_tool_calls` when no tools are sent, `stream_options.
+continuous_usage_stats`). OpenAI options the native engine cannot honour are refused
+when set to anything but their neutral value, naming the field and what to send instead
+(penalties, `logit_bias`, `echo`, `suffix`, `best_of` != n, `tools`, `response_format`
+other than text). Numbers must be finite and in range: temperature in [0, 10]
+(`MAX_TEMPERATURE`; above it sampling is uniform noise), top_p in (0, 1], n in
+[1, 128], seed in [0, 2^63 - 1], max_tokens >= 1 (app.py also refuses more than the
+context); chat roles are system, developer, user, assistant, tool.
 
 Extensions beyond the OpenAI API (also accepted by vLLM, where named the same):
 `top_k`, `stop_token_ids`, `return_token_ids` (each choice then carries `token_ids`,
@@ -15,17 +24,20 @@ Does not own: routing, auth or response shapes (app.py), text handling (text.py)
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rl_core.types import SamplingParams
 
 MAX_TOP_LOGPROBS = 20
+MAX_TEMPERATURE = 10.0
+MAX_SEED = 2**63 - 1
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 class Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class StreamOptions(Body):
@@ -40,7 +52,7 @@ class _Sampling(Body):
 
     model: str | None = None
     """Served model name (checked against `/v1/models` when given)."""
-    temperature: float = Field(1.0, ge=0.0)
+    temperature: float = Field(1.0, ge=0.0, le=MAX_TEMPERATURE)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=-1)
     """Extension: keep the k most likely tokens (0 or -1 = off)."""
@@ -50,13 +62,16 @@ class _Sampling(Body):
     stop: Union[str, list[str], None] = None
     stop_token_ids: list[int] = []
     """Extension: token ids that end a choice (besides the model's end-of-sequence ids)."""
-    seed: int | None = None
-    """Seed of choice 0; choice i uses seed + i (so choices differ and stay reproducible)."""
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    """Seed of choice 0; choice i uses (seed + i) mod 2^63 (so choices differ and stay reproducible)."""
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     user: str | None = None
-    """Accepted and not used."""
+    """Accepted and not used (as the other OpenAI fields that do not change the output below)."""
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
     return_token_ids: bool = False
     """Extension: add token ids and weight versions to each choice."""
     request_id: str | None = Field(None, min_length=1, max_length=200)
@@ -85,7 +100,10 @@ class _Sampling(Body):
         return SamplingParams(
             temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0), greedy=self.temperature == 0,
             max_tokens=max_tokens, stop_token_ids=tuple(self.stop_token_ids), stop_strings=self.stop_strings(),
-            seed=None if self.seed is None else self.seed + choice, top_logprobs=top_logprobs)
+            seed=None if self.seed is None else (self.seed + choice) % (MAX_SEED + 1), top_logprobs=top_logprobs)
+
+    def max_tokens_field(self) -> str:
+        return "max_tokens"
 
 
 class CompletionRequest(_Sampling):
@@ -131,7 +149,7 @@ class TextPart(Body):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")  # name, tool_call_id, ... pass through to the template
 
-    role: str
+    role: Literal[ROLES]  # type: ignore[valid-type]
     content: Union[str, list[TextPart], None] = None
 
     def for_template(self) -> dict:
@@ -155,9 +173,21 @@ class ChatCompletionRequest(_Sampling):
     """Extension: open an assistant turn after the messages (the chat template's flag)."""
     continue_final_message: bool = False
     """Extension: continue the last (assistant) message instead of opening a new turn."""
+    parallel_tool_calls: bool | None = None
+    """Accepted (no tools are called)."""
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _chat_only(self):
+        if self.tools:
+            raise ValueError("tools is not supported by the native engine (no tool calling); leave it out")
+        if self.tool_choice not in (None, "none"):
+            raise ValueError("tool_choice is not supported by the native engine; leave it out or send \"none\"")
+        if self.response_format is not None and self.response_format != {"type": "text"}:
+            raise ValueError("response_format other than {\"type\": \"text\"} is not supported by the native "
+                             "engine; leave it out")
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
         if self.continue_final_message and self.add_generation_prompt:
@@ -166,6 +196,9 @@ class ChatCompletionRequest(_Sampling):
 
     def new_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def max_tokens_field(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens else "max_tokens"
 
 
 class UpdateWeightsRequest(Body):

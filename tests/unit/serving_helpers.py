@@ -20,6 +20,9 @@ from rl_core.generation.http_servers import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN_ENV = "RL_CORE_TEST_TOKEN"
+CONTROL_ENV = "RL_CORE_TEST_CONTROL_SECRET"
+SECRET = "test-control-secret-0123456789"  # for servers started with managed=True
+CONTROL = {"X-RL-Core-Secret": SECRET}  # the header of the /rl/* control routes
 
 
 def make_tokenizer():
@@ -51,14 +54,18 @@ def serve_command(model_dir: Path, ready_file: Path, *args: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def running_server(model_dir: Path, workdir: Path, *args: str, token: str | None = None,
+def running_server(model_dir: Path, workdir: Path, *args: str, token: str | None = None, managed: bool = False,
                    timeout_s: float = 120.0):
-    """Start `rl-core serve` (port 0), wait for its ready file, yield (url, process); stop it by PID."""
+    """Start `rl-core serve` (port 0), wait for its ready file, yield (url, process); stop it by PID.
+    `managed`: with --managed and the control secret SECRET (send the header CONTROL)."""
     workdir.mkdir(parents=True, exist_ok=True)
     ready = workdir / f"ready-{time.monotonic_ns()}.json"
-    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV, CONTROL_ENV)}
     if token is not None:
         env[TOKEN_ENV] = token
+    if managed:
+        env[CONTROL_ENV] = SECRET
+        args = (*args, "--managed", "--control-secret-env", CONTROL_ENV)
     log = open(workdir / f"{ready.stem}.log", "w")
     proc = subprocess.Popen(serve_command(model_dir, ready, *args), env=env, cwd=ROOT, stdout=log,
                             stderr=subprocess.STDOUT)

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from serving_helpers import make_model, make_model_dir, make_tokenizer, running_server
+from serving_helpers import SECRET, make_model, make_model_dir, make_tokenizer, running_server
 
 from rl_core.generation import GenerationError, GenerationRequestError, HttpBackend, NativeEngine
 from rl_core.generation.http_fleet import FleetPolicy
@@ -36,7 +36,8 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def servers(model_dir, tmp_path_factory):
     work = tmp_path_factory.mktemp("servers")
-    with running_server(model_dir, work, *SERVER_ARGS) as (a, _), running_server(model_dir, work, *SERVER_ARGS) as (b, _):
+    with running_server(model_dir, work, *SERVER_ARGS, managed=True) as (a, _), \
+            running_server(model_dir, work, *SERVER_ARGS, managed=True) as (b, _):
         yield [a, b]
 
 
@@ -124,7 +125,7 @@ def test_least_outstanding_picks_the_idlest_routable_server():
 
 def test_abort_and_cancel_free_the_servers(servers):
     async def main():
-        backend = HttpBackend(servers[:1], health_check_interval_s=0.5)
+        backend = HttpBackend(servers[:1], health_check_interval_s=0.5, control_secret=SECRET)
         await backend.start()
         long = GenerationRequest("long", [5, 6, 7], SamplingParams(temperature=1.0, max_tokens=450, seed=1))
         task = asyncio.create_task(backend.generate(long))

@@ -14,7 +14,8 @@ import httpx
 import openai
 import pytest
 import torch
-from serving_helpers import (TOKEN_ENV, make_model, make_model_dir, make_tokenizer, running_server, serve_command)
+from serving_helpers import (CONTROL, TOKEN_ENV, make_model, make_model_dir, make_tokenizer, running_server,
+                             serve_command)
 
 from rl_core.generation import NativeEngine
 from rl_core.types import GenerationRequest, SamplingParams
@@ -31,7 +32,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
-    with running_server(model_dir, tmp_path_factory.mktemp("server"), *SERVER_ARGS) as (url, proc):
+    with running_server(model_dir, tmp_path_factory.mktemp("server"), *SERVER_ARGS, managed=True) as (url, proc):
         yield url
 
 
@@ -177,7 +178,7 @@ def test_abort_frees_the_engine_and_returns_the_partial_choice(server):
             lines = stream.iter_lines()
             first = next(line for line in lines if line.startswith("data: "))
             assert '"finish_reason": null' in first
-            assert http.post("/rl/abort", json={"request_ids": ["long"]}).json() == {"aborted": 1}
+            assert http.post("/rl/abort", json={"request_ids": ["long"]}, headers=CONTROL).json() == {"aborted": 1}
             rest = [line for line in lines if line.startswith("data: ")]
         assert rest[-1] == "data: [DONE]"
         final = httpx.Response(200, content=rest[-2][6:]).json()["choices"][0]
@@ -193,7 +194,7 @@ def test_abort_frees_the_engine_and_returns_the_partial_choice(server):
         while http.get("/rl/metrics").json()["requests_aborted"] == before:
             assert time.monotonic() < deadline, "the disconnected request was not aborted"
             time.sleep(0.05)
-        assert http.post("/rl/invalidate_kv_cache").json() == {"ok": True}
+        assert http.post("/rl/invalidate_kv_cache", headers=CONTROL).json() == {"ok": True}
         assert http.get("/rl/metrics").json()["kv_invalidations"] >= 1
 
 
@@ -204,7 +205,7 @@ def test_update_weights_changes_the_served_version_and_outputs(server, model_dir
     sync.write(1, new.state_dict())
     v1 = version_dir(tmp_path / "weights", 1)
     body = {"prompt": [5, 6, 7, 8], "max_tokens": 10, "temperature": 0, "return_token_ids": True}
-    with httpx.Client(base_url=server, timeout=60) as http:
+    with httpx.Client(base_url=server, timeout=60, headers=CONTROL) as http:
         before = http.post("/v1/completions", json=body).json()["choices"][0]
         assert http.get("/rl/weight_version").json() == {"weight_version": 0}
         bad = http.post("/rl/update_weights", json={"version": 2, "path": str(v1)})
