@@ -161,7 +161,7 @@ def read_control_secret(args) -> str | None:
         source = f"the environment variable {args.control_secret_env}"
     if len(secret) < MIN_SECRET_CHARS:
         raise ServeError(f"--managed needs a control secret of at least {MIN_SECRET_CHARS} characters; "
-                         f"{source} holds {len(secret)}. Fix: set it to a random per-launch secret, e.g. "
+                         f"{source} holds {len(secret)} characters. Fix: set it to a random per-launch secret, e.g. "
                          "python -c 'import secrets; print(secrets.token_urlsafe(32))' (never on the command line).")
     return secret
 

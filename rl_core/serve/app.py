@@ -154,7 +154,7 @@ class Server:
                                 "--max-choices-per-request). Send fewer prompts or a smaller n per request",
                            param="n")
         if max_tokens is not None and max_tokens > self.settings.max_model_len:
-            raise ApiError(400, f"max_tokens is {max_tokens}; this server's context is {self.settings.max_model_len} "
+            raise ApiError(400, f"{body.max_tokens_field()} is {max_tokens}; this server's context is {self.settings.max_model_len} "
                                 "tokens (prompt + completion), so no completion can be that long. Send at most "
                                 f"{self.settings.max_model_len} (a completion that reaches the context ends with "
                                 "finish_reason 'length')", param=body.max_tokens_field())
@@ -535,9 +535,13 @@ def create_app(backend: NativeBackend, tokenizer: Any, settings: ServerSettings)
             parts = []
             for e in errors:
                 loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
-                msg = "unknown field (not part of this API; leave it out)" if e.get("type") == "extra_forbidden" \
-                    else e.get("msg")
-                parts.append(f"{loc or 'body'}: {msg} (got {_short(e.get('input'))})")
+                if e.get("type") == "extra_forbidden":
+                    parts.append(f"{loc}: unknown field (not part of this API; leave it out) "
+                                 f"(got {_short(e.get('input'))})")
+                elif e.get("type") == "value_error" and not loc:  # a check across fields: the message names them
+                    parts.append(str(e.get("msg")).removeprefix("Value error, "))
+                else:
+                    parts.append(f"{loc or 'body'}: {e.get('msg')} (got {_short(e.get('input'))})")
             err = ApiError(400, "invalid request: " + "; ".join(parts)[:1000], param=_param_of(errors))
         count(err.status)
         return err.response()
