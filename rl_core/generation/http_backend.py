@@ -230,6 +230,9 @@ class HttpBackend:
                 ep = await self.fleet.pick()
                 server_rid = f"{rid}@{attempt}"
                 payload = {**body, "request_id": server_rid} if self.kind == "rl_core" else body
+                if ep.max_model_len and body["max_tokens"] > ep.max_model_len:
+                    # the server refuses more than its context (400); the engine would stop there anyway
+                    payload = {**payload, "max_tokens": ep.max_model_len}
                 post = asyncio.ensure_future(self.fleet.client.post(f"{ep.url}/v1/completions", json=payload))
                 self._inflight[rid] = (ep, server_rid, post)
                 ep.outstanding += 1

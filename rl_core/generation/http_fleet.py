@@ -74,6 +74,7 @@ class Endpoint:
     stale: bool = False  # missed a weight update: not routable until caught up
     version: int | None = None
     capacity: int = 0
+    max_model_len: int | None = None  # an rl_core server's context (GET /health)
     outstanding: int = 0
     requests: int = 0
     failures: int = 0
@@ -216,6 +217,7 @@ class ServerFleet:
             if self.policy.kind == "rl_core":
                 info = await self.request("GET", ep, "/health", timeout=timeout)
                 ep.version, ep.capacity = int(info["weight_version"]), int(info["max_batch_size"])
+                ep.max_model_len = int(info["max_model_len"]) if info.get("max_model_len") else None
                 with contextlib.suppress(GenerationError, GenerationRequestError):
                     m = await self.request("GET", ep, "/rl/metrics", timeout=timeout)
                     ep.server_metrics = {k: float(v) for k, v in m.items() if isinstance(v, (int, float))}
