@@ -289,3 +289,33 @@ def test_error_counters_separate_client_and_server_errors(model_dir, tmp_path, m
         after = c.get("/rl/metrics").json()
     assert after["server_client_errors"] == 4 and after["server_server_errors"] == 1
     assert "server_errors" not in after
+
+
+def test_local_servers_are_launched_managed_with_a_fresh_secret_outside_argv(tmp_path, monkeypatch):
+    from rl_core.generation import http_servers
+
+    launched = []
+
+    class _Popen:  # records what would be started: the command line and the environment
+        def __init__(self, cmd, env, **kw):
+            launched.append((cmd, env))
+
+    monkeypatch.setattr(http_servers.subprocess, "Popen", _Popen)
+    server = http_servers.LocalServer(0, tmp_path, http_servers.EngineArgs(), "tok", tmp_path / "logs", "m")
+    secrets_seen = []
+    for _ in range(2):
+        server.launch()
+        cmd, env = launched[-1]
+        secret = env[http_servers.CONTROL_SECRET_ENV]
+        assert server.control_secret == secret and len(secret) >= 32
+        assert "--managed" in cmd and not any(secret in part for part in cmd)
+        assert secret not in (tmp_path / "logs" / "server0.log").read_text()
+        secrets_seen.append(secret)
+    assert secrets_seen[0] != secrets_seen[1]  # a relaunch gets a new secret
+
+
+def test_the_server_removes_the_secret_from_its_environment(monkeypatch):
+    monkeypatch.setenv("RL_CORE_CONTROL_SECRET", "s" * 20)
+    args = build_parser().parse_args(["serve", "x", "--managed"])
+    assert serve_mod.read_control_secret(args) == "s" * 20
+    assert "RL_CORE_CONTROL_SECRET" not in os.environ
