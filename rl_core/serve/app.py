@@ -149,13 +149,14 @@ class Server:
             raise ApiError(400, f"request_id {base!r} is already in flight; use a unique id", param="request_id")
         choices = len(prompts) * body.n
         if choices > self.settings.max_choices:
-            raise ApiError(400, f"this request asks for {len(prompts)} prompt(s) x n={body.n} = {choices} choices; this "
-                                f"server's cap is {self.settings.max_choices} per request (rl-core serve "
+            raise ApiError(400, f"this request asks for {len(prompts)} prompt(s) x n={body.n} = {choices} choices; "
+                                f"this server's cap is {self.settings.max_choices} per request (rl-core serve "
                                 "--max-choices-per-request). Send fewer prompts or a smaller n per request",
                            param="n")
         if max_tokens is not None and max_tokens > self.settings.max_model_len:
-            raise ApiError(400, f"{body.max_tokens_field()} is {max_tokens}; this server's context is {self.settings.max_model_len} "
-                                "tokens (prompt + completion), so no completion can be that long. Send at most "
+            raise ApiError(400, f"{body.max_tokens_field()} is {max_tokens}; this server's context is "
+                                f"{self.settings.max_model_len} tokens (prompt + completion), so no completion can be "
+                                "that long. Send at most "
                                 f"{self.settings.max_model_len} (a completion that reaches the context ends with "
                                 "finish_reason 'length')", param=body.max_tokens_field())
         vocab = self.settings.vocab_size

@@ -80,7 +80,8 @@ def parse_header(raw: bytes) -> tuple[int, list[tuple[str, torch.dtype, tuple[in
         raise bad(f"not UTF-8 JSON ({type(exc).__name__}: {str(exc)[:80]})") from None
     if not isinstance(data, dict) or data.get("format") != HEADER_FORMAT or set(data) != {"format", "version",
                                                                                          "tensors"}:
-        raise bad(f"not a {HEADER_FORMAT} object (keys {sorted(data)[:5] if isinstance(data, dict) else type(data).__name__})")
+        got = f"keys {sorted(data)[:5]}" if isinstance(data, dict) else type(data).__name__
+        raise bad(f"not a {HEADER_FORMAT} object ({got})")
     version, tensors = data["version"], data["tensors"]
     if type(version) is not int or version < 0:
         raise bad(f"version {version!r} is not a non-negative integer")
