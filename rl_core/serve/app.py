@@ -4,7 +4,7 @@ Owns: the routes, bearer-token auth, OpenAI-style error bodies, and how one HTTP
 becomes engine requests and a response:
 
 - `GET /health` (no auth): status, served weight version, capacity, load.
-- `GET /v1/models`; `POST /v1/completions`; `POST /v1/chat/completions` (the tokenizer's
+- `GET /v1/models`, `GET /v1/models/{id}`; `POST /v1/completions`; `POST /v1/chat/completions` (the tokenizer's
   chat template): n choices per prompt, `stream: true` as server-sent events ending in
   `data: [DONE]`, logprobs (chosen token + top alternatives), the extensions of
   protocol.py (token ids in and out, weight versions, `request_id`).
@@ -559,10 +559,21 @@ def create_app(backend: NativeBackend, tokenizer: Any, settings: ServerSettings)
 
     api = APIRouter(dependencies=[Depends(server.check_token)])
 
+    def model_card() -> dict:
+        return {"id": settings.model_name, "object": "model", "created": 0, "owned_by": "rl_core",
+                "max_model_len": settings.max_model_len}
+
     @api.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": settings.model_name, "object": "model", "created": 0,
-                                            "owned_by": "rl_core", "max_model_len": settings.max_model_len}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @api.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        if model_id != settings.model_name:
+            raise ApiError(404, f"model {model_id!r} is not served here; this server serves "
+                                f"{settings.model_name!r} (see GET /v1/models)", param="model",
+                           code="model_not_found")
+        return model_card()
 
     @api.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):

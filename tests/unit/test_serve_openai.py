@@ -66,6 +66,9 @@ def engine_run(model_dir, requests, state_dict=None) -> dict:
 
 def test_models_and_completion_match_the_engine(client, model_dir, tokenizer):
     assert [m.id for m in client.models.list().data] == ["tiny-chat"]
+    assert client.models.retrieve("tiny-chat").id == "tiny-chat"  # GET /v1/models/{id}
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        client.models.retrieve("gpt-4")
     prompt = "The quick brown fox"
     resp = client.completions.create(model="tiny-chat", prompt=prompt, max_tokens=12, temperature=0, logprobs=3,
                                      extra_body={"return_token_ids": True})
