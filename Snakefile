@@ -11,6 +11,11 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
+# `snakemake --report report.html` (or report.zip): the run's plots, report.html, validation
+# and evaluation results, with the rules, their runtimes and the software stack.
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/validate.smk"
@@ -23,6 +28,7 @@ rule all:
     localrule: True
     input:
         WF.report,
+        WF.resolved,
 
 
 onsuccess:

@@ -37,9 +37,12 @@ from rl_core.errors import RecipeError, UserError
 SOURCE = "the workflow config (config/config.yaml, --configfile or --config)"
 PLOTS = ("reward", "accuracy", "pass_at_k", "staleness", "throughput")
 _BRANCH_NOT_COPIED = {"steps", "submitit", ".controller.lock", "validation.json", "rollouts.h5"}
-# recipe sections that never change a stage's result (names, where outputs go, how jobs are placed, logging)
-_NOT_RESULTS = {"run_name", "output_dir", "cluster", "logging", "evaluation"}
-# the sections each stage's result depends on (None: all but _NOT_RESULTS)
+# recipe sections that never change the training's result (names, where outputs go, how jobs are placed,
+# logging, and the stages after training: held-out validation and evaluation have their own digests)
+_NOT_RESULTS = {"run_name", "output_dir", "cluster", "logging", "evaluation", "validation"}
+# the sections each stage's result depends on (None: all but _NOT_RESULTS); what the README's change
+# classes promise: a trainer knob retrains, a validation knob re-validates, an eval set re-evaluates,
+# `cluster:` reruns nothing
 STAGE_SECTIONS: dict[str, tuple[str, ...] | None] = {
     "init": ("model", "data", "env", "runtime", "grpo.seed", "generation.max_tokens"),
     "train": None,
@@ -119,28 +122,66 @@ class WorkflowPlan:
         """`name` (e.g. 'checkpoint', 'validation.json') of every epoch."""
         return [f"{self.epoch_dir(e['epoch'])}/{name}" for e in self.epochs]
 
-    def digest(self, stage: str) -> str:
-        """A hash of the recipe sections `stage` depends on. Rules take the resolved config as an
-        `ancient()` input and this as a param, so editing e.g. an eval set re-evaluates without
-        retraining (snakemake's params trigger), while any knob of training retrains."""
-        import hashlib
-        import json
+    def stage_sections(self, stage: str) -> dict[str, Any]:
+        """The recipe values `stage`'s result depends on (STAGE_SECTIONS), as JSON-able data.
 
-        # Only values that differ from the schema's defaults: a new rl_core release that adds a
-        # knob (with a default) leaves the digests, and so the finished stages, as they were.
+        Only values that differ from the schema's defaults: a new rl_core release that adds a
+        knob (with a default) leaves the digests, and so the finished stages, as they were."""
         data = self.cfg.model_dump(mode="json", exclude_defaults=True)
         keep = STAGE_SECTIONS[stage]
         if keep is None:  # everything but what cannot change the result
-            part = {k: v for k, v in data.items() if k not in _NOT_RESULTS}
-        else:
-            part = {}
-            for key in keep:  # "section" or "section.field"
-                value = data
-                for name in key.split("."):
-                    value = value.get(name) if isinstance(value, dict) else None
-                if value is not None:
-                    part[key] = value
-        return hashlib.sha256(json.dumps(part, sort_keys=True).encode()).hexdigest()[:16]
+            return {k: v for k, v in sorted(data.items()) if k not in _NOT_RESULTS}
+        part = {}
+        for key in keep:  # "section" or "section.field"
+            value = data
+            for name in key.split("."):
+                value = value.get(name) if isinstance(value, dict) else None
+            if value is not None:
+                part[key] = value
+        return part
+
+    def digest(self, stage: str) -> str:
+        """A hash of the recipe values `stage` depends on (`stage_sections`)."""
+        import hashlib
+        import json
+
+        blob = json.dumps(self.stage_sections(stage), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def stage_digest(self, stage: str) -> str:
+        """The digest file of `stage`: a normal input of the stage's rules (see write_stage_digests)."""
+        return f"{self.run_dir}/.stage-digests/{stage}.json"
+
+    def write_stage_digests(self) -> list[str]:
+        """Write every stage's digest file at parse time; a file is rewritten only when its content
+        changes, so its mtime moves exactly when a knob that can change the stage's result moved.
+
+        Why files and not a `params:` hash: Snakemake does not look at the params (or inputs) of a
+        job downstream of a job that must run when their only link is an `ancient()` input, so a
+        changed knob took several invocations to reach the stages. A digest file is a source
+        file of the stage's own rule (no job makes it), so Snakemake's mtime check sees it in the
+        same run, and everything downstream of a rerun stage reruns through the DAG. Snakemake
+        also records a checksum of small inputs: a dry run (-n) of a change that is then
+        abandoned rewrites the file back to the content the outputs were built from, which
+        Snakemake recognises (same checksum), so nothing reruns."""
+        import json
+
+        from rl_core.fsutil import atomic_write_text
+
+        written = []
+        for stage in STAGE_SECTIONS:
+            path = Path(self.stage_digest(stage))
+            text = json.dumps({"stage": stage, "digest": self.digest(stage),
+                               "sections": self.stage_sections(stage)}, indent=1, sort_keys=True) + "\n"
+            try:
+                if path.read_text() == text:
+                    continue
+            except OSError:
+                pass
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(path, text)
+            written.append(str(path))
+        return written
 
     @staticmethod
     def epoch_regex(epochs: list[int]) -> str:
@@ -231,6 +272,30 @@ def _plan_branch(plan: WorkflowPlan, src: str) -> None:
                                  "branch from an earlier epoch, or raise grpo.max_num_epochs / max_num_steps "
                                  "in `overrides`.", SOURCE)
     plan.branch_from, plan.branch_epoch = src, k
+
+
+def stage_config(smk: Any) -> str:
+    """The resolved recipe a stage job runs with, resolved from the invocation's workflow config
+    (`recipe`, `run`, `overrides`, as the parse did), written once under a content-addressed
+    name (results/<run>/.stage-digests/config-<hash>.json, never rewritten) and returned as a path.
+
+    Stage jobs do not read results/<run>/resolved_config.json: the rule that writes it
+    (validate_recipe) must not be upstream of the stages, or Snakemake would skip their change
+    checks whenever it reruns (see write_stage_digests). A content-addressed file cannot change
+    under a running job, whatever another snakemake invocation (a dry run too) plans meanwhile."""
+    import hashlib
+    import json
+
+    from rl_core.fsutil import atomic_write_text
+    from rl_core.launch.stages import load_workflow_recipe
+
+    conf = smk.config
+    cfg = load_workflow_recipe(conf["recipe"], conf["run"], [str(o) for o in conf.get("overrides") or []])
+    text = json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n"
+    path = Path(f"results/{conf['run']}/.stage-digests/config-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json")
+    if not path.is_file() or path.read_text() != text:
+        atomic_write_text(path, text)
+    return str(path)
 
 
 def branch_epoch(src_epoch_dir: str, dst_epoch_dir: str) -> None:

@@ -11,11 +11,21 @@ try:
 except UserError as exc:
     sys.exit(f"rl_core workflow: {exc}")
 
+# Change detection: one digest file per stage (results/<run>/.stage-digests/<stage>.json, the
+# recipe values the stage's result depends on), rewritten only when its content changes; each
+# stage's rules take it as a normal input, so Snakemake's mtime check reruns exactly the stages
+# a changed knob can affect, and the DAG reruns what follows them (rl_core/launch/workflow.py,
+# WorkflowPlan.write_stage_digests, says why not params).
+WF.write_stage_digests()
+
 
 wildcard_constraints:
     epoch=r"[1-9][0-9]*",
 
 
+# The run's recipe of record (every knob, for people and for `rl-core serve/inspect`). No stage
+# reads it (each job resolves the same recipe from the workflow config: stage_config), so it is
+# not upstream of the stages and rewriting it reruns nothing else.
 rule validate_recipe:
     localrule: True
     input:
@@ -36,15 +46,18 @@ rule validate_recipe:
 
 rule init_policy:
     input:
-        config=ancient(WF.resolved),
+        digest=WF.stage_digest("init"),
     output:
         directory(WF.init_policy),
-    params:
-        recipe_digest=WF.digest("init"),
     threads: 2
+    resources:
+        mem_mb=4000,
+        runtime=60,
     conda:
         "../envs/rl_core.yaml"
     log:
         f"{WF.run_dir}/logs/init_policy.log",
+    benchmark:
+        f"{WF.run_dir}/benchmarks/init_policy.tsv"
     script:
         "../scripts/init_policy.py"

@@ -5,14 +5,13 @@
 rule evaluate:
     localrule: True
     input:
-        config=ancient(WF.resolved),
+        digest=WF.stage_digest("evaluate"),
         checkpoints=WF.per_epoch("checkpoint"),
         validations=WF.per_epoch("validation.json"),
     output:
-        WF.evaluation,
+        report(WF.evaluation, caption="../report/evaluation.rst", category="Evaluation"),
     params:
         epochs=[e["epoch"] for e in WF.epochs],
-        recipe_digest=WF.digest("evaluate"),
     threads: 2
     resources:
         # a resource, not a param: where the job runs must not trigger a rerun
@@ -21,5 +20,7 @@ rule evaluate:
         "../envs/rl_core.yaml"
     log:
         f"{WF.run_dir}/logs/evaluate.log",
+    benchmark:
+        f"{WF.run_dir}/benchmarks/evaluate.tsv"
     script:
         "../scripts/evaluate.py"

@@ -9,13 +9,18 @@ rule report:
         init_validation=f"{WF.run_dir}/init_validation.json",
         evaluation=WF.evaluation,
     output:
-        html=WF.report,
-        plots=WF.plots(),
+        html=report(WF.report, caption="../report/report_html.rst", category="Report"),
+        plots=report(WF.plots(), caption="../report/plot.rst", category="Plots"),
     params:
         run_dir=lambda wc, output: str(Path(output.html).parent),
+    resources:
+        mem_mb=2000,
+        runtime=15,
     conda:
         "../envs/rl_core.yaml"
     log:
         f"{WF.run_dir}/logs/report.log",
+    benchmark:
+        f"{WF.run_dir}/benchmarks/report.tsv"
     script:
         "../scripts/report.py"

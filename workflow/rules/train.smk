@@ -5,14 +5,13 @@
 rule train_epoch:
     localrule: True
     input:
-        config=ancient(WF.resolved),
+        digest=WF.stage_digest("train"),
         prev=lambda wc: WF.prev_checkpoint(wc.epoch),
     output:
         checkpoint=directory(f"{WF.run_dir}/epoch_{{epoch}}/checkpoint"),
         summary=f"{WF.run_dir}/epoch_{{epoch}}/summary.json",
     params:
         epoch_dir=lambda wc: WF.epoch_dir(wc.epoch),
-        recipe_digest=WF.digest("train"),
     wildcard_constraints:
         epoch=WF.epoch_regex(WF.trained_epochs()),
     threads: 2
@@ -23,6 +22,8 @@ rule train_epoch:
         "../envs/rl_core.yaml"
     log:
         f"{WF.run_dir}/logs/train_epoch_{{epoch}}.log",
+    benchmark:
+        f"{WF.run_dir}/benchmarks/train_epoch_{{epoch}}.tsv"
     script:
         "../scripts/train_epoch.py"
 
@@ -57,9 +58,14 @@ rule archive_rollouts:
     params:
         spool=lambda wc: f"{WF.epoch_dir(wc.epoch)}/rollouts.spool",
         run=WF.run,
+    resources:
+        mem_mb=2000,
+        runtime=15,
     conda:
         "../envs/rl_core.yaml"
     log:
         f"{WF.run_dir}/logs/archive_rollouts_{{epoch}}.log",
+    benchmark:
+        f"{WF.run_dir}/benchmarks/archive_rollouts_{{epoch}}.tsv"
     script:
         "../scripts/archive_rollouts.py"

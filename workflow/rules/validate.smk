@@ -4,31 +4,39 @@
 
 rule validate_init:
     input:
-        config=ancient(WF.resolved),
+        digest=WF.stage_digest("validate"),
         checkpoint=WF.init_policy,
     output:
-        f"{WF.run_dir}/init_validation.json",
-    params:
-        recipe_digest=WF.digest("validate"),
+        report(f"{WF.run_dir}/init_validation.json", caption="../report/validation.rst", category="Validation",
+               subcategory="before RL"),
+    resources:
+        mem_mb=4000,
+        runtime=30,
     conda:
         "../envs/rl_core.yaml"
     log:
         f"{WF.run_dir}/logs/validate_init.log",
+    benchmark:
+        f"{WF.run_dir}/benchmarks/validate_init.tsv"
     script:
         "../scripts/validate_checkpoint.py"
 
 
 rule validate_epoch:
     input:
-        config=ancient(WF.resolved),
+        digest=WF.stage_digest("validate"),
         checkpoint=f"{WF.run_dir}/epoch_{{epoch}}/checkpoint",
     output:
-        f"{WF.run_dir}/epoch_{{epoch}}/validation.json",
-    params:
-        recipe_digest=WF.digest("validate"),
+        report(f"{WF.run_dir}/epoch_{{epoch}}/validation.json", caption="../report/validation.rst",
+               category="Validation", subcategory="epoch {epoch}"),
+    resources:
+        mem_mb=4000,
+        runtime=30,
     conda:
         "../envs/rl_core.yaml"
     log:
         f"{WF.run_dir}/logs/validate_epoch_{{epoch}}.log",
+    benchmark:
+        f"{WF.run_dir}/benchmarks/validate_epoch_{{epoch}}.tsv"
     script:
         "../scripts/validate_checkpoint.py"
