@@ -157,7 +157,7 @@ class Controller:
             metrics[f"generation/{k}"] = v
         self.logger.log(step + 1, metrics)
         if self.spool is not None:
-            await asyncio.to_thread(self.spool.write, step, step, trained)
+            await asyncio.to_thread(self.spool.write, step + 1, step, trained)  # RL step numbered as in metrics.jsonl
         self.progress.update(step + 1 - self.start_step, reward=metrics["train/reward_mean"],
                              acc=metrics["train/accuracy"], stale=metrics["staleness/max"],
                              tok_s=metrics["throughput/generated_tokens_per_s"])

@@ -83,7 +83,7 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
         "timing/train_idle_s": idle,
         "timing/rollout_idle_s_total": rs.idle_s,
         "throughput/trained_tokens_per_s": sum(gen_len) / step_s if step_s > 0 else 0.0,
-        "epoch": float(max(t.group.epoch for t in trained)),
+        "epoch": float(max(t.group.epoch for t in trained) + 1),  # 1-based, as the workflow's epoch_<k> folders
     }
     m["rollout/refill_groups"] = float(rs.refill_groups)
     m["rollout/dynamic_filtered_groups"] = float(pump.dynamic_filtered_groups)

@@ -9,7 +9,8 @@ Owns: what each Snakemake stage computes and writes, and the epoch plan:
   attempt was killed (damaged newer ones are moved to `epoch_k/damaged_checkpoints/`, and
   the model shape of what it continues from is checked against the recipe); ends in
   `epoch_k/checkpoint/` (atomic, manifest last);
-- `validate_checkpoint`: accuracy / pass@k of a checkpoint on a prompt file.
+- `validate_checkpoint`: accuracy / pass@k of a checkpoint on a prompt file (also as TensorBoard
+  scalars at the checkpoint's RL step: `log_validation_tensorboard`).
 
 Epoch k (1-based) holds RL steps [first_step, end_step): step s trains on prompt batch s,
 and batch s belongs to rollout-side epoch s // batches_per_epoch. In reproducible mode an
@@ -156,12 +157,43 @@ def train_epoch(resolved_config_path: str, epoch: int, prev_checkpoint: str, epo
     return summary
 
 
+VALIDATION_SCALARS = ("accuracy", "reward_mean", "mean_length", "truncation_rate")
+
+
+def log_validation_tensorboard(result: dict, tb_dir: str | Path, name: str) -> Path:
+    """A held-out validation's scalars as TensorBoard events (`val/accuracy`, `val/pass@n`,
+    `val/pass_at_k/<k>`, ...) at its weight version, which is the RL step of metrics.jsonl
+    (0 for the initial policy), in `tb_dir` (the workflow: results/<run>/tensorboard/validation,
+    one curve from before RL through every epoch's end). `name` marks this validation's event
+    file (suffix `.rl_core-<name>`): a rerun replaces its own earlier file, no other."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    d = Path(tb_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    suffix = f".rl_core-{name}"
+    for old in d.glob(f"events.out.tfevents.*{suffix}"):  # written by an earlier run of this validation
+        old.unlink()
+    step = int(result["weight_version"])
+    writer = SummaryWriter(log_dir=str(d), filename_suffix=suffix)
+    try:
+        for key, value in result.items():
+            if key in VALIDATION_SCALARS or key.startswith("pass@"):
+                writer.add_scalar(f"val/{key}", float(value), step)
+        for k, value in (result.get("pass_at_k") or {}).items():
+            writer.add_scalar(f"val/pass_at_k/{k}", float(value), step)
+    finally:
+        writer.close()
+    return next(d.glob(f"events.out.tfevents.*{suffix}"))
+
+
 def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json: str, split: str = "val",
-                        data_file: str | None = None, validation=None) -> dict:
+                        data_file: str | None = None, validation=None, tensorboard_dir: str | None = None,
+                        tensorboard_name: str | None = None) -> dict:
     """Validation metrics of one checkpoint (or HF policy directory) on a prompt file.
 
     `validation`: a ValidationConfig to use instead of the recipe's (the evaluate stage
-    passes one built from the recipe's `evaluation` section)."""
+    passes one built from the recipe's `evaluation` section). `tensorboard_dir`: also log the
+    scalars there (log_validation_tensorboard) when the recipe has `logging.tensorboard`."""
     import asyncio
 
     from transformers import AutoTokenizer
@@ -205,4 +237,6 @@ def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json
     result = asyncio.run(go())
     result.update({"checkpoint": str(ck), "split": split, "data_file": data_file or cfg.data.val_file})
     atomic_write_json(out_json, result)
+    if tensorboard_dir is not None and cfg.logging.tensorboard:
+        log_validation_tensorboard(result, tensorboard_dir, tensorboard_name or Path(out_json).stem)
     return result

@@ -7,6 +7,9 @@ Owns:
   plans the epochs (`stages.plan_epochs`) and checks a branch source; every problem is a
   `RecipeError` paragraph (which field, what was received, what was expected, the fix),
   raised before any job runs. It returns a `WorkflowPlan`: the run's paths, one place.
+- `write_stage_digests` / `stage_config`: change detection (one digest file per stage, the
+  stage rules' input) and the resolved recipe a stage job runs with.
+- `link_init_policy`: a branch's initial policy, the source run's, linked.
 - `branch_epoch`: the `branch_epoch` rule (a new run starting from another run's epoch:
   the source epoch's files are hard-linked, its checkpoint verified first).
 - `run_in_rule`: how a rule's script runs a stage: all output (Python and child
@@ -102,6 +105,11 @@ class WorkflowPlan:
     def source_epoch_dir(self, k: int | str) -> str:
         assert self.branch_from is not None
         return str(Path(self.branch_from).parent / f"epoch_{k}")
+
+    def source_init_policy(self, name: str = "") -> str:
+        """The branch source run's initial policy (a branch links it instead of building one)."""
+        assert self.branch_from is not None
+        return str(Path(self.branch_from).parent / "init_policy" / name).rstrip("/")
 
     def prev_checkpoint(self, k: int | str) -> str:
         k = int(k)
@@ -332,6 +340,24 @@ def branch_epoch(src_epoch_dir: str, dst_epoch_dir: str) -> None:
         shutil.rmtree(dst / "checkpoint", ignore_errors=True)
     os.replace(tmp, dst / "checkpoint")
     print(f"[branch] {src} -> {dst} (checkpoint verified, files hard-linked)", flush=True)
+
+
+def link_init_policy(src_dir: str, dst_dir: str) -> None:
+    """A branch's initial policy: the source run's, hard-linked (copied across file systems), placed atomically."""
+    src, dst = Path(src_dir), Path(dst_dir)
+
+    def link(a: str, b: str) -> None:
+        try:
+            os.link(a, b)
+        except OSError:
+            shutil.copy2(a, b)
+
+    tmp = dst.with_name(f".{dst.name}.branch")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp, copy_function=link)
+    shutil.rmtree(dst, ignore_errors=True)
+    os.replace(tmp, dst)
+    print(f"[branch] {src} -> {dst} (initial policy hard-linked, not rebuilt)", flush=True)
 
 
 _terminal: Callable[[str], None] | None = None  # set while a rule's stage runs (run_in_rule)

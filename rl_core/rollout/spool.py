@@ -5,6 +5,13 @@ advantages, versions, staleness, masks; the routed experts of MoE rollouts) atom
 dropping records past a resume point. A killed run keeps every finished step's file;
 the workflow compiles an epoch's spool into `rollouts.h5` (rl_core.archive).
 
+Numbering (the same as metrics.jsonl, TensorBoard and the folder names): `step` is the
+1-based RL step (the record of the first RL step is `step_000001.json`, its update makes
+weight version 1, its metrics are logged at step 1, its checkpoint is `step_000001`);
+`weight_version` is the policy version the step's update started from (`step - 1`); a
+group's `epoch` is the 1-based pass over the training data (`epoch_1/` holds the first
+when an epoch is one pass) and its `target_step` the 1-based RL step it was drawn for.
+
 Does not own: the HDF5 archive or its inspection.
 """
 
@@ -17,11 +24,13 @@ from rl_core.fsutil import atomic_write_text
 
 
 def step_record(step: int, weight_version: int, trained) -> dict:
+    """The spool record of RL step `step` (1-based; see the module docstring for the numbering)."""
     groups = []
     for t in trained:
         g = t.group
         groups.append({
-            "group_id": g.group_id, "prompt_index": g.prompt_index, "epoch": g.epoch, "target_step": g.target_step,
+            "group_id": g.group_id, "prompt_index": g.prompt_index, "epoch": g.epoch + 1,
+            "target_step": None if g.target_step is None else g.target_step + 1,
             "start_version": g.start_version, "end_version": g.end_version, "staleness": t.staleness,
             "samples": [{
                 "prompt_ids": s.prompt_ids, "completion_ids": s.completion_ids, "gen_logprobs": s.gen_logprobs,
@@ -45,9 +54,10 @@ class RolloutSpool:
         return path
 
     def truncate_after(self, step: int) -> None:
-        """Remove records of steps >= `step` (left by a run killed after its last checkpoint)."""
+        """Remove records of steps after `step`, the RL steps a resume point has done (records a
+        run killed after its last checkpoint left; they are trained again)."""
         for p in self.dir.glob("step_*.json"):
-            if int(p.stem.split("_")[1]) >= step:
+            if int(p.stem.split("_")[1]) > step:
                 p.unlink()
 
     def steps(self) -> list[int]:

@@ -79,9 +79,9 @@ def test_inspect_reads_the_archive(reference_run):
                           f"results/{RUN}/epoch_1/rollouts.h5", "--num-samples", "3"],
                          cwd=reference_run, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "6 steps [0, 5], 48 groups, 192 samples" in out.stdout
+    assert "6 steps [1, 6], 48 groups, 192 samples" in out.stdout  # RL steps as in metrics.jsonl
     assert "decoded with results/short/epoch_1/checkpoint/model" in out.stdout
-    assert out.stdout.count("[step 0 ") == 3
+    assert out.stdout.count("[step 1 ") == 3
 
 
 def test_second_run_has_nothing_to_do(reference_run):

@@ -44,20 +44,40 @@ rule validate_recipe:
         "../scripts/validate_recipe.py"
 
 
-rule init_policy:
-    input:
-        digest=WF.stage_digest("init"),
-    output:
-        directory(WF.init_policy),
-    threads: 2
-    resources:
-        mem_mb=4000,
-        runtime=60,
-    conda:
-        "../envs/rl_core.yaml"
-    log:
-        f"{WF.run_dir}/logs/init_policy.log",
-    benchmark:
-        f"{WF.run_dir}/benchmarks/init_policy.tsv"
-    script:
-        "../scripts/init_policy.py"
+if not WF.branch_from:
+
+    rule init_policy:
+        input:
+            digest=WF.stage_digest("init"),
+        output:
+            directory(WF.init_policy),
+        threads: 2
+        resources:
+            mem_mb=4000,
+            runtime=60,
+        conda:
+            "../envs/rl_core.yaml"
+        log:
+            f"{WF.run_dir}/logs/init_policy.log",
+        benchmark:
+            f"{WF.run_dir}/benchmarks/init_policy.tsv"
+        script:
+            "../scripts/init_policy.py"
+
+else:
+
+    # A branch starts from the source run's initial policy (hard-linked, never rebuilt).
+    rule branch_init_policy:
+        localrule: True
+        input:
+            weights=WF.source_init_policy("model.safetensors"),
+        output:
+            directory(WF.init_policy),
+        params:
+            src=WF.source_init_policy(),
+        conda:
+            "../envs/rl_core.yaml"
+        log:
+            f"{WF.run_dir}/logs/branch_init_policy.log",
+        script:
+            "../scripts/branch_init_policy.py"

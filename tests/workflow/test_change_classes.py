@@ -1,0 +1,137 @@
+"""Change detection in one invocation: each documented change class, as a single `snakemake` run
+on a copy of the finished reference run, reruns exactly the stages it can change; a dry run
+afterwards has nothing to do, and the accuracy line printed at the end is the new one.
+Also: `snakemake --report` of the finished run holds its plots, and the README's branch
+command does not rebuild the initial policy."""
+
+from __future__ import annotations
+
+import json
+import re
+import zipfile
+from pathlib import Path
+
+from wf_helpers import PLOTS, RUN, copy_run, job_stats, short_config, snakemake
+
+EPOCHS = 2
+
+
+def _outputs(wd: Path) -> dict[str, Path]:
+    r = wd / "results" / RUN
+    out = {"resolved": r / "resolved_config.json", "init_policy": r / "init_policy" / "model.safetensors",
+           "init_validation": r / "init_validation.json", "evaluation": r / "evaluation.json",
+           "report": r / "report.html"}
+    for k in range(1, EPOCHS + 1):
+        out[f"checkpoint_{k}"] = r / f"epoch_{k}" / "checkpoint" / "manifest.json"
+        out[f"rollouts_{k}"] = r / f"epoch_{k}" / "rollouts.h5"
+        out[f"validation_{k}"] = r / f"epoch_{k}" / "validation.json"
+    return out
+
+
+def _mtimes(wd: Path) -> dict[str, int]:
+    return {name: p.stat().st_mtime_ns for name, p in _outputs(wd).items()}
+
+
+def _changed(before: dict[str, int], wd: Path) -> set[str]:
+    return {name for name, t in _mtimes(wd).items() if t != before[name]}
+
+
+def _run_once(reference_run, tmp_path, overrides: list[str]) -> tuple[Path, dict[str, int], set[str], str]:
+    """Copy the reference run, run `snakemake` once with `overrides`, then check a dry run has
+    nothing to do. Returns the workdir, the jobs that ran, the outputs rewritten and the output."""
+    wd = copy_run(reference_run, tmp_path / "wd")
+    before = _mtimes(wd)
+    args = ["--cores", "2", *short_config(RUN, overrides)]
+    out = snakemake(wd, *args, check=True)
+    text = out.stdout + out.stderr
+    ran = job_stats(text)
+    again = snakemake(wd, "-n", *args, check=True)
+    assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-3000:] + again.stderr[-3000:]
+    return wd, ran, _changed(before, wd), text
+
+
+def _accuracy(path: Path) -> float:
+    return float(json.loads(path.read_text())["accuracy"])
+
+
+def _final_line_is_current(wd: Path, text: str) -> None:
+    r = wd / "results" / RUN
+    m = re.search(r"held-out accuracy: ([0-9.]+) before RL -> ([0-9.]+) after", text)
+    assert m, text[-3000:]
+    assert (float(m.group(1)), float(m.group(2))) == (round(_accuracy(r / "init_validation.json"), 3),
+                                                      round(_accuracy(r / f"epoch_{EPOCHS}" / "validation.json"), 3))
+
+
+def test_a_trainer_knob_retrains_and_reruns_everything_after(reference_run, tmp_path):
+    wd, ran, changed, text = _run_once(reference_run, tmp_path, ["trainer.lr=3e-4"])
+    assert ran == {"validate_recipe": 1, "train_epoch": 2, "archive_rollouts": 2, "validate_epoch": 2,
+                   "evaluate": 1, "report": 1, "all": 1}, text[-3000:]
+    assert changed == set(_outputs(wd)) - {"init_policy", "init_validation"}
+    r, ref = wd / "results" / RUN, reference_run / "results" / RUN
+    assert json.loads((r / "resolved_config.json").read_text())["trainer"]["lr"] == 3e-4
+    new, old = (json.loads((d / "epoch_2" / "checkpoint" / "manifest.json").read_text()) for d in (r, ref))
+    assert new["files"]["model/model.safetensors"]["sha256"] != old["files"]["model/model.safetensors"]["sha256"]
+    _final_line_is_current(wd, text)
+
+
+def test_a_validation_knob_revalidates_without_retraining(reference_run, tmp_path):
+    wd, ran, changed, text = _run_once(reference_run, tmp_path, ["validation.sampling.max_tokens=3"])
+    # evaluate follows the validations: it evaluates the best checkpoint by validation accuracy
+    assert ran == {"validate_recipe": 1, "validate_init": 1, "validate_epoch": 2, "evaluate": 1, "report": 1,
+                   "all": 1}, text[-3000:]
+    assert changed == {"resolved", "init_validation", "validation_1", "validation_2", "evaluation", "report"}
+    r = wd / "results" / RUN
+    for path in (r / "init_validation.json", r / "epoch_1" / "validation.json", r / "epoch_2" / "validation.json"):
+        assert json.loads(path.read_text())["mean_length"] <= 3
+    _final_line_is_current(wd, text)
+
+
+def test_a_new_evaluation_set_reevaluates_only(reference_run, tmp_path):
+    overrides = ["evaluation.sets.heldout=data/addition/val.jsonl"]
+    wd = copy_run(reference_run, tmp_path / "plan")
+    # a dry run of the change, then of the run as it was: the abandoned plan leaves nothing to do
+    plan = snakemake(wd, "-n", "--cores", "2", *short_config(RUN, overrides), check=True)
+    assert job_stats(plan.stdout) == {"validate_recipe": 1, "evaluate": 1, "report": 1, "all": 1}, plan.stdout
+    back = snakemake(wd, "-n", "--cores", "2", *short_config(RUN), check=True)
+    assert "Nothing to be done" in back.stdout + back.stderr, back.stdout[-3000:]
+
+    wd, ran, changed, text = _run_once(reference_run, tmp_path, overrides)
+    assert ran == {"validate_recipe": 1, "evaluate": 1, "report": 1, "all": 1}, text[-3000:]
+    assert changed == {"resolved", "evaluation", "report"}
+    ev = json.loads((wd / "results" / RUN / "evaluation.json").read_text())
+    assert {row["set"] for row in ev["results"]} == {"heldout"}
+    _final_line_is_current(wd, text)
+
+
+def test_a_cluster_resource_reruns_no_stage(reference_run, tmp_path):
+    wd, ran, changed, text = _run_once(reference_run, tmp_path, ["cluster.controller.mem_gb=8"])
+    # only the recipe of record is rewritten (seconds, no model is loaded)
+    assert ran == {"validate_recipe": 1, "all": 1}, text[-3000:]
+    assert changed == {"resolved"}
+    assert json.loads(_outputs(wd)["resolved"].read_text())["cluster"]["controller"]["mem_gb"] == 8
+
+
+def test_snakemake_report_holds_the_plots(reference_run, tmp_path):
+    wd = copy_run(reference_run, tmp_path / "wd")
+    out = snakemake(wd, "--report", "report.zip", *short_config(), check=True)
+    with zipfile.ZipFile(wd / "report.zip") as z:
+        names = z.namelist()
+        html = [n for n in names if n.endswith("report.html") and "/results/" not in n]
+        for plot in PLOTS:
+            hits = [n for n in names if n.endswith(f"results/{RUN}/report/{plot}.png")]
+            assert hits, (plot, names)
+            assert z.read(hits[0]) == (wd / "results" / RUN / "report" / f"{plot}.png").read_bytes()
+        assert any(n.endswith(f"results/{RUN}/report.html") for n in names), names
+        assert any(n.endswith(f"results/{RUN}/evaluation.json") for n in names), names
+        page = z.read(html[0]).decode() if html else ""
+        assert "Plots" in page and "reward.png" in page, out.stdout[-2000:]
+
+
+def test_branch_command_of_the_readme_links_the_initial_policy(reference_run, tmp_path):
+    wd = copy_run(reference_run, tmp_path / "wd")
+    plan = snakemake(wd, "-n", "--cores", "2",
+                     *short_config("lr-branch", ["trainer.lr=3e-4"], f"branch_from=results/{RUN}/epoch_1"))
+    assert plan.returncode == 0, plan.stderr
+    stats = job_stats(plan.stdout)
+    assert stats.get("branch_init_policy") == 1 and "init_policy" not in stats, stats
+    assert stats["branch_epoch"] == 1 and stats["train_epoch"] == 1, stats
