@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -154,6 +155,24 @@ def test_stage_digests_follow_only_what_each_stage_depends_on():
     assert lr.digest("init") == lr.digest("init") == base.digest("init")
     assert lr.digest("validate") == base.digest("validate") and lr.digest("evaluate") == base.digest("evaluate")
     assert ev.digest("evaluate") != base.digest("evaluate") and ev.digest("train") == base.digest("train")
-    assert val.digest("validate") != base.digest("validate") and val.digest("train") != base.digest("train")
+    # a validation knob re-validates; it does not retrain (held-out validation is its own stage)
+    assert val.digest("validate") != base.digest("validate") and val.digest("train") == base.digest("train")
     assert all(cl.digest(s) == base.digest(s) for s in ("init", "train", "validate", "evaluate"))
     assert _load(run="other").digest("train") == base.digest("train")
+
+
+def test_stage_digest_files_move_only_on_a_real_change(tmp_path, monkeypatch):
+    base, cl, val = _load(), _load(overrides=["cluster.controller.mem_gb=64"]), _load(overrides=["validation.max_val_samples=10"])
+    monkeypatch.chdir(tmp_path)
+    assert sorted(Path(p).name for p in base.write_stage_digests()) == ["evaluate.json", "init.json", "train.json",
+                                                                     "validate.json"]
+    files = {s: Path(base.stage_digest(s)) for s in ("init", "train", "validate", "evaluate")}
+    for f in files.values():
+        os.utime(f, ns=(1_000_000_000, 1_000_000_000))  # long ago
+    assert base.write_stage_digests() == [] and cl.write_stage_digests() == []
+    assert json.loads(files["train"].read_text())["digest"] == base.digest("train")
+    # a validation knob moves only the validation stage's file
+    assert val.write_stage_digests() == [str(files["validate"])]
+    assert {s for s, f in files.items() if f.stat().st_mtime_ns != 1_000_000_000} == {"validate"}
+    assert json.loads(files["validate"].read_text())["sections"]["validation"]["max_val_samples"] == 10
+    assert not list(Path(base.run_dir, ".stage-digests").glob(".*tmp*"))  # written atomically, nothing left over
