@@ -16,12 +16,13 @@ def test_branch_from_an_epoch_with_a_changed_learning_rate(reference_run, tmp_pa
                           f"branch_from=results/{RUN}/epoch_1")]
     plan = snakemake(wd, "-n", *args)
     assert plan.returncode == 0, plan.stderr
-    assert job_stats(plan.stdout) == {"validate_recipe": 1, "branch_epoch": 1, "train_epoch": 1}
+    # validate_recipe (the recipe of record) is not upstream of the stages: this target does not need it
+    assert job_stats(plan.stdout) == {"branch_epoch": 1, "train_epoch": 1}
     out = snakemake(wd, *args)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
 
     src, b = wd / "results" / RUN, wd / "results" / "lr-branch"
-    assert json.loads((b / "resolved_config.json").read_text())["trainer"]["lr"] == 3e-4
+    assert json.loads((b / "epoch_2" / "checkpoint" / "resolved_config.json").read_text())["trainer"]["lr"] == 3e-4
     # epoch 1 is the source's (linked, not retrained); epoch 2 starts from it with the new learning rate
     assert (b / "epoch_1" / "checkpoint" / "optimizer.pt").stat().st_ino == \
         (src / "epoch_1" / "checkpoint" / "optimizer.pt").stat().st_ino

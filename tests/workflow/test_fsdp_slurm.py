@@ -58,7 +58,8 @@ def test_slurm_profile_runs_a_two_task_fsdp2_controller_job(slurm_cluster, tmp_p
     summary = json.loads((wd / target).read_text())
     assert summary["rl_steps"] == 6
     assert (wd / "results/fsdp2/epoch_1/checkpoint/manifest.json").is_file()
-    resolved = json.loads((wd / "results/fsdp2/resolved_config.json").read_text())
+    # the recipe the epoch trained with (the run's resolved_config.json is written only for the default target)
+    resolved = json.loads((wd / "results/fsdp2/epoch_1/checkpoint/resolved_config.json").read_text())
     assert resolved["trainer"]["backend"] == "fsdp2"
     # the controller job ran its trainer as one Slurm step of 2 tasks
     from rl_core.launch.job import JOB_RECORD
