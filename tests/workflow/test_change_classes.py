@@ -113,18 +113,19 @@ def test_a_cluster_resource_reruns_no_stage(reference_run, tmp_path):
 
 def test_snakemake_report_holds_the_plots(reference_run, tmp_path):
     wd = copy_run(reference_run, tmp_path / "wd")
-    out = snakemake(wd, "--report", "report.zip", *short_config(), check=True)
+    snakemake(wd, "--report", "report.zip", *short_config(), check=True)
+    r = wd / "results" / RUN
     with zipfile.ZipFile(wd / "report.zip") as z:
-        names = z.namelist()
-        html = [n for n in names if n.endswith("report.html") and "/results/" not in n]
+        files = {Path(n).name: n for n in z.namelist() if "/data/raw/" in n}  # report/data/raw/<id>/<file>
         for plot in PLOTS:
-            hits = [n for n in names if n.endswith(f"results/{RUN}/report/{plot}.png")]
-            assert hits, (plot, names)
-            assert z.read(hits[0]) == (wd / "results" / RUN / "report" / f"{plot}.png").read_bytes()
-        assert any(n.endswith(f"results/{RUN}/report.html") for n in names), names
-        assert any(n.endswith(f"results/{RUN}/evaluation.json") for n in names), names
-        page = z.read(html[0]).decode() if html else ""
-        assert "Plots" in page and "reward.png" in page, out.stdout[-2000:]
+            assert z.read(files[f"{plot}.png"]) == (r / "report" / f"{plot}.png").read_bytes(), plot
+        assert z.read(files["report.html"]) == (r / "report.html").read_bytes()
+        assert z.read(files["evaluation.json"]) == (r / "evaluation.json").read_bytes()
+        assert "init_validation.json" in files and "validation.json" in files
+        page = z.read("report/report.html").decode()
+    assert f"rl_core run <tt class=\\\"docutils literal\\\">{RUN}</tt>" in page  # the workflow description
+    for name in ("Plots", "Validation", "Evaluation", "reward.png", "train_epoch"):
+        assert name in page, name
 
 
 def test_branch_command_of_the_readme_links_the_initial_policy(reference_run, tmp_path):
