@@ -75,7 +75,9 @@ def test_a_trainer_knob_retrains_and_reruns_everything_after(reference_run, tmp_
 
 
 def test_a_validation_knob_revalidates_without_retraining(reference_run, tmp_path):
-    wd, ran, changed, text = _run_once(reference_run, tmp_path, ["validation.sampling.max_tokens=3"])
+    # logging is in no stage's digest: turning TensorBoard on reruns nothing by itself
+    wd, ran, changed, text = _run_once(reference_run, tmp_path,
+                                       ["validation.sampling.max_tokens=3", "logging.tensorboard=true"])
     # evaluate follows the validations: it evaluates the best checkpoint by validation accuracy
     assert ran == {"validate_recipe": 1, "validate_init": 1, "validate_epoch": 2, "evaluate": 1, "report": 1,
                    "all": 1}, text[-3000:]
@@ -84,6 +86,15 @@ def test_a_validation_knob_revalidates_without_retraining(reference_run, tmp_pat
     for path in (r / "init_validation.json", r / "epoch_1" / "validation.json", r / "epoch_2" / "validation.json"):
         assert json.loads(path.read_text())["mean_length"] <= 3
     _final_line_is_current(wd, text)
+    # TensorBoard: the before-RL and end-of-epoch validations at their RL steps, one curve
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(r / "tensorboard" / "validation"))
+    acc.Reload()
+    want = [(0, r / "init_validation.json"), (6, r / "epoch_1" / "validation.json"),
+            (12, r / "epoch_2" / "validation.json")]
+    assert [(e.step, round(e.value, 6)) for e in acc.Scalars("val/accuracy")] == \
+        [(step, round(_accuracy(path), 6)) for step, path in want]
 
 
 def test_a_new_evaluation_set_reevaluates_only(reference_run, tmp_path):
