@@ -140,10 +140,18 @@ def test_snakemake_report_holds_the_plots(reference_run, tmp_path):
 
 
 def test_branch_command_of_the_readme_links_the_initial_policy(reference_run, tmp_path):
+    """README, rerun (a) with the default target: the initial policy and epoch 1 are the source's
+    (hard links), epoch 2 trains with the new knob, then nothing is left to do."""
     wd = copy_run(reference_run, tmp_path / "wd")
-    plan = snakemake(wd, "-n", "--cores", "2",
-                     *short_config("lr-branch", ["trainer.lr=3e-4"], f"branch_from=results/{RUN}/epoch_1"))
-    assert plan.returncode == 0, plan.stderr
-    stats = job_stats(plan.stdout)
-    assert stats.get("branch_init_policy") == 1 and "init_policy" not in stats, stats
-    assert stats["branch_epoch"] == 1 and stats["train_epoch"] == 1, stats
+    args = ["--cores", "2", *short_config("lr-branch", ["trainer.lr=3e-4"], f"branch_from=results/{RUN}/epoch_1")]
+    out = snakemake(wd, *args, check=True)
+    ran = job_stats(out.stdout + out.stderr)
+    assert ran.get("branch_init_policy") == 1 and "init_policy" not in ran, ran
+    assert (ran["branch_epoch"], ran["train_epoch"], ran["validate_init"]) == (1, 1, 1), ran
+    src, b = wd / "results" / RUN, wd / "results" / "lr-branch"
+    for rel in ("init_policy/model.safetensors", "epoch_1/checkpoint/model/model.safetensors"):
+        assert (b / rel).stat().st_ino == (src / rel).stat().st_ino, rel
+    assert json.loads((b / "epoch_2" / "checkpoint" / "resolved_config.json").read_text())["trainer"]["lr"] == 3e-4
+    assert "held-out accuracy:" in out.stdout and (b / "report.html").is_file()
+    again = snakemake(wd, "-n", *args, check=True)
+    assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-3000:]
