@@ -274,6 +274,12 @@ def _plan_branch(plan: WorkflowPlan, src: str) -> None:
     if not manifest.is_file():
         raise RecipeError.single("branch_from", src, f"a finished epoch ({manifest} is missing)",
                                  f"train that epoch first, or branch from an earlier one.", SOURCE)
+    init = Path(src).parent / "init_policy" / "model.safetensors"
+    if not init.is_file():
+        raise RecipeError.single("branch_from", src, f"an epoch of a run that kept its initial policy ({init} is "
+                                 "missing; a branch links it instead of building its own)",
+                                 "branch from a run whose results/<run>/init_policy/ is complete, or rebuild "
+                                 "it there first (snakemake ... <that run's>/init_policy).", SOURCE)
     if k >= plan.num_epochs:
         raise RecipeError.single("branch_from", src,
                                  f"an epoch before this run's last one (the recipe plans {plan.num_epochs} epochs)",

@@ -91,7 +91,13 @@ def test_branch_from_is_checked_at_parse_time(tmp_path, monkeypatch):
     ck = tmp_path / "results" / "base" / "epoch_1" / "checkpoint"
     ck.mkdir(parents=True)
     (ck / "manifest.json").write_text("{}")
+    with pytest.raises(RecipeError, match=r"field `branch_from`.*init_policy/model.safetensors is missing"):
+        _load(run="b2", branch_from="results/base/epoch_1")
+    init = tmp_path / "results" / "base" / "init_policy"
+    init.mkdir()
+    (init / "model.safetensors").write_bytes(b"x")
     wf = _load(run="b2", branch_from="results/base/epoch_1/")
+    assert wf.source_init_policy() == "results/base/init_policy"
     assert wf.branch_epoch == 1 and wf.trained_epochs() == [2] and wf.branched_epochs() == [1]
     assert wf.source_epoch_dir(1) == "results/base/epoch_1"
     with pytest.raises(RecipeError, match="another run"):
