@@ -9,8 +9,8 @@ Owns: what each Snakemake stage computes and writes, and the epoch plan:
   attempt was killed (damaged newer ones are moved to `epoch_k/damaged_checkpoints/`, and
   the model shape of what it continues from is checked against the recipe); ends in
   `epoch_k/checkpoint/` (atomic, manifest last);
-- `validate_checkpoint`: accuracy / pass@k of a checkpoint on a prompt file (also as TensorBoard
-  scalars at the checkpoint's RL step: `log_validation_tensorboard`).
+- `validate_checkpoint`: accuracy / pass@k of a checkpoint on a prompt file;
+- `log_validations_tensorboard`: the validations as TensorBoard scalars at their RL steps.
 
 Epoch k (1-based) holds RL steps [first_step, end_step): step s trains on prompt batch s,
 and batch s belongs to rollout-side epoch s // batches_per_epoch. In reproducible mode an
@@ -160,40 +160,40 @@ def train_epoch(resolved_config_path: str, epoch: int, prev_checkpoint: str, epo
 VALIDATION_SCALARS = ("accuracy", "reward_mean", "mean_length", "truncation_rate")
 
 
-def log_validation_tensorboard(result: dict, tb_dir: str | Path, name: str) -> Path:
-    """A held-out validation's scalars as TensorBoard events (`val/accuracy`, `val/pass@n`,
-    `val/pass_at_k/<k>`, ...) at its weight version, which is the RL step of metrics.jsonl
-    (0 for the initial policy), in `tb_dir` (the workflow: results/<run>/tensorboard/validation,
-    one curve from before RL through every epoch's end). `name` marks this validation's event
-    file (suffix `.rl_core-<name>`): a rerun replaces its own earlier file, no other."""
+def log_validations_tensorboard(results: list[dict], tb_dir: str | Path) -> Path:
+    """Held-out validations' scalars as TensorBoard events (`val/accuracy`, `val/pass@n`,
+    `val/pass_at_k/<k>`, ...), each at its weight version, which is the RL step of metrics.jsonl
+    (0 for the initial policy): in the workflow the before-RL and end-of-epoch validations, one
+    curve in results/<run>/tensorboard/validation. One event file, written in step order
+    (TensorBoard reads a run's events in file order; validations finish in any order), that
+    replaces the one an earlier call wrote (suffix `.rl_core-validation`), no other file."""
     from torch.utils.tensorboard import SummaryWriter
 
     d = Path(tb_dir)
     d.mkdir(parents=True, exist_ok=True)
-    suffix = f".rl_core-{name}"
-    for old in d.glob(f"events.out.tfevents.*{suffix}"):  # written by an earlier run of this validation
+    suffix = ".rl_core-validation"
+    for old in d.glob(f"events.out.tfevents.*{suffix}"):  # written by an earlier call
         old.unlink()
-    step = int(result["weight_version"])
     writer = SummaryWriter(log_dir=str(d), filename_suffix=suffix)
     try:
-        for key, value in result.items():
-            if key in VALIDATION_SCALARS or key.startswith("pass@"):
-                writer.add_scalar(f"val/{key}", float(value), step)
-        for k, value in (result.get("pass_at_k") or {}).items():
-            writer.add_scalar(f"val/pass_at_k/{k}", float(value), step)
+        for result in sorted(results, key=lambda r: int(r["weight_version"])):
+            step = int(result["weight_version"])
+            for key, value in result.items():
+                if key in VALIDATION_SCALARS or key.startswith("pass@"):
+                    writer.add_scalar(f"val/{key}", float(value), step)
+            for k, value in (result.get("pass_at_k") or {}).items():
+                writer.add_scalar(f"val/pass_at_k/{k}", float(value), step)
     finally:
         writer.close()
     return next(d.glob(f"events.out.tfevents.*{suffix}"))
 
 
 def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json: str, split: str = "val",
-                        data_file: str | None = None, validation=None, tensorboard_dir: str | None = None,
-                        tensorboard_name: str | None = None) -> dict:
+                        data_file: str | None = None, validation=None) -> dict:
     """Validation metrics of one checkpoint (or HF policy directory) on a prompt file.
 
     `validation`: a ValidationConfig to use instead of the recipe's (the evaluate stage
-    passes one built from the recipe's `evaluation` section). `tensorboard_dir`: also log the
-    scalars there (log_validation_tensorboard) when the recipe has `logging.tensorboard`."""
+    passes one built from the recipe's `evaluation` section)."""
     import asyncio
 
     from transformers import AutoTokenizer
@@ -237,6 +237,4 @@ def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json
     result = asyncio.run(go())
     result.update({"checkpoint": str(ck), "split": split, "data_file": data_file or cfg.data.val_file})
     atomic_write_json(out_json, result)
-    if tensorboard_dir is not None and cfg.logging.tensorboard:
-        log_validation_tensorboard(result, tensorboard_dir, tensorboard_name or Path(out_json).stem)
     return result

@@ -52,22 +52,27 @@ def test_truncate_after_keeps_the_steps_a_resume_point_has_done(tmp_path):
     assert spool.steps() == [1, 2, 3]
 
 
-def test_validation_reaches_tensorboard_at_its_rl_step(tmp_path):
+def test_validations_reach_tensorboard_at_their_rl_steps_in_step_order(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from rl_core.launch.stages import log_validation_tensorboard
+    from rl_core.launch.stages import log_validations_tensorboard
 
     tb = tmp_path / "tensorboard" / "validation"
     base = {"num_prompts": 64, "pass_at_k": {"1": 0.5, "2": 0.6}, "reward_mean": 0.4, "mean_length": 3.0,
             "truncation_rate": 0.0, "seconds": 1.0}
-    log_validation_tensorboard({**base, "weight_version": 0, "accuracy": 0.1, "pass@2": 0.2}, tb, "init")
-    log_validation_tensorboard({**base, "weight_version": 6, "accuracy": 0.5, "pass@2": 0.6}, tb, "epoch_1")
-    # a rerun of epoch 1's validation replaces its own event file, not the others
-    log_validation_tensorboard({**base, "weight_version": 6, "accuracy": 0.7, "pass@2": 0.8}, tb, "epoch_1")
-    assert len(list(tb.glob("events.out.tfevents.*"))) == 2
+    # in the order the validations happened to finish, not the RL step order
+    results = [{**base, "weight_version": 12, "accuracy": 0.9, "pass@2": 0.95},
+               {**base, "weight_version": 0, "accuracy": 0.1, "pass@2": 0.2},
+               {**base, "weight_version": 6, "accuracy": 0.5, "pass@2": 0.6}]
+    log_validations_tensorboard(results, tb)
+    (tb / "events.out.tfevents.0.other").write_bytes(b"")  # not ours: left alone
+    results[2] = {**results[2], "accuracy": 0.7}  # a re-validation replaces the earlier file
+    log_validations_tensorboard(results, tb)
+    assert len(list(tb.glob("events.out.tfevents.*rl_core-validation"))) == 1
+    assert (tb / "events.out.tfevents.0.other").exists()
     acc = EventAccumulator(str(tb))
     acc.Reload()
-    assert [(e.step, round(e.value, 3)) for e in acc.Scalars("val/accuracy")] == [(0, 0.1), (6, 0.7)]
-    assert [e.step for e in acc.Scalars("val/pass@2")] == [0, 6]
+    assert [(e.step, round(e.value, 3)) for e in acc.Scalars("val/accuracy")] == [(0, 0.1), (6, 0.7), (12, 0.9)]
+    assert [e.step for e in acc.Scalars("val/pass@2")] == [0, 6, 12]
     assert {"val/pass_at_k/1", "val/reward_mean", "val/truncation_rate"} <= set(acc.Tags()["scalars"])
     assert "val/num_prompts" not in acc.Tags()["scalars"]
