@@ -300,19 +300,26 @@ class NativeBackend:
                         self._cond.wait()
                     commands = list(self._commands)
                     self._commands.clear()
-                stop = False
-                for command in commands:
-                    stop |= command.kind == "stop"
-                    self._execute(command)
-                if stop:
-                    for result in self.engine.abort_all():
-                        self._finish(result)
+                if self._serve(commands):
                     return
-                if self.engine.has_work():
-                    self._step()
         except BaseException as exc:  # a bug in the worker itself: fail everyone, loudly
             log.exception("the %s backend's worker died", self.name)
             self._die(exc)
+
+    def _serve(self, commands: list[_Command]) -> bool:
+        """Execute `commands`, then one engine step if there is work; True once told to stop
+        (what is still pending is aborted)."""
+        stop = False
+        for command in commands:
+            stop |= command.kind == "stop"
+            self._execute(command)
+        if stop:
+            for result in self.engine.abort_all():
+                self._finish(result)
+            return True
+        if self.engine.has_work():
+            self._step()
+        return False
 
     def _run_lockstep(self) -> None:
         """Lockstep worker: per grant, execute exactly the granted commands, then one step."""
@@ -325,17 +332,9 @@ class NativeBackend:
                     n, granted, loop = self._grant
                     self._grant = None
                     commands = [self._commands.popleft() for _ in range(min(n, len(self._commands)))]
-                stop = False
-                for command in commands:
-                    stop |= command.kind == "stop"
-                    self._execute(command)
-                if stop:
-                    for result in self.engine.abort_all():
-                        self._finish(result)
+                if self._serve(commands):
                     loop.call_soon_threadsafe(_settle, granted, (False, True))
                     return
-                if self.engine.has_work():
-                    self._step()
                 loop.call_soon_threadsafe(_settle, granted, (self.engine.has_work(), False))
                 granted = None
         except BaseException as exc:  # a bug in the worker itself: fail everyone, loudly
