@@ -242,7 +242,8 @@ class NativeBackend:
         if self._kick is not None:
             self._kick.set()
         await asyncio.to_thread(self._thread.join)
-        if self._driver is not None:
+        if self._driver is not None:  # the worker stopped (granted or not): the driver has nothing to wait for
+            self._driver.cancel()
             await asyncio.gather(self._driver, return_exceptions=True)
 
     # ------------------------------------------------------------------ loop side
@@ -327,16 +328,21 @@ class NativeBackend:
         try:
             while True:
                 with self._cond:
-                    while self._grant is None:
+                    while self._grant is None and not self._stopping:
                         self._cond.wait()
-                    n, granted, loop = self._grant
-                    self._grant = None
+                    if self._grant is not None:
+                        n, granted, loop = self._grant
+                        self._grant = None
+                    else:  # shutting down, maybe with no driver left (its loop is closing): take all
+                        n, granted, loop = len(self._commands), None, None
                     commands = [self._commands.popleft() for _ in range(min(n, len(self._commands)))]
-                if self._serve(commands):
-                    loop.call_soon_threadsafe(_settle, granted, (False, True))
+                stopped = self._serve(commands)
+                if granted is not None:
+                    with contextlib.suppress(RuntimeError):  # the driver's loop is closed
+                        loop.call_soon_threadsafe(_settle, granted, (not stopped and self.engine.has_work(), stopped))
+                    granted = None
+                if stopped:
                     return
-                loop.call_soon_threadsafe(_settle, granted, (self.engine.has_work(), False))
-                granted = None
         except BaseException as exc:  # a bug in the worker itself: fail everyone, loudly
             log.exception("the %s backend's worker died", self.name)
             self._die(exc)

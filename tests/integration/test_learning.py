@@ -9,7 +9,7 @@ import pytest
 
 from rl_core.metrics.logger import read_jsonl
 
-STEPS = 300
+STEPS = 400  # at 300 the synchronous run rose +9 to +11 points, at the +10 threshold
 
 
 def _check_learning(summary, run_dir, bound):

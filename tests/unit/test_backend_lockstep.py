@@ -68,3 +68,18 @@ def test_lockstep_backend_shuts_down_and_serves_weight_updates():
 
     res = asyncio.run(go())
     assert backend.weight_version == 3 and len(res.token_ids) == 4
+
+
+def test_lockstep_shutdown_does_not_need_the_driver():
+    """At interpreter exit (a preempted job) the loop may cancel the driver before the backend's
+    shutdown runs: the worker must still stop, or joining it would hang the process."""
+    backend = NativeBackend(make_engine(tiny_model(), max_batch_size=4), lockstep=True)
+
+    async def go():
+        await backend.start()
+        await backend.generate(GenerationRequest("x", prompts(1)[0], SamplingParams(greedy=True, max_tokens=3)))
+        backend._driver.cancel()
+        await asyncio.wait_for(backend.shutdown(), timeout=30)
+
+    asyncio.run(go())
+    assert not backend._thread.is_alive()
