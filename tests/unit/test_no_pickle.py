@@ -108,7 +108,6 @@ def test_a_hostile_sender_in_the_group_cannot_run_code_in_a_receiver(tmp_path):
     as the old format would have carried it; the receiver refuses it and nothing ran."""
     marker = tmp_path / "ran"
     port = free_port()
-    out: dict = {}
 
     def hostile():
         group = BroadcastGroup.create("127.0.0.1", port, 0, 2, timeout_s=60)
@@ -116,42 +115,17 @@ def test_a_hostile_sender_in_the_group_cannot_run_code_in_a_receiver(tmp_path):
         group.broadcast(torch.tensor([blob.numel()], dtype=torch.int64))
         group.broadcast(blob)
 
-    def receiver():
-        group = BroadcastGroup.create("127.0.0.1", port, 1, 2, timeout_s=60)
-        try:
-            WeightReceiver(group).recv()
-        except BroadcastHeaderError as exc:
-            out["error"] = str(exc)
-
-    threads = [threading.Thread(target=hostile), threading.Thread(target=receiver)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert "not UTF-8 JSON" in out.get("error", "") and not marker.exists()
+    assert "not UTF-8 JSON" in _receive_from(hostile, port) and not marker.exists()
 
 
 def test_a_hostile_length_is_refused_before_allocating(tmp_path):
     port = free_port()
-    out: dict = {}
 
     def hostile():
         group = BroadcastGroup.create("127.0.0.1", port, 0, 2, timeout_s=60)
         group.broadcast(torch.tensor([2**62], dtype=torch.int64))
 
-    def receiver():
-        group = BroadcastGroup.create("127.0.0.1", port, 1, 2, timeout_s=60)
-        try:
-            WeightReceiver(group).recv()
-        except BroadcastHeaderError as exc:
-            out["error"] = str(exc)
-
-    threads = [threading.Thread(target=hostile), threading.Thread(target=receiver)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert "announced length" in out.get("error", "")
+    assert "announced length" in _receive_from(hostile, port)
 
 
 def test_the_sender_refuses_a_dtype_outside_the_header_list():
@@ -238,3 +212,23 @@ def test_a_worker_fed_a_crafted_command_reports_it_and_runs_nothing(tmp_path):
         worker.serve(lambda **kw: built.append(kw))
     status = dist.PrefixStore("rl_core/trainer/", store).get("done/0/1").decode()
     assert "WireError" in status and not built and not marker.exists()
+
+
+def _receive_from(sender, port: int) -> str:
+    """Run `sender` as rank 0 of a real gloo group and a WeightReceiver as rank 1; the receiver's
+    BroadcastHeaderError message ("" when it accepted the message)."""
+    out: dict = {}
+
+    def receiver():
+        group = BroadcastGroup.create("127.0.0.1", port, 1, 2, timeout_s=60)
+        try:
+            WeightReceiver(group).recv()
+        except BroadcastHeaderError as exc:
+            out["error"] = str(exc)
+
+    threads = [threading.Thread(target=sender), threading.Thread(target=receiver)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return out.get("error", "")
