@@ -74,3 +74,33 @@ def test_bound_narrows_on_mismatch_in_a_reproducible_run(tmp_path, warm_policy, 
     assert recs[-1]["staleness/max"] == 0 and recs[-2]["staleness/max"] == 0
     # reproducible: every group of a step has the same staleness
     assert all(r["staleness/max"] == r["staleness/mean"] for r in recs)
+
+
+def test_resumed_reproducible_run_continues_the_same_bound_sequence(tmp_path, warm_policy, monkeypatch):
+    # 6 reproducible RL steps with a checkpoint every 3; then the same run resumed from step 3
+    # (`--resume-from`) must log the same bounds and signals for steps 3-5: the rule's state
+    # (bound, previous bound, low count) and the per-step admitted bounds come from the checkpoint
+    import shutil
+
+    from rl_core.launch.train import train_from_recipe
+    from rl_core.metrics.logger import read_jsonl
+
+    monkeypatch.chdir(ROOT)
+    cfg = load_recipe(RECIPE, [f"output_dir={tmp_path}", "run_name=res", "grpo.max_num_steps=6", *SMALL,
+                               "async_rl.reproducible=true", "checkpoint.save_every_steps=3",
+                               "async_rl.sampler.max_lookahead_versions=1",
+                               "async_rl.sampler.adaptive.max_lookahead_versions=3",
+                               "async_rl.sampler.adaptive.low_threshold=1e-4",
+                               "async_rl.sampler.adaptive.high_threshold=1e-3"])
+    run = tmp_path / "res"
+    shutil.copytree(warm_policy, run / "init_policy")
+    train_from_recipe(cfg)
+    ref = read_jsonl(run / "metrics.jsonl", kind="train")
+    bounds = [r["async/staleness_bound"] for r in ref]
+    assert len(ref) == 6 and len(set(bounds)) > 1, bounds  # the bound moved during the run
+    train_from_recipe(cfg, resume_from=run / "steps" / "step_000003")
+    again = read_jsonl(run / "metrics.jsonl", kind="train")
+    assert [r["step"] for r in again] == [r["step"] for r in ref]
+    keys = ("async/staleness_bound", "async/trained_staleness_bound", "async/staleness_signal",
+            "async/staleness_bound_changes", "staleness/max", "staleness/mean")
+    assert [[r[k] for k in keys] for r in again] == [[r[k] for k in keys] for r in ref]
