@@ -9,7 +9,15 @@ and the rule that updates it from one RL step's metrics (`async_rl.sampler.adapt
 - signal > high_threshold: narrow by one (down to min) at once, and reset the count;
 - signal < low_threshold: count the step; after `patience_steps` such steps in a row widen
   by one (up to max) and reset the count;
-- otherwise (the hysteresis band low <= signal <= high): hold and reset the count.
+- otherwise (the hysteresis band low <= signal <= high): hold and reset the count;
+- a step whose groups were admitted under a bound other than the current one (b, the
+  step's `async/trained_staleness_bound`) says nothing about the current bound, only about
+  b: a high signal with b > current (an earlier narrowing has not reached training yet) does
+  not narrow again, and a low signal with b < current (a widening has not reached training
+  yet) is not counted (the count holds). Without this the bound overshoots: the groups
+  already dispatched under the old, wider bound keep the signal high for up to that many
+  steps, and each of them narrowed once more (measured: 2 -> 1 -> 0 in a row, a fifth of the
+  steps spent synchronous).
 
 Narrowing is immediate and widening slow on purpose (asymmetric, as a congestion window):
 a rising mismatch is a risk to the update, a low one only a missed speed-up, and the effect
@@ -45,8 +53,9 @@ class AdaptiveBound:
     def key(self) -> str:
         return f"train/{self.metric}"
 
-    def update(self, metrics: dict) -> int:
-        """Apply the rule to one RL step's metrics; returns the new bound."""
+    def update(self, metrics: dict, trained_bound: int | None = None) -> int:
+        """Apply the rule to one RL step's metrics (`trained_bound`: the bound its groups were
+        admitted under; None = the current bound); returns the new bound."""
         if self.key not in metrics:
             raise RuntimeError(f"the adaptive staleness bound reads {self.key}, which this RL step did not report "
                                "(the trainer computes it from the generation logprobs). Fix: use a generation backend "
@@ -55,10 +64,14 @@ class AdaptiveBound:
         if not math.isfinite(x):
             raise RuntimeError(f"the adaptive staleness bound read {self.key} = {x}; it must be a finite number")
         old = self.bound
+        b = self.bound if trained_bound is None else trained_bound
         if x > self.high:
-            self.bound = max(self.min, self.bound - 1)
+            if b <= self.bound:
+                self.bound = max(self.min, self.bound - 1)
             self.low_streak = 0
         elif x < self.low:
+            if b < self.bound:
+                return self.bound
             self.low_streak += 1
             if self.low_streak >= self.patience:
                 self.bound = min(self.max, self.bound + 1)

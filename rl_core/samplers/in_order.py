@@ -60,11 +60,12 @@ class InOrderSampler(BaseSampler):
     def observe(self, step: int, metrics: dict) -> dict[str, float]:
         """After RL step `step` trained: decide the bound of versions >= step + 1 (adaptive) and
         return the step's `async/*` metrics."""
-        out = {"async/trained_staleness_bound": float(self.admitted_bound.pop(step, self.lookahead_at(step)))}
+        trained = self.admitted_bound.pop(step, self.lookahead_at(step))
+        out = {"async/trained_staleness_bound": float(trained)}
         for s in [s for s in self.admitted_bound if s < step]:  # steps that will never train here
             del self.admitted_bound[s]
         if self.adaptive is not None:
-            self._prev_bound, self._bound, self._since = self._bound, self.adaptive.update(metrics), step + 1
+            self._prev_bound, self._bound, self._since = self._bound, self.adaptive.update(metrics, trained), step + 1
             out["async/staleness_signal"] = float(metrics[self.adaptive.key])
             out["async/staleness_bound_changes"] = float(self.adaptive.changes)
         out["async/staleness_bound"] = float(self._bound)

@@ -66,7 +66,7 @@ def test_bound_narrows_on_mismatch_in_a_reproducible_run(tmp_path, warm_policy, 
                           "async_rl.sampler.adaptive.max_lookahead_versions=2",
                           "async_rl.sampler.adaptive.metric=is_mult_prob_error",
                           "async_rl.sampler.adaptive.low_threshold=1.0",
-                          "async_rl.sampler.adaptive.high_threshold=1.000001", steps=7, name="narrow")
+                          "async_rl.sampler.adaptive.high_threshold=1.000001", steps=8, name="narrow")
     bounds = [int(r["async/staleness_bound"]) for r in recs]
     assert bounds == sorted(bounds, reverse=True) and bounds[-1] == 0 and bounds[0] <= 2
     assert max(r["staleness/max"] for r in recs) >= 1  # it started asynchronous

@@ -145,3 +145,17 @@ def test_reproducible_buffer_is_sized_for_the_largest_bound():
                        "async_rl": {"reproducible": True, "max_buffered_groups": 7,
                                     "sampler": {"type": "in_order", "max_lookahead_versions": 1,
                                                 "adaptive": {"enabled": True, "max_lookahead_versions": 3}}}})
+
+
+def test_a_step_admitted_under_another_bound_is_no_evidence_about_the_current_one():
+    from rl_core.samplers.adaptive import AdaptiveBound
+
+    r = AdaptiveBound(_cfg(start=2).async_rl.sampler.adaptive, start=2)
+    assert r.update({KEY: HIGH}, trained_bound=2) == 1  # narrowed
+    assert r.update({KEY: HIGH}, trained_bound=2) == 1  # still the old, wider groups: no second narrowing
+    assert r.update({KEY: HIGH}, trained_bound=1) == 0  # the narrowed bound is still too wide
+    assert r.update({KEY: LOW}, trained_bound=0) == 0 and r.low_streak == 1
+    assert r.update({KEY: LOW}, trained_bound=0) == 1 and r.low_streak == 0  # patience 2: widened
+    assert r.update({KEY: LOW}, trained_bound=0) == 1 and r.low_streak == 0  # widening not yet in training
+    assert r.update({KEY: LOW}, trained_bound=1) == 1 and r.low_streak == 1
+    assert r.update({KEY: HIGH}, trained_bound=0) == 0  # high even under a narrower bound: narrow
