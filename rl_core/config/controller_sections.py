@@ -14,13 +14,50 @@ from rl_core.config.base import Section, _fail
 # --------------------------------------------------------------------------- async controller
 
 
+class AdaptiveStalenessConfig(Section):
+    """Adaptive staleness bound of the `in_order` sampler (off by default): the lookahead moves between `min_lookahead_versions` and `max_lookahead_versions`, driven by the generation/trainer mismatch the train step measures (`metric`). After every RL step: if the step's metric is above `high_threshold` the bound narrows by one at once; if it stays below `low_threshold` for `patience_steps` consecutive steps the bound widens by one; in between it holds (hysteresis). A step whose groups were admitted under another bound is no evidence about the current one (no second narrowing, no low count, until the change reaches training). The bound decided after step t applies to dispatch from weight version t + 1 on; groups already dispatched under a wider bound still train (no generation is thrown away), so a narrowing reaches the trained staleness after at most the old bound's steps. The starting bound is the sampler's `max_lookahead_versions`. Logged every step as `async/staleness_bound`; checkpointed with the sampler."""
+
+    enabled: bool = False
+    """Turn the adaptive bound on (false: the bound is the fixed `max_lookahead_versions`)."""
+    min_lookahead_versions: int = Field(0, ge=0)
+    """Smallest bound the controller may narrow to (0 = synchronous)."""
+    max_lookahead_versions: int = Field(4, ge=0)
+    """Largest bound the controller may widen to; also sizes the dispatch limit and, in reproducible runs, the buffer."""
+    metric: Literal["gen_train_kl", "gen_logprob_abs_error", "is_mult_prob_error"] = "gen_train_kl"
+    """Mismatch signal, as logged under `train/`: `gen_train_kl` (k3 estimate of KL(pi_gen || pi_prev) per token), `gen_logprob_abs_error` (mean |logp_prev - logp_gen|), `is_mult_prob_error` (mean exp|logp_gen - logp_prev|, >= 1)."""
+    low_threshold: float = Field(1.0e-3, ge=0)
+    """Widen by one after `patience_steps` consecutive steps with the metric below this."""
+    high_threshold: float = Field(3.0e-3, gt=0)
+    """Narrow by one after any step with the metric above this."""
+    patience_steps: int = Field(5, ge=1)
+    """Consecutive low-mismatch steps needed to widen (counted again from 0 after every change and every step at or above low_threshold)."""
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.min_lookahead_versions > self.max_lookahead_versions:
+            _fail("async_rl.sampler.adaptive.min_lookahead_versions", self.min_lookahead_versions,
+                  f"at most async_rl.sampler.adaptive.max_lookahead_versions ({self.max_lookahead_versions})",
+                  "lower min_lookahead_versions or raise max_lookahead_versions.")
+        if self.low_threshold >= self.high_threshold:
+            _fail("async_rl.sampler.adaptive.low_threshold", self.low_threshold,
+                  f"below async_rl.sampler.adaptive.high_threshold ({self.high_threshold}); the band between them is the hysteresis",
+                  "lower low_threshold or raise high_threshold (e.g. 1.0e-3 and 3.0e-3 for gen_train_kl).")
+        if self.metric == "is_mult_prob_error" and self.low_threshold < 1.0:
+            _fail("async_rl.sampler.adaptive.low_threshold", self.low_threshold,
+                  ">= 1 with metric is_mult_prob_error (it is a mean of exp|logp_gen - logp_prev|, never below 1)",
+                  "set thresholds above 1 (e.g. low 1.01, high 1.03), or use metric gen_train_kl.")
+        return self
+
+
 class InOrderSamplerConfig(Section):
     """Train step s on the groups dispatched for step s; dispatch for step s opens at weight version s - max_lookahead_versions."""
 
     type: Literal["in_order"] = "in_order"
     """Sampler type (registry key)."""
     max_lookahead_versions: int = 1
-    """How many weight versions generation may run ahead of training: 0 = synchronous, 1 = one-step-off, ... Equals the largest staleness a trained group can have."""
+    """How many weight versions generation may run ahead of training: 0 = synchronous, 1 = one-step-off, ... Equals the largest staleness a trained group can have. With `adaptive.enabled`: the starting bound."""
+    adaptive: AdaptiveStalenessConfig = AdaptiveStalenessConfig()
+    """Move the bound with the measured generation/trainer mismatch (off by default)."""
 
     @model_validator(mode="after")
     def _lookahead(self):
@@ -28,7 +65,17 @@ class InOrderSamplerConfig(Section):
             _fail("async_rl.sampler.max_lookahead_versions", self.max_lookahead_versions,
                   "an integer >= 0 (0 = synchronous, 1 = generation may run one version ahead)",
                   "set it to 0 for synchronous RL or to 1-4 for asynchronous RL.")
+        ad = self.adaptive
+        if ad.enabled and not ad.min_lookahead_versions <= self.max_lookahead_versions <= ad.max_lookahead_versions:
+            _fail("async_rl.sampler.max_lookahead_versions", self.max_lookahead_versions,
+                  f"the starting bound of the adaptive sampler, between async_rl.sampler.adaptive.min_lookahead_versions "
+                  f"({ad.min_lookahead_versions}) and max_lookahead_versions ({ad.max_lookahead_versions})",
+                  "set async_rl.sampler.max_lookahead_versions inside the adaptive range, or widen the range.")
         return self
+
+    def largest_lookahead(self) -> int:
+        """The largest bound the sampler can ever use (the adaptive maximum when adaptive)."""
+        return self.adaptive.max_lookahead_versions if self.adaptive.enabled else self.max_lookahead_versions
 
 
 class WeightFifoSamplerConfig(Section):

@@ -46,6 +46,7 @@ from rl_core.config.algorithm_sections import (  # noqa: F401  (re-exported: the
     RewardShapingConfig,
 )
 from rl_core.config.controller_sections import (  # noqa: F401  (re-exported: the schema's public names)
+    AdaptiveStalenessConfig,
     AsyncRLConfig,
     CustomSamplerConfig,
     InOrderSamplerConfig,
@@ -308,5 +309,5 @@ def required_buffer_capacity(cfg: RecipeConfig) -> int:
     plus the step being trained."""
     p = cfg.grpo.num_prompts_per_step
     if cfg.async_rl.reproducible and cfg.async_rl.sampler.type == "in_order":
-        return p * (cfg.async_rl.sampler.max_lookahead_versions + 1)
+        return p * (cfg.async_rl.sampler.largest_lookahead() + 1)
     return p

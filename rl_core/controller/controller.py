@@ -40,6 +40,7 @@ from rl_core.metrics.progress import Progress
 from rl_core.rollout.group import sampling_params
 from rl_core.rollout.spool import RolloutSpool
 from rl_core.rollout.validation import Validator
+from rl_core.samplers.in_order import InOrderSampler
 
 
 @dataclass
@@ -221,7 +222,11 @@ class Controller:
         clock = VersionClock(cond, self.p.trainer.version)
         self.buffer = ReplayBuffer(cfg.async_rl.max_buffered_groups, cond)
         params = sampling_params(cfg.generation, self.p.stop_token_ids, self.p.env.stop_strings())
-        lookahead = self.p.sampler.staleness_bound if self.p.sampler.stamps else 0
+        sampler = self.p.sampler
+        adaptive = isinstance(sampler, InOrderSampler) and sampler.adaptive is not None
+        # the largest lookahead ever used bounds dispatch; the barrier reads the bound of each outgoing version
+        lookahead = (sampler.lookahead if isinstance(sampler, InOrderSampler) else sampler.staleness_bound) \
+            if sampler.stamps else 0
         self.rollout = RolloutPump(
             cfg=cfg, source=self.p.source, sampler=self.p.sampler, buffer=self.buffer, backend=self.p.backend,
             env=self.p.env, tokenizer=self.p.tokenizer, clock=clock, cond=cond, timeline=self.timeline, params=params,
@@ -229,7 +234,8 @@ class Controller:
         mode = "barrier" if cfg.async_rl.reproducible else (cfg.async_rl.refit_mode or "in_flight")
         from rl_core.weights import make_weight_sync
 
-        refitter = Refitter([self.p.backend], self.p.trainer, self.rollout, mode, lookahead,
+        refitter = Refitter([self.p.backend], self.p.trainer, self.rollout, mode,
+                            sampler.lookahead_at if adaptive else lookahead,
                             recompute_kv=cfg.async_rl.recompute_kv_cache_after_weight_updates,
                             sync=make_weight_sync(cfg, self.run_dir))
         self.train = TrainPump(

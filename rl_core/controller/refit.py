@@ -21,7 +21,7 @@ MODES = ("in_flight", "drain", "barrier")
 
 
 class Refitter:
-    def __init__(self, backends, trainer, rollout, mode: str = "in_flight", lookahead: int = 0,
+    def __init__(self, backends, trainer, rollout, mode: str = "in_flight", lookahead=0,
                  recompute_kv: bool = False, sync=None):
         if mode not in MODES:
             raise ValueError(f"unknown refit mode {mode!r}; expected one of {MODES}")
@@ -41,7 +41,8 @@ class Refitter:
         t0 = time.monotonic()
         if self.mode == "barrier":
             # groups pinned to the outgoing version v = version - 1 are those of steps <= v + lookahead
-            await self.rollout.wait_committed_through(version - 1 + self.lookahead)
+            la = self.lookahead(version - 1) if callable(self.lookahead) else self.lookahead
+            await self.rollout.wait_committed_through(version - 1 + la)
         elif self.mode == "drain":
             await self.rollout.set_dispatch_open(False)
             await self.rollout.wait_idle()

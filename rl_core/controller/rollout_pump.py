@@ -209,7 +209,7 @@ class RolloutPump:
             return "dispatch gate (paused for a refit drain, a checkpoint or validation)"
         if not self.sampler.can_admit(self.clock.version):
             return (f"sampler admission ({self.sampler.name}: next batch {self.sampler.next_target_step()} "
-                    f"> trainer version {self.clock.version} + window {self.sampler.staleness_bound})")
+                    f"> trainer version {self.clock.version} + window {self._window_now()})")
         if not self.buffer.has_capacity():
             return f"buffer capacity ({self.buffer.live()}/{self.buffer.capacity} slots live)"
         if len(self.inflight) >= self.max_inflight:
@@ -220,6 +220,11 @@ class RolloutPump:
             return (f"generation places ({self._queued_samples()} samples wait for one of "
                     f"{self.opts.gen_slots.limit} places)")
         return "nothing"
+
+    def _window_now(self):
+        """The admission window at the current version (an adaptive in_order bound may change per version)."""
+        at = getattr(self.sampler, "lookahead_at", None)
+        return at(self.clock.version) if at is not None else self.sampler.staleness_bound
 
     def _done_dispatching(self) -> bool:
         if self.sampler.stamps:

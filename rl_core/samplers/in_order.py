@@ -2,9 +2,16 @@
 
 Owns: stamping each dispatched group with its target step (dispatch order, one step =
 `num_prompts_per_step` groups), the admission gate (dispatch for step s opens once the
-trainer holds weight version s - max_lookahead_versions), and selection (ready groups of
+trainer holds weight version s - L, L = the lookahead), and selection (ready groups of
 the current step). A group for step s is dispatched at a version >= s - L and trained at
 version s, so its staleness is at most L = `max_lookahead_versions`; L = 0 is synchronous.
+
+Adaptive (`async_rl.sampler.adaptive.enabled`): L moves between a minimum and a maximum
+with the measured mismatch (the rule: rl_core.samplers.adaptive). `observe(step, metrics)`
+after RL step t decides the bound of weight versions >= t + 1; dispatch at version v uses the
+bound of v (`lookahead_at`), so the decision is exact whatever the event interleaving. The
+sampler also records, per target step, the largest bound any of its groups was admitted
+under (`admitted_bound`): every trained group's staleness is at most it.
 
 Does not own: the buffer (it only reads slots), waiting (the pumps wait on its answers).
 """
@@ -12,6 +19,7 @@ Does not own: the buffer (it only reads slots), waiting (the pumps wait on its a
 from __future__ import annotations
 
 from rl_core.buffer.replay_buffer import ReplayBuffer, Slot
+from rl_core.samplers.adaptive import AdaptiveBound
 from rl_core.samplers.base import BaseSampler
 
 
@@ -20,9 +28,48 @@ class InOrderSampler(BaseSampler):
     stamps = True
 
     def __init__(self, cfg, num_prompts_per_step: int, reproducible: bool = False):
-        super().__init__(num_prompts_per_step, cfg.max_lookahead_versions)
-        self.lookahead = cfg.max_lookahead_versions
+        ad = getattr(cfg, "adaptive", None)
+        self.adaptive = AdaptiveBound(ad, cfg.max_lookahead_versions) if ad is not None and ad.enabled else None
+        # the largest bound ever used: sizes the buffer, the dispatch limit and the reproducible barrier's reach
+        self.lookahead = self.adaptive.max if self.adaptive is not None else cfg.max_lookahead_versions
+        super().__init__(num_prompts_per_step, self.lookahead)
         self.reproducible = reproducible
+        self._bound = cfg.max_lookahead_versions  # bound of versions >= _since
+        self._prev_bound = cfg.max_lookahead_versions  # bound of versions < _since
+        self._since = 0
+        self.admitted_bound: dict[int, int] = {}  # target step -> largest bound its groups were admitted under
+
+    @property
+    def staleness_bound(self) -> int:
+        """The bound now decided (fixed: max_lookahead_versions; adaptive: the latest decision)."""
+        return self._bound
+
+    def lookahead_at(self, version: int) -> int:
+        """The bound dispatch uses at weight version `version`."""
+        return self._bound if version >= self._since else self._prev_bound
+
+    def can_admit(self, trainer_version: int) -> bool:
+        return self.next_target_step() <= trainer_version + self.lookahead_at(trainer_version)
+
+    def admit(self, trainer_version: int) -> int | None:
+        step = super().admit(trainer_version)
+        b = self.lookahead_at(trainer_version)
+        self.admitted_bound[step] = max(b, self.admitted_bound.get(step, b))
+        return step
+
+    def observe(self, step: int, metrics: dict) -> dict[str, float]:
+        """After RL step `step` trained: decide the bound of versions >= step + 1 (adaptive) and
+        return the step's `async/*` metrics."""
+        trained = self.admitted_bound.pop(step, self.lookahead_at(step))
+        out = {"async/trained_staleness_bound": float(trained)}
+        for s in [s for s in self.admitted_bound if s < step]:  # steps that will never train here
+            del self.admitted_bound[s]
+        if self.adaptive is not None:
+            self._prev_bound, self._bound, self._since = self._bound, self.adaptive.update(metrics, trained), step + 1
+            out["async/staleness_signal"] = float(metrics[self.adaptive.key])
+            out["async/staleness_bound_changes"] = float(self.adaptive.changes)
+        out["async/staleness_bound"] = float(self._bound)
+        return out
 
     def select(self, buffer: ReplayBuffer, trainer_version: int, max_groups: int) -> list[Slot]:
         return buffer.ready_for_target(trainer_version)[:max_groups]
@@ -37,3 +84,25 @@ class InOrderSampler(BaseSampler):
     def required_capacity(self) -> int:
         # a reproducible refit barrier holds every group of the next `lookahead` steps, plus the current one
         return self.groups_per_step * ((self.lookahead + 1) if self.reproducible else 1)
+
+    def state_dict(self) -> dict:
+        st = super().state_dict()
+        st["bounds"] = {"bound": self._bound, "prev_bound": self._prev_bound, "since": self._since,
+                        "admitted": sorted([s, b] for s, b in self.admitted_bound.items())}
+        if self.adaptive is not None:
+            st["adaptive"] = self.adaptive.state_dict()
+        return st
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if (self.adaptive is not None) != ("adaptive" in state):
+            raise ValueError("sampler state was saved with async_rl.sampler.adaptive.enabled="
+                             f"{'adaptive' in state}, the recipe now says {self.adaptive is not None}; "
+                             "resume with the recipe the run was checkpointed with")
+        if self.adaptive is not None:
+            self.adaptive.load_state_dict(state["adaptive"])
+        b = state.get("bounds")  # absent in checkpoints written before adaptive staleness
+        if b is not None:
+            if self.adaptive is not None:  # a fixed bound is the recipe's, never the checkpoint's
+                self._bound, self._prev_bound, self._since = int(b["bound"]), int(b["prev_bound"]), int(b["since"])
+            self.admitted_bound = {int(s): int(v) for s, v in b["admitted"]}
