@@ -52,6 +52,9 @@ class GenerationRequestError(ValueError):
     """A server refused a request as invalid (HTTP 4xx): a data error, never retried."""
 
 
+CLIENT_KEEPALIVE_S = 2.0  # below every server's keep-alive timeout (uvicorn's default is 5 s)
+
+
 def is_infra_status(status: int) -> bool:
     return status >= 500 or status in INFRA_STATUS
 
@@ -150,7 +153,11 @@ class ServerFleet:
         self.control_secret = control_secret
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.AsyncClient(
-            headers=headers, limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+            # idle connections expire on the client (2 s) before servers close them (uvicorn: 5 s
+            # by default): otherwise a request sent on a connection the server is closing fails
+            # with "Server disconnected" and counts as an infrastructure error
+            headers=headers, limits=httpx.Limits(max_connections=None, max_keepalive_connections=None,
+                                                 keepalive_expiry=CLIENT_KEEPALIVE_S),
             timeout=httpx.Timeout(self.policy.request_timeout_s, connect=self.policy.connect_timeout_s))
         self.wake = asyncio.Event()
 

@@ -43,6 +43,7 @@ from typing import Any, Mapping
 
 import torch
 
+from rl_core.generation.http_fleet import CLIENT_KEEPALIVE_S
 from rl_core.generation.vllm_backend import VLLMOptions
 from rl_core.generation.vllm_common import (EXTENSION_CLS, FINISH_REASONS, ChildReaper, VLLMError, backend_metrics,
                                             safetensors_files,
@@ -161,7 +162,8 @@ class VLLMServerBackend:
         if not self._prepared:
             await asyncio.to_thread(self.prepare)
         self._client = httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(self.request_timeout_s, connect=10.0),
-                                         limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+                                         limits=httpx.Limits(max_connections=None, max_keepalive_connections=64,
+                                                                     keepalive_expiry=CLIENT_KEEPALIVE_S))
         self._started = True
         await self._post("/update_weight_version", json={"new_version": str(self._version)})
         self._t_start = time.monotonic()

@@ -46,6 +46,10 @@ from pathlib import Path
 
 from rl_core.errors import UserError
 
+# idle keep-alive connections live this long on the server: well above the clients' expiry
+# (rl_core's HTTP backend drops them after 2 s), so a client never sends on a closing socket
+SERVER_KEEPALIVE_S = 30
+
 DEFAULT_API_KEY_ENV = "RL_CORE_API_KEY"
 DEFAULT_CONTROL_SECRET_ENV = "RL_CORE_CONTROL_SECRET"
 CONTROL_SECRET_HEADER = "X-RL-Core-Secret"
@@ -364,7 +368,7 @@ def cmd_serve(args) -> int:
     sock = bind_socket(args.host, args.port)  # before the model loads: a taken port fails in milliseconds
     app = build_app(args, token, control_secret)
     config = uvicorn.Config(app, log_level=args.log_level, access_log=args.log_level in ("info", "debug"),
-                            timeout_graceful_shutdown=5)
+                            timeout_graceful_shutdown=5, timeout_keep_alive=SERVER_KEEPALIVE_S)
     server = uvicorn.Server(config)
     host, port = sock.getsockname()[:2]
     print(f"rl-core serve: {args.model_dir} on http://{host}:{port} "
