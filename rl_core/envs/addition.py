@@ -39,7 +39,7 @@ class AdditionEnv(BaseEnv):
         self.format_reward = float(config.format_reward)
         self.digit_reward = float(getattr(config, "digit_reward", 0.0))
 
-    def _score(self, example: dict[str, Any], completion: Completion) -> EnvResult:
+    def score_completion(self, example: dict[str, Any], completion: Completion) -> EnvResult:
         answer = str(example["answer"])
         text = completion.text
         well_formed = (completion.ended and len(text) == len(answer)

@@ -5,12 +5,12 @@ Owns:
   builds the class registered under `env_config.type` (the recipe's `env.type`);
 - `BaseEnv`, which implements the `Environment` protocol (`rl_core.protocols`) around two
   hooks a subclass fills in: `prompt_text(example)` (the observation as text) and
-  `_score(example, completion)` (the rewards). The public methods hold the guards:
+  `score_completion(example, completion)` (the rewards). The public methods hold the guards:
   * `prompt_ids` encodes the raw prompt text without special tokens, or, when the class
     sets `use_chat_template = True`, renders `messages(example)` through the tokenizer's
     chat template with the assistant turn opened;
   * `score` checks `finish_reason`, masks aborted samples out of the loss (reward 0),
-    and hands `_score` a `Completion` whose text has the end token removed and whose
+    and hands `score_completion` a `Completion` whose text has the end token removed and whose
     `ended` says whether the sample stopped on an end token;
   * `reference_completion_ids` is the ideal completion (reference text + end token),
     which the supervised warm-up trains on, so warm-up and RL see the same format.
@@ -69,7 +69,7 @@ def make_env(env_config: Any, tokenizer: Any) -> "BaseEnv":
 
 @dataclass(frozen=True)
 class Completion:
-    """A completion as `_score` sees it."""
+    """A completion as `score_completion` sees it."""
 
     ids: list[int]
     text: str  # the completion text with trailing end-token strings removed
@@ -78,7 +78,7 @@ class Completion:
 
 
 class BaseEnv(ABC):
-    """A single-turn environment over a HF tokenizer; subclasses implement `_score`."""
+    """A single-turn environment over a HF tokenizer; subclasses implement `score_completion`."""
 
     name: str = "base"
     use_chat_template: bool = False
@@ -86,7 +86,7 @@ class BaseEnv(ABC):
     system_prompt: str | None = None
     """System message prepended to the chat (only with `use_chat_template`)."""
     reward_names: tuple[str, ...] = ()
-    """Names of the reward components `_score` returns (aborted samples get zeros for each)."""
+    """Names of the reward components `score_completion` returns (aborted samples get zeros for each)."""
     max_turns: int = 1
     """Turns of a multi-turn rollout (generate -> `observe` -> generate ...); 1 = single turn."""
 
@@ -162,7 +162,7 @@ class BaseEnv(ABC):
         if finish_reason == "abort":
             return EnvResult(reward=0.0, rewards={k: 0.0 for k in self.reward_names}, mask=True,
                              info={"aborted": True})
-        return self._score(example, self.parse_completion(completion_ids, completion_text, finish_reason))
+        return self.score_completion(example, self.parse_completion(completion_ids, completion_text, finish_reason))
 
     def parse_completion(self, completion_ids: list[int], completion_text: str, finish_reason: str) -> Completion:
         """Strip trailing end-token strings from the text and decide whether the sample ended."""
@@ -178,5 +178,5 @@ class BaseEnv(ABC):
         return Completion(ids=ids, text=text, ended=ended, finish_reason=finish_reason)
 
     @abstractmethod
-    def _score(self, example: dict[str, Any], completion: Completion) -> EnvResult:
+    def score_completion(self, example: dict[str, Any], completion: Completion) -> EnvResult:
         """Rewards of a stopped or truncated completion (hook)."""

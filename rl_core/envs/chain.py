@@ -45,7 +45,7 @@ class ChainAdditionEnv(BaseEnv):
         a, b = int(example["a"]), int(example["b"])
         return reversed_answer(a + b) if turn == 0 else reversed_answer(a + b + third_operand(example))
 
-    def _score(self, example: dict[str, Any], completion: Completion) -> EnvResult:
+    def score_completion(self, example: dict[str, Any], completion: Completion) -> EnvResult:
         return self.score_turns(example, [completion])
 
     def score_turns(self, example: dict[str, Any], turns: list[Completion]) -> EnvResult:

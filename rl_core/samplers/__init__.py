@@ -7,9 +7,8 @@
 
 from __future__ import annotations
 
-import importlib
-
 from rl_core.errors import RecipeError
+from rl_core.plugins import load_target
 from rl_core.samplers.base import BaseSampler, Sampler
 from rl_core.samplers.in_order import InOrderSampler
 from rl_core.samplers.ready_first import ReadyFirstSampler
@@ -22,25 +21,10 @@ PROTOCOL_METHODS = ("next_target_step", "can_admit", "admit", "select", "evict",
 
 def load_custom_class(target: str):
     """Import `module:ClassName` and check it against the Sampler protocol (at config load)."""
-    field = "async_rl.sampler.target"
-    if target.count(":") != 1:
-        raise RecipeError.single(field, target, "'module.path:ClassName'", "write the import path as module:Class.")
-    module_name, cls_name = target.split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - reported as a recipe error
-        raise RecipeError.single(field, target, f"an importable module ({type(exc).__name__}: {exc})",
-                                 "check the module path and that it is on PYTHONPATH.") from None
-    cls = getattr(module, cls_name, None)
-    if cls is None:
-        raise RecipeError.single(field, target, f"a class named {cls_name} in module {module_name}",
-                                 "check the class name.")
-    missing = [m for m in PROTOCOL_METHODS + ("name", "stamps", "staleness_bound") if not hasattr(cls, m)]
-    if missing:
-        raise RecipeError.single(field, target, "a class implementing the Sampler protocol "
-                                 f"(rl_core.samplers.base.Sampler); missing: {', '.join(missing)}",
-                                 "subclass rl_core.samplers.base.BaseSampler or add the missing members.")
-    return cls
+    return load_target(target, field="async_rl.sampler.target", kind="class",
+                       required=PROTOCOL_METHODS + ("name", "stamps", "staleness_bound"),
+                       what="a class implementing the Sampler protocol (rl_core.samplers.base.Sampler)",
+                       hint="subclass rl_core.samplers.base.BaseSampler or add the missing members.")
 
 
 def make_sampler(cfg) -> Sampler:
@@ -65,9 +49,6 @@ def build_custom_sampler(scfg, num_prompts_per_step: int) -> Sampler:
     `async_rl.sampler.target` (or `.kwargs`). `rl-core validate` calls it, so a sampler that
     does not import, construct or satisfy the protocol fails before anything is built."""
     cls = load_custom_class(scfg.target)
-    if not isinstance(cls, type):
-        raise RecipeError.single("async_rl.sampler.target", scfg.target,
-                                 f"a class (got {type(cls).__name__})", "point target at the sampler class.")
     try:
         obj = cls(num_prompts_per_step=num_prompts_per_step, **scfg.kwargs)
     except TypeError as exc:
