@@ -60,10 +60,18 @@ class Environment(Protocol):
     """Turns a dataset example into the first observation and a completion into rewards.
 
     It owns the templating of its observations (chat template or raw text), so the
-    controller only ever sees token ids.
+    controller only ever sees token ids. `rl_core.envs.base.BaseEnv` implements every member
+    around two public hooks a user fills in (`prompt_text`, `score_completion`); this is the
+    whole contract the rollout code (`rl_core.rollout.group`) relies on.
     """
 
     name: str
+    reward_names: tuple[str, ...]
+    """Names of the reward components `score` returns (empty: one scalar reward)."""
+    max_turns: int
+    """Turns of a rollout (1 = single turn)."""
+    end_token_ids: tuple[int, ...]
+    """Token ids that end a completion (the first one ends reference completions)."""
 
     def prompt_ids(self, example: dict[str, Any]) -> list[int]:
         """Token ids of the (templated) prompt for this example."""
@@ -71,9 +79,21 @@ class Environment(Protocol):
     def stop_strings(self) -> tuple[str, ...]:
         """Strings that end a completion for this environment (besides the end token)."""
 
+    def reference_completion_ids(self, example: dict[str, Any]) -> list[int]:
+        """The ideal completion as token ids (supervised warm-up)."""
+
+    def parse_completion(self, completion_ids: list[int], completion_text: str, finish_reason: str) -> Any:
+        """The completion as the scoring hooks see it (`rl_core.envs.base.Completion`)."""
+
+    def observe(self, example: dict[str, Any], turn: int, completion: Any) -> list[int] | None:
+        """Token ids of the observation after turn `turn` (masked out of the loss); None ends the episode."""
+
     def score(self, example: dict[str, Any], completion_ids: list[int], completion_text: str,
               finish_reason: str) -> EnvResult:
         """Reward(s) for one completion, and whether to mask it out of the loss."""
+
+    def score_turns(self, example: dict[str, Any], turns: list[Any]) -> EnvResult:
+        """Reward(s) of a multi-turn episode from its parsed turns."""
 
 
 @dataclass

@@ -167,7 +167,7 @@ async def _score(env, example, ids, text, finish, opts: GroupOptions, timings: S
         if opts.env_timeout_s is None:
             return call()  # cheap environments score on the event loop
         fut = asyncio.get_running_loop().run_in_executor(_ENV_POOL, call)
-        return await with_deadline(fut, opts.env_timeout_s, f"environment {getattr(env, 'name', '?')} scoring")
+        return await with_deadline(fut, opts.env_timeout_s, f"environment {env.name} scoring")
     finally:
         timings.env_s += time.monotonic() - t0
 
@@ -178,7 +178,7 @@ async def generate_sample(backend: GenerationBackend, env: Environment, tokenize
     """One sample: a single turn, or up to `env.max_turns` turns with observations in between.
     `ticket`: its group's queued-sample count (GenerationSlots), released at its first place."""
     timings = SampleTimings()
-    max_turns = int(getattr(env, "max_turns", 1))
+    max_turns = int(env.max_turns)
     t0 = time.monotonic()
     if max_turns <= 1:
         res = await _generate(backend, GenerationRequest(request_id, list(prompt_ids), params), opts, ticket)
