@@ -164,9 +164,6 @@ class PolicyGradientLoss:
         return 0.0
 
 
-ClippedPGLoss = PolicyGradientLoss  # historical name
-
-
 def make_loss(cfg: LossConfig, *, multi_update: bool = False) -> PolicyGradientLoss:
     """The policy loss of `loss.type`; `multi_update` as in `PolicyGradientLoss`."""
     if cfg.type in ("clipped_pg", "reinforce"):

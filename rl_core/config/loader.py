@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from rl_core.config.base import BoolNotNumber
 from rl_core.config.recipe_yaml import parse_yaml, read_recipe_text
-from rl_core.config.schema import RecipeConfig
+from rl_core.config.schema import RecipeConfig, check_moe_rules
 from rl_core.errors import RecipeError
 from rl_core.fsutil import atomic_write_text
 
@@ -245,6 +245,7 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] | None = None, pre
 def preflight(cfg: RecipeConfig, source: str | None = None) -> None:
     """Checks that need the file system but nothing heavy: data files (every line), model
     directory, the output directory, and a `custom` sampler (imported and constructed)."""
+    check_model_architecture(cfg, source)
     problems = []
     for field in ("train_file", "val_file"):
         p = Path(getattr(cfg.data, field))
@@ -275,6 +276,27 @@ def preflight(cfg: RecipeConfig, source: str | None = None) -> None:
         from rl_core.samplers import build_custom_sampler
 
         build_custom_sampler(cfg.async_rl.sampler, cfg.grpo.num_prompts_per_step)
+
+
+def hf_architecture(path: str | os.PathLike | None) -> tuple[str, bool] | None:
+    """(model_type, is a mixture of experts) from `path`/config.json, or None when that file
+    cannot be read here (e.g. a path on the cluster's file system, checked when loaded)."""
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return None
+    return str(cfg.get("model_type")), bool(cfg.get("num_local_experts") or cfg.get("num_experts"))
+
+
+def check_model_architecture(cfg: RecipeConfig, source: str | None = None) -> None:
+    """The recipe rules that depend on an HF policy's architecture (MoE, router replay), read
+    from `model.path`/config.json when this machine can read it (`schema.check_moe_rules`)."""
+    if cfg.model.source != "hf":
+        return
+    try:
+        check_moe_rules(cfg, hf_architecture(cfg.model.path))
+    except RecipeError as exc:
+        raise RecipeError(exc.problems, exc.source or source) from None
 
 
 def _check_data(cfg: RecipeConfig, source: str | None) -> None:
@@ -342,4 +364,6 @@ def load_resolved(path: str | os.PathLike) -> RecipeConfig:
     if not p.is_file():
         raise RecipeError.single("(resolved config)", str(p), "an existing resolved_config.json",
                                  "run `rl-core validate RECIPE` first or pass the right path.")
-    return validate_dict(json.loads(p.read_text()), source=str(p))
+    cfg = validate_dict(json.loads(p.read_text()), source=str(p))
+    check_model_architecture(cfg, source=str(p))
+    return cfg

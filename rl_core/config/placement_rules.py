@@ -75,7 +75,7 @@ def check_generation(gen: Any) -> None:
 def _check_vllm_sampling(params: Any, section: str) -> None:
     """vLLM reports logprobs of the top-k/top-p *filtered* distribution (rl_core's are before
     filtering), and raises temperatures in (0, 0.01) to 0.01."""
-    if params.greedy or params.temperature == 0.0:
+    if params.is_greedy:
         return
     for name, off in (("top_p", 1.0), ("top_k", 0)):
         value = getattr(params, name)

@@ -1,8 +1,10 @@
 """The recipe schema: pydantic models for every knob of an rl_core run.
 
 Owns: field names, types, defaults, per-field docs (attribute docstrings become the
-field descriptions, which `rl-core docs` prints), and cross-field rules that can be
-checked from the recipe alone. Validators check and never mutate.
+field descriptions, which `rl-core docs` prints), cross-field rules that can be
+checked from the recipe alone, and values derived from several fields (properties such as
+`RecipeConfig.needs_reference_policy`). Validators check and never mutate; nothing here
+reads the disk (an HF model's architecture is checked by the loader's preflight).
 
 Does not own: reading YAML, command-line overrides, file-system preflight or error
 formatting (see `loader.py`), and it never imports torch: loading a recipe must stay
@@ -81,19 +83,6 @@ from rl_core.config.run_sections import (  # noqa: F401  (re-exported: the schem
 # --------------------------------------------------------------------------- top level
 
 
-def _hf_architecture(path: str | None) -> tuple[str, bool] | None:
-    """(model_type, is a mixture of experts) from `path`/config.json, or None when that file
-    cannot be read here (e.g. a path on the cluster's file system, checked when loaded)."""
-    import json
-    from pathlib import Path
-
-    try:
-        cfg = json.loads((Path(path) / "config.json").read_text())
-    except (OSError, ValueError, TypeError):
-        return None
-    return str(cfg.get("model_type")), bool(cfg.get("num_local_experts") or cfg.get("num_experts"))
-
-
 class RecipeConfig(Section):
     """A whole rl_core run."""
 
@@ -120,6 +109,13 @@ class RecipeConfig(Section):
     """The workflow's evaluate stage (checkpoints x eval sets)."""
     cluster: ClusterConfig = ClusterConfig()
     """Slurm resources of the workflow's jobs (ignored by the local launcher except the time limits)."""
+
+    @property
+    def needs_reference_policy(self) -> bool:
+        """Whether the run keeps the frozen reference (initial) policy: exactly when a KL term to
+        it is on, in the loss (`loss.kl_coef` > 0) or in the reward (`advantage.kl_in_reward_coef`
+        > 0). The trainer keeps its weights and the train pump computes its logprobs then."""
+        return self.loss.kl_coef > 0 or self.advantage.kl_in_reward_coef > 0
 
     @model_validator(mode="after")
     def _trainer_placement(self):
@@ -198,40 +194,9 @@ class RecipeConfig(Section):
 
     @model_validator(mode="after")
     def _router_replay(self):
-        """MoE + router replay: only the paths that record and replay routes (native engine, torch trainer)."""
-        hf = _hf_architecture(self.model.path) if self.model.source == "hf" else None  # None: not readable here
-        moe = (self.model.source == "tiny" and self.model.tiny.architecture == "mixtral") or (
-            hf is not None and hf[1])
-        path = self.generation.native.decode_path
-        if moe and path in ("static", "graph"):
-            _fail("generation.native.decode_path", path,
-                  "'eager' or 'auto' with an MoE policy (model.tiny.architecture 'mixtral': the static/CUDA-graph "
-                  "decode step has no expert dispatch and records no routes)",
-                  "set generation.native.decode_path: auto (eager for MoE models) or eager.")
-        for knob in ("decode_compile", "overlap_steps"):
-            if moe and getattr(self.generation.native, knob):
-                _fail(f"generation.native.{knob}", True,
-                      f"false with an MoE policy (model.tiny.architecture 'mixtral' decodes eagerly; {knob} needs the "
-                      "dense static/graph decode step)", f"set generation.native.{knob}: false.")
-        if not self.trainer.router_replay.enabled:
-            return self
-        if self.model.source == "tiny" and not moe:
-            _fail("trainer.router_replay.enabled", True,
-                  f"false for the dense model.tiny.architecture '{self.model.tiny.architecture}' (no router to replay)",
-                  "set model.tiny.architecture: mixtral (with num_experts, num_experts_per_tok), or disable router_replay.")
-        if hf is not None and not moe:
-            _fail("trainer.router_replay.enabled", True,
-                  f"false for the dense model at model.path (config.json model_type {hf[0]!r}: no router to replay)",
-                  "use a mixture-of-experts policy (e.g. model_type 'mixtral'), or disable router_replay.")
-        if self.trainer.backend != "torch":
-            _fail("trainer.router_replay.enabled", True,
-                  f"false with trainer.backend '{self.trainer.backend}' (only the 'torch' trainer replays routes)",
-                  "set trainer.backend: torch, or trainer.router_replay.enabled: false.")
-        if self.generation.backend != "native":
-            _fail("trainer.router_replay.enabled", True,
-                  f"false with generation.backend '{self.generation.backend}' (only the 'native' engine records "
-                  "the routed experts of every token)",
-                  "set generation.backend: native, or trainer.router_replay.enabled: false.")
+        """MoE + router replay from the recipe alone (an HF model's architecture is checked by
+        the loader's preflight, which reads its config.json: `check_moe_rules(cfg, hf)`)."""
+        check_moe_rules(self, None)
         return self
 
     @model_validator(mode="after")
@@ -288,6 +253,45 @@ class RecipeConfig(Section):
                       f"fewer than model.tiny.max_position_embeddings ({t.max_position_embeddings}) so a prompt still fits",
                       "lower generation.max_tokens or raise model.tiny.max_position_embeddings.")
         return self
+
+
+def check_moe_rules(cfg: RecipeConfig, hf: tuple[str, bool] | None) -> None:
+    """MoE + router replay: only the paths that record and replay routes (native engine, torch
+    trainer). `hf` is (model_type, is a mixture of experts) of `model.path`'s config.json when
+    the loader could read it (`rl_core.config.loader.check_model_architecture`), else None: the
+    schema never reads the disk, and a path this machine cannot read is checked when the model loads."""
+    hf = hf if cfg.model.source == "hf" else None
+    moe = (cfg.model.source == "tiny" and cfg.model.tiny.architecture == "mixtral") or (hf is not None and hf[1])
+    path = cfg.generation.native.decode_path
+    if moe and path in ("static", "graph"):
+        _fail("generation.native.decode_path", path,
+              "'eager' or 'auto' with an MoE policy (model.tiny.architecture 'mixtral': the static/CUDA-graph "
+              "decode step has no expert dispatch and records no routes)",
+              "set generation.native.decode_path: auto (eager for MoE models) or eager.")
+    for knob in ("decode_compile", "overlap_steps"):
+        if moe and getattr(cfg.generation.native, knob):
+            _fail(f"generation.native.{knob}", True,
+                  f"false with an MoE policy (model.tiny.architecture 'mixtral' decodes eagerly; {knob} needs the "
+                  "dense static/graph decode step)", f"set generation.native.{knob}: false.")
+    if not cfg.trainer.router_replay.enabled:
+        return
+    if cfg.model.source == "tiny" and not moe:
+        _fail("trainer.router_replay.enabled", True,
+              f"false for the dense model.tiny.architecture '{cfg.model.tiny.architecture}' (no router to replay)",
+              "set model.tiny.architecture: mixtral (with num_experts, num_experts_per_tok), or disable router_replay.")
+    if hf is not None and not moe:
+        _fail("trainer.router_replay.enabled", True,
+              f"false for the dense model at model.path (config.json model_type {hf[0]!r}: no router to replay)",
+              "use a mixture-of-experts policy (e.g. model_type 'mixtral'), or disable router_replay.")
+    if cfg.trainer.backend != "torch":
+        _fail("trainer.router_replay.enabled", True,
+              f"false with trainer.backend '{cfg.trainer.backend}' (only the 'torch' trainer replays routes)",
+              "set trainer.backend: torch, or trainer.router_replay.enabled: false.")
+    if cfg.generation.backend != "native":
+        _fail("trainer.router_replay.enabled", True,
+              f"false with generation.backend '{cfg.generation.backend}' (only the 'native' engine records "
+              "the routed experts of every token)",
+              "set generation.backend: native, or trainer.router_replay.enabled: false.")
 
 
 def check_device_dtype(cfg: RecipeConfig, device: str) -> None:

@@ -58,8 +58,9 @@ def needs_prev_logprobs(cfg) -> bool:
 
 
 def needs_reference_logprobs(cfg) -> bool:
-    """Reference-policy logprobs are needed only for a KL term to the reference (loss or reward)."""
-    return cfg.loss.kl_coef > 0 or cfg.advantage.kl_in_reward_coef > 0
+    """Reference-policy logprobs are needed only for a KL term to the reference (loss or reward):
+    `RecipeConfig.needs_reference_policy`."""
+    return cfg.needs_reference_policy
 
 
 class TrainPump:

@@ -204,7 +204,8 @@ def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json
     from rl_core.fsutil import atomic_write_json
     from rl_core.generation.backend import NativeBackend
     from rl_core.generation.engine import NativeEngine
-    from rl_core.launch.train import pick_device, setup_process
+    from rl_core.launch.train import setup_process
+    from rl_core.train import trainer_device
     from rl_core.rollout.validation import Validator
 
     cfg = load_resolved(resolved_config_path)
@@ -220,7 +221,7 @@ def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     env = make_env(cfg.env, tokenizer)
     examples = load_jsonl(data_file or cfg.data.val_file)
-    engine = NativeEngine.from_pretrained(model_dir, device=pick_device(cfg), dtype=cfg.model.dtype,
+    engine = NativeEngine.from_pretrained(model_dir, device=trainer_device(cfg), dtype=cfg.model.dtype,
                                           max_batch_size=cfg.generation.max_batch_size, weight_version=version,
                                           decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
     backend = NativeBackend(engine)

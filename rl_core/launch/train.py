@@ -17,19 +17,7 @@ import random
 from pathlib import Path
 
 from rl_core.config import RecipeConfig, run_dir, write_resolved
-
-
-def pick_device(cfg: RecipeConfig) -> str:
-    import torch
-
-    if cfg.runtime.device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if cfg.runtime.device == "cuda" and not torch.cuda.is_available():
-        from rl_core.errors import RecipeError
-
-        raise RecipeError.single("runtime.device", "cuda", "a machine with a CUDA device",
-                                 "set runtime.device: auto (or cpu) on this machine.")
-    return cfg.runtime.device
+from rl_core.train import trainer_device
 
 
 def check_device(cfg: RecipeConfig) -> str:
@@ -37,7 +25,7 @@ def check_device(cfg: RecipeConfig) -> str:
     checked against it; called before anything is built."""
     from rl_core.config.schema import check_device_dtype
 
-    device = pick_device(cfg)
+    device = trainer_device(cfg)
     check_device_dtype(cfg, device)
     return device
 
@@ -97,7 +85,7 @@ def build_parts(cfg: RecipeConfig, policy_dir: str | Path, *, trainer_state: dic
     from rl_core.samplers import make_sampler
     from rl_core.train import make_trainer as make_backend_trainer
 
-    device = pick_device(cfg)
+    device = trainer_device(cfg)
     tokenizer = AutoTokenizer.from_pretrained(str(policy_dir))
     train_examples, val_examples = load_task_data(cfg.data.train_file, cfg.data.val_file)
     if cfg.data.max_train_examples is not None:
@@ -109,8 +97,6 @@ def build_parts(cfg: RecipeConfig, policy_dir: str | Path, *, trainer_state: dic
     source = PromptSource(train_examples, cfg.grpo.num_prompts_per_step, shuffle=cfg.data.shuffle,
                           seed=cfg.grpo.seed, max_num_epochs=cfg.grpo.max_num_epochs)
     stop_ids = tuple(i for i in {tokenizer.eos_token_id} if i is not None)
-    gen = cfg.generation
-    logprob_t = 1.0 if (gen.greedy or gen.temperature == 0) else gen.temperature
 
     def make_trainer():  # trainer.backend: torch | fsdp2 | megatron (rl_core.train registry)
         return make_backend_trainer(cfg, policy_dir, device=device, version=weight_version,

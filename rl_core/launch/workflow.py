@@ -28,7 +28,7 @@ import shutil
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,9 +36,9 @@ import yaml
 
 from rl_core.config import RecipeConfig
 from rl_core.errors import RecipeError, UserError
+from rl_core.report.render import PLOTS
 
 SOURCE = "the workflow config (config/config.yaml, --configfile or --config)"
-PLOTS = ("reward", "accuracy", "pass_at_k", "staleness", "throughput")
 _BRANCH_NOT_COPIED = {"steps", "submitit", ".controller.lock", "validation.json", "rollouts.h5"}
 # recipe sections that never change the training's result (names, where outputs go, how jobs are placed,
 # logging, and the stages after training: held-out validation and evaluation have their own digests)
@@ -67,7 +67,6 @@ class WorkflowPlan:
     recipe_files: list[str]
     branch_from: str | None = None
     branch_epoch: int = 0  # epochs 1..branch_epoch come from branch_from's run
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def job_launcher(self, executor_plugin: Any) -> str:
         """Where submitit jobs go: `launcher` from the config, or with `auto` (the default) Slurm

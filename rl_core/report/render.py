@@ -29,6 +29,7 @@ PLOT_TITLES = {
     "staleness": "Staleness (trainer version - version at dispatch)",
     "throughput": "Throughput",
 }
+PLOTS = tuple(PLOT_TITLES)  # the report's PNGs, in order (the workflow's report rule lists them as outputs)
 
 
 def _plt():
@@ -215,7 +216,7 @@ def build_report(run_dir: str | os.PathLike, out_html: str | os.PathLike,
     data = collect_run(run_dir)
     plots = Path(plots_dir) if plots_dir else Path(run_dir) / "report"
     plots.mkdir(parents=True, exist_ok=True)
-    images = {name: _figure(name, data) for name in PLOT_TITLES}
+    images = {name: _figure(name, data) for name in PLOTS}
     for name, png in images.items():
         tmp = plots / f".{name}.png.tmp{os.getpid()}"
         tmp.write_bytes(png)

@@ -73,11 +73,11 @@ def make_trainer(cfg, policy_dir: str | Path, *, device: str | None = None, vers
     process it is created here."""
     device = device or trainer_device(cfg)
     gen = cfg.generation
-    keep_reference = cfg.loss.kl_coef > 0 or cfg.advantage.kl_in_reward_coef > 0
+    keep_reference = cfg.needs_reference_policy
     trainer_state = dict(trainer_state) if trainer_state is not None else None
     saved_ref = trainer_state.pop("reference_dir", None) if trainer_state is not None else None
     reference_dir = resolve_reference_dir(reference_dir or saved_ref or policy_dir) if keep_reference else None
-    kwargs = dict(logprob_temperature=1.0 if (gen.greedy or gen.temperature == 0) else gen.temperature,
+    kwargs = dict(logprob_temperature=gen.logprob_temperature,
                   device=device, dtype=cfg.model.dtype, keep_reference=keep_reference, version=version)
     if reference_dir is not None and reference_dir != str(Path(policy_dir).resolve()):
         kwargs["reference_dir"] = reference_dir

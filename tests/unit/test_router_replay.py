@@ -233,6 +233,15 @@ def test_recipe_rules():
             validate_dict(data)
 
 
+def _load_hf(data: dict):
+    """Validate, then the loader's preflight of an HF policy's architecture (reads config.json)."""
+    from rl_core.config.loader import check_model_architecture
+
+    cfg = validate_dict(data)
+    check_model_architecture(cfg)
+    return cfg
+
+
 def test_replay_with_a_dense_hf_policy_stops_at_recipe_load(tmp_path):
     import json
 
@@ -240,13 +249,13 @@ def test_replay_with_a_dense_hf_policy_stops_at_recipe_load(tmp_path):
     (tmp_path / "dense").mkdir()
     (tmp_path / "dense" / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
     with pytest.raises(RecipeError, match="trainer.router_replay.enabled.*model_type 'qwen2'"):
-        validate_dict(_with(on, {"model": {"source": "hf", "path": str(tmp_path / "dense")}}))
+        _load_hf(_with(on, {"model": {"source": "hf", "path": str(tmp_path / "dense")}}))
     (tmp_path / "moe").mkdir()
     (tmp_path / "moe" / "config.json").write_text(json.dumps({"model_type": "mixtral", "num_local_experts": 4}))
-    cfg = validate_dict(_with(on, {"model": {"source": "hf", "path": str(tmp_path / "moe")}}))
+    cfg = _load_hf(_with(on, {"model": {"source": "hf", "path": str(tmp_path / "moe")}}))
     assert cfg.trainer.router_replay.enabled
     with pytest.raises(RecipeError, match="generation.native.decode_path"):
-        validate_dict(_with(on, {"model": {"source": "hf", "path": str(tmp_path / "moe")},
+        _load_hf(_with(on, {"model": {"source": "hf", "path": str(tmp_path / "moe")},
                                  "generation": {"native": {"decode_path": "static"}}}))
     # a path this machine cannot read (e.g. on the cluster) is checked when the model loads
-    assert validate_dict(_with(on, {"model": {"source": "hf", "path": str(tmp_path / "elsewhere")}}))
+    assert _load_hf(_with(on, {"model": {"source": "hf", "path": str(tmp_path / "elsewhere")}}))
