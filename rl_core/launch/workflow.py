@@ -42,8 +42,9 @@ SOURCE = "the workflow config (config/config.yaml, --configfile or --config)"
 _BRANCH_NOT_COPIED = {"steps", "submitit", ".controller.lock", "validation.json", "rollouts.h5"}
 # recipe sections that never change the training's result (names, where outputs go, how jobs are placed,
 # logging, and the stages after training: held-out validation and evaluation have their own digests)
-_NOT_RESULTS = {"run_name", "output_dir", "cluster", "logging", "evaluation", "validation"}
-# the sections each stage's result depends on (None: all but _NOT_RESULTS); what the README's change
+NO_STAGE = ("run_name", "output_dir", "cluster", "logging")  # top-level recipe fields that rerun no stage
+NOT_RESULTS = {*NO_STAGE, "evaluation", "validation"}
+# the sections each stage's result depends on (None: all but NOT_RESULTS); what the README's change
 # classes promise: a trainer knob retrains, a validation knob re-validates, an eval set re-evaluates,
 # `cluster:` reruns nothing
 STAGE_SECTIONS: dict[str, tuple[str, ...] | None] = {
@@ -137,7 +138,7 @@ class WorkflowPlan:
         data = self.cfg.model_dump(mode="json", exclude_defaults=True)
         keep = STAGE_SECTIONS[stage]
         if keep is None:  # everything but what cannot change the result
-            return {k: v for k, v in sorted(data.items()) if k not in _NOT_RESULTS}
+            return {k: v for k, v in sorted(data.items()) if k not in NOT_RESULTS}
         part = {}
         for key in keep:  # "section" or "section.field"
             value = data
