@@ -14,7 +14,7 @@ tag key:
 
 - `{"$dict": {...}}` a dict with string keys; `{"$tuple": [...]}`; `{"$path": "..."}`;
 - `{"$tensor": "t3"}` a tensor of the safetensors blob (sent from CPU, contiguous);
-- `{"$section": "rl_core.config.module:Class", "data": {...}}` a recipe section (a
+- `{"$section": "rl_core.config.<module>:<Class>", "data": {...}}` a recipe section (a
   `rl_core.config.base.Section` subclass of a module under `rl_core.config`), rebuilt
   with `model_validate` (so it is validated again on the worker);
 - `{"$obj": "<codec>", "data": ...}` one of the registered codecs (`CODECS`): the policy
