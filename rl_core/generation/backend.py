@@ -4,35 +4,15 @@ Owns: the thread that drives the engine, and the hand-off between it and the asy
 loop of the controller. Every engine call happens on the worker thread: the loop side only
 appends commands (generate, abort, update weights, invalidate, stop) to a deque guarded by
 a `threading.Condition` and awaits an asyncio future; the worker drains the commands
-between steps, loops `engine.step()` while there is work and sleeps on the condition
-otherwise, and resolves futures with `loop.call_soon_threadsafe`.
-
-Errors: a request the engine refuses (ValueError) fails that caller only. An exception
-inside a step fails every in-flight request with `GenerationError` (its `__cause__` is the
-original exception), their slots are freed and the worker keeps serving. A failed
-`update_weights` leaves the old weights in place and raises in its caller. If the worker
-itself dies, every waiting caller gets `GenerationError` and later calls raise it at once.
-
-Cancellation: cancelling a `generate()` call aborts its request in the engine. `shutdown()`
-aborts what is still pending (those callers get finish_reason "abort") and joins the thread.
-
-Streaming: `generate_stream()` yields `StreamDelta`s (the tokens each step added, pushed by
-the worker after every step) and ends with the `GenerationResult`; closing the iterator
-early aborts the request.
-
-Lockstep (`lockstep=True`, what reproducible runs use): the engine's batches must not
-depend on thread timing, because its logprobs are only close, not bitwise equal, across
-batch compositions (row results of a matmul or an attention reduction change with the
-batch's shape). So the worker does not run free: a driver task on the event loop lets the
-loop settle (runs every ready callback: results delivered, groups scored and committed,
-new groups dispatched and submitted), then grants the worker one step together with the
-exact number of commands submitted so far. The engine thus sees the same commands at the
-same steps in every run, whatever the machine's load; only events from other threads (a
-trainer step ending) can still land between two steps, and the reproducible refit barrier
-keeps the engine idle whenever those change what is dispatched.
+between steps, loops `engine.step()` while there is work and resolves futures with
+`loop.call_soon_threadsafe`. Also: errors (one request, one step, the worker), cancellation,
+streaming (`StreamDelta`) and lockstep stepping for reproducible runs.
 
 Does not own: scheduling, sampling or stop rules (engine.py), or which weights to load
 (the controller's refit calls `update_weights`).
+
+See docs/generation.md, "The backend's worker thread", for the error, cancellation,
+streaming and lockstep rules.
 """
 
 from __future__ import annotations

@@ -1,75 +1,20 @@
 """NativeEngine: synchronous, step-based continuous batching over the slot KV cache.
 
 Owns: the life of a request inside the engine (waiting queue -> slot -> finished), the
-schedule of one step, stop conditions, weight refits and KV invalidation, and per-step
-statistics. One `step()` is one forward of the model over every running sequence:
+schedule of one step (decodes, then prefill chunks, then admissions, within
+`max_step_tokens` fed and `max_num_kv_tokens` held; the newest sequences are preempted
+over the KV budget), stop conditions, weight refits and KV invalidation, the per-token
+weight versions and MoE routes of each request, and per-step statistics. One `step()`
+is one forward over every running sequence.
 
-- each running sequence holds a slot and a list of *pending* tokens, fed at positions
-  `cache.lengths[slot]..`: its prompt at first, then the one token it sampled last;
-- a step feeds decode rows first (one token each), then prefill rows (chunks cut to the
-  step's token budget `max_step_tokens`: chunked prefill), then admits waiting requests
-  into free slots while budget is left; a row that fed all its pending tokens samples;
-- requests join and leave at any step; finished and aborted slots are free at once.
+Not thread-safe: one thread drives an engine (backend.py owns the thread).
 
-Stop rules, checked after every sampled token, in this order: an eos id or one of
-`params.stop_token_ids` -> "stop"; a stop string in the decoded completion -> "stop" (the
-token that completed it is kept; only the completion's tail is decoded, see `_stop_reason`);
-`params.max_tokens` tokens, or the sequence reaching `max_seq_len` -> "length".
+Does not own: the model maths (model.py), the cache layout (kv_cache.py), sampling
+(sampling.py), graph capture (decode_graph.py), the scale rule (kv_calibration.py), the
+records of requests, steps and counters (engine_state.py).
 
-KV token budget (`max_num_kv_tokens`): a running sequence holds `cache length + pending`
-tokens (what the cache holds once its pending tokens are fed). A waiting request is admitted
-(first come, first served) only if its prompt fits beside what is held plus one step of
-growth for every running sequence; when decoding would overflow the budget, the most
-recently admitted sequences are *preempted*: their slot is freed and they return to the
-front of the queue with prompt + tokens so far as pending (recomputed at re-admission,
-under the weights current then; tokens already generated keep their logprobs and versions).
-A request whose prompt + max_tokens could not fit alone is refused at `add_request`.
-
-FP8 KV cache (`kv_cache_dtype="fp8_e4m3"`): see kv_cache.py for the storage and
-kv_calibration.py for KV-scale sync. Scales are calibrated when the engine is built and
-again after every `update_weights` (or set from `kv_scales` handed to it); what the cache
-holds is re-encoded under the new scales.
-
-Decode paths (`decode_path`): "eager" feeds a `StepLayout` (packed tokens, grouped
-attention) for every step; "static" runs steps in which every row feeds one token through
-`DecodeRunner` (decode_graph.py: static shapes over a slot range), eagerly; "graph" does
-the same through CUDA graphs captured per bucket (CUDA only); "auto" = graph on CUDA,
-eager on CPU. Steps with a multi-token row (prefill) always take the eager path.
-`decode_compile=True` compiles the layers of the static/graph step (TorchInductor).
-
-Overlapped steps (`overlap_steps=True`, static/graph paths): a decode step that sampled in
-the step (plain rows) launches the next step, fed with its tokens on the device, before its
-own tokens are read back; the host work of one step (reading tokens, stop rules,
-bookkeeping, the next launch) then runs while the device computes the next. The next step
-is launched ahead only when it is certain to be a plain decode step of the same sequences
-(see `_launch_ahead`); a sequence that ends with a stop token computes one row nobody
-reads. Anything that changes the engine's state (weights, KV invalidation, abort) first
-completes the step in flight, which keeps the version it was launched with. Greedy and
-seeded requests get the same tokens as without overlap; an unseeded sampled request may
-not (a row launched ahead for a sequence that then stops still draws a uniform from the
-shared generator).
-Mixture-of-experts models (Mixtral) run eagerly only: "auto" is eager for them, "static"
-and "graph" raise.
-
-Routes (MoE models): every token fed through the model (prompt tokens in prefill, each
-sampled token at the step after it) records its routed experts, per layer the router's
-top-k expert ids, by position; a recomputed position (preemption, KV invalidation)
-overwrites them. `GenerationResult.routed_experts` carries them (the last sampled token is
-never fed, so it has none); the trainer replays them (rl_core/train/router_replay.py).
-
-Versions: `start_version` is the version served when the engine accepted the request (its
-wait in the engine's queue counts as staleness); `token_versions[i]` is the version of the
-weights that produced token i; `end_version` the version served when it finished.
-`update_weights` swaps parameters between steps; in-flight sequences keep their cache
-(computed under the old weights) unless `invalidate_kv_cache()` is called, which makes each
-of them re-feed prompt + tokens so far at its next step.
-
-Streaming: `progress(request_id)` returns the tokens a running request has so far.
-
-Not thread-safe: one thread drives an engine (backend.py owns the thread). Does not own the
-model maths (model.py), cache layout (kv_cache.py), sampling (sampling.py), graph capture
-(decode_graph.py), the scale rule (kv_calibration.py) or the records of requests, steps
-and counters (engine_state.py).
+See docs/generation.md, "The native engine": scheduling, stop rules, the KV budget,
+versions, FP8 KV, the decode paths and `overlap_steps`; docs/moe.md for the routes.
 """
 
 from __future__ import annotations
