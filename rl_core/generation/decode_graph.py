@@ -1,51 +1,17 @@
 """Static-shape decode steps, captured as CUDA graphs per (slot bucket, key bucket).
 
 Owns: `DecodeRunner`, the fast path of a step in which every row feeds exactly one token
-(plain decoding, the bulk of generation). Instead of building a `StepLayout`, it runs
-`CausalLM.decode_slots` over the slot range 0..S-1 of the cache with keys 0..K-1, where S
-and K are *buckets*: the smallest listed sizes holding the highest busy slot and the longest
-position of the step. The slot cache hands out the lowest free slot first, so busy slots
-are dense and S is close to the batch; rows of idle slots in the range compute garbage
-that nobody reads (they write at their slot's first unfilled position, which the slot's
-own next write overwrites before anything attends to it).
-
-Because shapes depend only on (S, K), each bucket pair can be captured once as a CUDA graph
-(`torch.cuda.CUDAGraph`) and replayed: one launch instead of ~15 kernels per layer, which
-is what removes the launch overhead of eager decoding (NVIDIA, "CUDA Graphs", CUDA C++
-Programming Guide; PyTorch `torch.cuda.graph`). Graphs are captured lazily, on the first
-step that needs a bucket pair, after a warm-up on a side stream as PyTorch requires; all
-share one memory pool. Sharing is safe because graphs never run concurrently and each
-graph's output logits are consumed (rows selected, copied) right after its replay, before
-any other graph can reuse that memory for its intermediates. Everything a graph reads
-lives at a fixed address and is updated in place: the static `input_ids`/`positions`
-buffers (filled from the host each step), parameters (`load_weights` copies into them),
-FP8 scales (`KVCache.set_scales` copies), the cache itself. So weight refits and KV-scale
-syncs need no re-capture.
-
-Sampling in the step: when every sampling row of the step is plain (greedy or temperature
-sampling: `sampling.is_plain`), the caller passes each row's (temperature, greedy,
-uniform) and the step also runs `sampling.sample_plain` over the S rows (captured as a
-second graph per bucket pair, replayed right after the forward): the step then returns
-[2, S] float64, token and logprob of slot s in column s, and costs one launch and one
-copy back instead of a dozen small sampling kernels launched from Python. Idle slots
-sample greedily (nobody reads them). Other steps return the logits and the engine samples.
-
-Modes: `use_graphs=False` runs the same static-shape function eagerly; that is how the
-CPU exercises this path (tests compare it with the packed eager path), and what a CUDA
-run uses if graphs are turned off.
-
-Compilation (`compile=True`): each layer runs `model.decode_layer` through
-`torch.compile` (TorchInductor: the elementwise work of a layer, norms, RoPE with the
-cache write, mask and softmax, SiLU gate and residual adds, fuses into a few generated
-kernels around the matmuls), and graphs capture the compiled layers. `decode_layer` is a pure
-function of tensors, so one compilation serves all layers; shapes are compiled as dynamic,
-so one compilation also serves every bucket (sizes 0/1 get their own). The compile happens
-in the warm-up of the first capture (seconds to a minute, once per process).
-`emulate_precision_casts` keeps the bf16 roundings where the eager code has them, so
-compiled and eager steps agree to float rounding of the kernels.
+(plain decoding, the bulk of generation): `CausalLM.decode_slots` over the slot range
+0..S-1 of the cache with keys 0..K-1, S and K rounded up to buckets, run eagerly
+(`use_graphs=False`, how the CPU exercises this path) or captured once per bucket pair as
+a CUDA graph and replayed; optionally with the layers compiled (`compile=True`) and with
+plain sampling inside the step (`sampling.sample_plain`). `DecodeRunner`'s docstring has
+the invariants that make the graphs safe (buckets, the shared memory pool, fixed addresses).
 
 Does not own: the maths (model.py), the cache (kv_cache.py), scheduling or sampling
 (engine.py).
+
+See docs/generation.md, "Decode paths and CUDA graphs", for what each path runs and when.
 """
 
 from __future__ import annotations
@@ -95,7 +61,37 @@ def pick_bucket(buckets: Sequence[int], need: int) -> int:
 
 
 class DecodeRunner:
-    """Runs single-token steps over a slot range with static shapes (graphs on CUDA)."""
+    """Runs single-token steps over a slot range with static shapes (graphs on CUDA).
+
+    Buckets: S and K are the smallest listed sizes holding the highest busy slot and the
+    longest position of the step. The slot cache hands out the lowest free slot first, so
+    busy slots are dense and S is close to the batch; rows of idle slots in the range
+    compute garbage that nobody reads (they write at their slot's first unfilled position,
+    which the slot's own next write overwrites before anything attends to it).
+
+    Graphs: because shapes depend only on (S, K), each bucket pair is captured once
+    (`torch.cuda.CUDAGraph`) and replayed: one launch instead of ~15 kernels per layer
+    (NVIDIA, "CUDA Graphs", CUDA C++ Programming Guide; PyTorch `torch.cuda.graph`).
+    Graphs are captured lazily, on the first step that needs a bucket pair, after a
+    warm-up on a side stream as PyTorch requires; all share one memory pool. Sharing is
+    safe because graphs never run concurrently and each graph's output logits are consumed
+    (rows selected, copied) right after its replay, before any other graph can reuse that
+    memory for its intermediates. Everything a graph reads lives at a fixed address and is
+    updated in place: the static `input_ids`/`positions` buffers (filled from the host each
+    step), parameters (`load_weights` copies into them), FP8 scales (`KVCache.set_scales`
+    copies), the cache itself. So weight refits and KV-scale syncs need no re-capture.
+
+    Sampling in the step: when every sampling row is plain (`sampling.is_plain`), the
+    caller passes each row's (temperature, greedy, uniform) and the step also runs
+    `sampling.sample_plain` over the S rows (a second graph per bucket pair, replayed right
+    after the forward): the step then returns [2, S] float64, token and logprob of slot s in
+    column s. Idle slots sample greedily (nobody reads them). Other steps return logits.
+
+    Compilation (`compile=True`): each layer runs `model.decode_layer` through
+    `torch.compile` with dynamic shapes, so one compilation serves every layer and every
+    bucket (sizes 0/1 get their own); it happens in the warm-up of the first capture.
+    `emulate_precision_casts` keeps the bf16 roundings where the eager code has them, so
+    compiled and eager steps agree to float rounding of the kernels."""
 
     def __init__(self, model: CausalLM, cache: KVCache, use_graphs: bool,
                  slot_sizes: Sequence[int] | None = None, key_sizes: Sequence[int] | None = None,

@@ -1,44 +1,19 @@
 """HttpBackend: the `GenerationBackend` protocol over N OpenAI-compatible HTTP servers.
 
 Owns: driving `rl-core serve` servers (started here on 127.0.0.1, or given by URL) or any
-OpenAI-compatible server that returns token ids (`server_kind="openai"`, e.g. vLLM with
-`return_token_ids`; no weight updates then), through one `httpx.AsyncClient`:
-
-- **Routing and health** (http_fleet.py): least-outstanding (or round-robin) routing over
-  healthy, non-stale servers; periodic health checks; restarts of dead local servers,
-  which the backend then brings to the current weight version before they serve again.
-- **Retries**: failures are classified. *Infrastructure* (transport errors, timeouts, HTTP
-  408/429/5xx) is retried on any routable server with exponential backoff
-  (`retry_backoff_s * 2^(attempt-1)`, capped), at most `max_retries` times, then raises
-  `GenerationError`. *Data* errors (other 4xx: the request itself is bad) raise
-  `GenerationRequestError` at once. Sampling stays reproducible across retries: seeds
-  travel with the request. Each attempt has its own server-side id (`<id>@<attempt>`).
-- **Weight updates** (filesystem handoff): a state dict is published as a version
-  directory with a READY marker (`rl_core.weights.filesystem.FilesystemWeightSync`, which
-  also prunes old versions); a directory (already published by the refit's weight sync)
-  is used as is. Then every server is told to load it (`POST /rl/update_weights`),
-  concurrently. A server that fails with an infrastructure error is marked *stale*
-  (excluded from routing) and caught up by the health task; a data error (weights of
-  the wrong shape) raises; if no server took the version, the update raises.
-  With `trainer.weight_sync.type: broadcast` the servers instead join the trainer's
-  broadcast group once (`join_weight_broadcast`) and receive every version from it
-  (`receive_weight_broadcast`; `rl_core.weights.broadcast.BroadcastWeightSync` drives both).
-  These `/rl/*` control routes exist only on managed servers (`rl-core serve --managed`):
-  local servers are launched managed with a per-launch secret; for remote rl_core servers
-  the backend sends the secret of the environment variable `RL_CORE_CONTROL_SECRET`
-  (`control_secret=`).
-- **Abort**: `abort(id)` calls the server's `/rl/abort`, so the pending `generate`
-  returns the tokens so far with finish_reason "abort"; a request not yet dispatched
-  returns an empty abort result. Cancelling `generate` closes its connection, which the
-  server treats as an abort too.
-
-Versions: rl_core servers report `start_version`, `end_version` and per-token versions;
-for plain OpenAI servers every token records the backend's version. `weight_version` is
-the version of the last update (from the start of its fan-out; servers that did not load it
-are stale, so no request reaches them).
+OpenAI-compatible server that returns token ids (`server_kind="openai"`; no weight
+updates then) through one `httpx.AsyncClient`: retries of infrastructure failures with
+backoff (data errors raise `GenerationRequestError` at once; seeds travel with the
+request, each attempt has its own server-side id), weight updates fanned out to every
+server (a published version directory, or the trainer's broadcast group), aborts through
+`/rl/abort`, and the weight versions of every token. Control routes carry the control
+secret of managed servers.
 
 Does not own: the servers' engines (rl_core.serve), routing and health (http_fleet.py),
 process handling of local servers (http_servers.py), or when to refit (the controller).
+
+See docs/generation.md, "The HTTP backend": routing, health, retries, weight updates,
+abort and versions.
 """
 
 from __future__ import annotations

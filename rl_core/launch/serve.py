@@ -1,35 +1,17 @@
 """`rl-core serve MODEL_DIR`: the native engine behind an OpenAI-compatible HTTP server.
 
-Owns: the command's options, the checks made before anything expensive (the model
-directory, the token rule, binding the port), building the engine from an HF directory,
-and running uvicorn on the socket bound here (so `--port 0` picks a free port with no
-race, and `--ready-file` tells a parent process where the server listens once it accepts
-connections).
-
-Token rule: bound to a loopback address (127.0.0.1, ::1, localhost; the default) the
-server needs no token; bound to any other address it refuses to start without one. The
-token is read from the environment variable named by `--api-key-env` (default
-`RL_CORE_API_KEY`) or from `--api-key-file`, never from the command line (other users
-can read command lines). When a token is set, every route but `/health` requires
-`Authorization: Bearer <token>`.
-
-Managed mode: the `/rl/*` control routes (load weights, join a weight broadcast, receive
-weights, abort, invalidate the KV cache) are off unless the server is started with
-`--managed`, and then every call needs the header `X-RL-Core-Secret: <secret>` (compared
-in constant time), loopback included: loopback is no trust boundary on a shared node. The
-secret is read from the environment variable named by `--control-secret-env` (default
-`RL_CORE_CONTROL_SECRET`, removed from the environment once read) or from
-`--control-secret-file` (a file only its owner can read, mode 0600), never from the
-command line. `HttpBackend` starts its local servers this way with a fresh random secret
-per launch.
-
-Checks before anything is built (each a one-paragraph `ServeError`, exit 2): the port
-range, positive sizes (`--max-seq-len`, `--max-batch-size`, ...), the model directory
-(config.json a JSON object, every *.safetensors file complete: its header parses and its
-data fits the file), tokenizer files present (a model without them would call every text
-prompt "zero tokens"), and the secret rule.
+Owns: the command's options, the checks made before anything expensive (port range,
+positive sizes, the model directory's config.json and safetensors files, tokenizer files,
+the token rule and the control-secret rule of `--managed`; each a one-paragraph
+`ServeError`, exit 2), building the engine from an HF directory, and running uvicorn on
+the socket bound here (so `--port 0` picks a free port with no race, and `--ready-file`
+tells a parent process where the server listens once it accepts connections). Tokens and
+secrets are read from the environment or a file, never from the command line.
 
 Does not own: the routes (rl_core.serve.app) or the engine (rl_core.generation).
+
+See docs/generation.md, "`rl-core serve`" (options, token rule) and "Serving and
+security" (managed mode, start-up checks).
 """
 
 from __future__ import annotations

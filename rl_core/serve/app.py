@@ -1,43 +1,17 @@
 """The HTTP server of `rl-core serve`: OpenAI-compatible generation plus RL control endpoints.
 
-Owns: the routes, bearer-token auth, OpenAI-style error bodies, and how one HTTP request
-becomes engine requests and a response:
-
-- `GET /health` (no auth): status, served weight version, capacity, load.
-- `GET /v1/models`, `GET /v1/models/{id}`; `POST /v1/completions`; `POST /v1/chat/completions` (the tokenizer's
-  chat template): n choices per prompt, `stream: true` as server-sent events ending in
-  `data: [DONE]`, logprobs (chosen token + top alternatives), the extensions of
-  protocol.py (token ids in and out, weight versions, `request_id`).
-- `GET /rl/weight_version`, `POST /rl/update_weights` (load a versioned safetensors
-  directory, checking its ready marker), `POST /rl/abort` (by request_id, or all),
-  `POST /rl/invalidate_kv_cache`, `GET /rl/metrics`; the weight broadcast
-  (`trainer.weight_sync.type: broadcast`): `POST /rl/init_weight_broadcast` (join the
-  trainer's group) and `POST /rl/receive_weights` (receive a version and load it).
-
-Each choice is one engine request `"{request_id}/{choice index}"`; `/rl/abort` with the
-request id aborts all of them, and the aborted choices return what they generated so far
-with finish_reason "abort". A client that disconnects aborts its request (non-streaming
-requests poll for the disconnect; a closed stream cancels its generator).
-
-Errors: every error is a JSON body `{"error": {message, type, param, code}}`. A request
-the engine cannot honour is 400 with the field (`param`) and the fix: a body that is not
-JSON says so, unknown fields are named, so are out-of-range values (non-finite numbers
-included) and prompts x n above the server's cap (`--max-choices-per-request`); a weight
-directory with an incomplete file is 400 naming the file. An engine failure is 500
-(`type: "server_error"`, what retrying clients treat as infrastructure), an unexpected
-exception too (JSON, never plain text); a shut-down backend is 503. `/rl/metrics` counts
-client errors (4xx) and server errors (5xx) apart.
-
-Auth: when the server has a token every route but `/health` needs `Authorization: Bearer
-<token>` (401 otherwise). The control routes (`POST /rl/update_weights`,
-`/rl/init_weight_broadcast`, `/rl/receive_weights`, `/rl/abort`, `/rl/invalidate_kv_cache`)
-are off (403, naming `--managed`) unless the server is managed, and then need the header
-`X-RL-Core-Secret` with the launch's secret (401 otherwise; `secrets.compare_digest`), on
-loopback too. The read-only `GET /rl/weight_version` and `GET /rl/metrics` need only the
-token.
+Owns: the routes (`/health`, `/v1/models`, `/v1/completions`, `/v1/chat/completions`, the
+`/rl/*` weight, abort, cache and metrics routes), bearer-token auth and the control
+secret of managed servers, OpenAI-style error bodies (`{"error": {message, type, param,
+code}}`: 4xx for what the client sent, 500 `server_error` for engine failures, 503 when
+stopped), and how one HTTP request becomes engine requests (choice i of request r runs as
+`"r/i"`; `/rl/abort` and a client disconnect abort all of them) and a response.
 
 Does not own: the engine or its thread (rl_core.generation), request schemas
 (protocol.py), text handling (text.py), or process start-up (rl_core.launch.serve).
+
+See docs/generation.md, "`rl-core serve`": the endpoint table, the field policy, limits
+and errors, managed mode and the auth rules.
 """
 
 from __future__ import annotations
