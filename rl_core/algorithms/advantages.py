@@ -1,37 +1,20 @@
 """Sequence-level advantage estimators: pure functions from rewards to one advantage per sample.
 
 Owns: the formulas (each tested against hand-computed values) and `compute_advantages`,
-the dispatch on `advantage.estimator` for lists of groups. Does not own: where rewards
-come from (environments), reward shaping (`shaping.py`), token-level estimators (GAE:
-`gae.py`; the per-chunk dispatch with KL in the reward and critic values: `estimate.py`),
-which groups are trained (samplers) or packing advantages into tensors (`types`).
+the dispatch on `advantage.estimator` for lists of groups. A batch is a flat vector of B
+rewards plus `group_ids` [B] (ragged groups allowed) and optionally a validity vector
+`valid` [B] (`advantage.exclude_invalid_from_stats`). Does not own: where rewards come
+from (environments), reward shaping (`shaping.py`), token-level estimators (GAE: `gae.py`;
+the per-chunk dispatch with KL in the reward and critic values: `estimate.py`), which
+groups are trained (samplers) or packing advantages into tensors (`types`).
 
-Groups: a batch is a flat vector of B rewards plus `group_ids` [B] saying which prompt
-group each sample belongs to (ragged groups allowed). By default every sample counts in its
-group's statistics, including samples later excluded from the loss (overlong filtering);
-with a validity vector `valid` [B] (`advantage.exclude_invalid_from_stats`) only valid
-samples enter the statistics (group mean/std, batch whitening) and invalid ones get
-advantage 0 (NeMo RL's `valid_mask` in `calculate_baseline_and_std_per_prompt`).
+Sources: GRPO, Shao et al. 2024, "DeepSeekMath", arXiv:2402.03300, sec. 4.1.2;
+leave-one-out baseline, Kool et al. 2019, "Buy 4 REINFORCE samples, get a baseline for
+free" (its std over the others, and no division by ~0: NeMo RL's
+`calculate_baseline_and_std_per_prompt`, PR 1519); GDPO, Liu et al. 2026, arXiv:2601.05242;
+REINFORCE++, Hu 2025, arXiv:2501.03262.
 
-- GRPO (Shao et al. 2024, "DeepSeekMath", arXiv:2402.03300, sec. 4.1.2): A_i = (r_i - b) / (std + eps)
-  with b the group mean, or the leave-one-out mean b_i = mean_{j != i} r_j (Kool et al. 2019,
-  "Buy 4 REINFORCE samples, get a baseline for free"); std is the Bessel-corrected standard
-  deviation of the group (`std_of: group`), or, with the leave-one-out baseline, of the
-  other samples of the group (`std_of: others`, as NeMo RL does with
-  `use_leave_one_out_baseline`); where the others have no spread (all equal, or fewer than
-  two) the advantage is only centred, r_i - b_i (NeMo RL, PR 1519: no division by ~0). A
-  group whose rewards are all equal gets exactly 0, and so does a group of one sample
-  (nothing to compare it with).
-- GDPO (Liu et al. 2026, "GDPO: group reward-decoupled normalization policy optimization
-  for multi-reward RL optimization", arXiv:2601.05242): each named reward component k is
-  normalised per group like GRPO, A = sum_k w_k A_k, then A is whitened over the batch
-  (so its scale does not grow with the number of components).
-- REINFORCE++ (Hu 2025, "REINFORCE++: a simple and efficient approach for aligning large
-  language models", arXiv:2501.03262): A_i = r_i - mean(group of i) (the "baseline" variant;
-  optional), then whitened over the batch.
-- raw reward: A_i = r_i, optionally whitened over the batch.
-Whitening: (x - mean) / (std + eps) over the valid elements (Bessel-corrected std); when the
-spread is zero (or one element) the values are only mean-centred.
+See docs/algorithms.md, "Advantage estimators": the formulas, knobs and edge cases.
 """
 
 from __future__ import annotations

@@ -1,34 +1,19 @@
 """Policy losses: clipped policy gradient (PPO / dual clip / GSPO) and plain REINFORCE.
 
-Owns: per-token policy-loss formulas and their aggregation into the *sum form* of
-`protocols.LossOutput` (loss_sum + normalizer), so that a step streamed in chunks is
-averaged exactly: the trainer sums `loss_sum` gradients and `normalizer`s over the step
-and divides once at `finish()`. Metrics are (sum, count) pairs (`metrics.py`).
+Owns: per-token policy-loss formulas (all masked by loss_mask * sample_mask, then by the
+off-policy mask) and their aggregation into the *sum form* of `protocols.LossOutput`
+(loss_sum + normalizer), so that a step streamed in chunks is averaged exactly: the
+trainer sums `loss_sum` gradients and `normalizer`s over the step and divides once at
+`finish()`. Metrics are (sum, count) pairs (`metrics.py`).
 Does not own: logprob computation (trainer), advantages (`advantages.py`, `gae.py`),
 importance weights (`offpolicy.py`) or KL estimators (`kl.py`).
 
-Formulas (all masked by mask = loss_mask * sample_mask, then by the off-policy mask):
-- ratio r_t = exp(logp_t - logp_prev_t). `prev` is the policy at the start of the RL
-  step (`chunk.prev_logprobs`), or `logp.detach()` when a step takes one optimizer step
-  (r = 1 in value; the gradient is then exactly the policy gradient).
-- `clipped_pg` (Schulman et al. 2017, "Proximal policy optimization algorithms", eq. 7),
-  with separate low/high clip (Yu et al. 2025, DAPO, arXiv:2503.14476, "clip-higher"):
-  pg_t = -min(r_t A_t, clip(r_t, 1 - eps_low, 1 + eps_high) A_t).
-  Dual clip (Ye et al. 2020, "Mastering complex control in MOBA games with deep
-  reinforcement learning", AAAI, eq. 5), for A_t < 0 only: pg_t = min(pg_t, -c A_t), c > 1,
-  which bounds the loss of a negative-advantage token whose ratio exploded.
-  Sequence-level ratio (GSPO: Zheng et al. 2025, "Group sequence policy optimization",
-  arXiv:2507.18071, eq. 7): s_i = exp(mean_t (logp_t - logp_prev_t)), the geometric mean of
-  the token ratios of sequence i, replaces r_t on each of its tokens (and is clipped the same
-  way); GSPO averages per sequence, so it requires `aggregation: sequence`.
-- `reinforce` (Williams 1992): pg_t = -A_t logp_t (no ratio, no clipping).
-- off-policy weight w_t (detached, `offpolicy.py`): l_t = w_t * pg_t.
-- KL to the reference policy as a loss term: l_t += kl_coef * KL_t (`kl.py`), unweighted.
-- aggregation `token`: sum_t mask_t l_t / sum_t mask_t over the whole step;
-  `sequence`: mean over sequences of (sum_t mask_t l_t / sum_t mask_t), over the sequences
-  with a trained token (`empty_sequences: drop`), or over every sequence of the step with
-  an empty one counting 0 (`zero`; verl's `seq-mean-token-mean` divides by the batch size):
-  then the normaliser no longer depends on how many samples were masked.
+Sources: PPO clip, Schulman et al. 2017, eq. 7; clip-higher, Yu et al. 2025, DAPO,
+arXiv:2503.14476; dual clip, Ye et al. 2020, AAAI, eq. 5; sequence-level ratio, Zheng et
+al. 2025, GSPO, arXiv:2507.18071, eq. 7; REINFORCE, Williams 1992; `empty_sequences: zero`
+as verl's `seq-mean-token-mean`.
+
+See docs/algorithms.md, "Policy losses": the formulas, knobs and refused combinations.
 """
 
 from __future__ import annotations

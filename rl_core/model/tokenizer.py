@@ -1,35 +1,16 @@
 """The tiny model's tokenizer: a byte-level BPE trained on the fly, wrapped for transformers.
 
-Owns:
-- the training corpus: the task's training text (each prompt followed by its answer) plus
-  a small fixed set of generic English sentences (`GENERIC_CORPUS`), so that merges exist
-  and the vocabulary looks like a real one (digits never merge, so the task text alone
-  yields almost none);
-- the tokenizer pipeline: `models.BPE`, an NFC normalizer, a pre-tokenizer `Sequence` of
-  `Split(PRETOKENIZE_REGEX, "isolated")` then `ByteLevel(add_prefix_space=False,
-  use_regex=False)`, the `ByteLevel` decoder, and `BpeTrainer(vocab_size,
-  initial_alphabet=ByteLevel.alphabet())`: every byte is in the vocabulary (nothing is
-  ever unknown) and the regex isolates every digit (`\\p{N}`), so no merge can span or
-  touch a digit: **every digit is always one token**, which the addition task depends on
-  (`digits_are_single_tokens` checks it);
-- the special tokens, first in the vocabulary: `<|endoftext|>` (id 0, eos and pad),
-  `<|im_start|>`, `<|im_end|>`, and a ChatML-style `chat_template`;
-- the `transformers.PreTrainedTokenizerFast` wrapper (saved and reloaded by
-  `AutoTokenizer` like any HF tokenizer; no bos token: nothing is prepended).
-
-Why this pre-tokenizer and not `Digits(individual_digits=True)` + `ByteLevel`: transformers
-5 reloads the tokenizer of a `qwen2` checkpoint as `Qwen2Tokenizer`, which *rebuilds* the
-normalizer and pre-tokenizer (NFC, this regex, ByteLevel without its own regex) whatever
-`tokenizer.json` says. Training with that same pipeline makes the tokenizer built here and
-the one every process reloads from the checkpoint encode identically, for `qwen2` and
-`llama` (which reloads `tokenizer.json` as written) alike; the regex is the one
-transformers ships, imported so the two cannot drift apart.
-
-Training is deterministic: the same corpus (same texts, same order) and vocabulary size
-give the same vocabulary and merges. The vocabulary can end below `vocab_size` when the
-corpus has fewer distinct pairs than merges asked for; `len(tokenizer)` is authoritative.
+Owns: the training corpus (the task's text plus `GENERIC_CORPUS`), the tokenizer pipeline
+(BPE over bytes with the pre-tokenizer regex transformers ships for Qwen2, so that
+**every digit is always one token**, which the addition task depends on and
+`digits_are_single_tokens` checks), the special tokens and ChatML-style chat template, and
+the `transformers.PreTrainedTokenizerFast` wrapper. Training is deterministic (same corpus
+and vocabulary size, same vocabulary and merges); `len(tokenizer)` is authoritative.
 
 Does not own: the model (`tiny.py`) or how an environment templates prompts (`rl_core.envs`).
+
+See docs/model.md, "The tokenizer": the pipeline, the special tokens and why this
+pre-tokenizer.
 """
 
 from __future__ import annotations

@@ -1,35 +1,19 @@
 """The adaptive staleness rule: how the `in_order` sampler's bound moves with the measured mismatch.
 
 Owns: the bound's state (the current bound, the count of consecutive low-mismatch steps)
-and the rule that updates it from one RL step's metrics (`async_rl.sampler.adaptive`):
+and the rule that updates it from one RL step's `train/<metric>` (`async_rl.sampler.adaptive`):
+narrow by one at once above `high_threshold`, widen by one after `patience_steps` steps in a
+row below `low_threshold`, hold in between; a step trained under a bound other than the
+current one is evidence about that bound only (so the bound does not overshoot).
 
-- the signal is the step's `train/<metric>` (default `gen_train_kl`, the k3 estimate of
-  KL(pi_gen || pi_prev) per generated token, which grows with both the engine mismatch and
-  the staleness of the step's groups);
-- signal > high_threshold: narrow by one (down to min) at once, and reset the count;
-- signal < low_threshold: count the step; after `patience_steps` such steps in a row widen
-  by one (up to max) and reset the count;
-- otherwise (the hysteresis band low <= signal <= high): hold and reset the count;
-- a step whose groups were admitted under a bound other than the current one (b, the
-  step's `async/trained_staleness_bound`) says nothing about the current bound, only about
-  b: a high signal with b > current (an earlier narrowing has not reached training yet) does
-  not narrow again, and a low signal with b < current (a widening has not reached training
-  yet) is not counted (the count holds). Without this the bound overshoots: the groups
-  already dispatched under the old, wider bound keep the signal high for up to that many
-  steps, and each of them narrowed once more (measured: 2 -> 1 -> 0 in a row, a fifth of the
-  steps spent synchronous).
-
-Narrowing is immediate and widening slow on purpose (asymmetric, as a congestion window):
-a rising mismatch is a risk to the update, a low one only a missed speed-up, and the effect
-of a widening on the signal shows only once the groups dispatched under it train. The idea
-of bounding staleness and letting importance-weight statistics drive how much off-policy data
-is admitted comes from AReaL (Fu et al. 2025, arXiv:2505.24298, staleness-aware PPO with a
-maximum staleness eta) and M2PO (Zheng et al. 2025, "Prosperity before collapse: how far can off-policy RL
-reach with stale data on LLMs?", which watches the second moment of the importance
-weights under stale data); this rule is rl_core's own.
+Sources: bounding staleness and letting importance-weight statistics drive it follows
+AReaL (Fu et al. 2025, arXiv:2505.24298) and M2PO (Zheng et al. 2025, "Prosperity before
+collapse: how far can off-policy RL reach with stale data on LLMs?"); the rule is rl_core's.
 
 Does not own: where the bound is applied (`InOrderSampler.can_admit`), the metric (the
 trainer's off-policy correction computes it: rl_core.algorithms.offpolicy).
+
+See docs/controller.md, "Adaptive staleness": the rule's table, defaults, where it applies.
 """
 
 from __future__ import annotations
