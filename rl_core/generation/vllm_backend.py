@@ -3,36 +3,17 @@
 Owns: building an `AsyncLLM` for one HF model directory with the settings that matter,
 translating rl_core requests into vLLM `SamplingParams` and vLLM outputs back into
 `GenerationResult`s (tokens, the logprob of each sampled token, per-token weight
-versions), abort, the weight-update sequence, the KV/prefix-cache reset, and a clean
-shutdown that leaves no vLLM process behind. Shared by the server backend
+versions), abort, the weight-update sequence (pause, reload through `vllm_ext.py`, reset
+the prefix cache, label the version, resume; vllm-cpu.md §6), the KV/prefix-cache reset,
+and a clean shutdown that leaves no vLLM process behind. Shared by the server backend
 (`vllm_server.py`): `to_vllm_sampling`, `token_versions_from_spans`, `check_request`,
-`vllm_engine_env`, `ChildReaper`.
-
-The engine is driven from the caller's (the controller's) event loop: `generate`,
-`abort`, `update_weights`... are coroutines on that loop. Only its construction may run
-elsewhere: `prepare()` is synchronous and safe to run in a worker thread (vLLM starts the
-loop-bound parts of `AsyncLLM` lazily at first use), which is how start-up overlaps the
-trainer's model build (`rl_core.launch.placement`). On CPU `AsyncLLM` always spawns an
-EngineCore process; the environment it needs (`vllm_engine_env`, from
-../shared/reference/vllm-cpu.md §2) is set only while the engine is created.
-
-Logprob semantics (the same as rl_core's engine, `generation/sampling.py`): the logprob
-of a sampled token is `log_softmax(logits / T)` with T = 1 for greedy requests. The engine
-runs with `logprobs_mode="processed_logprobs"`, which is that value when no top-k/top-p
-filter is set. vLLM computes processed logprobs *after* top-k/top-p filtering
-(renormalised), so a request with such a filter is refused (`check_request`) rather than
-returning logprobs with another meaning; the recipe check refuses it at config load.
-
-Weight update (vllm-cpu.md §6, every step verified there): pause with `mode="keep"`
-(in-flight requests freeze), reload through the worker extension (`vllm_ext.py`; bytes of
-a state dict, or the safetensors files of a directory), reset the prefix cache with
-`reset_running_requests=True` when prefix caching is on (stale cached blocks would
-otherwise be reused, and the reset only happens if running requests are re-prefilled),
-label the new version, resume. Requests in flight continue: tokens after the switch carry
-the new version in `token_versions`. `invalidate_kv_cache()` is the same reset alone.
+`vllm_engine_env`, `ChildReaper`. Driven from the controller's event loop; only
+`prepare()` (the construction) may run in a worker thread.
 
 Does not own: which weights to send or when (refit), the recipe (`from_recipe` reads it),
 or the OpenAI-server path (`vllm_server.py`).
+
+See docs/generation.md, "The vLLM backends": weight updates, logprob semantics, vLLM on CPU.
 """
 
 from __future__ import annotations
