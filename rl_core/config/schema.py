@@ -123,13 +123,19 @@ class RecipeConfig(Section):
         return self
 
     @model_validator(mode="after")
-    def _algorithms(self):
-        """Cross-section rules of advantages, losses, reward shaping and the critic."""
-        adv, loss, critic, op = self.advantage, self.loss, self.critic, self.reward_shaping.overlong_penalty
+    def _kl_placement(self):
+        """The KL penalty to the reference goes into the reward or into the loss, not both."""
+        adv, loss = self.advantage, self.loss
         if adv.kl_in_reward_coef > 0 and loss.kl_coef > 0:
             _fail("loss.kl_coef", loss.kl_coef,
                   f"0 when advantage.kl_in_reward_coef > 0 ({adv.kl_in_reward_coef}): the KL penalty goes either into the reward or into the loss, not both",
                   "set loss.kl_coef: 0 (KL in the reward) or advantage.kl_in_reward_coef: 0 (KL as a loss term).")
+        return self
+
+    @model_validator(mode="after")
+    def _critic_estimator(self):
+        """A critic exactly when the advantage estimator uses one (gae)."""
+        adv, critic = self.advantage, self.critic
         if adv.estimator == "gae" and not critic.enabled:
             _fail("critic.enabled", False, "true with advantage.estimator 'gae' (GAE needs a critic's value per token)",
                   "set critic.enabled: true, or pick a critic-free estimator (grpo, gdpo, reinforce_pp, raw_reward).")
@@ -139,6 +145,12 @@ class RecipeConfig(Section):
                    if adv.estimator == "raw_reward" else f"'{adv.estimator}' uses group or batch baselines, not values")
             _fail("critic.enabled", True, f"false with advantage.estimator '{adv.estimator}' ({why})",
                   "set advantage.estimator: gae, or critic.enabled: false.")
+        return self
+
+    @model_validator(mode="after")
+    def _overlong_penalty(self):
+        """DAPO's overlong penalty: lengths within generation.max_tokens, and a GDPO component of its own."""
+        adv, op = self.advantage, self.reward_shaping.overlong_penalty
         if op.enabled:
             gen_max = self.generation.max_tokens
             l_max = op.max_response_tokens if op.max_response_tokens is not None else gen_max
@@ -155,6 +167,12 @@ class RecipeConfig(Section):
                 _fail("advantage.reward_weights", adv.reward_weights,
                       "an entry for `overlong_penalty` (under gdpo the length penalty is its own reward component)",
                       "add `overlong_penalty: 1.0` to advantage.reward_weights, or leave reward_weights empty.")
+        return self
+
+    @model_validator(mode="after")
+    def _reward_scaling(self):
+        """Scaling the total reward is meaningless under GDPO's per-component normalisation."""
+        adv = self.advantage
         if self.reward_shaping.scaling.enabled and adv.estimator == "gdpo":
             _fail("reward_shaping.scaling.enabled", True,
                   "false under advantage.estimator 'gdpo' (GDPO normalises each named component per group; scaling the total reward would change nothing)",
@@ -162,7 +180,8 @@ class RecipeConfig(Section):
         return self
 
     @model_validator(mode="after")
-    def _generation_cross(self):
+    def _generation_placement(self):
+        """Where generation runs and what each backend supports (`placement_rules.check_recipe`)."""
         from rl_core.config.placement_rules import check_recipe
 
         check_recipe(self)
@@ -200,13 +219,20 @@ class RecipeConfig(Section):
         return self
 
     @model_validator(mode="after")
-    def _cross(self):
+    def _streaming_train(self):
+        """Streaming into the trainer needs no more groups than one RL step has."""
         p = self.grpo.num_prompts_per_step
         a = self.async_rl
         if a.min_groups_for_streaming_train > p:
             _fail("async_rl.min_groups_for_streaming_train", a.min_groups_for_streaming_train,
                   f"at most grpo.num_prompts_per_step ({p})",
                   f"set it to {p} or less (1 streams each group into the trainer as soon as it is ready).")
+        return self
+
+    @model_validator(mode="after")
+    def _reproducibility(self):
+        """Reproducible runs: the in_order sampler, and refits behind the barrier."""
+        a = self.async_rl
         if a.reproducible and a.sampler.type != "in_order":
             _fail("async_rl.reproducible", True,
                   f"the 'in_order' sampler (got sampler type '{a.sampler.type}'): only it pins each step to one weight version",
@@ -215,6 +241,12 @@ class RecipeConfig(Section):
             _fail("async_rl.refit_mode", a.refit_mode,
                   "null when async_rl.reproducible is true (reproducible runs always refit behind a barrier that waits for every group pinned to the current version)",
                   "remove async_rl.refit_mode, or set async_rl.reproducible: false.")
+        return self
+
+    @model_validator(mode="after")
+    def _sampler_dispatch(self):
+        """What the sampler admits: off-policy correction for unbounded staleness, over-sampling, in-flight caps."""
+        a = self.async_rl
         if a.sampler.type == "ready_first" and not self.loss.importance_sampling.enabled:
             _fail("loss.importance_sampling.enabled", False,
                   "true with the 'ready_first' sampler (it trains stragglers of any age, so the generation policy can be far from the trained one)",
@@ -227,6 +259,12 @@ class RecipeConfig(Section):
             _fail("async_rl.max_inflight_generations", a.max_inflight_generations,
                   f">= grpo.num_generations_per_prompt ({self.grpo.num_generations_per_prompt}) so that one whole group can be in flight",
                   f"raise it to at least {self.grpo.num_generations_per_prompt}, or null to cap groups only.")
+        return self
+
+    @model_validator(mode="after")
+    def _watchdog_deadlines(self):
+        """The watchdog's stall timeout outlasts its interval and every rollout deadline."""
+        a = self.async_rl
         f = a.failure
         w = a.watchdog
         deadlines = [d for d in (f.generation_timeout_s, f.env_timeout_s) if d is not None]
@@ -234,18 +272,40 @@ class RecipeConfig(Section):
             _fail("async_rl.watchdog.stall_timeout_s", w.stall_timeout_s,
                   f"greater than async_rl.watchdog.interval_s ({w.interval_s}) and every rollout deadline ({deadlines})",
                   "raise stall_timeout_s (600 is a safe default) or lower the deadlines.")
+        return self
+
+    @model_validator(mode="after")
+    def _buffer_capacity(self):
+        """The replay buffer holds what the sampler needs buffered (else the pumps deadlock)."""
+        a = self.async_rl
         need = required_buffer_capacity(self)
         if a.max_buffered_groups < need:
             _fail("async_rl.max_buffered_groups", a.max_buffered_groups,
                   f">= {need} (the '{a.sampler.type}' sampler needs a whole step of groups buffered, or the pumps would deadlock)",
                   f"set async_rl.max_buffered_groups to {need} or more.")
+        return self
+
+    @model_validator(mode="after")
+    def _training_examples(self):
+        """An RL step draws grpo.num_prompts_per_step distinct prompts from the examples used."""
+        p = self.grpo.num_prompts_per_step
         m = self.data.max_train_examples
         if m is not None and m < p:
             _fail("data.max_train_examples", m,
                   f"at least grpo.num_prompts_per_step ({p}): an RL step draws that many distinct prompts",
                   f"raise data.max_train_examples to {p} or more (null = all), or lower grpo.num_prompts_per_step.")
+        return self
+
+    @model_validator(mode="after")
+    def _device_dtype(self):
+        """`model.dtype` on a CPU device (CUDA/auto: checked by the launcher once the device is known)."""
         if self.runtime.device == "cpu":
             check_device_dtype(self, "cpu")
+        return self
+
+    @model_validator(mode="after")
+    def _tiny_context(self):
+        """A completion leaves room for the prompt in the tiny model's context."""
         if self.model.source == "tiny":
             t = self.model.tiny
             if self.generation.max_tokens >= t.max_position_embeddings:
