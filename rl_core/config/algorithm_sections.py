@@ -32,11 +32,21 @@ class GRPOConfig(Section):
     num_minibatches: int = Field(1, ge=1)
     """Optimizer steps per pass: the batch is split into this many shuffled minibatches. An RL step then holds ppo_epochs * num_minibatches optimizer steps (counted apart from RL steps)."""
 
+    @property
+    def samples_per_step(self) -> int:
+        """Samples of one RL step: num_prompts_per_step * num_generations_per_prompt."""
+        return self.num_prompts_per_step * self.num_generations_per_prompt
+
+    @property
+    def optimizer_steps_per_rl_step(self) -> int:
+        """Optimizer steps (mini-steps) of one RL step: ppo_epochs * num_minibatches."""
+        return self.ppo_epochs * self.num_minibatches
+
     @model_validator(mode="after")
     def _group(self):
-        if self.num_minibatches > self.num_prompts_per_step * self.num_generations_per_prompt:
+        if self.num_minibatches > self.samples_per_step:
             _fail("grpo.num_minibatches", self.num_minibatches,
-                  f"at most the samples of one step ({self.num_prompts_per_step * self.num_generations_per_prompt})",
+                  f"at most the samples of one step ({self.samples_per_step})",
                   "lower grpo.num_minibatches.")
         if self.num_generations_per_prompt < 2:
             _fail("grpo.num_generations_per_prompt", self.num_generations_per_prompt,

@@ -54,7 +54,7 @@ StepHook = Callable[[int, dict, list[TrainedGroup]], Awaitable[None]]
 def needs_prev_logprobs(cfg) -> bool:
     """Previous-policy logprobs must be computed before training only when an RL step holds
     several optimizer steps: otherwise they equal the current logprobs (detached)."""
-    return cfg.grpo.ppo_epochs * cfg.grpo.num_minibatches > 1
+    return cfg.grpo.optimizer_steps_per_rl_step > 1
 
 
 def needs_reference_logprobs(cfg) -> bool:
@@ -85,7 +85,7 @@ class TrainPump:
         self.on_checkpoint = on_checkpoint
         self.stage = AdvantageStage(cfg, trainer, critic, pad_id, run_pass=self._pass)
         self.per_step = cfg.grpo.num_prompts_per_step
-        self.mini_steps = cfg.grpo.ppo_epochs * cfg.grpo.num_minibatches
+        self.mini_steps = cfg.grpo.optimizer_steps_per_rl_step
         self.whole_step = cfg.async_rl.reproducible or self.mini_steps > 1
         self.ds_budget = dropped_groups_budget(cfg.reward_shaping.dynamic_sampling, self.per_step)
         self.waiting_on = "not started"
