@@ -1,30 +1,18 @@
 """Advantages for one training chunk: every estimator, KL in the reward, and GAE on critic values.
 
 Owns: `estimate_advantages`, the one call the train pump makes per chunk once its samples
-are packed (`types.make_train_chunk`), and the order of operations:
-1. KL in the reward (`advantage.kl_in_reward_coef > 0`): per token
-   pen_t = coef * KL_t(pi_gen || pi_ref) on the generated tokens (`kl.kl_reward_penalty`,
-   with the generation logprobs as the sampling policy). `sequence` level subtracts
-   sum_t pen_t from the sample's reward; `token` level keeps pen_t per token.
-2. `gae`: token rewards (reward on the last valid token, minus pen_t) and the critic's
-   values -> GAE advantages and returns (`gae.py`), then optional whitening over the
-   chunk's valid tokens.
-3. `reinforce_pp` with token-level KL: A_t = (r_i - group mean) - sum_{s >= t} pen_s (the
-   return to go with gamma = 1, Hu 2025, eq. 5), whitened over the chunk's valid tokens.
-4. every other case: one advantage per sample (`advantages.sequence_advantages`),
-   broadcast over the sample's completion tokens.
-Statistics (group baselines, whitening) include every sample and token of the chunk's
-completions (`loss_mask`), also samples excluded from the loss (`sample_mask` = 0, e.g.
-overlong-filtered), unless `advantage.exclude_invalid_from_stats`: then only the valid
-samples (`valid`, by default `sample_mask` > 0) enter them and the others get advantage 0,
-for every estimator (for gae: whitening over the valid samples' tokens). Batch whitening
-is over the chunk: hand the step's groups in one chunk
-(`async_rl.min_groups_for_streaming_train = grpo.num_prompts_per_step`) to whiten over
-the whole step. With `advantage.bootstrap_truncated` (gae), a truncated sample's GAE
-starts from the critic's value after its last token (`final_values`) instead of 0.
+are packed (`types.make_train_chunk`), and the order of operations: (1) KL in the reward
+(`kl.kl_reward_penalty`, per sequence or per token), then (2) `gae` on token rewards and
+the critic's values (`gae.py`), or (3) `reinforce_pp` with token-level KL as a return to
+go (Hu 2025, eq. 5), or (4) one advantage per sample (`advantages.sequence_advantages`)
+broadcast over its completion tokens. Statistics and whitening run over the chunk, over
+the valid samples only with `advantage.exclude_invalid_from_stats`.
 
 Does not own: computing reference logprobs or critic values (trainer / critic), or writing
 the result into the chunk (the caller sets `chunk.advantages`, `chunk.values`, `chunk.returns`).
+
+See docs/algorithms.md, "Advantage estimators" (groups, validity mask, whitening, GAE)
+and "KL to the reference policy" (KL in the reward).
 """
 
 from __future__ import annotations

@@ -1,30 +1,18 @@
 """Reward shaping and filtering: pure functions over samples (or reward tensors), with metrics.
 
-Owns: the DAPO overlong length penalty, reward scaling (clamp, then linear map), overlong
-filtering (truncated samples leave the loss but stay in their group's baseline), and the
-zero-variance predicate of dynamic sampling. Does not own: when shaping runs (the rollout
-pump should call `shape_group` once per group at commit, so the buffer holds shaped
+Owns: reward scaling (clamp, then linear map), the DAPO overlong length penalty
+(saturated, or unsaturated as the DAPO reference code computes it), overlong filtering
+(truncated samples leave the loss but stay in their group's baseline), applied in that
+order by `shape_group` (the environment's reward is kept in `info["unshaped_reward"]`),
+and the zero-variance predicate of dynamic sampling. Does not own: when shaping runs (the
+rollout pump calls `shape_group` once per group at commit, so the buffer holds shaped
 rewards), or refilling a step after groups were dropped (the train pump: it keeps drawing
 groups until the step is full, within `dropped_groups_budget`).
 
-Order inside `shape_group`, per sample (the environment's reward is kept in
-`info["unshaped_reward"]`):
-1. scaling (`reward_shaping.scaling`): r = t_min + (clamp(r, s_min, s_max) - s_min) *
-   (t_max - t_min) / (s_max - s_min);
-2. overlong penalty (`reward_shaping.overlong_penalty`; DAPO: Yu et al. 2025,
-   arXiv:2503.14476, eq. 13), for a completion of l tokens, L_max and buffer L_cache:
-   R_len = 0 if l <= L_max - L_cache; ((L_max - L_cache) - l) / L_cache if l <= L_max; -1 beyond;
-   unsaturated (`saturate: false`): the ramp ((L_max - L_cache) - l) / L_cache continues
-   beyond L_max without the -1 floor, as the DAPO reference code computes it (verl's
-   DAPORewardManager: min(-(l - (L_max - L_cache)) / L_cache * factor, 0));
-   r += penalty * R_len, and `rewards["overlong_penalty"]` records it (under gdpo it is a
-   reward component of its own);
-3. overlong filtering (`reward_shaping.overlong_filtering`): a truncated sample (finish
-   reason `length`) gets `env_mask = True` (sample_mask 0 in its chunk).
-Dynamic sampling (DAPO sec. 3.2) drops a group whose rewards are all equal: its advantages
-are all 0, so it carries no gradient. The decision uses the environment's reward before
-shaping (a length penalty must not make an all-correct group look informative), or,
-under gdpo, every named component the estimator will normalise.
+Sources: DAPO, Yu et al. 2025, arXiv:2503.14476 (eq. 13, overlong penalty; sec. 3.2,
+dynamic sampling); verl's `DAPORewardManager` (the unsaturated ramp).
+
+See docs/algorithms.md, "Reward shaping" and "Dynamic sampling": formulas and knobs.
 """
 
 from __future__ import annotations
