@@ -13,11 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, runtime_checkable
 
 import torch
 
 from rl_core.types import EnvResult, GenerationRequest, GenerationResult, TrainChunk
+
+if TYPE_CHECKING:
+    from rl_core.weights.base import SyncReport
 
 # Where new weights come from: an in-process state dict (HF parameter names), or a
 # directory of safetensors files (filesystem handoff).
@@ -129,6 +132,11 @@ class TrainerBackend(Protocol):
     """The training side. One RL step = begin -> train_microbatches (any number of chunks) -> finish."""
 
     version: int
+    """RL steps the weights have seen (the weight version; `finish()` bumps it)."""
+    optimizer_steps: int
+    """Optimizer steps taken (PPO mini-steps count each; a skipped update does not count)."""
+    reference_dir: str | None
+    """Directory of the frozen KL reference policy (None: no reference kept); saved in run checkpoints."""
 
     def begin(self, loss: PolicyLoss) -> None:
         """Open one logical step (raises if one is already open)."""
@@ -152,6 +160,36 @@ class TrainerBackend(Protocol):
         Data-parallel backends gather them to CPU on rank 0; `on_device=True` leaves them on
         rank 0's device instead (a refit transport that sends from the GPU asks for it)."""
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> dict[str, Any]:
+        """Version, optimizer steps and optimizer state (what a run checkpoint stores besides weights)."""
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def save_pretrained(self, out_dir: str | Path) -> None:
+        """Write the current policy as a HF model directory (weights + config)."""
+
+
+@runtime_checkable
+class WeightSync(Protocol):
+    """A refit transport (`rl_core.weights`): moves a state dict from the trainer to the backends.
+
+    `rl_core.controller.refit.Refitter` calls `push` once per refit, with the weights the
+    trainer exported: on the trainer's device when `sends_from_device` is true, else on the CPU.
+    """
+
+    kind: str
+    """The recipe's `trainer.weight_sync.type` this transport implements (also the report's kind)."""
+    sends_from_device: bool
+    """True: refit exports the weights onto the trainer's device (`export_weights(on_device=True)`)."""
+
+    async def push(self, version: int, weights: Mapping[str, torch.Tensor],
+                   backends: Iterable[GenerationBackend]) -> SyncReport:
+        """Make weights `version` current in every backend; returns what moved and how long it took."""
+
+
+class SetupReport(Protocol):
+    """Start-up timing of a run's parts (`rl_core.launch.placement.SetupRecord`), which the
+    controller reports once its logger and timeline exist."""
+
+    def report(self, logger: Any, timeline: Any, step: int) -> None:
+        """Log `timing/setup/*` at `step` and add the set-up spans to the timeline."""

@@ -24,7 +24,7 @@ import gc
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from rl_core.buffer.replay_buffer import ReplayBuffer
 from rl_core.config.schema import RecipeConfig
@@ -42,23 +42,29 @@ from rl_core.rollout.spool import RolloutSpool
 from rl_core.rollout.validation import Validator
 from rl_core.samplers.in_order import InOrderSampler
 
+if TYPE_CHECKING:
+    from rl_core.data.dataset import PromptSource
+    from rl_core.protocols import Environment, GenerationBackend, PolicyLoss, SetupReport, TrainerBackend
+    from rl_core.samplers.base import Sampler
+    from rl_core.train.critic import Critic
+
 
 @dataclass
 class Parts:
     """Everything the controller drives, already built."""
 
-    tokenizer: Any
-    env: Any
-    source: Any  # PromptSource
-    backend: Any  # GenerationBackend
-    trainer: Any  # TrainerBackend
-    loss: Any
-    sampler: Any
+    tokenizer: Any  # a HF tokenizer (PreTrainedTokenizerBase); tests pass a small fake
+    env: Environment
+    source: PromptSource
+    backend: GenerationBackend
+    trainer: TrainerBackend
+    loss: PolicyLoss | None
+    sampler: Sampler
     val_examples: list[dict]
     stop_token_ids: tuple[int, ...]
     pad_id: int
-    setup: Any = None  # rl_core.launch.placement.SetupRecord: start-up timing of generation and trainer
-    critic: Any = None  # rl_core.train.critic.Critic when critic.enabled (PPO)
+    setup: SetupReport | None = None  # start-up timing of generation and trainer (launch's SetupRecord)
+    critic: Critic | None = None  # when critic.enabled (PPO)
 
 
 # save(version, controller_state) -> None; called at quiescent step boundaries
@@ -192,7 +198,7 @@ class Controller:
 
     async def _on_ministep(self, open_step: dict) -> None:
         every = self.cfg.checkpoint.save_every_optimizer_steps
-        opt = getattr(self.p.trainer, "optimizer_steps", 0)
+        opt = self.p.trainer.optimizer_steps
         if self.checkpoint_fn is None or not every or opt % every:
             return
         await self._save(self.p.trainer.version, open_step,
@@ -312,7 +318,7 @@ class Controller:
             "start_step": self.start_step,
             "stop_step": self.stop_step,
             "total_steps": self.total_steps,
-            "optimizer_steps": getattr(self.p.trainer, "optimizer_steps", None),
+            "optimizer_steps": self.p.trainer.optimizer_steps,
             "epoch": self.p.source.epoch,
             "wall_s": wall_s,
             "pumps_s": pump_s,
@@ -323,7 +329,7 @@ class Controller:
             "generated_tokens": self.rollout.stats.generated_tokens,
             "generated_tokens_this_process": self.rollout.stats.generated_tokens - self._gen_tokens_at_start,
             "max_staleness": max(self.train.staleness_log) if self.train.staleness_log else 0,
-            "staleness_bound": getattr(self.p.sampler, "staleness_bound", None),
+            "staleness_bound": self.p.sampler.staleness_bound,
             "checkpoints": self.checkpoints_written,
             "val_start": {k: start[k] for k in ("accuracy", "weight_version")} if start else None,
             "val_end": {k: end[k] for k in ("accuracy", "weight_version")} if end else None,

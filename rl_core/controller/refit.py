@@ -16,18 +16,24 @@ directory; `rl_core.weights` owns filesystem/NCCL handoff), or when to refit (tr
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Callable, Iterable
+
+if TYPE_CHECKING:
+    from rl_core.controller.rollout_pump import RolloutPump
+    from rl_core.protocols import GenerationBackend, TrainerBackend, WeightSync
 
 MODES = ("in_flight", "drain", "barrier")
 
 
 class Refitter:
-    def __init__(self, backends, trainer, rollout, mode: str = "in_flight", lookahead=0,
-                 recompute_kv: bool = False, sync=None):
+    def __init__(self, backends: Iterable[GenerationBackend], trainer: TrainerBackend, rollout: RolloutPump,
+                 mode: str = "in_flight", lookahead: int | Callable[[int], int] = 0,
+                 recompute_kv: bool = False, sync: WeightSync | None = None):
         if mode not in MODES:
             raise ValueError(f"unknown refit mode {mode!r}; expected one of {MODES}")
         from rl_core.weights import InProcessSync
 
-        self.sync = sync if sync is not None else InProcessSync()  # transport: rl_core.weights
+        self.sync: WeightSync = sync if sync is not None else InProcessSync()  # transport: rl_core.weights
         self.backends = list(backends)
         self.trainer = trainer
         self.rollout = rollout

@@ -76,7 +76,7 @@ class RolloutPump:
         self.opts = GroupOptions(
             generation_timeout_s=a.failure.generation_timeout_s, env_timeout_s=a.failure.env_timeout_s,
             gen_slots=GenerationSlots(a.max_inflight_generations) if a.max_inflight_generations else None,
-            mask_flagged_samples=getattr(cfg.env, "mask_flagged_samples", True))
+            mask_flagged_samples=cfg.env.mask_flagged_samples)
         rs = cfg.reward_shaping
         self.shaping = cfg.reward_shaping if (rs.overlong_filtering or rs.overlong_penalty.enabled
                                               or rs.scaling.enabled) else None
@@ -166,7 +166,7 @@ class RolloutPump:
     def _oversampling_ok(self) -> bool:
         if self.sampler.stamps or self.demand is None:
             return True
-        window = getattr(self.sampler, "window", None)
+        window = self.sampler.window
         if window is None:
             window = self.sampler.staleness_bound or 0
         need = min(self.demand(), self.groups_per_step * (window + 1))
@@ -223,8 +223,7 @@ class RolloutPump:
 
     def _window_now(self):
         """The admission window at the current version (an adaptive in_order bound may change per version)."""
-        at = getattr(self.sampler, "lookahead_at", None)
-        return at(self.clock.version) if at is not None else self.sampler.staleness_bound
+        return self.sampler.lookahead_at(self.clock.version)
 
     def _done_dispatching(self) -> bool:
         if self.sampler.stamps:

@@ -268,9 +268,8 @@ class TrainPump:
         self.stale_aborted_groups += await self.rollout.abort_stale(self.trainer.version)
         self.idle_s += idle
         metrics = step_metrics(self, step, trained, train_metrics, refit_metrics, t_step0, idle)
-        observe = getattr(self.sampler, "observe", None)
-        if observe is not None:  # in_order: async/* bounds; adaptive: decides the bound of versions > step
-            metrics.update(observe(step, metrics))
+        # in_order: async/* bounds; adaptive: decides the bound of versions > step
+        metrics.update(self.sampler.observe(step, metrics))
         if self.on_step is not None:
             self.waiting_on = f"step hook (metrics/validation) after step {step}"
             await self.on_step(step, metrics, trained)

@@ -16,13 +16,13 @@ from rl_core.samplers.weight_fifo import WeightFifoSampler
 from rl_core.samplers.windowed import WindowedSampler
 
 PROTOCOL_METHODS = ("next_target_step", "can_admit", "admit", "select", "evict", "should_abort_inflight",
-                    "required_capacity", "state_dict", "load_state_dict")
+                    "required_capacity", "state_dict", "load_state_dict", "lookahead_at", "observe")
 
 
 def load_custom_class(target: str):
     """Import `module:ClassName` and check it against the Sampler protocol (at config load)."""
     return load_target(target, field="async_rl.sampler.target", kind="class",
-                       required=PROTOCOL_METHODS + ("name", "stamps", "staleness_bound"),
+                       required=PROTOCOL_METHODS + ("name", "stamps", "staleness_bound", "window"),
                        what="a class implementing the Sampler protocol (rl_core.samplers.base.Sampler)",
                        hint="subclass rl_core.samplers.base.BaseSampler or add the missing members.")
 

@@ -25,6 +25,15 @@ class Sampler(Protocol):
     name: str
     stamps: bool  # True: admit() returns a target step and select() trains exactly that step's groups
     staleness_bound: int | None  # largest trainer_version - start_version of a trained group (None = unbounded)
+    window: int | None  # admission gate: batch b dispatches once trainer_version >= b - window (None: no gate)
+
+    def lookahead_at(self, version: int) -> int | None:
+        """The staleness bound that applies while the trainer holds `version` (the admission
+        window the rollout pump reports; fixed samplers: `staleness_bound`)."""
+
+    def observe(self, step: int, metrics: dict) -> dict[str, float]:
+        """Called once per finished RL step with its metrics; returns extra metrics to log
+        (an adaptive bound decides the bound of later versions here)."""
 
     def next_target_step(self) -> int: ...
     def can_admit(self, trainer_version: int) -> bool: ...
@@ -51,6 +60,12 @@ class BaseSampler:
     @property
     def staleness_bound(self) -> int | None:
         return self.window
+
+    def lookahead_at(self, version: int) -> int | None:
+        return self.staleness_bound
+
+    def observe(self, step: int, metrics: dict) -> dict[str, float]:
+        return {}
 
     def next_target_step(self) -> int:
         """The notional step (batch) of the next dispatched group: dispatched // groups_per_step."""

@@ -38,6 +38,8 @@ from rl_core.types import TrainChunk
 class DataParallelTrainer(abc.ABC):
     """Base of the multi-process backends (see the module doc); subclasses fill the hooks."""
 
+    reference_dir: str | None = None  # the KL reference's directory; `make_trainer` sets it
+
     def _setup_step_state(self, channel: CommandChannel, dp_rank: int, dp_size: int, dp_group, microbatch_size: int,
                           max_grad_norm: float | None, version: int) -> None:
         self.channel = channel

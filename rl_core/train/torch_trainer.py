@@ -44,6 +44,8 @@ __all__ = ["DTYPES", "TorchTrainer", "token_logprobs"]  # token_logprobs: re-exp
 class TorchTrainer(LocalStep):
     """`trainer.backend: torch`."""
 
+    reference_dir: str | None = None  # the KL reference's directory; `make_trainer` sets it
+
     def __init__(self, model_dir: str | Path, cfg: TrainerConfig, *, logprob_temperature: float = 1.0,
                  device: str = "cpu", dtype: str = "float32", keep_reference: bool = False, version: int = 0,
                  reference_dir: str | Path | None = None):

@@ -1,6 +1,10 @@
 """Fakes for unit-testing the controller's coordination in isolation (samplers, buffer,
 pumps): a generation backend with scripted latencies, an instant trainer, a trivial
-environment and tokenizer. The real parts are exercised by the integration tier."""
+environment and tokenizer. The real parts are exercised by the integration tier.
+
+Each fake satisfies its protocol in `rl_core.protocols` (FakeEnv: Environment, FakeBackend:
+GenerationBackend, FakeTrainer: TrainerBackend, FakeWeightSync: WeightSync); the test
+`tests/unit/test_protocol_conformance.py` checks them member by member."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import asyncio
 import random
 
 from rl_core.types import EnvResult, GenerationResult
+from rl_core.weights.base import SyncReport
 
 
 class FakeTokenizer:
@@ -22,14 +27,35 @@ class FakeTokenizer:
 
 
 class FakeEnv:
+    """Single-turn; the reward is a fixed function of the example id and the completion length."""
+
     name = "fake"
+    reward_names = ("r",)
     max_turns = 1
+    end_token_ids = (0,)
 
     def prompt_ids(self, example):
         return [1, 2, int(example["id"]) % 50 + 3]
 
     def stop_strings(self):
         return ()
+
+    def reference_completion_ids(self, example):
+        return [5, self.end_token_ids[0]]
+
+    def parse_completion(self, completion_ids, completion_text, finish_reason):
+        from rl_core.envs.base import Completion
+
+        ids = [int(i) for i in completion_ids]
+        ended = finish_reason == "stop" and bool(ids) and ids[-1] in self.end_token_ids
+        return Completion(ids=ids, text=completion_text, ended=ended, finish_reason=finish_reason)
+
+    def observe(self, example, turn, completion):
+        return None
+
+    def score_turns(self, example, turns):
+        last = turns[-1]
+        return self.score(example, last.ids, last.text, last.finish_reason)
 
     def score(self, example, completion_ids, completion_text, finish_reason):
         r = float((int(example["id"]) + len(completion_ids)) % 3 == 0)
@@ -85,6 +111,11 @@ class FakeBackend:
 
 
 class FakeTrainer:
+    """Takes no real step: counts versions, optimizer steps and chunks; `fail_at` versions
+    raise once in `train_microbatches`."""
+
+    reference_dir = None
+
     def __init__(self, fail_at: set | None = None):
         self.version = 0
         self.optimizer_steps = 0
@@ -109,7 +140,7 @@ class FakeTrainer:
     def abort(self):
         pass
 
-    def export_weights(self):
+    def export_weights(self, on_device=False):
         return {}
 
     def logprobs(self, chunk, reference=False):
@@ -120,6 +151,32 @@ class FakeTrainer:
 
     def load_state_dict(self, state):
         self.version = state["version"]
+
+    def save_pretrained(self, out_dir):
+        """No model: writes the version and optimizer steps as `fake_trainer.json`."""
+        import json
+        from pathlib import Path
+
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / "fake_trainer.json").write_text(
+            json.dumps({"version": self.version, "optimizer_steps": self.optimizer_steps}))
+
+
+class FakeWeightSync:
+    """Hands the weights to each backend's `update_weights` and reports 0 bytes; `pushes`
+    records (version, number of tensors)."""
+
+    kind = "fake"
+    sends_from_device = False
+
+    def __init__(self):
+        self.pushes: list[tuple[int, int]] = []
+
+    async def push(self, version, weights, backends):
+        self.pushes.append((version, len(weights)))
+        for backend in backends:
+            await backend.update_weights(version, weights)
+        return SyncReport(self.kind, version, 0, 0.0)
 
 
 def make_parts(cfg, backend=None, trainer=None, num_examples=64):

@@ -101,6 +101,7 @@ class GoodSampler:
     name = "mine"
     stamps = False
     staleness_bound = 0
+    window = None
 
     def __init__(self, num_prompts_per_step, bias=0):
         self.p, self.bias, self.n = num_prompts_per_step, bias, 0
@@ -114,6 +115,8 @@ class GoodSampler:
     def required_capacity(self): return self.p
     def state_dict(self): return {"n": self.n}
     def load_state_dict(self, st): self.n = st["n"]
+    def lookahead_at(self, v): return self.staleness_bound
+    def observe(self, step, metrics): return {}
 
 
 class BadSampler:
