@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rl_core.envs.base import BaseEnv, Completion, register_env
+from rl_core.envs import register_env
+from rl_core.envs.base import BaseEnv, Completion
 from rl_core.types import EnvResult
 
 

@@ -1,8 +1,6 @@
-"""Environments: the registry and the base class every built-in environment extends.
+"""Environments: the base class every built-in environment extends.
 
 Owns:
-- the registry: `@register_env("addition")` on a class, `make_env(env_config, tokenizer)`
-  builds the class registered under `env_config.type` (the recipe's `env.type`);
 - `BaseEnv`, which implements the `Environment` protocol (`rl_core.protocols`) around two
   hooks a subclass fills in: `prompt_text(example)` (the observation as text) and
   `score_completion(example, completion)` (the rewards). The public methods hold the guards:
@@ -20,51 +18,21 @@ chat template (a chat turn ends there). A sample *ended* when its finish reason 
 and its last completion id is an end token; generation backends keep the end token in
 `completion_ids` (as vLLM and transformers do), and its text, if decoded, is stripped here.
 
-Does not own: generation, the dataset, or what a reward means for training (advantages).
+Does not own: the registry (`rl_core.envs`: `@register_env`, `make_env`), generation, the
+dataset, or what a reward means for training (advantages).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
+from rl_core.envs import make_env, register_env, registered_envs  # noqa: F401  (the registry; also importable from here)
 from rl_core.types import EnvResult
 
 FINISH_REASONS = ("stop", "length", "abort")
 CHAT_END_TOKEN = "<|im_end|>"
-
-_REGISTRY: dict[str, type["BaseEnv"]] = {}
-
-
-def register_env(type_name: str) -> Callable[[type["BaseEnv"]], type["BaseEnv"]]:
-    """Class decorator: make `make_env` build this class for `env.type: <type_name>`."""
-
-    def wrap(cls: type[BaseEnv]) -> type[BaseEnv]:
-        if type_name in _REGISTRY and _REGISTRY[type_name] is not cls:
-            raise ValueError(f"environment type {type_name!r} is already registered by "
-                             f"{_REGISTRY[type_name].__qualname__}")
-        _REGISTRY[type_name] = cls
-        return cls
-
-    return wrap
-
-
-def registered_envs() -> tuple[str, ...]:
-    """The environment types `make_env` knows, sorted."""
-    return tuple(sorted(_REGISTRY))
-
-
-def make_env(env_config: Any, tokenizer: Any) -> "BaseEnv":
-    """Build the environment registered under `env_config.type` for this tokenizer."""
-    kind = getattr(env_config, "type", None)
-    cls = _REGISTRY.get(kind)
-    if cls is None:
-        from rl_core.errors import RecipeError
-
-        raise RecipeError.single("env.type", kind, f"one of {', '.join(registered_envs())}",
-                                 "pick a registered environment type.")
-    return cls(env_config, tokenizer)
 
 
 @dataclass(frozen=True)

@@ -51,11 +51,18 @@ class BaseSampler:
 
     name = "base"
     stamps = False
+    window: int | None = None  # set per instance in __init__ (declared here so the class has every member)
 
     def __init__(self, num_prompts_per_step: int, window: int | None):
         self.groups_per_step = num_prompts_per_step
         self.window = window  # gate: batch b may dispatch once trainer_version >= b - window (None: no gate)
         self.dispatched = 0
+
+    @classmethod
+    def from_recipe(cls, cfg) -> "BaseSampler":
+        """The registry's builder (`rl_core.samplers.SAMPLERS`) for built-in samplers, which are
+        constructed as `cls(async_rl.sampler section, num_prompts_per_step)`."""
+        return cls(cfg.async_rl.sampler, cfg.grpo.num_prompts_per_step)
 
     @property
     def staleness_bound(self) -> int | None:

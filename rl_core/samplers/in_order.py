@@ -27,6 +27,10 @@ class InOrderSampler(BaseSampler):
     name = "in_order"
     stamps = True
 
+    @classmethod
+    def from_recipe(cls, cfg) -> "InOrderSampler":
+        return cls(cfg.async_rl.sampler, cfg.grpo.num_prompts_per_step, reproducible=cfg.async_rl.reproducible)
+
     def __init__(self, cfg, num_prompts_per_step: int, reproducible: bool = False):
         ad = getattr(cfg, "adaptive", None)
         self.adaptive = AdaptiveBound(ad, cfg.max_lookahead_versions) if ad is not None and ad.enabled else None

@@ -1,7 +1,7 @@
 """Training backends behind the TrainerBackend protocol (split step API), and their registry.
 
-`trainer.backend` picks one:
-- `torch`: `TorchTrainer`, one process (CPU or one GPU);
+`TRAINERS` maps the recipe's `trainer.backend` to a builder, one module per implementation:
+- `torch`: `TorchTrainer`, one process (CPU or one GPU; `torch_trainer.py`);
 - `fsdp2`: `FSDPTrainer`, torch FSDP2 over N processes (`fsdp.py`);
 - `megatron`: `MegatronTrainer`, Megatron-core GPTModel with weights converted from and back
   to the HF layout (`megatron.py`, `megatron_convert.py`).
@@ -17,9 +17,10 @@ returns True and the process should exit). Rank 0 goes on to build the run and c
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
-BACKENDS = ("torch", "fsdp2", "megatron")
+if TYPE_CHECKING:
+    from rl_core.protocols import TrainerBackend
 
 
 def trainer_device(cfg) -> str:
@@ -82,31 +83,52 @@ def make_trainer(cfg, policy_dir: str | Path, *, device: str | None = None, vers
     if reference_dir is not None and reference_dir != str(Path(policy_dir).resolve()):
         kwargs["reference_dir"] = reference_dir
     backend = cfg.trainer.backend
-    if backend == "torch":
-        from rl_core.train.torch_trainer import TorchTrainer
-
-        trainer = TorchTrainer(policy_dir, cfg.trainer, **kwargs)
-    elif backend in ("fsdp2", "megatron"):
-        import torch.distributed as dist
-
-        if backend == "megatron":
-            check_megatron_model(cfg, policy_dir)
-        if not dist.is_initialized():
-            start_trainer_group(cfg, device)
-        if backend == "fsdp2":
-            from rl_core.train.fsdp import FSDPTrainer
-
-            trainer = FSDPTrainer(policy_dir, cfg.trainer, **kwargs)
-        else:
-            from rl_core.train.megatron import MegatronTrainer
-
-            trainer = MegatronTrainer(policy_dir, cfg.trainer, **kwargs)
-    else:
+    build = TRAINERS.get(backend)
+    if build is None:
         raise ValueError(f"unknown trainer.backend {backend!r}; expected one of {BACKENDS}")
+    trainer = build(cfg, policy_dir, device, kwargs)
     trainer.reference_dir = reference_dir  # saved in run checkpoints (rl_core.checkpoint.run_state)
     if trainer_state is not None:
         trainer.load_state_dict(trainer_state)
     return trainer
+
+
+def _build_torch(cfg, policy_dir: str | Path, device: str, kwargs: dict[str, Any]) -> TrainerBackend:
+    from rl_core.train.torch_trainer import TorchTrainer
+
+    return TorchTrainer(policy_dir, cfg.trainer, **kwargs)
+
+
+def _join_group(cfg, device: str) -> None:
+    """Multi-process backends: with one process (no launcher), create the process group here."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        start_trainer_group(cfg, device)
+
+
+def _build_fsdp2(cfg, policy_dir: str | Path, device: str, kwargs: dict[str, Any]) -> TrainerBackend:
+    _join_group(cfg, device)
+    from rl_core.train.fsdp import FSDPTrainer
+
+    return FSDPTrainer(policy_dir, cfg.trainer, **kwargs)
+
+
+def _build_megatron(cfg, policy_dir: str | Path, device: str, kwargs: dict[str, Any]) -> TrainerBackend:
+    check_megatron_model(cfg, policy_dir)
+    _join_group(cfg, device)
+    from rl_core.train.megatron import MegatronTrainer
+
+    return MegatronTrainer(policy_dir, cfg.trainer, **kwargs)
+
+
+# trainer.backend -> builder(recipe, policy_dir, device, constructor kwargs); heavy imports stay inside
+TRAINERS: dict[str, Callable[..., TrainerBackend]] = {
+    "torch": _build_torch,
+    "fsdp2": _build_fsdp2,
+    "megatron": _build_megatron,
+}
+BACKENDS = tuple(TRAINERS)
 
 
 def resolve_reference_dir(path: str | Path) -> str:

@@ -303,6 +303,15 @@ class BroadcastWeightSync:
 
     kind = "broadcast"
 
+    @classmethod
+    def from_recipe(cls, cfg, run_dir) -> "BroadcastWeightSync":
+        """The registry's builder (`rl_core.weights.WEIGHT_SYNCS`): sends from trainer rank 0's
+        device (set by init_distributed before this runs)."""
+        ws = cfg.trainer.weight_sync
+        cuda = cfg.runtime.device != "cpu" and torch.cuda.is_available()
+        device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
+        return cls(device, ws.bucket_size_mb, cfg.trainer.collective_timeout_s)
+
     def __init__(self, device: str, bucket_size_mb: float = 256.0, timeout_s: float = 600.0,
                  host: str = "127.0.0.1"):
         self.device = device

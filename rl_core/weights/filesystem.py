@@ -116,6 +116,14 @@ class FilesystemWeightSync:
     kind = "filesystem"
     sends_from_device = False  # files are written from host memory
 
+    @classmethod
+    def from_recipe(cls, cfg, run_dir: str | Path) -> "FilesystemWeightSync":
+        """The registry's builder (`rl_core.weights.WEIGHT_SYNCS`): `trainer.weight_sync.dir`, else
+        `<run_dir>/weights`."""
+        ws = cfg.trainer.weight_sync
+        root = Path(ws.dir) if ws.dir else Path(run_dir) / "weights"
+        return cls(root, keep_last_versions=ws.keep_last_versions)
+
     def __init__(self, root: str | Path, keep_last_versions: int = 2, max_shard_mb: float = 2048.0):
         if keep_last_versions < 1:
             raise ValueError("keep_last_versions must be >= 1")
