@@ -1,8 +1,3 @@
-"""Test-suite wide setup: make `tests/helpers` importable (shared fakes and utilities)."""
-
-import sys
-from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+"""Test-suite wide setup. Shared fakes, fixtures and builders live in the `tests.helpers`
+package, imported as `tests.helpers.<module>` (pytest puts the repository root on sys.path:
+`pythonpath = ["."]` in pyproject.toml)."""

@@ -18,7 +18,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from rl_core.generation import NativeEngine
 from rl_core.types import GenerationRequest, SamplingParams
 
-from helpers.engine_models import run as generate_all
+from tests.helpers.engine_models import run as generate_all
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 VOCAB = 100

@@ -16,14 +16,11 @@ The throughput benchmark is `bench/train_step_gpu.py`.
 from __future__ import annotations
 
 import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from trainer_fixtures import assert_same_step, max_weight_diff, run_check, tiny_hf_dir  # noqa: E402
+from tests.helpers.trainers import assert_same_step, max_weight_diff, run_check, tiny_hf_dir
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 needs_megatron = pytest.mark.skipif(importlib.util.find_spec("megatron.core") is None,

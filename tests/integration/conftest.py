@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-RECIPE = ROOT / "recipes" / "tiny-addition.yaml"
+from tests.helpers.paths import ROOT, TINY_RECIPE as RECIPE
 
 
 @pytest.fixture(scope="session")

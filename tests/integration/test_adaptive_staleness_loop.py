@@ -13,7 +13,7 @@ from rl_core.config import load_recipe
 from rl_core.controller.controller import Controller
 from rl_core.launch.train import build_parts
 
-from integration.conftest import RECIPE, ROOT
+from tests.helpers.paths import ROOT, TINY_RECIPE as RECIPE
 
 P, N = 4, 4
 SMALL = [f"grpo.num_prompts_per_step={P}", f"grpo.num_generations_per_prompt={N}", "validation.val_at_start=false",

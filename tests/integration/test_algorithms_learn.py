@@ -12,7 +12,7 @@ from rl_core.config import load_recipe
 from rl_core.launch.train import train_from_recipe
 from rl_core.metrics.logger import read_jsonl
 
-from integration.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 
 def _run(tmp_path, warm_policy, monkeypatch, recipe, steps, *extra):

@@ -11,7 +11,7 @@ import torch
 
 from rl_core.types import GenerationRequest, SamplingParams
 
-from helpers.engine_models import make_engine, prompts, run, tiny_model
+from tests.helpers.engine_models import make_engine, prompts, run, tiny_model
 
 
 @pytest.mark.parametrize("kv", ["auto", "fp8_e4m3"])

@@ -30,7 +30,7 @@ def _train(tmp_path: Path, warm_policy: Path, name: str, nproc: int, *overrides:
             f"grpo.max_num_steps={STEPS}", "validation.max_val_samples=16", "logging.tensorboard=false",
             "checkpoint.save_every_steps=2", *overrides]
     if nproc > 1:
-        from trainer_fixtures import free_port
+        from tests.helpers.trainers import free_port
 
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
                "127.0.0.1", "--master-port", str(free_port()), *args]
@@ -40,13 +40,6 @@ def _train(tmp_path: Path, warm_policy: Path, name: str, nproc: int, *overrides:
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return run_dir
-
-
-@pytest.fixture(autouse=True)
-def _fixtures_on_path():
-    sys.path.insert(0, str(ROOT / "tests" / "unit"))
-    yield
-    sys.path.remove(str(ROOT / "tests" / "unit"))
 
 
 def _check_run(run_dir: Path) -> list[dict]:

@@ -12,7 +12,7 @@ from rl_core.config import load_recipe
 from rl_core.controller.controller import Controller
 from rl_core.launch.train import build_parts
 
-from integration.conftest import RECIPE, ROOT  # noqa: F401
+from tests.helpers.paths import ROOT, TINY_RECIPE as RECIPE  # noqa: F401
 
 
 def _attempt(request_id: str) -> int:

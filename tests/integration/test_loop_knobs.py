@@ -33,7 +33,7 @@ from rl_core.config import load_recipe
 from rl_core.controller.controller import Controller
 from rl_core.launch.train import build_parts
 
-from integration.conftest import RECIPE, ROOT
+from tests.helpers.paths import ROOT, TINY_RECIPE as RECIPE
 
 P = 4  # prompts per RL step
 N = 4  # samples per prompt

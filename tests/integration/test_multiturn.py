@@ -10,7 +10,7 @@ from rl_core.config import load_recipe
 from rl_core.controller.controller import Controller
 from rl_core.launch.train import build_parts
 
-from integration.conftest import RECIPE, ROOT
+from tests.helpers.paths import ROOT, TINY_RECIPE as RECIPE
 
 
 def test_chain_addition_two_turns(tmp_path, warm_policy, monkeypatch):

@@ -19,7 +19,7 @@ from rl_core.config import load_recipe
 from rl_core.checkpoint import load_run_checkpoint, newest_complete
 from rl_core.controller.train_pump import TrainStepFailed
 
-from integration.conftest import RECIPE
+from tests.helpers.paths import TINY_RECIPE as RECIPE
 
 SMALL = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "validation.val_at_start=false",
          "validation.val_at_end=false", "async_rl.min_groups_for_streaming_train=2"]

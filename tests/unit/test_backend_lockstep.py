@@ -11,7 +11,7 @@ import time
 from rl_core.generation.backend import NativeBackend
 from rl_core.types import GenerationRequest, SamplingParams
 
-from helpers.engine_models import make_engine, prompts, tiny_model
+from tests.helpers.engine_models import make_engine, prompts, tiny_model
 
 
 def _requests(tag: str) -> list[GenerationRequest]:

@@ -18,7 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config
 from rl_core.config import apply_overrides, validate_dict
 from rl_core.errors import RecipeError
 from rl_core.train.logprobs import ChunkedHeadLogprobs, resolve_chunk_tokens, token_logprobs
-from trainer_fixtures import VOCAB, assert_same_step, max_weight_diff, run_check, tiny_hf_dir
+from tests.helpers.trainers import VOCAB, assert_same_step, max_weight_diff, run_check, tiny_hf_dir
 
 
 @pytest.fixture(scope="module")

@@ -139,7 +139,7 @@ def test_buffer_indexes_agree_with_a_scan_through_every_transition():
 def test_controller_raises_gc_thresholds_while_the_pumps_run_and_restores_them(tmp_path):
     import gc
 
-    from helpers.fakes import make_parts
+    from tests.helpers.fakes import make_parts
     from rl_core.config import validate_dict
     from rl_core.controller.controller import Controller
     from rl_core.metrics.gc_pauses import RUN_THRESHOLDS
@@ -185,7 +185,7 @@ class _CountingBackend:
 @pytest.mark.parametrize("sampler", [{"type": "in_order", "max_lookahead_versions": 1},
                                      {"type": "windowed", "max_staleness_versions": 1}])
 def test_generation_level_backpressure_caps_running_and_queued_samples(tmp_path, sampler):
-    from helpers.fakes import FakeBackend, make_parts
+    from tests.helpers.fakes import FakeBackend, make_parts
     from rl_core.config import validate_dict
     from rl_core.controller.controller import Controller
 
@@ -208,7 +208,7 @@ def test_generation_level_backpressure_caps_running_and_queued_samples(tmp_path,
 
 
 def test_generation_slots_count_queued_samples_of_multi_turn_and_failed_groups():
-    from helpers.fakes import FakeBackend, FakeEnv, FakeTokenizer
+    from tests.helpers.fakes import FakeBackend, FakeEnv, FakeTokenizer
     from rl_core.rollout.group import GenerationSlots, GroupOptions, generate_group
 
     class TwoTurnEnv(FakeEnv):

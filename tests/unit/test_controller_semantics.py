@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from helpers.fakes import FakeBackend, make_parts
+from tests.helpers.fakes import FakeBackend, make_parts
 from rl_core.config import validate_dict
 from rl_core.controller.controller import Controller
 from rl_core.controller.train_pump import needs_prev_logprobs, needs_reference_logprobs

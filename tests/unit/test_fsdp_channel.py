@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trainer_fixtures import free_port
+from tests.helpers.trainers import free_port
 
 PG_TIMEOUT_S = 3.0
 

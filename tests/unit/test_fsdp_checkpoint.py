@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 
-from trainer_fixtures import ROOT, free_port, tiny_hf_dir
+from tests.helpers.trainers import ROOT, free_port, tiny_hf_dir
 
 
 def _run(tmp_path, *args: str) -> dict:

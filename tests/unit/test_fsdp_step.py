@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer_fixtures import assert_same_flops, assert_same_step, max_weight_diff, run_check, tiny_hf_dir
+from tests.helpers.trainers import assert_same_flops, assert_same_step, max_weight_diff, run_check, tiny_hf_dir
 
 REL, ABS = 1e-5, 1e-4
 

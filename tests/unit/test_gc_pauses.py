@@ -8,7 +8,7 @@ import asyncio
 import gc
 import weakref
 
-from helpers.fakes import make_parts
+from tests.helpers.fakes import make_parts
 from rl_core.config import validate_dict
 from rl_core.controller.controller import Controller
 from rl_core.metrics.gc_pauses import GcClock, freeze_setup_objects, unfreeze

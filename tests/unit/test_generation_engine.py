@@ -11,7 +11,7 @@ import torch
 from rl_core.generation import NativeEngine
 from rl_core.types import GenerationRequest, SamplingParams
 
-from helpers.engine_models import VOCAB, full_logprobs, greedy, make_engine, prompts, run, tiny_model
+from tests.helpers.engine_models import VOCAB, full_logprobs, greedy, make_engine, prompts, run, tiny_model
 
 
 # ---------------------------------------------------------------------- model

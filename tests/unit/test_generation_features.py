@@ -12,8 +12,8 @@ from rl_core.generation.decode_graph import DecodeRunner, key_buckets, pick_buck
 from rl_core.generation.kv_cache import FP8_E4M3_MAX, KVCache, dequantize_fp8, quantize_fp8
 from rl_core.types import GenerationRequest, SamplingParams
 
-from helpers.engine_models import full_logprobs, greedy, make_engine, prompts, run
-from helpers.engine_models import tiny_model as _tiny_model
+from tests.helpers.engine_models import full_logprobs, greedy, make_engine, prompts, run
+from tests.helpers.engine_models import tiny_model as _tiny_model
 
 
 def tiny_model(arch: str = "qwen2", seed: int = 0, init: float = 0.3):

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from serving_helpers import SECRET, make_model, make_model_dir, make_tokenizer, running_server
+from tests.helpers.serving import SECRET, make_model, make_model_dir, make_tokenizer, running_server
 
 from rl_core.generation import GenerationError, GenerationRequestError, HttpBackend, NativeEngine
 from rl_core.generation.http_fleet import FleetPolicy

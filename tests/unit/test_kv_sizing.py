@@ -13,7 +13,7 @@ from rl_core.generation.kv_sizing import GIB, KVSizingError, kv_bytes_per_slot, 
 from rl_core.generation.model import ModelSpec
 from rl_core.launch.cli import main
 
-from serving_helpers import make_model_dir, running_server
+from tests.helpers.serving import make_model_dir, running_server
 
 # SmolLM2-135M's attention shape: 30 layers, 3 KV heads of 64
 SMOL = ModelSpec(model_type="llama", vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3,

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rl_core.train.check_step import synthetic_chunk
-from trainer_fixtures import VOCAB, assert_same_flops, assert_same_step, max_weight_diff, run_check, tiny_hf_dir
+from tests.helpers.trainers import VOCAB, assert_same_flops, assert_same_step, max_weight_diff, run_check, tiny_hf_dir
 
 REL, ABS = 1e-5, 1e-4
 

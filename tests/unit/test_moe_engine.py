@@ -151,7 +151,7 @@ def test_moe_refuses_static_decode_and_dense_records_nothing(model):
             NativeEngine(model.config, model.state_dict(), max_batch_size=2, decode_path=path)
     engine = NativeEngine(model.config, model.state_dict(), max_batch_size=2, decode_path="auto")
     assert engine.decode_path == "eager" and engine.decoder is None
-    from helpers.engine_models import tiny_model
+    from tests.helpers.engine_models import tiny_model
 
     dense = tiny_model()
     res = run(NativeEngine(dense.config, dense.state_dict(), max_batch_size=2),

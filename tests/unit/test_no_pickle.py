@@ -19,7 +19,7 @@ import torch
 from rl_core.train import wire
 from rl_core.weights.broadcast import (BroadcastGroup, BroadcastHeaderError, WeightBroadcaster, WeightReceiver,
                                        encode_header, parse_header)
-from trainer_fixtures import free_port
+from tests.helpers.trainers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from helpers.fakes import make_parts
+from tests.helpers.fakes import make_parts
 from rl_core.archive import RolloutArchive, compile_spool
 from rl_core.config import validate_dict
 from rl_core.controller.controller import Controller

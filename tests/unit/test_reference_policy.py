@@ -10,7 +10,7 @@ from rl_core.config import validate_dict
 from rl_core.errors import CheckpointError
 from rl_core.train import make_trainer
 
-from trainer_fixtures import tiny_hf_dir
+from tests.helpers.trainers import tiny_hf_dir
 
 
 def _cfg(kl: float):

@@ -9,7 +9,7 @@ import asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers.fakes import FakeBackend, make_parts
+from tests.helpers.fakes import FakeBackend, make_parts
 from rl_core.config import validate_dict
 from rl_core.controller.controller import Controller
 

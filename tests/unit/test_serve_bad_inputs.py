@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 import pytest
-from serving_helpers import ROOT, make_model_dir
+from tests.helpers.serving import ROOT, make_model_dir
 
 from rl_core.launch import serve as serve_mod
 from rl_core.launch.cli import build_parser, main

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 import torch
-from serving_helpers import (CONTROL, TOKEN_ENV, make_model, make_model_dir, make_tokenizer, running_server,
+from tests.helpers.serving import (CONTROL, TOKEN_ENV, make_model, make_model_dir, make_tokenizer, running_server,
                              serve_command)
 
 from rl_core.generation import NativeEngine

@@ -5,7 +5,7 @@ stop strings are cut at their earliest occurrence; logprob layouts line up with 
 from __future__ import annotations
 
 import pytest
-from serving_helpers import make_tokenizer
+from tests.helpers.serving import make_tokenizer
 
 from rl_core.serve.protocol import ChatCompletionRequest, CompletionRequest
 from rl_core.serve.text import TextCodec, TextStream, chat_logprobs, completion_logprobs, cut_at_stop

@@ -11,7 +11,7 @@ import sys
 
 from rl_core.weights.base import SyncReport
 from rl_core.weights.broadcast import BroadcastWeightSync, _buckets
-from trainer_fixtures import ROOT, free_port
+from tests.helpers.trainers import ROOT, free_port
 
 
 def test_buckets_keep_order_and_limit():

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_tier_helpers import RECIPE, ROOT  # noqa: E402
+from tests.helpers.vllm_tier import RECIPE, ROOT  # noqa: E402
 
 try:
     import vllm

@@ -13,16 +13,16 @@ import pytest
 import torch
 
 from rl_core.types import GenerationRequest, SamplingParams
-from vllm_tier_helpers import _ids, _perturbed, _run, _trainer_logprobs
+from tests.helpers.vllm_tier import encode_prompt, generate_all, perturbed_weights, trainer_logprobs
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_logprobs_agree_with_the_trainer(tiny_backend, loop, tokenizer, trainer, temperature):
-    reqs = [GenerationRequest(f"lp{temperature}-{i}", _ids(tokenizer, i),
+    reqs = [GenerationRequest(f"lp{temperature}-{i}", encode_prompt(tokenizer, i),
                               SamplingParams(temperature=temperature, max_tokens=16, seed=i)) for i in range(32)]
-    results = _run(loop, tiny_backend, reqs)
+    results = generate_all(loop, tiny_backend, reqs)
     assert all(r.finish_reason in ("stop", "length") for r in results)
-    chunk, lp = _trainer_logprobs(trainer, results, temperature, tokenizer.pad_token_id)
+    chunk, lp = trainer_logprobs(trainer, results, temperature, tokenizer.pad_token_id)
     mask = chunk.loss_mask.bool()
     err = (lp[mask] - chunk.gen_logprobs[mask]).abs()
     assert mask.sum() >= 32
@@ -35,17 +35,17 @@ def test_greedy_and_seeded_requests_are_reproducible_and_match_the_native_engine
     from rl_core.generation.engine import NativeEngine
 
     greedy = SamplingParams(greedy=True, max_tokens=20)
-    a = _run(loop, tiny_backend, [GenerationRequest(f"g{i}", _ids(tokenizer, i), greedy) for i in range(4)])
-    b = _run(loop, tiny_backend, [GenerationRequest(f"g2{i}", _ids(tokenizer, i), greedy) for i in range(4)])
+    a = generate_all(loop, tiny_backend, [GenerationRequest(f"g{i}", encode_prompt(tokenizer, i), greedy) for i in range(4)])
+    b = generate_all(loop, tiny_backend, [GenerationRequest(f"g2{i}", encode_prompt(tokenizer, i), greedy) for i in range(4)])
     assert [r.token_ids for r in a] == [r.token_ids for r in b]
-    seeded = [GenerationRequest(f"s{k}{i}", _ids(tokenizer, i), SamplingParams(max_tokens=12, seed=100 + i))
+    seeded = [GenerationRequest(f"s{k}{i}", encode_prompt(tokenizer, i), SamplingParams(max_tokens=12, seed=100 + i))
               for k in range(2) for i in range(4)]
-    out = _run(loop, tiny_backend, seeded)
+    out = generate_all(loop, tiny_backend, seeded)
     assert [r.token_ids for r in out[:4]] == [r.token_ids for r in out[4:]]
 
     native = NativeEngine.from_pretrained(tiny_policy, max_batch_size=4, max_seq_len=64)
     for i in range(4):
-        native.add_request(GenerationRequest(f"n{i}", _ids(tokenizer, i), greedy))
+        native.add_request(GenerationRequest(f"n{i}", encode_prompt(tokenizer, i), greedy))
     done = {}
     while native.has_work():
         for r in native.step():
@@ -58,16 +58,16 @@ def test_greedy_and_seeded_requests_are_reproducible_and_match_the_native_engine
 
 def test_weight_update_changes_outputs_and_versions(tiny_backend, loop, tokenizer, trainer):
     original = {k: v.clone() for k, v in trainer.export_weights().items()}
-    new = _perturbed(trainer)
+    new = perturbed_weights(trainer)
     full_new = dict(original, **new)
     full_new["lm_head.weight"] = full_new["model.embed_tokens.weight"]  # tied
     greedy = SamplingParams(greedy=True, max_tokens=16)
     v0 = tiny_backend.weight_version
-    before = _run(loop, tiny_backend, [GenerationRequest(f"u0-{i}", _ids(tokenizer, i), greedy) for i in range(4)])
+    before = generate_all(loop, tiny_backend, [GenerationRequest(f"u0-{i}", encode_prompt(tokenizer, i), greedy) for i in range(4)])
     try:
         loop.run_until_complete(tiny_backend.update_weights(v0 + 1, new))
         assert tiny_backend.weight_version == v0 + 1
-        after = _run(loop, tiny_backend, [GenerationRequest(f"u1-{i}", _ids(tokenizer, i), greedy) for i in range(4)])
+        after = generate_all(loop, tiny_backend, [GenerationRequest(f"u1-{i}", encode_prompt(tokenizer, i), greedy) for i in range(4)])
         changed = [max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) for a, b in zip(after, before)
                    if a.token_ids[:1] == b.token_ids[:1]]
         assert [r.token_ids for r in after] != [r.token_ids for r in before] or min(changed) > 1e-3
@@ -75,12 +75,12 @@ def test_weight_update_changes_outputs_and_versions(tiny_backend, loop, tokenize
             assert r.start_version == r.end_version == v0 + 1
             assert r.token_versions == [v0 + 1] * len(r.token_ids)
         # the served logits are the new weights' (the tied LM head was re-packed)
-        chunk, lp = _trainer_logprobs(trainer, after, 1.0, tokenizer.pad_token_id, state=full_new)
+        chunk, lp = trainer_logprobs(trainer, after, 1.0, tokenizer.pad_token_id, state=full_new)
         mask = chunk.loss_mask.bool()
         assert (lp[mask] - chunk.gen_logprobs[mask]).abs().max().item() < 1e-3
     finally:
         loop.run_until_complete(tiny_backend.update_weights(v0 + 2, original))
-    restored = _run(loop, tiny_backend, [GenerationRequest(f"u2-{i}", _ids(tokenizer, i), greedy) for i in range(4)])
+    restored = generate_all(loop, tiny_backend, [GenerationRequest(f"u2-{i}", encode_prompt(tokenizer, i), greedy) for i in range(4)])
     assert [r.token_ids for r in restored] == [r.token_ids for r in before]
     assert max(abs(x - y) for a, b in zip(restored, before) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
 
@@ -89,14 +89,14 @@ def test_in_flight_requests_switch_versions_mid_sequence(tiny_backend, loop, tok
     """Requests running across an update record both versions; each token's logprob is the
     one of the weights its version names (running requests are re-prefilled at the switch)."""
     original = {k: v.clone() for k, v in trainer.export_weights().items()}
-    new = _perturbed(trainer, seed=2)
+    new = perturbed_weights(trainer, seed=2)
     full_new = dict(original, **new)
     full_new["lm_head.weight"] = full_new["model.embed_tokens.weight"]
     v0 = tiny_backend.weight_version
     params = SamplingParams(max_tokens=56, seed=7)
 
     async def go():
-        reqs = [GenerationRequest(f"f{i}", _ids(tokenizer, i), params) for i in range(48)]
+        reqs = [GenerationRequest(f"f{i}", encode_prompt(tokenizer, i), params) for i in range(48)]
         tasks = [asyncio.ensure_future(tiny_backend.generate(r)) for r in reqs]
         while tiny_backend.metrics()["tokens_generated"] == 0 and not any(t.done() for t in tasks):
             await asyncio.sleep(0.002)
@@ -113,8 +113,8 @@ def test_in_flight_requests_switch_versions_mid_sequence(tiny_backend, loop, tok
     for r in results:
         assert r.token_versions == sorted(r.token_versions)
         assert r.start_version == v0 and r.end_version == v0 + 1
-    _, lp_old = _trainer_logprobs(trainer, mixed, 1.0, tokenizer.pad_token_id)
-    chunk, lp_new = _trainer_logprobs(trainer, mixed, 1.0, tokenizer.pad_token_id, state=full_new)
+    _, lp_old = trainer_logprobs(trainer, mixed, 1.0, tokenizer.pad_token_id)
+    chunk, lp_new = trainer_logprobs(trainer, mixed, 1.0, tokenizer.pad_token_id, state=full_new)
     for i, r in enumerate(mixed):
         p = len(r.prompt_ids)
         for j, version in enumerate(r.token_versions):
@@ -125,8 +125,8 @@ def test_in_flight_requests_switch_versions_mid_sequence(tiny_backend, loop, tok
 def test_abort_ends_a_request_at_once(tiny_backend, loop, tokenizer):
     async def go():
         busy = [asyncio.ensure_future(tiny_backend.generate(GenerationRequest(
-            f"busy{i}", _ids(tokenizer, i), SamplingParams(max_tokens=56, seed=i)))) for i in range(32)]
-        req = GenerationRequest("abort-me", _ids(tokenizer, 0), SamplingParams(max_tokens=56, seed=3))
+            f"busy{i}", encode_prompt(tokenizer, i), SamplingParams(max_tokens=56, seed=i)))) for i in range(32)]
+        req = GenerationRequest("abort-me", encode_prompt(tokenizer, 0), SamplingParams(max_tokens=56, seed=3))
         task = asyncio.ensure_future(tiny_backend.generate(req))
         await asyncio.sleep(0)
         await tiny_backend.abort("abort-me")
@@ -146,15 +146,15 @@ def test_abort_ends_a_request_at_once(tiny_backend, loop, tokenizer):
 
 def test_stop_string_and_stop_token_keep_the_completing_token(tiny_backend, loop, tokenizer):
     greedy = SamplingParams(greedy=True, max_tokens=20)
-    base = _run(loop, tiny_backend, [GenerationRequest("st0", _ids(tokenizer, 1), greedy)])[0]
+    base = generate_all(loop, tiny_backend, [GenerationRequest("st0", encode_prompt(tokenizer, 1), greedy)])[0]
     target = base.token_ids[2]
-    by_token = _run(loop, tiny_backend, [GenerationRequest(
-        "st1", _ids(tokenizer, 1), SamplingParams(greedy=True, max_tokens=20, stop_token_ids=(target,)))])[0]
+    by_token = generate_all(loop, tiny_backend, [GenerationRequest(
+        "st1", encode_prompt(tokenizer, 1), SamplingParams(greedy=True, max_tokens=20, stop_token_ids=(target,)))])[0]
     first = base.token_ids.index(target)
     assert by_token.finish_reason == "stop" and by_token.token_ids == base.token_ids[: first + 1]
     text = tokenizer.decode(base.token_ids[:3], skip_special_tokens=True)
-    by_text = _run(loop, tiny_backend, [GenerationRequest(
-        "st2", _ids(tokenizer, 1), SamplingParams(greedy=True, max_tokens=20, stop_strings=(text,)))])[0]
+    by_text = generate_all(loop, tiny_backend, [GenerationRequest(
+        "st2", encode_prompt(tokenizer, 1), SamplingParams(greedy=True, max_tokens=20, stop_strings=(text,)))])[0]
     assert by_text.finish_reason == "stop"
     assert by_text.token_ids == base.token_ids[: len(by_text.token_ids)]
     assert text in tokenizer.decode(by_text.token_ids, skip_special_tokens=True)
@@ -162,9 +162,9 @@ def test_stop_string_and_stop_token_keep_the_completing_token(tiny_backend, loop
 
 def test_invalidate_kv_cache_keeps_outputs_exact(tiny_backend, loop, tokenizer):
     greedy = SamplingParams(greedy=True, max_tokens=16)
-    a = _run(loop, tiny_backend, [GenerationRequest("kv0", _ids(tokenizer, 2), greedy)])[0]
+    a = generate_all(loop, tiny_backend, [GenerationRequest("kv0", encode_prompt(tokenizer, 2), greedy)])[0]
     loop.run_until_complete(tiny_backend.invalidate_kv_cache())
-    b = _run(loop, tiny_backend, [GenerationRequest("kv1", _ids(tokenizer, 2), greedy)])[0]
+    b = generate_all(loop, tiny_backend, [GenerationRequest("kv1", encode_prompt(tokenizer, 2), greedy)])[0]
     assert a.token_ids == b.token_ids
     assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
     assert tiny_backend.metrics()["kv_invalidations"] >= 1
@@ -173,13 +173,13 @@ def test_invalidate_kv_cache_keeps_outputs_exact(tiny_backend, loop, tokenizer):
 def test_filtered_sampling_is_refused(tiny_backend, loop, tokenizer):
     for params in (SamplingParams(top_p=0.9), SamplingParams(top_k=5), SamplingParams(temperature=0.001)):
         with pytest.raises(ValueError, match="vLLM"):
-            _run(loop, tiny_backend, [GenerationRequest("bad", _ids(tokenizer, 0), params)])
+            generate_all(loop, tiny_backend, [GenerationRequest("bad", encode_prompt(tokenizer, 0), params)])
     assert tiny_backend.capacity() == 64
 
 
 def test_top_logprobs_are_the_k_most_likely_tokens(tiny_backend, loop, tokenizer, trainer):
-    req = GenerationRequest("top", _ids(tokenizer, 0), SamplingParams(max_tokens=6, seed=1, top_logprobs=3))
-    r = _run(loop, tiny_backend, [req])[0]
+    req = GenerationRequest("top", encode_prompt(tokenizer, 0), SamplingParams(max_tokens=6, seed=1, top_logprobs=3))
+    r = generate_all(loop, tiny_backend, [req])[0]
     assert len(r.top_logprobs) == len(r.token_ids) and all(len(t) == 3 for t in r.top_logprobs)
     with torch.no_grad():
         logits = trainer.model(torch.tensor([r.prompt_ids + r.token_ids])).logits[0].float()

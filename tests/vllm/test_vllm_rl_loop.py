@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from rl_core.metrics.logger import read_jsonl
-from vllm_tier_helpers import RECIPE, ROOT
+from tests.helpers.vllm_tier import RECIPE, ROOT
 
 
 @pytest.mark.parametrize("placement", ["colocated", "separate"])

@@ -11,7 +11,7 @@ import pytest
 
 from rl_core.types import GenerationRequest, SamplingParams
 
-from vllm_tier_helpers import _ids, _perturbed, _run, _trainer_logprobs
+from tests.helpers.vllm_tier import encode_prompt, generate_all, perturbed_weights, trainer_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -34,32 +34,32 @@ def server(tiny_policy, loop, tmp_path_factory):
 
 
 def test_server_logprobs_agree_with_the_trainer_and_the_async_engine(server, tiny_backend, loop, tokenizer, trainer):
-    reqs = [GenerationRequest(f"sv{i}", _ids(tokenizer, i), SamplingParams(temperature=0.7, max_tokens=16, seed=i))
+    reqs = [GenerationRequest(f"sv{i}", encode_prompt(tokenizer, i), SamplingParams(temperature=0.7, max_tokens=16, seed=i))
             for i in range(16)]
-    results = _run(loop, server, reqs)
-    chunk, lp = _trainer_logprobs(trainer, results, 0.7, tokenizer.pad_token_id)
+    results = generate_all(loop, server, reqs)
+    chunk, lp = trainer_logprobs(trainer, results, 0.7, tokenizer.pad_token_id)
     mask = chunk.loss_mask.bool()
     assert (lp[mask] - chunk.gen_logprobs[mask]).abs().mean().item() < 1e-3
     assert all(r.token_versions == [server.weight_version] * len(r.token_ids) for r in results)
     greedy = SamplingParams(greedy=True, max_tokens=16)
-    a = _run(loop, server, [GenerationRequest(f"sg{i}", _ids(tokenizer, i), greedy) for i in range(4)])
-    b = _run(loop, tiny_backend, [GenerationRequest(f"eg{i}", _ids(tokenizer, i), greedy) for i in range(4)])
+    a = generate_all(loop, server, [GenerationRequest(f"sg{i}", encode_prompt(tokenizer, i), greedy) for i in range(4)])
+    b = generate_all(loop, tiny_backend, [GenerationRequest(f"eg{i}", encode_prompt(tokenizer, i), greedy) for i in range(4)])
     assert [r.token_ids for r in a] == [r.token_ids for r in b]
 
 
 def test_server_weight_update_changes_logprobs_and_versions(server, loop, tokenizer, trainer):
     original = {k: v.clone() for k, v in trainer.export_weights().items()}
-    new = _perturbed(trainer, seed=5)
+    new = perturbed_weights(trainer, seed=5)
     full_new = dict(original, **new)
     full_new["lm_head.weight"] = full_new["model.embed_tokens.weight"]
     v0 = server.weight_version
     greedy = SamplingParams(greedy=True, max_tokens=12)
-    before = _run(loop, server, [GenerationRequest(f"w0-{i}", _ids(tokenizer, i), greedy) for i in range(4)])
+    before = generate_all(loop, server, [GenerationRequest(f"w0-{i}", encode_prompt(tokenizer, i), greedy) for i in range(4)])
     try:
         loop.run_until_complete(server.update_weights(v0 + 1, new))
-        after = _run(loop, server, [GenerationRequest(f"w1-{i}", _ids(tokenizer, i), greedy) for i in range(4)])
+        after = generate_all(loop, server, [GenerationRequest(f"w1-{i}", encode_prompt(tokenizer, i), greedy) for i in range(4)])
         assert all(r.token_versions == [v0 + 1] * len(r.token_ids) and r.start_version == v0 + 1 for r in after)
-        chunk, lp = _trainer_logprobs(trainer, after, 1.0, tokenizer.pad_token_id, state=full_new)
+        chunk, lp = trainer_logprobs(trainer, after, 1.0, tokenizer.pad_token_id, state=full_new)
         mask = chunk.loss_mask.bool()
         assert (lp[mask] - chunk.gen_logprobs[mask]).abs().max().item() < 1e-3
         assert any(abs(x - y) > 1e-3 for a, b in zip(after, before) for x, y in zip(a.logprobs, b.logprobs))
@@ -71,9 +71,9 @@ def test_server_weight_update_changes_logprobs_and_versions(server, loop, tokeni
 def test_server_abort(server, loop, tokenizer):
     async def go():
         busy = [asyncio.ensure_future(server.generate(GenerationRequest(
-            f"sb{i}", _ids(tokenizer, i), SamplingParams(max_tokens=56, seed=i)))) for i in range(32)]
+            f"sb{i}", encode_prompt(tokenizer, i), SamplingParams(max_tokens=56, seed=i)))) for i in range(32)]
         task = asyncio.ensure_future(server.generate(GenerationRequest(
-            "s-abort", _ids(tokenizer, 0), SamplingParams(max_tokens=56, seed=1))))
+            "s-abort", encode_prompt(tokenizer, 0), SamplingParams(max_tokens=56, seed=1))))
         await asyncio.sleep(0.01)
         await server.abort("s-abort")
         assert task.done()

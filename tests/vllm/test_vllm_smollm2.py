@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from rl_core.types import GenerationRequest, SamplingParams
-from vllm_tier_helpers import _run
+from tests.helpers.vllm_tier import generate_all
 
 NUM_TOKENS = 24
 QUESTIONS = ["What is the capital of France?", "Name a primary color.", "What is 2+3?",
@@ -48,7 +48,7 @@ def test_vllm_and_native_engine_agree_on_smollm2(smollm2, smol_backend, loop):
     prompts = [list(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
                                             tokenize=True, return_dict=False)) for q in QUESTIONS]
     params = SamplingParams(greedy=True, max_tokens=NUM_TOKENS, stop_token_ids=(tok.eos_token_id,))
-    vllm_out = _run(loop, smol_backend, [GenerationRequest(f"v{i}", p, params) for i, p in enumerate(prompts)])
+    vllm_out = generate_all(loop, smol_backend, [GenerationRequest(f"v{i}", p, params) for i, p in enumerate(prompts)])
 
     engine = NativeEngine.from_pretrained(smollm2, max_batch_size=4, max_seq_len=256)
     for i, p in enumerate(prompts):
@@ -80,8 +80,8 @@ def test_reloading_the_same_weights_keeps_smollm2_exact(smollm2, smol_backend, l
     prompt = list(tok.apply_chat_template([{"role": "user", "content": QUESTIONS[0]}], add_generation_prompt=True,
                                           tokenize=True, return_dict=False))
     params = SamplingParams(greedy=True, max_tokens=12)
-    before = _run(loop, smol_backend, [GenerationRequest("r0", prompt, params)])[0]
+    before = generate_all(loop, smol_backend, [GenerationRequest("r0", prompt, params)])[0]
     loop.run_until_complete(smol_backend.update_weights(7, load_safetensors_dir(smollm2)))
-    after = _run(loop, smol_backend, [GenerationRequest("r1", prompt, params)])[0]
+    after = generate_all(loop, smol_backend, [GenerationRequest("r1", prompt, params)])[0]
     assert after.token_ids == before.token_ids and after.token_versions == [7] * len(after.token_ids)
     assert max(abs(a - b) for a, b in zip(after.logprobs, before.logprobs)) < 1e-4

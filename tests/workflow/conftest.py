@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from wf_helpers import ROOT, make_workdir, short_config, snakemake
+from tests.helpers.workflow import ROOT, make_workdir, short_config, snakemake
 
 
 @pytest.fixture(scope="session")

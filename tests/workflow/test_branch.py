@@ -6,7 +6,7 @@ import json
 
 from rl_core.metrics.logger import read_jsonl
 
-from wf_helpers import RUN, copy_run, hf_overrides, job_stats, manifest, short_config, snakemake
+from tests.helpers.workflow import RUN, copy_run, hf_overrides, job_stats, manifest, short_config, snakemake
 
 
 def test_branch_from_an_epoch_with_a_changed_learning_rate(reference_run, tmp_path):

@@ -11,7 +11,7 @@ import re
 import zipfile
 from pathlib import Path
 
-from wf_helpers import PLOTS, RUN, copy_run, job_stats, short_config, snakemake
+from tests.helpers.workflow import PLOTS, RUN, copy_run, job_stats, short_config, snakemake
 
 EPOCHS = 2
 

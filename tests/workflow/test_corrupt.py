@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from wf_helpers import RUN, copy_run, short_config, snakemake
+from tests.helpers.workflow import RUN, copy_run, short_config, snakemake
 
 
 def test_truncated_weights_stop_validation_naming_the_file(reference_run, tmp_path):

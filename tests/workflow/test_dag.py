@@ -3,7 +3,7 @@ terminal as one paragraph (the unit tier checks every workflow-config error of `
 
 from __future__ import annotations
 
-from wf_helpers import ROOT, RUN, job_stats, make_workdir, short_config, snakemake
+from tests.helpers.workflow import ROOT, RUN, job_stats, make_workdir, short_config, snakemake
 
 DEFAULT_JOBS = {"validate_recipe": 1, "init_policy": 1, "train_epoch": 2, "archive_rollouts": 2, "validate_init": 1,
                 "validate_epoch": 2, "evaluate": 1, "report": 1, "all": 1}

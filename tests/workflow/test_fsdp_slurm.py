@@ -18,10 +18,9 @@ import sys
 import time
 import pytest
 
-from wf_helpers import ROOT, make_workdir, short_config, snakemake
+from tests.helpers.workflow import ROOT, make_workdir, short_config, snakemake
 
-sys.path.insert(0, str(ROOT / "tests" / "unit"))
-from trainer_fixtures import assert_same_step, max_weight_diff, run_check, tiny_hf_dir  # noqa: E402
+from tests.helpers.trainers import assert_same_step, max_weight_diff, run_check, tiny_hf_dir
 
 pytestmark = [pytest.mark.slurm]
 TWO_TASKS = ["trainer.backend=fsdp2", "cluster.trainer.num_processes_per_node=2", "cluster.controller.tasks_per_node=2",

@@ -13,7 +13,7 @@ import sys
 
 import matplotlib.image as mpimg
 
-from wf_helpers import PLOTS, RUN, copy_run, job_stats, manifest, short_config, snakemake
+from tests.helpers.workflow import PLOTS, RUN, copy_run, job_stats, manifest, short_config, snakemake
 
 EPOCHS = 2
 STEPS_PER_EPOCH = 6

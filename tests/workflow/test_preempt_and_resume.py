@@ -17,7 +17,7 @@ import signal
 
 from rl_core.metrics.logger import read_jsonl
 
-from wf_helpers import RUN, hf_overrides, make_workdir, manifest, short_config, snakemake, wait_for
+from tests.helpers.workflow import RUN, hf_overrides, make_workdir, manifest, short_config, snakemake, wait_for
 
 SAME_BITS = ("model/model.safetensors", "optimizer.pt")
 

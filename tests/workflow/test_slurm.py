@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from wf_helpers import PLOTS, ROOT, RUN, hf_overrides, make_workdir, manifest, short_config, snakemake
+from tests.helpers.workflow import PLOTS, ROOT, RUN, hf_overrides, make_workdir, manifest, short_config, snakemake
 
 SBATCH_RULES = {"init_policy": 1, "validate_init": 1, "validate_epoch": 2, "archive_rollouts": 2, "report": 1}
 

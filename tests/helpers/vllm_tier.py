@@ -1,24 +1,22 @@
-"""Helpers shared by the vLLM tier's test modules (imported by name: tests/vllm is on sys.path)."""
+"""Helpers shared by the vLLM tier's test modules (tests/vllm)."""
 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import torch
 
 from rl_core.types import Sample, make_train_chunk
 
-ROOT = Path(__file__).resolve().parents[2]
-RECIPE = ROOT / "recipes" / "tiny-addition.yaml"
+from tests.helpers.paths import ROOT, TINY_RECIPE as RECIPE  # noqa: F401  (the tier's modules import both from here)
 PROMPTS = ["07+45=", "99+01=", "50+50=", "12+34="]
 
 
-def _ids(tokenizer, i):
+def encode_prompt(tokenizer, i):
     return tokenizer.encode(PROMPTS[i % len(PROMPTS)], add_special_tokens=False)
 
 
-def _trainer_logprobs(trainer, results, temperature, pad_id, state=None):
+def trainer_logprobs(trainer, results, temperature, pad_id, state=None):
     """Per-token logprobs of each result's completion under the trainer (optionally with `state`)."""
     samples = [Sample(r.prompt_ids, r.token_ids, r.logprobs, 0.0, r.finish_reason, 0, 0) for r in results]
     chunk = make_train_chunk(samples, [0.0] * len(samples), pad_id=pad_id)
@@ -36,14 +34,14 @@ def _trainer_logprobs(trainer, results, temperature, pad_id, state=None):
     return chunk, lp
 
 
-def _run(loop, backend, requests):
+def generate_all(loop, backend, requests):
     async def go():
         return await asyncio.gather(*(backend.generate(r) for r in requests))
 
     return loop.run_until_complete(go())
 
 
-def _perturbed(trainer, scale=0.05, seed=1):
+def perturbed_weights(trainer, scale=0.05, seed=1):
     gen = torch.Generator().manual_seed(seed)
     return {k: (v + scale * torch.randn(v.shape, generator=gen) * v.abs().mean()).contiguous()
             for k, v in trainer.export_weights().items() if not k.endswith("lm_head.weight")}
