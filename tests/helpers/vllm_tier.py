@@ -9,6 +9,7 @@ import torch
 from rl_core.types import Sample, make_train_chunk
 
 from tests.helpers.paths import ROOT, TINY_RECIPE as RECIPE  # noqa: F401  (the tier's modules import both from here)
+
 PROMPTS = ["07+45=", "99+01=", "50+50=", "12+34="]
 
 

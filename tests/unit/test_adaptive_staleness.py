@@ -11,15 +11,16 @@ from rl_core.config.schema import required_buffer_capacity
 from rl_core.errors import RecipeError
 from rl_core.samplers import make_sampler
 
+from tests.helpers.recipes import recipe
+
 KEY = "train/gen_train_kl"
 
 
 def _cfg(start=1, p=2, **adaptive):
     ad = {"enabled": True, "min_lookahead_versions": 0, "max_lookahead_versions": 3, "low_threshold": 1e-3,
           "high_threshold": 3e-3, "patience_steps": 2, **adaptive}
-    return validate_dict({"grpo": {"num_prompts_per_step": p},
-                          "async_rl": {"sampler": {"type": "in_order", "max_lookahead_versions": start,
-                                                   "adaptive": ad}}})
+    return recipe(grpo={"num_prompts_per_step": p},
+                  async_rl={"sampler": {"type": "in_order", "max_lookahead_versions": start, "adaptive": ad}})
 
 
 def _bounds(sampler, signals, first_step=0):

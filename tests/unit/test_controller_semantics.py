@@ -7,21 +7,13 @@ import asyncio
 
 import pytest
 
-from tests.helpers.fakes import FakeBackend, make_parts
-from rl_core.config import validate_dict
 from rl_core.controller.controller import Controller
 from rl_core.controller.train_pump import needs_prev_logprobs, needs_reference_logprobs
 from rl_core.errors import StallError
 from rl_core.types import Sample, make_train_chunk
 
-
-def _cfg(**sections):
-    base = {"grpo": {"num_prompts_per_step": 4, "num_generations_per_prompt": 2, "max_num_steps": 6},
-            "validation": {"val_at_start": False, "val_at_end": False},
-            "logging": {"tensorboard": False, "jsonl": False, "progress": "off"}}
-    for k, v in sections.items():
-        base[k] = {**base.get(k, {}), **v}
-    return validate_dict(base)
+from tests.helpers.fakes import FakeBackend, make_parts
+from tests.helpers.recipes import controller_recipe
 
 
 class SlowTrainerBackend(FakeBackend):
@@ -39,11 +31,10 @@ def _run(tmp_path, cfg, backend=None, val_examples=None, total=6):
     return ctl, asyncio.run(ctl.run())
 
 
-
 @pytest.mark.parametrize("mode", ["in_flight", "drain"])
 def test_refit_modes_and_versions_spanned(tmp_path, mode):
     spans = []
-    cfg = _cfg(async_rl={"sampler": {"type": "in_order", "max_lookahead_versions": 2}, "refit_mode": mode,
+    cfg = controller_recipe(async_rl={"sampler": {"type": "in_order", "max_lookahead_versions": 2}, "refit_mode": mode,
                          "max_buffered_groups": 12})
     parts = make_parts(cfg, backend=SlowTrainerBackend())
 
@@ -70,7 +61,7 @@ def test_validation_does_not_pause_admission_by_default(tmp_path):
     from rl_core.controller.events import Timeline
 
     vals = [{"id": i, "prompt": str(i), "answer": "x"} for i in range(24)]
-    cfg = _cfg(async_rl={"sampler": {"type": "in_order", "max_lookahead_versions": 2}, "max_buffered_groups": 12},
+    cfg = controller_recipe(async_rl={"sampler": {"type": "in_order", "max_lookahead_versions": 2}, "max_buffered_groups": 12},
                validation={"val_period": 2}, logging={"jsonl": True})
     ctl, _ = _run(tmp_path / "a", cfg, val_examples=vals)
     spans = Timeline.read(tmp_path / "a" / "timeline.jsonl")
@@ -80,7 +71,7 @@ def test_validation_does_not_pause_admission_by_default(tmp_path):
     assert any(g.start < v.end and v.start < g.end for v in val for g in gen), \
         "no rollout generated while a validation ran"
 
-    cfg = _cfg(async_rl={"sampler": {"type": "in_order", "max_lookahead_versions": 2}, "max_buffered_groups": 12},
+    cfg = controller_recipe(async_rl={"sampler": {"type": "in_order", "max_lookahead_versions": 2}, "max_buffered_groups": 12},
                validation={"val_period": 2, "pause_rollouts": True}, logging={"jsonl": True})
     _run(tmp_path / "b", cfg, val_examples=vals)
     spans = Timeline.read(tmp_path / "b" / "timeline.jsonl")
@@ -96,7 +87,7 @@ class HangingBackend(FakeBackend):
 
 
 def test_watchdog_reports_what_each_pump_waits_on(tmp_path):
-    cfg = _cfg(async_rl={"watchdog": {"interval_s": 0.05, "stall_timeout_s": 0.3, "action": "abort"}})
+    cfg = controller_recipe(async_rl={"watchdog": {"interval_s": 0.05, "stall_timeout_s": 0.3, "action": "abort"}})
     with pytest.raises(StallError) as err:
         _run(tmp_path, cfg, backend=HangingBackend())
     text = str(err.value)
@@ -105,11 +96,11 @@ def test_watchdog_reports_what_each_pump_waits_on(tmp_path):
 
 
 def test_logprob_refresh_predicates():
-    assert not needs_prev_logprobs(_cfg())
-    assert needs_prev_logprobs(_cfg(grpo={"ppo_epochs": 2}))
-    assert needs_prev_logprobs(_cfg(grpo={"num_minibatches": 2}))
-    assert not needs_reference_logprobs(_cfg())
-    assert needs_reference_logprobs(_cfg(loss={"kl_coef": 0.01}))
+    assert not needs_prev_logprobs(controller_recipe())
+    assert needs_prev_logprobs(controller_recipe(grpo={"ppo_epochs": 2}))
+    assert needs_prev_logprobs(controller_recipe(grpo={"num_minibatches": 2}))
+    assert not needs_reference_logprobs(controller_recipe())
+    assert needs_reference_logprobs(controller_recipe(loss={"kl_coef": 0.01}))
 
 
 def test_train_chunk_masks_observation_tokens():

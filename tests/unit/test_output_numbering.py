@@ -7,22 +7,17 @@ from __future__ import annotations
 import asyncio
 import json
 
-from tests.helpers.fakes import make_parts
 from rl_core.archive import RolloutArchive, compile_spool
-from rl_core.config import validate_dict
 from rl_core.controller.controller import Controller
 from rl_core.metrics.logger import read_jsonl
 from rl_core.rollout.spool import RolloutSpool
 
-
-def _cfg():
-    return validate_dict({"grpo": {"num_prompts_per_step": 4, "num_generations_per_prompt": 2, "max_num_steps": 6},
-                          "validation": {"val_at_start": False, "val_at_end": False},
-                          "logging": {"tensorboard": False, "jsonl": True, "progress": "off"}})
+from tests.helpers.fakes import make_parts
+from tests.helpers.recipes import controller_recipe
 
 
 def test_spool_and_archive_number_steps_and_epochs_as_the_metrics(tmp_path):
-    cfg = _cfg()
+    cfg = controller_recipe(logging={"jsonl": True})
     parts = make_parts(cfg, num_examples=8)  # 2 RL steps per pass over the data: 6 steps = 3 data epochs
     spool = tmp_path / "rollouts.spool"
     asyncio.run(Controller(cfg, parts, tmp_path, total_steps=6, spool_dir=spool).run())

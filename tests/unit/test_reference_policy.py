@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl_core.config import validate_dict
 from rl_core.errors import CheckpointError
 from rl_core.train import make_trainer
 
+from tests.helpers.recipes import recipe
 from tests.helpers.trainers import tiny_hf_dir
 
 
 def _cfg(kl: float):
-    return validate_dict({"loss": {"kl_coef": kl}, "trainer": {"backend": "torch"}})
+    return recipe(loss={"kl_coef": kl}, trainer={"backend": "torch"})
 
 
 def _weights(model) -> dict[str, torch.Tensor]:

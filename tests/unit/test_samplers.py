@@ -12,9 +12,11 @@ from rl_core.errors import RecipeError
 from rl_core.samplers import make_sampler
 from rl_core.types import PromptGroup
 
+from tests.helpers.recipes import recipe
+
 
 def _cfg(sampler: dict, p: int = 2, **extra):
-    return validate_dict({"grpo": {"num_prompts_per_step": p}, "async_rl": {"sampler": sampler, **extra}})
+    return recipe(grpo={"num_prompts_per_step": p}, async_rl={"sampler": sampler, **extra})
 
 
 def _group(gid, v):
