@@ -6,10 +6,13 @@ with the members its protocol needs. Every failure is a `RecipeError` naming the
 field, the target and the fix, raised at recipe load (before any model is built). Custom
 samplers use it; environments and reward functions use it the same way.
 
-How a target's module is found: like any Python import, through `sys.path` (the working
-directory when run as `rl-core`, `PYTHONPATH`, installed packages). Workflow and Slurm jobs
-run in the directory `snakemake` was started from and inherit the environment, so a module
-beside the recipe (or on `PYTHONPATH`) is found there too.
+How a target's module is found: like any Python import, through `sys.path`: `PYTHONPATH`,
+installed packages, and the working directory, which `load_target` appends to `sys.path`
+when it is not there (a console script such as `rl-core`, or a Snakemake `script:`, does not
+put it there by itself). Workflow jobs (Snakemake rules, submitit local jobs) and Slurm jobs
+(sbatch exports the environment and starts in the submission directory) run in the
+directory `snakemake` was started from with its environment, so a module in that directory
+or on `PYTHONPATH` is found in every stage.
 
 Does not own: constructing the object (each part's factory does, with its own arguments).
 """
@@ -17,6 +20,8 @@ Does not own: constructing the object (each part's factory does, with its own ar
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import Any, Iterable, Literal
 
 from rl_core.errors import RecipeError
@@ -40,6 +45,9 @@ def load_target(target: str, *, field: str, kind: Literal["class", "callable"] =
     "an Environment (rl_core.protocols.Environment)"); `hint` is the fix for a missing member.
     """
     module_name, name = split_target(target, field)
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.append(cwd)  # after installed packages: a local file never shadows one
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - the user's module failed to import: a recipe error

@@ -3,8 +3,8 @@
 Owns: YAML parsing (with `extends:` to build a recipe on another one), dotted
 command-line overrides (`grpo.max_num_steps=300`), turning pydantic's errors into one
 `RecipeError` paragraph per problem (field, value, expectation, fix), the cheap
-file-system preflight (data files line by line, the output directory, a custom
-sampler's import), and writing `resolved_config.json` atomically.
+file-system preflight (data files row by row, the output directory, a custom
+sampler's import, the environment's plug-ins: `env_plugins.py`), and writing `resolved_config.json` atomically.
 
 Does not own: the schema itself (`schema.py`) or anything that needs torch.
 """
@@ -249,14 +249,16 @@ def preflight(cfg: RecipeConfig, source: str | None = None) -> None:
     problems = []
     for field in ("train_file", "val_file"):
         p = Path(getattr(cfg.data, field))
-        if not p.is_file():
+        if not _is_data_path(p):
             problems.append({"field": f"data.{field}", "value": str(p),
-                             "expected": f"an existing JSON-lines file (looked for {p.resolve()})",
+                             "expected": f"an existing JSON-lines or Parquet file, or a datasets.save_to_disk "
+                                         f"directory (looked for {p.resolve()})",
                              "fix": "fix the path, or generate the toy data with `rl-core make-data addition`."})
     for name, file in cfg.evaluation.sets.items():
-        if not Path(file).is_file():
+        if not _is_data_path(Path(file)):
             problems.append({"field": f"evaluation.sets.{name}", "value": file,
-                             "expected": f"an existing JSON-lines prompt file (looked for {Path(file).resolve()})",
+                             "expected": f"an existing prompt file (JSON lines, Parquet or a save_to_disk "
+                                         f"directory; looked for {Path(file).resolve()})",
                              "fix": "fix the path or remove the set (an empty evaluation.sets uses data.val_file)."})
     if cfg.model.source == "hf" and cfg.model.path:
         d = Path(cfg.model.path)
@@ -272,6 +274,9 @@ def preflight(cfg: RecipeConfig, source: str | None = None) -> None:
         raise RecipeError(problems, source)
     check_output_dir(run_dir(cfg), "output_dir", source)
     _check_data(cfg, source)
+    from rl_core.config.env_plugins import check_env_config  # the env's plug-ins and task, before anything is built
+
+    check_env_config(cfg, source)
     if cfg.async_rl.sampler.type == "custom":  # import, construct and check it now, not after the build
         from rl_core.samplers import build_custom_sampler
 
@@ -299,18 +304,25 @@ def check_model_architecture(cfg: RecipeConfig, source: str | None = None) -> No
         raise RecipeError(exc.problems, exc.source or source) from None
 
 
+def _is_data_path(p: Path) -> bool:
+    """A file, or a directory that looks like a dataset (its contents are checked by _check_data)."""
+    return p.is_file() or (p.is_dir() and ((p / "state.json").is_file() or (p / "dataset_dict.json").is_file()))
+
+
 def _check_data(cfg: RecipeConfig, source: str | None) -> None:
-    """Every line of every data file (UTF-8, size, JSON object, keys and types), and enough
-    training examples for one RL step."""
-    from rl_core.data.dataset import count_jsonl
+    """Every row of every data file (format, UTF-8, size, object, mapped keys and types), and
+    enough training examples for one RL step."""
+    from rl_core.data.dataset import Fields, count_examples
     from rl_core.errors import DataError
+
+    fields = Fields.of(cfg.data)
 
     counts = {}
     files = [("data.train_file", cfg.data.train_file), ("data.val_file", cfg.data.val_file)]
     files += [(f"evaluation.sets.{name}", file) for name, file in cfg.evaluation.sets.items()]
     for field, file in files:
         try:
-            counts[field] = count_jsonl(file)
+            counts[field] = count_examples(file, fields)
         except DataError as exc:
             raise DataError(f"`{field}`: {exc}") from None
     n = counts["data.train_file"]

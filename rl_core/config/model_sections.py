@@ -4,7 +4,7 @@ Part of the recipe schema (`rl_core.config.schema` re-exports every name); no to
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, model_validator
 
@@ -116,12 +116,18 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
-    """Prompt datasets (UTF-8 JSON lines, one example per line: a string `prompt` and a string `answer`; at most 1 MiB a line). `rl-core validate` checks every line."""
+    """Prompt datasets: JSON lines (one object a line, at most 1 MiB), Parquet (`.parquet`), or a directory written by `datasets.Dataset.save_to_disk`. Every row needs a string prompt (`prompt_key`) or a chat (`messages_key`) and, unless `answer_key` is null, a string answer; other columns reach the environment in the example. `rl-core validate` checks every row (file and row named)."""
 
     train_file: str = "data/addition/train.jsonl"
-    """Training prompts; relative paths are resolved against the working directory."""
+    """Training prompts (a `.jsonl` file, a `.parquet` file, or a `save_to_disk` directory); relative paths are resolved against the working directory."""
     val_file: str = "data/addition/val.jsonl"
-    """Held-out prompts used by validation."""
+    """Held-out prompts used by validation (same formats as train_file)."""
+    prompt_key: str = Field("prompt", min_length=1)
+    """Column holding the prompt text; the environment sees it as the example's `prompt` (the original column stays too)."""
+    answer_key: str | None = "answer"
+    """Column holding the reference answer (a string), seen as the example's `answer`; null = the data has no answer column (e.g. reward functions that need none)."""
+    messages_key: str | None = None
+    """Column holding chat-format prompts (a list of {role, content} strings, roles system/user/assistant); seen as the example's `messages` and rendered with the tokenizer's chat template (the environment must use it). With it set, `prompt_key` is optional."""
     shuffle: bool = True
     """Shuffle the training prompts each epoch (seeded by grpo.seed and the epoch number)."""
     max_train_examples: int | None = Field(None, ge=1)
@@ -155,4 +161,75 @@ class ChainAdditionEnvConfig(EnvSection):
     """Turns per episode (1 = plain addition scored like chain turn 1)."""
 
 
-EnvConfig = Annotated[Union[AdditionEnvConfig, ChainAdditionEnvConfig], Field(discriminator="type")]
+_TARGET = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+
+
+class CustomEnvConfig(EnvSection):
+    """A user environment class by import path (docs/environments.md): `rl-core validate` imports it and checks it against rl_core.protocols.Environment before anything is built; it is constructed as `Class(config, tokenizer)` with this section as `config` (its `kwargs` as `config.kwargs`)."""
+
+    type: Literal["custom"] = "custom"
+    """Environment type (registry key)."""
+    target: str = Field(..., pattern=_TARGET)
+    """Import path 'package.module:ClassName' (found like any import: the working directory, PYTHONPATH, installed packages)."""
+    kwargs: dict[str, Any] = {}
+    """Free settings for the class, read as `config.kwargs` in its constructor."""
+
+
+class RewardFunctionSpec(Section):
+    """One reward function: `fn(prompt, completion, example) -> float` (docs/environments.md)."""
+
+    target: str = Field(..., pattern=_TARGET)
+    """Import path 'package.module:function'."""
+    weight: float = 1.0
+    """Weight of this component in the total reward (the weighted sum of all functions)."""
+    name: str | None = Field(None, pattern=r"^[A-Za-z_][\w.-]*$")
+    """Name of the reward component (metrics, GDPO's `advantage.reward_weights`); null = the function's name."""
+
+
+class RewardFunctionsEnvConfig(EnvSection):
+    """Rewards from plain Python functions: each gets (prompt, completion, example) and returns a float; the reward is their weighted sum and each is a named component (GDPO can use them)."""
+
+    type: Literal["reward_functions"] = "reward_functions"
+    """Environment type (registry key)."""
+    functions: list[RewardFunctionSpec] = Field(..., min_length=1)
+    """The reward functions, in order."""
+    use_chat_template: bool = False
+    """Render prompts through the tokenizer's chat template (needed for `data.messages_key`); else the prompt text is encoded as it is."""
+    system_prompt: str | None = None
+    """System message put first in the chat (only with use_chat_template; a chat from the data that starts with its own system message keeps it)."""
+
+    @model_validator(mode="after")
+    def _names(self):
+        seen: dict[str, int] = {}
+        for i, spec in enumerate(self.functions):
+            name = spec.name or spec.target.split(":")[1]
+            if name in seen:
+                _fail(f"env.functions[{i}].name", spec.name, f"a name no other function has (functions[{seen[name]}] "
+                      f"is also called {name!r})", "give one of them another `name:`.")
+            seen[name] = i
+        return self
+
+
+class ReasoningGymEnvConfig(EnvSection):
+    """A reasoning-gym task (procedurally generated; data from `rl-core make-data reasoning_gym`), scored by the task's own scorer on the answer the model puts between <answer> and </answer> (or on its last line)."""
+
+    type: Literal["reasoning_gym"] = "reasoning_gym"
+    """Environment type (registry key)."""
+    task: str = Field(..., min_length=1)
+    """reasoning-gym dataset name (e.g. basic_arithmetic, chain_sum, leg_counting)."""
+    config: dict[str, Any] = {}
+    """The task's generator settings (keyword arguments of reasoning_gym.create_dataset); the same as given to make-data, so the scorer sees the task the data came from."""
+    answer_format: Literal["answer_tag", "last_line"] = "answer_tag"
+    """Where the answer is read from: `answer_tag` = the text between the last <answer> and </answer>; `last_line` = the last non-empty line of the completion."""
+    instruction: str | None = "Give your final answer between <answer> and </answer>."
+    """Text appended (after a blank line) to every question, telling the model the answer format; null = none."""
+    format_reward: float = Field(0.0, ge=0.0)
+    """Extra reward when the answer was found in the required format (answer_tag: a closed <answer> tag; last_line: a non-empty completion), whatever its value; 0 = off."""
+    use_chat_template: bool = False
+    """Render prompts through the tokenizer's chat template (recommended for instruct models)."""
+    system_prompt: str | None = None
+    """System message put first in the chat (only with use_chat_template)."""
+
+
+EnvConfig = Annotated[Union[AdditionEnvConfig, ChainAdditionEnvConfig, CustomEnvConfig, RewardFunctionsEnvConfig,
+                            ReasoningGymEnvConfig], Field(discriminator="type")]

@@ -22,10 +22,14 @@ from rl_core.config.base import (  # noqa: F401  (re-exported: the schema's publ
 from rl_core.config.model_sections import (  # noqa: F401  (re-exported: the schema's public names)
     AdditionEnvConfig,
     ChainAdditionEnvConfig,
+    CustomEnvConfig,
     DataConfig,
     EnvConfig,
     EnvSection,
     ModelConfig,
+    ReasoningGymEnvConfig,
+    RewardFunctionSpec,
+    RewardFunctionsEnvConfig,
     TinyModelConfig,
     WarmupConfig,
 )

@@ -1,4 +1,5 @@
-"""Prompt datasets: reading JSON-lines files and the epoch-bounded prompt source.
+"""Prompt datasets: reading data files (JSON lines, Parquet, `save_to_disk` directories) and
+the epoch-bounded prompt source.
 
 Owns:
 - `load_jsonl` / `iter_jsonl` / `count_jsonl`: one example (a JSON object) per line, with a
@@ -6,6 +7,13 @@ Owns:
   that are not UTF-8, malformed JSON, a line that is not an object, a missing key, a known key
   of the wrong type (`prompt` and `answer` are strings), or a file without examples. Blank
   lines are skipped. `rl-core validate` runs the same checks over every line.
+- `load_examples` / `iter_examples` / `count_examples`: any supported format (`data_format`:
+  a directory is a `datasets.Dataset.save_to_disk` directory, a `.parquet` file is Parquet,
+  anything else JSON lines), with the recipe's field mapping (`Fields`: `data.prompt_key`,
+  `data.answer_key`, `data.messages_key`). Each row is checked like a JSON line (the error
+  names the file and the row) and becomes an example: all its columns, plus the canonical
+  `prompt`, `answer` and `messages` keys the environments read. `count_rows` counts rows
+  cheaply (file metadata) for planning.
 - `PromptSource`: the seeded, resumable iterator the controller's rollout pump draws
   prompts from, one RL step's worth (`batch_size = grpo.num_prompts_per_step`) at a time.
 
@@ -33,6 +41,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Iterator, NamedTuple, Sequence
 
 from rl_core.errors import DataError, RecipeError
@@ -57,6 +66,14 @@ def _type_name(value: Any) -> str:
 def iter_jsonl(path: str | Path, required_keys: Sequence[str] = ("prompt", "answer")) -> Iterator[dict[str, Any]]:
     """Stream the examples of a JSON-lines file, checking every line (see `load_jsonl`)."""
     p = Path(path)
+    for where, record in _jsonl_records(p):
+        _check_keys(record, where, required_keys)
+        yield record
+
+
+def _jsonl_records(p: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(`"<file>, line N"`, object) for every non-blank line: size, UTF-8, JSON and object checks,
+    plus the types of the known keys (FIELD_TYPES); a file without examples is an error."""
     if not p.is_file():
         raise DataError(f"data file {p} does not exist (or is not a file); check data.train_file / "
                         f"data.val_file, or generate the addition task with "
@@ -96,22 +113,27 @@ def iter_jsonl(path: str | Path, required_keys: Sequence[str] = ("prompt", "answ
                 raise DataError(f"{p}, line {lineno}: expected a JSON object, got {type(record).__name__}; "
                                 f"each line must be one JSON object such as "
                                 f'{{"prompt": "07+45=", "answer": "250"}}.')
-            missing = [k for k in required_keys if k not in record]
-            if missing:
-                raise DataError(f"{p}, line {lineno}: missing key(s) {', '.join(map(repr, missing))}; "
-                                f"every example needs {', '.join(map(repr, required_keys))} "
-                                f"(found {', '.join(map(repr, record)) or 'no keys'}).")
-            for key, types in FIELD_TYPES.items():
-                if key in record and (not isinstance(record[key], types) or isinstance(record[key], bool)):
-                    want = " or ".join(_TYPE_NAMES[t] for t in types)
-                    raise DataError(f"{p}, line {lineno}: field {key!r} got {_type_name(record[key])} "
-                                    f"({json.dumps(record[key])[:60]}); expected {want}. Fix the data "
-                                    f"(e.g. \"{key}\": " + ('"250"' if str in types else "25") + ").")
             found = True
-            yield record
+            yield f"{p}, line {lineno}", record
     if not found:
         raise DataError(f"{p} holds no examples (the file is empty or blank); "
                         f"it needs one JSON object per line.")
+
+
+def _check_keys(record: dict[str, Any], where: str, required_keys: Sequence[str],
+                typed: dict[str, tuple[type, ...]] | None = None) -> None:
+    """Required keys present; known keys (FIELD_TYPES, plus `typed`) of their types."""
+    missing = [k for k in required_keys if k not in record]
+    if missing:
+        raise DataError(f"{where}: missing key(s) {', '.join(map(repr, missing))}; "
+                        f"every example needs {', '.join(map(repr, required_keys))} "
+                        f"(found {', '.join(map(repr, record)) or 'no keys'}).")
+    for key, types in {**FIELD_TYPES, **(typed or {})}.items():
+        if key in record and (not isinstance(record[key], types) or isinstance(record[key], bool)):
+            want = " or ".join(_TYPE_NAMES[t] for t in types)
+            raise DataError(f"{where}: field {key!r} got {_type_name(record[key])} "
+                            f"({json.dumps(record[key], default=str)[:60]}); expected {want}. Fix the data "
+                            f"(e.g. \"{key}\": " + ('"250"' if str in types else "25") + ").")
 
 
 def load_jsonl(path: str | Path, required_keys: Sequence[str] = ("prompt", "answer")) -> list[dict[str, Any]]:
@@ -126,10 +148,174 @@ def count_jsonl(path: str | Path, required_keys: Sequence[str] = ("prompt", "ans
 
 
 def load_task_data(train_file: str | Path, val_file: str | Path,
-                   required_keys: Sequence[str] = ("prompt", "answer")
+                   required_keys: Sequence[str] = ("prompt", "answer"), fields: "Fields | None" = None,
                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Both files of a task: (train, val)."""
+    """Both files of a task: (train, val). With `fields` (the recipe's mapping) any supported
+    format is read (`load_examples`); without, JSON lines with `required_keys`."""
+    if fields is not None:
+        return load_examples(train_file, fields), load_examples(val_file, fields)
     return load_jsonl(train_file, required_keys), load_jsonl(val_file, required_keys)
+
+
+# --------------------------------------------------------------------------- any format, mapped fields
+
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class Fields:
+    """The recipe's field mapping (`data.prompt_key`, `data.answer_key`, `data.messages_key`)."""
+
+    prompt_key: str = "prompt"
+    answer_key: str | None = "answer"
+    messages_key: str | None = None
+
+    @classmethod
+    def of(cls, data_cfg: Any) -> "Fields":
+        """The mapping of a recipe's `data` section (defaults for anything it lacks)."""
+        return cls(prompt_key=getattr(data_cfg, "prompt_key", "prompt"),
+                   answer_key=getattr(data_cfg, "answer_key", "answer"),
+                   messages_key=getattr(data_cfg, "messages_key", None))
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        first = self.messages_key or self.prompt_key
+        return (first,) + ((self.answer_key,) if self.answer_key else ())
+
+    def to_example(self, record: dict[str, Any], where: str) -> dict[str, Any]:
+        """Check one row and give it the canonical keys (`prompt`, `answer`, `messages`)."""
+        typed: dict[str, tuple[type, ...]] = {}
+        if not self.messages_key or self.prompt_key in record:
+            typed[self.prompt_key] = (str,)
+        if self.answer_key:
+            typed[self.answer_key] = (str,)
+        _check_keys(record, where, self.required, typed)
+        example = dict(record)
+        if self.prompt_key in record:
+            example["prompt"] = record[self.prompt_key]
+        if self.answer_key:
+            example["answer"] = record[self.answer_key]
+        if self.messages_key:
+            example["messages"] = _check_messages(record[self.messages_key], where, self.messages_key)
+        return example
+
+
+def _check_messages(value: Any, where: str, key: str) -> list[dict[str, str]]:
+    fix = (f"each row's {key!r} must be a list of chat messages such as "
+           f'[{{"role": "user", "content": "What is 2 + 3?"}}] (roles: {", ".join(CHAT_ROLES)}).')
+    if not isinstance(value, list) or not value:
+        raise DataError(f"{where}: field {key!r} got {_type_name(value) if value != [] else 'an empty list'}; "
+                        f"expected a non-empty list of messages. Fix the data: {fix}")
+    out = []
+    for i, msg in enumerate(value):
+        ok = (isinstance(msg, dict) and isinstance(msg.get("role"), str) and msg["role"] in CHAT_ROLES
+              and isinstance(msg.get("content"), str))
+        if not ok:
+            raise DataError(f"{where}: field {key!r}, message {i}: got {json.dumps(msg, default=str)[:80]}; "
+                            f"expected an object with a string 'role' ({'/'.join(CHAT_ROLES)}) and a string "
+                            f"'content'. Fix the data: {fix}")
+        out.append({"role": msg["role"], "content": msg["content"]})
+    return out
+
+
+def data_format(path: str | Path) -> str:
+    """"save_to_disk" for a directory, "parquet" for a `.parquet` file, else "jsonl"."""
+    p = Path(path)
+    if p.is_dir():
+        return "save_to_disk"
+    return "parquet" if p.suffix.lower() == ".parquet" else "jsonl"
+
+
+def _parquet_records(p: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    import pyarrow.parquet as pq
+
+    if not p.is_file():
+        raise DataError(f"data file {p} does not exist (or is not a file); check data.train_file / data.val_file.")
+    try:
+        pf = pq.ParquetFile(p)
+    except Exception as exc:  # noqa: BLE001 - a foreign file: any parse failure is the file's fault
+        raise DataError(f"{p}: not a readable Parquet file ({type(exc).__name__}: {exc}); "
+                        f"write it with pandas/pyarrow/datasets `to_parquet`, or rename a JSON-lines file "
+                        f"to end in .jsonl.") from None
+    row = 0
+    for batch in pf.iter_batches(batch_size=1024):
+        for record in batch.to_pylist():
+            row += 1
+            yield f"{p}, row {row}", record
+    if row == 0:
+        raise DataError(f"{p} holds no examples (the Parquet file has no rows).")
+
+
+def _save_to_disk_records(p: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    if (p / "dataset_dict.json").is_file():
+        splits = sorted(d.name for d in p.iterdir() if (d / "state.json").is_file())
+        raise DataError(f"{p} is a datasets DatasetDict (splits: {', '.join(splits) or 'none'}); point "
+                        f"data.train_file / data.val_file at one split's directory, e.g. {p / (splits[0] if splits else 'train')}.")
+    if not (p / "state.json").is_file():
+        raise DataError(f"{p} is a directory but not one written by datasets.Dataset.save_to_disk (no state.json); "
+                        f"point the data file at a .jsonl or .parquet file, or at a save_to_disk directory.")
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(p))
+    except Exception as exc:  # noqa: BLE001 - a foreign directory: any failure is the data's fault
+        raise DataError(f"{p}: cannot be read by datasets.load_from_disk ({type(exc).__name__}: {exc}); "
+                        f"write it again with Dataset.save_to_disk.") from None
+    if len(ds) == 0:
+        raise DataError(f"{p} holds no examples (the saved dataset has no rows).")
+    for row, record in enumerate(ds, start=1):
+        yield f"{p}, row {row}", dict(record)
+
+
+def _records(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    p = Path(path)
+    fmt = data_format(p)
+    if fmt == "save_to_disk":
+        return _save_to_disk_records(p)
+    if fmt == "parquet":
+        return _parquet_records(p)
+    return _jsonl_records(p)
+
+
+def iter_examples(path: str | Path, fields: Fields = Fields()) -> Iterator[dict[str, Any]]:
+    """Stream the examples of a data file in any supported format, every row checked and mapped
+    (`Fields.to_example`); a malformed row is a `DataError` naming the file and the row."""
+    for where, record in _records(path):
+        yield fields.to_example(record, where)
+
+
+def load_examples(path: str | Path, fields: Fields = Fields()) -> list[dict[str, Any]]:
+    """All examples of a data file (see `iter_examples`)."""
+    return list(iter_examples(path, fields))
+
+
+def count_examples(path: str | Path, fields: Fields = Fields()) -> int:
+    """Check every row of a data file without keeping it; the number of examples."""
+    return sum(1 for _ in iter_examples(path, fields))
+
+
+def count_rows(path: str | Path) -> int:
+    """Rows of a data file without checking them (planning): non-blank lines of JSON lines,
+    the row count in a Parquet footer or a saved dataset's metadata."""
+    p = Path(path)
+    fmt = data_format(p)
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        return int(pq.ParquetFile(p).metadata.num_rows)
+    if fmt == "save_to_disk":
+        import datasets
+
+        return len(datasets.load_from_disk(str(p)))
+    with open(p, "rb") as fh:
+        return sum(1 for line in fh if line.strip())
+
+
+def load_split(data_cfg: Any, split: str) -> list[dict[str, Any]]:
+    """The examples of `data.train_file` (split "train") or `data.val_file` ("val"), mapped by the
+    recipe's fields."""
+    path = data_cfg.train_file if split == "train" else data_cfg.val_file
+    return load_examples(path, Fields.of(data_cfg))
 
 
 class PromptDraw(NamedTuple):

@@ -2,7 +2,9 @@
 
 Owns the registry: `@register_env("addition")` on a class makes `make_env(env_config,
 tokenizer)` build it for the recipe's `env.type: addition`; `ENVS` maps each type to its
-class. Importing this package registers the built-in environments (`addition`, `chain`).
+class (or, for `custom`, the factory that builds the user's class). Importing this package
+registers the built-in environments (`addition`, `chain_addition`, `custom`, `reasoning_gym`,
+`reward_functions`).
 The base class every environment extends is `rl_core.envs.base.BaseEnv` (the contract:
 `rl_core.protocols.Environment`).
 """
@@ -51,6 +53,9 @@ def make_env(env_config: Any, tokenizer: Any) -> BaseEnv:
 from rl_core.envs.base import BaseEnv, Completion  # noqa: E402
 from rl_core.envs.addition import AdditionEnv  # noqa: E402  (registers "addition")
 from rl_core.envs.chain import ChainAdditionEnv  # noqa: E402  (registers "chain_addition")
+from rl_core.envs.custom import build_custom_env  # noqa: E402  (registers "custom")
+from rl_core.envs.reasoning_gym import ReasoningGymEnv  # noqa: E402  (registers "reasoning_gym")
+from rl_core.envs.reward_functions import RewardFunctionsEnv  # noqa: E402  (registers "reward_functions")
 
-__all__ = ["AdditionEnv", "BaseEnv", "ChainAdditionEnv", "Completion", "ENVS", "make_env", "register_env",
-           "registered_envs"]
+__all__ = ["AdditionEnv", "BaseEnv", "ChainAdditionEnv", "Completion", "ENVS", "ReasoningGymEnv", "RewardFunctionsEnv",
+           "build_custom_env", "make_env", "register_env", "registered_envs"]

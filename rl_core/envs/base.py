@@ -80,12 +80,22 @@ class BaseEnv(ABC):
 
     def prompt_text(self, example: dict[str, Any]) -> str:
         """The observation as text (hook; default: the example's `prompt`)."""
+        if "prompt" not in example and "messages" in example:
+            raise ValueError(f"environment {self.name}: this example is a chat (data.messages_key) without a "
+                             f"text prompt; it needs an environment that uses the chat template")
         return str(example["prompt"])
 
     def messages(self, example: dict[str, Any]) -> list[dict[str, str]]:
-        """The chat messages of the observation (used with `use_chat_template`)."""
-        msgs = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        msgs.append({"role": "user", "content": self.prompt_text(example)})
+        """The chat messages of the observation (used with `use_chat_template`; hook): the example's
+        `messages` when the data has chats (`data.messages_key`), else one user turn of
+        `prompt_text`; `system_prompt`, if set, goes first unless the chat starts with its own."""
+        chat = example.get("messages")
+        if isinstance(chat, list) and chat:
+            msgs = [dict(m) for m in chat]
+        else:
+            msgs = [{"role": "user", "content": self.prompt_text(example)}]
+        if self.system_prompt and msgs[0].get("role") != "system":
+            msgs.insert(0, {"role": "system", "content": self.system_prompt})
         return msgs
 
     def prompt_ids(self, example: dict[str, Any]) -> list[int]:

@@ -38,8 +38,9 @@ def load_workflow_recipe(recipe: str, run: str, overrides: list[str] | None = No
 
 
 def _count_examples(path: str) -> int:
-    with open(path, "rb") as fh:
-        return sum(1 for line in fh if line.strip())
+    from rl_core.data.dataset import count_rows
+
+    return count_rows(path)
 
 
 def plan_epochs(cfg: RecipeConfig) -> list[dict]:
@@ -199,7 +200,7 @@ def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json
     from transformers import AutoTokenizer
 
     from rl_core.checkpoint import verify_checkpoint
-    from rl_core.data.dataset import load_jsonl
+    from rl_core.data.dataset import Fields, load_examples
     from rl_core.envs import make_env
     from rl_core.fsutil import atomic_write_json
     from rl_core.generation.backend import NativeBackend
@@ -220,7 +221,7 @@ def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json
         model_dir = ck
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     env = make_env(cfg.env, tokenizer)
-    examples = load_jsonl(data_file or cfg.data.val_file)
+    examples = load_examples(data_file or cfg.data.val_file, Fields.of(cfg.data))
     engine = NativeEngine.from_pretrained(model_dir, device=trainer_device(cfg), dtype=cfg.model.dtype,
                                           max_batch_size=cfg.generation.max_batch_size, weight_version=version,
                                           decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))

@@ -79,7 +79,7 @@ def build_parts(cfg: RecipeConfig, policy_dir: str | Path, *, trainer_state: dic
 
     from rl_core.algorithms.losses import make_loss
     from rl_core.controller.controller import Parts
-    from rl_core.data.dataset import PromptSource, load_task_data
+    from rl_core.data.dataset import Fields, PromptSource, load_task_data
     from rl_core.envs import make_env
     from rl_core.launch.placement import build_overlapped
     from rl_core.samplers import make_sampler
@@ -87,7 +87,8 @@ def build_parts(cfg: RecipeConfig, policy_dir: str | Path, *, trainer_state: dic
 
     device = trainer_device(cfg)
     tokenizer = AutoTokenizer.from_pretrained(str(policy_dir))
-    train_examples, val_examples = load_task_data(cfg.data.train_file, cfg.data.val_file)
+    train_examples, val_examples = load_task_data(cfg.data.train_file, cfg.data.val_file,
+                                                  fields=Fields.of(cfg.data))
     if cfg.data.max_train_examples is not None:
         train_examples = train_examples[: cfg.data.max_train_examples]
     env = make_env(cfg.env, tokenizer)

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from rl_core.data.dataset import load_task_data
+from rl_core.data.dataset import Fields, load_task_data
 from rl_core.envs import make_env
 from rl_core.errors import RecipeError
 from rl_core.model.tiny import build_tiny_model, load_hf_dir, num_parameters, save_hf_dir, write_dir_atomically
@@ -65,7 +65,7 @@ def init_policy(cfg: Any, out_dir: str | Path, log: Callable[[str], None] | None
 def _init_tiny(cfg: Any, out_dir: Path, log: Callable[[str], None] | None) -> dict[str, Any]:
     t0 = time.perf_counter()
     tiny, seed = cfg.model.tiny, cfg.grpo.seed
-    train, val = load_task_data(cfg.data.train_file, cfg.data.val_file)
+    train, val = load_task_data(cfg.data.train_file, cfg.data.val_file, fields=Fields.of(cfg.data))
     tokenizer = build_tokenizer(train, tiny.tokenizer_vocab_size, model_max_length=tiny.max_position_embeddings)
     env = make_env(cfg.env, tokenizer)
     longest = check_lengths(env, train + val, cfg.generation.max_tokens, tiny.max_position_embeddings)

@@ -1,0 +1,100 @@
+"""Data files of a reasoning-gym task: `rl-core make-data reasoning_gym`.
+
+Owns: generating a task's training and held-out examples with seeds and writing them as
+JSON lines (`make_reasoning_gym_data`), and building the task's dataset object
+(`task_dataset`, whose errors name the recipe or command-line field).
+
+Reproducibility: reasoning-gym's procedural datasets make item `i` from `(seed, i)` alone, so
+the same task, config, sizes and seed write byte-identical files; the held-out set uses seed
+`seed + 1` and skips any question already in the training set (it is drawn until it has
+`num_val` unseen questions), so it stays fixed and disjoint from training. Each row holds
+`id`, `prompt` (the question), `answer` (the task's reference answer, a string), `task` and
+`metadata` (what the task's scorer reads), JSON-encoded (tuples become lists; a value
+JSON cannot hold is written as its string).
+
+Does not own: scoring (rl_core.envs.reasoning_gym) or reading the files (dataset.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rl_core.data.addition import to_jsonl
+from rl_core.fsutil import atomic_write_text
+
+TRAIN_FILE, VAL_FILE = "train.jsonl", "val.jsonl"
+
+
+def task_dataset(task: str, config: dict[str, Any], size: int = 1, seed: int = 0, *,
+                 task_field: str = "env.task", config_field: str = "env.config") -> Any:
+    """`reasoning_gym.create_dataset(task, size=size, seed=seed, **config)`; an unknown task or a
+    config the task refuses is a RecipeError naming `task_field` / `config_field`."""
+    from rl_core.errors import RecipeError
+
+    try:
+        import reasoning_gym
+        from reasoning_gym.factory import DATASETS
+    except ImportError as exc:
+        raise RecipeError.single(task_field, task, f"the reasoning-gym package (not importable: {exc})",
+                                 "install rl_core's `tasks` extra: pip install -e '.[tasks]' (make setup does).") from None
+    if task not in DATASETS:
+        import difflib
+
+        close = difflib.get_close_matches(task, sorted(DATASETS), n=3)
+        raise RecipeError.single(task_field, task, f"a reasoning-gym task name ({len(DATASETS)} known"
+                                 + (f"; close: {', '.join(close)}" if close else "") + ")",
+                                 "pick a name from reasoning_gym.factory.DATASETS (e.g. basic_arithmetic, chain_sum).")
+    bad = [k for k in ("size", "seed") if k in config]
+    if bad:
+        raise RecipeError.single(config_field, config, f"the task's settings without {', '.join(bad)}",
+                                 "sizes and seeds are make-data's --num-train/--num-val/--seed; remove them from the config.")
+    try:
+        return reasoning_gym.create_dataset(task, size=size, seed=seed, **config)
+    except (TypeError, ValueError, AssertionError) as exc:
+        raise RecipeError.single(config_field, config, f"settings the {task} task accepts ({type(exc).__name__}: {exc})",
+                                 f"fix the settings (see the fields of {task}'s config class in reasoning_gym).") from None
+
+
+def _row(i: int, task: str, entry: dict[str, Any]) -> dict[str, Any]:
+    metadata = json.loads(json.dumps(entry.get("metadata") or {}, default=str))
+    return {"id": i, "prompt": str(entry["question"]), "answer": str(entry["answer"]), "task": task,
+            "metadata": metadata}
+
+
+def reasoning_gym_examples(task: str, config: dict[str, Any], num_train: int, num_val: int,
+                           seed: int = 0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train, val) rows of `task` (see the module docstring)."""
+    from rl_core.errors import RecipeError
+
+    train_ds = task_dataset(task, config, size=num_train, seed=seed, task_field="--name", config_field="--config")
+    train = [_row(i, task, train_ds[i]) for i in range(num_train)]
+    seen = {r["prompt"] for r in train}
+    tries = 20 * num_val + 100
+    val_ds = task_dataset(task, config, size=tries, seed=seed + 1, task_field="--name", config_field="--config")
+    val: list[dict[str, Any]] = []
+    for j in range(tries):
+        row = _row(num_train + len(val), task, val_ds[j])
+        if row["prompt"] in seen:
+            continue
+        seen.add(row["prompt"])
+        val.append(row)
+        if len(val) == num_val:
+            break
+    if len(val) < num_val:
+        raise RecipeError.single("--num-val", num_val, f"at most the {len(val)} held-out questions of {task} that are "
+                                 f"not in the training set (the task has few distinct questions with this config)",
+                                 "lower --num-val or --num-train, or widen the task's config.")
+    return train, val
+
+
+def make_reasoning_gym_data(out_dir: str | Path, task: str, config: dict[str, Any], num_train: int, num_val: int,
+                            seed: int = 0) -> dict[str, Any]:
+    """Write `train.jsonl` and `val.jsonl` of a reasoning-gym task (atomically, validation first)."""
+    train, val = reasoning_gym_examples(task, config, num_train, num_val, seed)
+    out = Path(out_dir)
+    atomic_write_text(out / VAL_FILE, to_jsonl(val))
+    atomic_write_text(out / TRAIN_FILE, to_jsonl(train))
+    return {"train_file": str(out / TRAIN_FILE), "val_file": str(out / VAL_FILE), "num_train": len(train),
+            "num_val": len(val), "task": task, "config": config, "seed": seed}
