@@ -4,10 +4,12 @@ Owns: generating a task's training and held-out examples with seeds and writing 
 JSON lines (`make_reasoning_gym_data`), and building the task's dataset object
 (`task_dataset`, whose errors name the recipe or command-line field).
 
-Reproducibility: reasoning-gym's procedural datasets make item `i` from `(seed, i)` alone, so
-the same task, config, sizes and seed write byte-identical files; the held-out set uses seed
-`seed + 1` and skips any question already in the training set (it is drawn until it has
-`num_val` unseen questions), so it stays fixed and disjoint from training. Each row holds
+Reproducibility: reasoning-gym's procedural datasets make item `i` from `seed + i` alone (a
+`Random(seed + i)` per item), so the same task, config, sizes and seed write byte-identical
+files. The held-out set is drawn from seed `seed + VAL_SEED_OFFSET` (10^9: its items never
+share a generator seed with any training item, and it does not depend on `num_train`, so
+changing the training size leaves it as it was) and skips any question already in the
+training set (drawing on until it has `num_val` unseen questions): fixed and disjoint. Each row holds
 `id`, `prompt` (the question), `answer` (the task's reference answer, a string), `task` and
 `metadata` (what the task's scorer reads), JSON-encoded (tuples become lists; a value
 JSON cannot hold is written as its string).
@@ -25,6 +27,7 @@ from rl_core.data.addition import to_jsonl
 from rl_core.fsutil import atomic_write_text
 
 TRAIN_FILE, VAL_FILE = "train.jsonl", "val.jsonl"
+VAL_SEED_OFFSET = 10**9
 
 
 def task_dataset(task: str, config: dict[str, Any], size: int = 1, seed: int = 0, *,
@@ -72,7 +75,7 @@ def reasoning_gym_examples(task: str, config: dict[str, Any], num_train: int, nu
     train = [_row(i, task, train_ds[i]) for i in range(num_train)]
     seen = {r["prompt"] for r in train}
     tries = 20 * num_val + 100
-    val_ds = task_dataset(task, config, size=tries, seed=seed + 1, task_field="--name", config_field="--config")
+    val_ds = task_dataset(task, config, size=tries, seed=seed + VAL_SEED_OFFSET, task_field="--name", config_field="--config")
     val: list[dict[str, Any]] = []
     for j in range(tries):
         row = _row(num_train + len(val), task, val_ds[j])

@@ -44,11 +44,65 @@ def cmd_docs(args) -> int:
 
 
 def cmd_make_data(args) -> int:
+    if args.task == "reasoning_gym":
+        return _make_reasoning_gym_data(args)
     from rl_core.data.addition import check_make_data_args, make_addition_data
 
-    check_make_data_args(args.out, args.num_val, seed=args.seed, force=args.force)  # before anything is written
-    make_addition_data(args.out, num_val=args.num_val, seed=args.seed)
-    print(f"wrote {args.out}/train.jsonl and {args.out}/val.jsonl")
+    for opt in ("name", "config", "num_train"):
+        if getattr(args, opt) is not None:
+            from rl_core.errors import ArgumentError
+
+            raise ArgumentError(f"--{opt.replace('_', '-')}", getattr(args, opt), "no value for the addition task "
+                                "(it is a reasoning_gym option)", "remove it, or run `rl-core make-data reasoning_gym`.",
+                                "make-data")
+    out = args.out or "data/addition"
+    num_val = 1000 if args.num_val is None else args.num_val
+    check_make_data_args(out, num_val, seed=args.seed, force=args.force)  # before anything is written
+    make_addition_data(out, num_val=num_val, seed=args.seed)
+    print(f"wrote {out}/train.jsonl and {out}/val.jsonl")
+    return 0
+
+
+def _make_reasoning_gym_data(args) -> int:
+    from rl_core.data.reasoning_gym import TRAIN_FILE, VAL_FILE, make_reasoning_gym_data, reasoning_gym_examples
+    from rl_core.data.addition import to_jsonl
+    from rl_core.errors import ArgumentError
+
+    if not args.name:
+        raise ArgumentError("--name", None, "a reasoning-gym task name", "pass e.g. --name basic_arithmetic.",
+                            "make-data")
+    try:
+        config = json.loads(args.config) if args.config else {}
+    except json.JSONDecodeError as exc:
+        raise ArgumentError("--config", args.config, f"a JSON object of the task's settings ({exc.msg})",
+                            """pass e.g. --config '{"min_terms": 2, "max_terms": 2}'.""", "make-data") from None
+    if not isinstance(config, dict):
+        raise ArgumentError("--config", args.config, "a JSON object of the task's settings",
+                            """pass e.g. --config '{"min_terms": 2, "max_terms": 2}'.""", "make-data")
+    num_train = 2000 if args.num_train is None else args.num_train
+    num_val = 200 if args.num_val is None else args.num_val
+    for opt, value in (("--num-train", num_train), ("--num-val", num_val)):
+        if value < 1:
+            raise ArgumentError(opt, value, "a positive number of examples", f"pass e.g. {opt} 200.", "make-data")
+    out = Path(args.out or f"data/reasoning_gym/{args.name}")
+    if out.exists() and not out.is_dir():
+        raise ArgumentError("--out", str(out), "a directory to write train.jsonl and val.jsonl into (created if missing)",
+                            f"{out} is a file; choose another --out (rl_core does not overwrite it).", "make-data")
+    if not args.force and any((out / n).exists() for n in (TRAIN_FILE, VAL_FILE)):
+        train, val = reasoning_gym_examples(args.name, config, num_train, num_val, args.seed)
+        for name, rows in ((TRAIN_FILE, train), (VAL_FILE, val)):
+            f = out / name
+            try:
+                same = not f.exists() or f.read_text() == to_jsonl(rows)
+            except (OSError, UnicodeDecodeError):
+                same = False
+            if not same:
+                raise ArgumentError("--out", str(out), f"a directory without a {name} that holds other data",
+                                    f"{f} exists with different content; choose another --out, or pass --force to "
+                                    f"overwrite it.", "make-data")
+    summary = make_reasoning_gym_data(out, args.name, config, num_train, num_val, args.seed)
+    print(f"wrote {summary['num_train']} training and {summary['num_val']} held-out examples of {args.name}: "
+          f"{summary['train_file']}, {summary['val_file']}")
     return 0
 
 
@@ -141,11 +195,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["text", "markdown"], default="text")
     p.set_defaults(func=cmd_docs)
 
-    p = sub.add_parser("make-data", help="generate a toy task's data files")
-    p.add_argument("task", choices=["addition"])
-    p.add_argument("--out", default="data/addition")
-    p.add_argument("--num-val", type=int, default=1000)
-    p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("make-data", help="generate a task's data files (train.jsonl, val.jsonl)")
+    p.add_argument("task", choices=["addition", "reasoning_gym"],
+                   help="addition: the toy task; reasoning_gym: a reasoning-gym task (--name, --config), "
+                        "generated with seeds (the same arguments write the same files)")
+    p.add_argument("--out", default=None, help="directory to write (default data/addition, or "
+                                               "data/reasoning_gym/<name>)")
+    p.add_argument("--num-val", type=int, default=None, help="held-out examples (default 1000 for addition, 200 "
+                                                             "for reasoning_gym)")
+    p.add_argument("--seed", type=int, default=0, help="seed (reasoning_gym: of the training set; the held-out set uses seed + 10^9)")
+    p.add_argument("--name", default=None, help="reasoning_gym: the task name (e.g. basic_arithmetic)")
+    p.add_argument("--config", default=None, help="reasoning_gym: the task's settings as a JSON object (the recipe's "
+                                                  "env.config must be the same)")
+    p.add_argument("--num-train", type=int, default=None, help="reasoning_gym: training examples (default 2000)")
     p.add_argument("--force", action="store_true",
                    help="overwrite train.jsonl / val.jsonl in --out even when they hold other data")
     p.set_defaults(func=cmd_make_data)
