@@ -273,10 +273,10 @@ def preflight(cfg: RecipeConfig, source: str | None = None) -> None:
     if problems:
         raise RecipeError(problems, source)
     check_output_dir(run_dir(cfg), "output_dir", source)
-    _check_data(cfg, source)
     from rl_core.config.env_plugins import check_env_config  # the env's plug-ins and task, before anything is built
 
     check_env_config(cfg, source)
+    _check_data(cfg, source)
     if cfg.async_rl.sampler.type == "custom":  # import, construct and check it now, not after the build
         from rl_core.samplers import build_custom_sampler
 

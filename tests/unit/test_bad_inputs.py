@@ -131,6 +131,67 @@ def _sampler(target: str, kwargs: str = "{}"):
     return make
 
 
+ENV_MODULE = '''
+from rl_core.envs.base import BaseEnv
+from rl_core.types import EnvResult
+
+class Abstract(BaseEnv):
+    name = "abstract"
+
+class NotAnEnv:
+    def __init__(self, config, tokenizer):
+        pass
+
+class OneArg(BaseEnv):
+    def __init__(self, config):
+        pass
+    def score_completion(self, example, completion):
+        return EnvResult(reward=0.0)
+
+def reward(prompt, completion, example):
+    return 1.0
+
+def two_args(prompt, completion):
+    return 1.0
+
+not_callable = 3
+'''
+
+
+def _env(env_yaml: str, data_yaml: str = ""):
+    def make(tmp):
+        (tmp / "my_env_plugins.py").write_text(ENV_MODULE)
+        return (f"env: {env_yaml}\n" + data_yaml, [])
+    return make
+
+
+def _rows_file(name: str, rows: list, fmt: str, data_yaml: str = ""):
+    """A Parquet file or a save_to_disk directory of `rows`, as data.train_file."""
+    def make(tmp):
+        if fmt == "parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            p = tmp / name
+            pq.write_table(pa.Table.from_pylist(rows), p)
+        elif fmt == "dataset_dict":
+            import datasets
+
+            p = tmp / name
+            datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)}).save_to_disk(str(p))
+        else:
+            import datasets
+
+            p = tmp / name
+            datasets.Dataset.from_list(rows).save_to_disk(str(p))
+        return (f"data:\n  train_file: {p}\n" + data_yaml, [])
+    return make
+
+
+GOOD_ROWS = [{"prompt": "07+45=", "answer": "250"}] * 20
+CHAT_ENV = "env: {type: reasoning_gym, task: basic_arithmetic, use_chat_template: true}\n"
+
+
 CASES = {
     # ---- recipe files: YAML
     "yaml_duplicate_section": (_recipe("grpo: {seed: 1}\ngrpo: {seed: 2}\n"), ["grpo", "line 3", "line 4"]),
@@ -224,6 +285,53 @@ CASES = {
     "data_too_few_examples": (_data_case("few.jsonl", GOOD_ROW * 3), ["grpo.num_prompts_per_step", "3"]),
     "data_file_is_directory": (lambda tmp: (f"data:\n  train_file: {tmp}\n", []), ["data.train_file"]),
     "eval_set_bad_row": (_eval_set, ["evaluation.sets.hard", "eval.jsonl", "line 2", "'prompt'"]),
+    # ---- data formats and field mapping
+    "data_parquet_bad_row": (_rows_file("t.parquet", GOOD_ROWS[:3] + [{"prompt": None, "answer": "1"}], "parquet"),
+                             ["data.train_file", "t.parquet, row 4", "'prompt'", "null"]),
+    "data_save_to_disk_bad_row": (_rows_file("t_dir", GOOD_ROWS[:2] + [{"prompt": "1+1=", "answer": None}], "dir"),
+                                  ["data.train_file", "t_dir, row 3", "'answer'"]),
+    "data_dataset_dict": (_rows_file("dd", GOOD_ROWS, "dataset_dict"), ["data.train_file", "DatasetDict", "dd/train"]),
+    "data_not_parquet": (_data_case("fake.parquet", GOOD_ROW), ["data.train_file", "fake.parquet", "not a readable Parquet"]),
+    "data_prompt_key_missing": (_recipe("data:\n  prompt_key: question\n"), ["data.train_file", "line 1", "'question'"]),
+    "data_answer_key_missing": (_rows_file("a.parquet", GOOD_ROWS, "parquet", "  answer_key: solution\n"),
+                                ["a.parquet, row 1", "'solution'"]),
+    "data_messages_not_a_list": (_rows_file("m.parquet", [{"chat": "hi", "answer": "1"}] * 20, "parquet",
+                                            "  messages_key: chat\n" + CHAT_ENV), ["m.parquet, row 1", "'chat'", "list of messages"]),
+    "data_messages_bad_role": (_rows_file("r_dir", [{"chat": [{"role": "robot", "content": "x"}], "answer": "1"}] * 20,
+                                          "dir", "  messages_key: chat\n" + CHAT_ENV), ["r_dir, row 1", "'chat'", "'role'"]),
+    "data_messages_without_chat_env": (_recipe("data:\n  messages_key: prompt\n"), ["data.messages_key", "chat template"]),
+    "data_bad_prompt_key_type": (_override("data.prompt_key=5"), ["data.prompt_key"]),
+    # ---- environments by import path (custom classes, reward functions, reasoning_gym)
+    "env_custom_not_importable": (_env("{type: custom, target: 'no_such_env_mod_xyz:Env'}"),
+                                  ["env.target", "no_such_env_mod_xyz", "PYTHONPATH"]),
+    "env_custom_name_missing": (_env("{type: custom, target: 'my_env_plugins:Missing'}"), ["env.target", "Missing"]),
+    "env_custom_not_a_class": (_env("{type: custom, target: 'my_env_plugins:reward'}"), ["env.target", "a class"]),
+    "env_custom_not_an_env": (_env("{type: custom, target: 'my_env_plugins:NotAnEnv'}"),
+                              ["env.target", "rl_core.protocols.Environment", "missing: name"]),
+    "env_custom_abstract": (_env("{type: custom, target: 'my_env_plugins:Abstract'}"),
+                            ["env.target", "score_completion"]),
+    "env_custom_constructor": (_env("{type: custom, target: 'my_env_plugins:OneArg'}"),
+                               ["env.target", "(config, tokenizer)"]),
+    "env_custom_bad_target_syntax": (_env("{type: custom, target: 'my_env_plugins.Env'}"), ["env.target"]),
+    "env_custom_no_target": (_env("{type: custom}"), ["env.target", "(missing)"]),
+    "env_rf_not_importable": (_env("{type: reward_functions, functions: [{target: 'no_such_rf_mod:f'}]}"),
+                              ["env.functions[0].target", "no_such_rf_mod"]),
+    "env_rf_missing": (_env("{type: reward_functions, functions: [{target: 'my_env_plugins:reward'}, "
+                            "{target: 'my_env_plugins:nope'}]}"), ["env.functions[1].target", "nope"]),
+    "env_rf_not_callable": (_env("{type: reward_functions, functions: [{target: 'my_env_plugins:not_callable'}]}"),
+                            ["env.functions[0].target", "a function"]),
+    "env_rf_signature": (_env("{type: reward_functions, functions: [{target: 'my_env_plugins:two_args'}]}"),
+                         ["env.functions[0].target", "fn(prompt, completion, example)"]),
+    "env_rf_duplicate_names": (_env("{type: reward_functions, functions: [{target: 'my_env_plugins:reward'}, "
+                                    "{target: 'my_env_plugins:two_args', name: reward}]}"), ["env.functions[1].name"]),
+    "env_rf_empty": (_env("{type: reward_functions, functions: []}"), ["env.functions"]),
+    "env_rf_bool_weight": (_env("{type: reward_functions, functions: [{target: 'my_env_plugins:reward', weight: true}]}"),
+                           ["env.functions[0].weight"]),
+    "env_rg_unknown_task": (_env("{type: reasoning_gym, task: basic_arithmetc}"), ["env.task", "basic_arithmetic"]),
+    "env_rg_bad_config": (_env("{type: reasoning_gym, task: basic_arithmetic, config: {min_terms: 5, max_terms: 2}}"),
+                          ["env.config", "max_terms"]),
+    "env_rg_size_in_config": (_env("{type: reasoning_gym, task: basic_arithmetic, config: {size: 5}}"),
+                              ["env.config", "size"]),
 }
 
 
@@ -262,6 +370,7 @@ def test_bad_input_validate(name, tmp_path, capsys, monkeypatch):
         rc, err, dt = _run(tmp_path, ["validate", str(recipe), *extra], capsys)
     finally:
         sys.modules.pop("my_samplers", None)
+        sys.modules.pop("my_env_plugins", None)
         if (tmp_path / "ro").exists():
             (tmp_path / "ro").chmod(0o700)
     assert rc == 2, err
