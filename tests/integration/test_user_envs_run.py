@@ -48,6 +48,12 @@ def exact(prompt, completion, example):
 
 def short(prompt, completion, example):
     return -0.05 * len(completion)
+
+
+def flaky(prompt, completion, example):
+    if example["a"] % 2:
+        raise ZeroDivisionError("odd operand")
+    return 1.0
 '''
 
 STEPS = 3
@@ -113,6 +119,15 @@ def test_reward_functions_from_a_user_module_train(tmp_path, cold_policy, monkey
     assert {"reward/correct", "reward/short"} <= set(steps[-1])
     for m in steps:  # total = 1.0 * correct + 0.5 * short, averaged over the step's samples
         assert m["train/reward_mean"] == pytest.approx(m["reward/correct"] + 0.5 * m["reward/short"], abs=1e-6)
+
+
+def test_a_raising_reward_function_is_an_environment_error(tmp_path, cold_policy, monkeypatch, user_module):
+    """Default resilience policy: one data attempt per group, no dropped groups: the run stops,
+    naming the function; with a drop budget the failing groups are dropped and the run goes on."""
+    monkeypatch.chdir(ROOT)
+    env = "env={type: reward_functions, functions: [{target: 'user_tasks_mod:flaky'}]}"
+    with pytest.raises(Exception, match=r"reward function flaky \(user_tasks_mod:flaky\) raised ZeroDivisionError"):
+        _train(ROOT / "recipes" / "tiny-addition-short.yaml", tmp_path, cold_policy, "flaky", env)
 
 
 @pytest.mark.parametrize("example", ["custom_env", "reward_functions"])
