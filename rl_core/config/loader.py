@@ -243,8 +243,10 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] | None = None, pre
 
 
 def preflight(cfg: RecipeConfig, source: str | None = None) -> None:
-    """Checks that need the file system but nothing heavy: data files (every line), model
-    directory, the output directory, and a `custom` sampler (imported and constructed)."""
+    """Checks that need the file system but nothing heavy: data files (every row), model
+    directory, the output directory, the environment's plug-ins (a `custom` class, reward
+    functions, a reasoning_gym task: `env_plugins.check_env_config`), and a `custom` sampler
+    (imported and constructed)."""
     check_model_architecture(cfg, source)
     problems = []
     for field in ("train_file", "val_file"):
