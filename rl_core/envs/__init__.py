@@ -2,9 +2,9 @@
 
 Owns the registry: `@register_env("addition")` on a class makes `make_env(env_config,
 tokenizer)` build it for the recipe's `env.type: addition`; `ENVS` maps each type to its
-class (or, for `custom`, the factory that builds the user's class). Importing this package
-registers the built-in environments (`addition`, `chain_addition`, `custom`, `reasoning_gym`,
-`reward_functions`).
+class. Importing this package registers the built-in environments (`addition`,
+`chain_addition`, `reasoning_gym`, `reward_functions`); `env.type: custom` is no registry entry:
+`make_env` builds the user's class named by `env.target` (`rl_core.envs.custom`).
 The base class every environment extends is `rl_core.envs.base.BaseEnv` (the contract:
 `rl_core.protocols.Environment`).
 """
@@ -33,13 +33,17 @@ def register_env(type_name: str) -> Callable[[type[BaseEnv]], type[BaseEnv]]:
 
 
 def registered_envs() -> tuple[str, ...]:
-    """The environment types `make_env` knows, sorted."""
-    return tuple(sorted(ENVS))
+    """The environment types `make_env` knows, sorted (the registered ones and `custom`)."""
+    return tuple(sorted([*ENVS, "custom"]))
 
 
 def make_env(env_config: Any, tokenizer: Any) -> BaseEnv:
     """Build the environment registered under `env_config.type` for this tokenizer."""
     kind = getattr(env_config, "type", None)
+    if kind == "custom":  # the user's class, named by env.target (not a registry entry)
+        from rl_core.envs.custom import build_custom_env
+
+        return build_custom_env(env_config, tokenizer)
     cls = ENVS.get(kind)
     if cls is None:
         from rl_core.errors import RecipeError
@@ -53,7 +57,7 @@ def make_env(env_config: Any, tokenizer: Any) -> BaseEnv:
 from rl_core.envs.base import BaseEnv, Completion  # noqa: E402
 from rl_core.envs.addition import AdditionEnv  # noqa: E402  (registers "addition")
 from rl_core.envs.chain import ChainAdditionEnv  # noqa: E402  (registers "chain_addition")
-from rl_core.envs.custom import build_custom_env  # noqa: E402  (registers "custom")
+from rl_core.envs.custom import build_custom_env  # noqa: E402  (env.type: custom)
 from rl_core.envs.reasoning_gym import ReasoningGymEnv  # noqa: E402  (registers "reasoning_gym")
 from rl_core.envs.reward_functions import RewardFunctionsEnv  # noqa: E402  (registers "reward_functions")
 

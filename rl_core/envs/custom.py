@@ -1,8 +1,8 @@
 """`env.type: custom`: a user's environment class, found by import path.
 
-Owns: building the class named by `env.target` (`load_env_class` in
-rl_core.config.env_plugins checks it at recipe load, so a bad target stops `rl-core validate`
-before any model is built) (`build_custom_env`, registered as the `custom` type):
+Owns: building the class named by `env.target` (`build_custom_env`, which `make_env` calls
+for `env.type: custom`; `load_env_class` in rl_core.config.env_plugins checks the class at
+recipe load, so a bad target stops `rl-core validate` before any model is built) as
 `Class(config, tokenizer)`, where `config` is the recipe's `env` section (`config.kwargs`
 holds the user's settings) and `tokenizer` the policy's HF tokenizer, as for every built-in
 environment. The class is a `BaseEnv` subclass (the stable public hooks: `prompt_text`,
@@ -20,13 +20,11 @@ from __future__ import annotations
 from typing import Any
 
 from rl_core.config.env_plugins import ENV_TARGET_FIELD, PROTOCOL_MEMBERS, load_env_class
-from rl_core.envs.base import register_env
 from rl_core.errors import RecipeError
 
 __all__ = ["build_custom_env", "load_env_class"]
 
 
-@register_env("custom")
 def build_custom_env(config: Any, tokenizer: Any) -> Any:
     """Build the user class `Class(config, tokenizer)` and check the object against the protocol."""
     from rl_core.protocols import Environment

@@ -23,7 +23,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rl_core.envs.base import BaseEnv, Completion, register_env
+from rl_core.envs import register_env
+from rl_core.envs.base import BaseEnv, Completion
 from rl_core.types import EnvResult
 
 _TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)

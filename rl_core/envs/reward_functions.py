@@ -34,7 +34,8 @@ import numbers
 from typing import Any
 
 from rl_core.config.env_plugins import load_reward_functions
-from rl_core.envs.base import BaseEnv, Completion, register_env
+from rl_core.envs import register_env
+from rl_core.envs.base import BaseEnv, Completion
 from rl_core.types import EnvResult
 
 

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from integration.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 USER_MODULE = '''
 from rl_core.envs.base import BaseEnv
