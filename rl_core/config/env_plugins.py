@@ -6,7 +6,8 @@ Owns: importing and checking what the `env` section names: a `custom` class
 rl_core.protocols.Environment, constructed as `Class(config, tokenizer)`), the
 `reward_functions` (`load_reward_functions`: importable callables taking
 `(prompt, completion, example)`), a `reasoning_gym` task and its config; and the data/env
-pairing (`data.messages_key` needs an environment that renders the chat template). Every
+pairing (`data.messages_key` needs an environment that renders the chat template; data
+without answers, `data.answer_key: null`, needs an environment and a model that use none). Every
 failure is one RecipeError paragraph naming the field. torch-free (the environments
 themselves live in rl_core.envs, whose import pulls in torch); the user's own module may of
 course import what it likes.
@@ -96,6 +97,15 @@ def check_env_config(cfg: Any, source: str | None = None) -> None:
             task_dataset(env.task, dict(env.config))
     except RecipeError as exc:
         raise RecipeError(exc.problems, source) from None
+    if cfg.data.answer_key is None:
+        if env.type in ("addition", "chain_addition", "reasoning_gym"):
+            raise RecipeError.single("data.answer_key", None, f"a column of reference answers (env.type {env.type} "
+                                     f"scores against the example's answer)",
+                                     "set data.answer_key to the answer column (default: answer).", source)
+        if cfg.model.source == "tiny":
+            raise RecipeError.single("data.answer_key", None, "a column of reference answers with model.source tiny "
+                                     "(its tokenizer, length check and warm-up use the answers)",
+                                     "set data.answer_key, or use a pretrained model (model.source: hf).", source)
     if cfg.data.messages_key and env.type in ("addition", "chain_addition", "reward_functions", "reasoning_gym") \
             and not getattr(env, "use_chat_template", False):
         fix = ("set env.use_chat_template: true" if env.type in ("reward_functions", "reasoning_gym")

@@ -301,6 +301,9 @@ CASES = {
                                           "dir", "  messages_key: chat\n" + CHAT_ENV), ["r_dir, row 1", "'chat'", "'role'"]),
     "data_messages_without_chat_env": (_recipe("data:\n  messages_key: prompt\n"), ["data.messages_key", "chat template"]),
     "data_bad_prompt_key_type": (_override("data.prompt_key=5"), ["data.prompt_key"]),
+    "data_no_answers_for_addition": (_override("data.answer_key=null"), ["data.answer_key", "env.type addition"]),
+    "data_no_answers_for_tiny_model": (_env("{type: reward_functions, functions: [{target: 'my_env_plugins:reward'}]}",
+                                            "data: {answer_key: null}\n"), ["data.answer_key", "model.source tiny"]),
     # ---- environments by import path (custom classes, reward functions, reasoning_gym)
     "env_custom_not_importable": (_env("{type: custom, target: 'no_such_env_mod_xyz:Env'}"),
                                   ["env.target", "no_such_env_mod_xyz", "PYTHONPATH"]),
