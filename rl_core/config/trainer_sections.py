@@ -134,7 +134,7 @@ class TrainerConfig(Section):
 def check_trainer_placement(cfg) -> None:
     """Load-time rules tying trainer options to the device and to the node groups (`cluster.trainer`,
     `cluster.generation`); the launch itself is checked against them before any model is built
-    (`rl_core.launch.distributed.check_world`)."""
+    (`rl_core.distributed.check_world`)."""
     t, cluster = cfg.trainer, cfg.cluster
     if cfg.runtime.device == "cpu":
         for field, value in (("trainer.fsdp.mixed_precision", t.fsdp.mixed_precision),

@@ -33,7 +33,7 @@ from rl_core.generation.backend import GenerationError
 from rl_core.generation.http_fleet import (Endpoint, FleetPolicy, GenerationRequestError, ServerFleet, error_message,
                                            is_infra_status)
 from rl_core.generation.http_servers import EngineArgs, LocalServer
-from rl_core.launch.serve import DEFAULT_CONTROL_SECRET_ENV
+from rl_core.server_contract import DEFAULT_CONTROL_SECRET_ENV
 from rl_core.types import GenerationRequest, GenerationResult
 
 log = logging.getLogger(__name__)

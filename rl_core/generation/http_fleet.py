@@ -39,7 +39,7 @@ import httpx
 
 from rl_core.generation.backend import GenerationError
 from rl_core.generation.http_servers import LocalServer
-from rl_core.launch.serve import CONTROL_SECRET_HEADER
+from rl_core.server_contract import CONTROL_SECRET_HEADER
 
 log = logging.getLogger(__name__)
 

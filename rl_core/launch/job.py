@@ -108,7 +108,7 @@ class TrainEpochJob(submitit.helpers.Checkpointable):
 
         print(f"[job] {socket.gethostname()} pid {os.getpid()}: epoch {epoch} of {resolved_config_path} "
               f"from {prev_checkpoint} into {epoch_dir}", flush=True)
-        from rl_core.launch.distributed import detect_env
+        from rl_core.distributed import detect_env
 
         if detect_env().rank != 0:  # a worker rank of a multi-process trainer: rank 0 holds the lock
             return stages.train_epoch(resolved_config_path, epoch, prev_checkpoint, epoch_dir)

@@ -23,18 +23,20 @@ import json
 import os
 import socket
 import stat
-import struct
 from pathlib import Path
 
 from rl_core.errors import UserError
+from rl_core.server_contract import (  # noqa: F401  (re-exported: part of the command's surface)
+    CONTROL_SECRET_HEADER,
+    DEFAULT_CONTROL_SECRET_ENV,
+    check_safetensors_file,
+)
 
 # idle keep-alive connections live this long on the server: well above the clients' expiry
 # (rl_core's HTTP backend drops them after 2 s), so a client never sends on a closing socket
 SERVER_KEEPALIVE_S = 30
 
 DEFAULT_API_KEY_ENV = "RL_CORE_API_KEY"
-DEFAULT_CONTROL_SECRET_ENV = "RL_CORE_CONTROL_SECRET"
-CONTROL_SECRET_HEADER = "X-RL-Core-Secret"
 MIN_SECRET_CHARS = 16
 DEFAULT_MAX_CHOICES = 512
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
@@ -170,39 +172,6 @@ def check_numbers(args) -> None:
     if not args.kv_scale_margin > 0:
         raise ServeError(f"--kv-scale-margin got {args.kv_scale_margin}; expected a number > 0. Fix: leave it at "
                          "its default 2.0.")
-
-
-def check_safetensors_file(path: Path) -> None:
-    """Raise ValueError unless `path` is a complete safetensors file: an 8-byte header length,
-    a JSON header of tensor entries, and every tensor's data inside the file (read: the
-    header only)."""
-    size = path.stat().st_size
-    with open(path, "rb") as fh:
-        head = fh.read(8)
-        if len(head) < 8:
-            raise ValueError(f"{path} holds {size} bytes: too short for a safetensors file (truncated or empty)")
-        (n,) = struct.unpack("<Q", head)
-        if n > min(size - 8, 100 * 2**20):
-            raise ValueError(f"{path} is not a complete safetensors file: its header announces {n} bytes, the file "
-                             f"has {size} (truncated, or not safetensors)")
-        try:
-            header = json.loads(fh.read(n).decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            raise ValueError(f"{path} is not a safetensors file: its header is not JSON (garbage or another "
-                             "format)") from None
-    if not isinstance(header, dict):
-        raise ValueError(f"{path} is not a safetensors file: its header is not a JSON object")
-    end = 0
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-        if (not isinstance(offsets, list) or len(offsets) != 2
-                or not all(isinstance(o, int) and o >= 0 for o in offsets) or offsets[0] > offsets[1]):
-            raise ValueError(f"{path} is not a valid safetensors file: tensor {name!r} has no valid data_offsets")
-        end = max(end, offsets[1])
-    if 8 + n + end > size:
-        raise ValueError(f"{path} is truncated: its tensors need {8 + n + end} bytes, the file has {size}")
 
 
 def check_model_dir(model_dir: str | Path) -> Path:

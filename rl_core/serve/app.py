@@ -33,7 +33,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from safetensors import SafetensorError
 
 from rl_core.generation.backend import GenerationError, NativeBackend, StreamDelta
-from rl_core.launch.serve import CONTROL_SECRET_HEADER, DEFAULT_CONTROL_SECRET_ENV
+from rl_core.server_contract import CONTROL_SECRET_HEADER, DEFAULT_CONTROL_SECRET_ENV
 from rl_core.metrics.gc_pauses import freeze_setup_objects, unfreeze
 from rl_core.serve.protocol import (AbortRequest, ChatCompletionRequest, CompletionRequest, ReceiveWeightsRequest,
                                     UpdateWeightsRequest, WeightGroupRequest, _Sampling)
@@ -412,7 +412,7 @@ class Server:
 
 def _check_weight_files(path: Path) -> None:
     """Every *.safetensors file of a weight directory is complete (headers only are read)."""
-    from rl_core.launch.serve import check_safetensors_file
+    from rl_core.server_contract import check_safetensors_file
 
     files = sorted(path.glob("*.safetensors"))
     if not files:

@@ -42,7 +42,7 @@ def start_trainer_group(cfg, device: str | None = None) -> bool:
 
     Returns False on the driver (rank 0, or the only process): go on and build the run.
     Returns True on a worker rank once the driver has shut the group down: exit."""
-    from rl_core.launch.distributed import check_world, destroy_distributed, detect_env, init_distributed
+    from rl_core.distributed import check_world, destroy_distributed, detect_env, init_distributed
 
     env = detect_env()
     device = device or trainer_device(cfg)
@@ -174,6 +174,6 @@ def close_trainer(trainer) -> None:
     close = getattr(trainer, "close", None)
     if close is not None:
         close()
-        from rl_core.launch.distributed import destroy_distributed
+        from rl_core.distributed import destroy_distributed
 
         destroy_distributed()

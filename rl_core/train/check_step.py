@@ -5,7 +5,7 @@
     srun -n 2 python -m rl_core.train.check_step MODEL_DIR --backend fsdp2 --out r.json
 
 Every process runs this module; the trainer group forms from the launcher's environment
-(`rl_core.launch.distributed`), rank 0 drives, the other ranks follow. Rank 0 writes a
+(`rl_core.distributed`), rank 0 drives, the other ranks follow. Rank 0 writes a
 JSON result (per-step loss and gradient norm, logprobs of the batch before and after
 training, the world, the rendezvous source) and, with `--save-weights`, the exported weights as one
 safetensors file, so that runs of different backends and world sizes can be compared
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rl_core.algorithms.losses import make_loss
     from rl_core.config.loader import apply_overrides, validate_dict
-    from rl_core.launch.distributed import detect_env
+    from rl_core.distributed import detect_env
     from rl_core.train import close_trainer, make_trainer, start_trainer_group
 
     from transformers.utils import logging as hf_logging

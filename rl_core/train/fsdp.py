@@ -10,7 +10,7 @@ optimizer's full state dict for checkpoints, and sharded checkpoints with
 
 Process layout (see `spmd.py` and `data_parallel.py`): one process per device, launched
 as Slurm tasks (srun/submitit) or by torchrun, the default process group initialised by
-`rl_core.launch.distributed` (gloo on CPU, NCCL on GPU). The controller runs in rank 0
+`rl_core.distributed` (gloo on CPU, NCCL on GPU). The controller runs in rank 0
 and calls this object's public methods; the other ranks run `serve_worker`, which builds
 the same trainer from the constructor arguments rank 0 publishes and then follows its
 commands. Every rank trains a contiguous block of each chunk's samples.
@@ -71,7 +71,7 @@ class FSDPTrainer(DataParallelTrainer):
                  reference_dir: str | Path | None = None):
         if not dist.is_initialized():
             raise RuntimeError("FSDPTrainer needs an initialised process group: build it with "
-                               "rl_core.train.make_trainer (which calls rl_core.launch.distributed.init_distributed)")
+                               "rl_core.train.make_trainer (which calls rl_core.distributed.init_distributed)")
         kwargs = dict(model_dir=str(model_dir), cfg=cfg, logprob_temperature=logprob_temperature, device=device,
                       dtype=dtype, keep_reference=keep_reference, version=version, reference_dir=reference_dir)
         rank, world = dist.get_rank(), dist.get_world_size()

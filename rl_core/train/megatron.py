@@ -10,7 +10,7 @@ export of the full weights back in the HF layout (so refit feeds the native engi
 vLLM) and the HF safetensors directory of checkpoints.
 
 Process layout: the same rank-0 driver / following workers as fsdp2 (`spmd.py`,
-`data_parallel.py`): the process group comes from `rl_core.launch.distributed`, Megatron's
+`data_parallel.py`): the process group comes from `rl_core.distributed`, Megatron's
 model-parallel groups are made here (tensor parallel x data parallel; pipeline parallel
 is rejected at config load). Each data-parallel rank trains a contiguous block of a
 chunk; the ranks of one tensor-parallel group see the same block.

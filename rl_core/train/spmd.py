@@ -24,7 +24,7 @@ fails inside a collective the workers fail by the collective timeout or when ran
 process exits and closes the store.
 
 Does not own: what the commands do (the trainers) or the process group's set-up
-(`rl_core.launch.distributed`).
+(`rl_core.distributed`).
 """
 
 from __future__ import annotations

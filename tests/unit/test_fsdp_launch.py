@@ -8,7 +8,7 @@ import pytest
 
 from rl_core.config import apply_overrides, validate_dict
 from rl_core.errors import RecipeError
-from rl_core.launch.distributed import check_world, detect_env, expand_nodelist
+from rl_core.distributed import check_world, detect_env, expand_nodelist
 
 
 def cfg(*overrides: str):
