@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from rl_core.config.base import Section, _fail
+from rl_core.config.base import Section, fail
 
 
 # --------------------------------------------------------------------------- algorithm
@@ -45,11 +45,11 @@ class GRPOConfig(Section):
     @model_validator(mode="after")
     def _group(self):
         if self.num_minibatches > self.samples_per_step:
-            _fail("grpo.num_minibatches", self.num_minibatches,
+            fail("grpo.num_minibatches", self.num_minibatches,
                   f"at most the samples of one step ({self.samples_per_step})",
                   "lower grpo.num_minibatches.")
         if self.num_generations_per_prompt < 2:
-            _fail("grpo.num_generations_per_prompt", self.num_generations_per_prompt,
+            fail("grpo.num_generations_per_prompt", self.num_generations_per_prompt,
                   "an integer >= 2 (GRPO normalises each sample's reward against the other samples of its prompt)",
                   "set grpo.num_generations_per_prompt to 2 or more (8 is typical).")
         return self
@@ -106,25 +106,25 @@ class AdvantageConfig(Section):
         for name, estimators in only.items():
             value = getattr(self, name)
             if self.estimator not in estimators and value != type(self).model_fields[name].default:
-                _fail(f"advantage.{name}", value,
+                fail(f"advantage.{name}", value,
                       f"its default ({type(self).model_fields[name].default!r}) under estimator '{self.estimator}' "
                       f"(only {', '.join(estimators)} read it)",
                       f"remove advantage.{name}, or set advantage.estimator to {' or '.join(estimators)}.")
         if self.std_of == "others" and (self.baseline != "leave_one_out" or not self.normalize_std):
-            _fail("advantage.std_of", "others",
+            fail("advantage.std_of", "others",
                   "'group' unless advantage.baseline is leave_one_out and advantage.normalize_std is true (the std of "
                   "the other samples goes with their mean as the baseline)",
                   "set advantage.baseline: leave_one_out and advantage.normalize_std: true, or remove advantage.std_of.")
         if self.reward_weights and not any(w != 0 for w in self.reward_weights.values()):
-            _fail("advantage.reward_weights", self.reward_weights, "at least one non-zero weight",
+            fail("advantage.reward_weights", self.reward_weights, "at least one non-zero weight",
                   "give the components that matter a positive weight (e.g. {correct: 1.0}).")
         if self.kl_in_reward_coef > 0:
             if self.estimator == "gdpo":
-                _fail("advantage.kl_in_reward_coef", self.kl_in_reward_coef,
+                fail("advantage.kl_in_reward_coef", self.kl_in_reward_coef,
                       "0 under estimator 'gdpo' (GDPO normalises each named component per group; a KL penalty is not one of them)",
                       "use loss.kl_coef for a KL term with gdpo, or another estimator.")
             if self.kl_in_reward_level == "token" and self.estimator not in ("reinforce_pp", "gae"):
-                _fail("advantage.kl_in_reward_level", "token",
+                fail("advantage.kl_in_reward_level", "token",
                       f"'sequence' under estimator '{self.estimator}' (it turns one reward per sample into one advantage per sample)",
                       "set advantage.kl_in_reward_level: sequence, or use estimator reinforce_pp or gae (per-token returns).")
         return self
@@ -149,11 +149,11 @@ class ImportanceSamplingConfig(Section):
     @model_validator(mode="after")
     def _range(self):
         if self.max_ratio <= self.min_ratio:
-            _fail("loss.importance_sampling.max_ratio", self.max_ratio,
+            fail("loss.importance_sampling.max_ratio", self.max_ratio,
                   f"a value above loss.importance_sampling.min_ratio ({self.min_ratio})",
                   "raise max_ratio (2.0 is common) or lower min_ratio.")
         if self.truncation == "seq-mask-tis" and self.level != "sequence":
-            _fail("loss.importance_sampling.level", self.level,
+            fail("loss.importance_sampling.level", self.level,
                   "'sequence' with truncation 'seq-mask-tis' (it decides per sequence on the geometric-mean ratio; kept sequences use their raw token weights)",
                   "set loss.importance_sampling.level: sequence, or truncation: icepop to drop single tokens.")
         return self
@@ -193,14 +193,14 @@ class LossConfig(Section):
             for name in ("clip_eps_low", "clip_eps_high", "dual_clip_c", "ratio_level"):
                 value, default = getattr(self, name), type(self).model_fields[name].default
                 if value != default:
-                    _fail(f"loss.{name}", value, f"its default ({default!r}) with loss.type 'reinforce' (no ratio, no clipping)",
+                    fail(f"loss.{name}", value, f"its default ({default!r}) with loss.type 'reinforce' (no ratio, no clipping)",
                           f"remove loss.{name}, or set loss.type: clipped_pg.")
         if self.empty_sequences != "drop" and self.aggregation != "sequence":
-            _fail("loss.empty_sequences", self.empty_sequences,
+            fail("loss.empty_sequences", self.empty_sequences,
                   "'drop' with loss.aggregation 'token' (a sequence without trained tokens adds nothing to a token mean)",
                   "set loss.aggregation: sequence, or remove loss.empty_sequences.")
         if self.ratio_level == "sequence" and self.aggregation != "sequence":
-            _fail("loss.aggregation", self.aggregation,
+            fail("loss.aggregation", self.aggregation,
                   "'sequence' with loss.ratio_level 'sequence' (GSPO's objective averages one clipped ratio per sequence; token aggregation would weight each sequence by its length)",
                   "set loss.aggregation: sequence, or loss.ratio_level: token.")
         return self
@@ -238,10 +238,10 @@ class RewardScalingConfig(Section):
     @model_validator(mode="after")
     def _ranges(self):
         if self.source_max <= self.source_min:
-            _fail("reward_shaping.scaling.source_max", self.source_max, f"a value above source_min ({self.source_min})",
+            fail("reward_shaping.scaling.source_max", self.source_max, f"a value above source_min ({self.source_min})",
                   "set the environment's reward range, e.g. source_min: 0, source_max: 1.")
         if self.target_max == self.target_min:
-            _fail("reward_shaping.scaling.target_max", self.target_max,
+            fail("reward_shaping.scaling.target_max", self.target_max,
                   f"a value other than target_min ({self.target_min}) (equal ends make every reward the same)",
                   "set target_min and target_max to the range you want, e.g. -1 and 1.")
         return self

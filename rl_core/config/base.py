@@ -91,8 +91,9 @@ class BoolNotNumber(ValueError):
         super().__init__(f"`{key}`: {expected}")
 
 
-def _fail(field: str, value, expected: str, fix: str):
-    # Raised inside validators; the loader turns it into a RecipeError paragraph.
+def fail(field: str, value, expected: str, fix: str):
+    """Raise the one-paragraph `RecipeError` for `field` (every config module's validators use
+    this; the loader reports it as is)."""
     from rl_core.errors import RecipeError
 
     raise RecipeError.single(field, value, expected, fix)

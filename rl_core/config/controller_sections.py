@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, model_validator
 
-from rl_core.config.base import Section, _fail
+from rl_core.config.base import Section, fail
 
 
 # --------------------------------------------------------------------------- async controller
@@ -35,15 +35,15 @@ class AdaptiveStalenessConfig(Section):
     @model_validator(mode="after")
     def _ordered(self):
         if self.min_lookahead_versions > self.max_lookahead_versions:
-            _fail("async_rl.sampler.adaptive.min_lookahead_versions", self.min_lookahead_versions,
+            fail("async_rl.sampler.adaptive.min_lookahead_versions", self.min_lookahead_versions,
                   f"at most async_rl.sampler.adaptive.max_lookahead_versions ({self.max_lookahead_versions})",
                   "lower min_lookahead_versions or raise max_lookahead_versions.")
         if self.low_threshold >= self.high_threshold:
-            _fail("async_rl.sampler.adaptive.low_threshold", self.low_threshold,
+            fail("async_rl.sampler.adaptive.low_threshold", self.low_threshold,
                   f"below async_rl.sampler.adaptive.high_threshold ({self.high_threshold}); the band between them is the hysteresis",
                   "lower low_threshold or raise high_threshold (e.g. 1.0e-3 and 3.0e-3 for gen_train_kl).")
         if self.metric == "is_mult_prob_error" and self.low_threshold < 1.0:
-            _fail("async_rl.sampler.adaptive.low_threshold", self.low_threshold,
+            fail("async_rl.sampler.adaptive.low_threshold", self.low_threshold,
                   ">= 1 with metric is_mult_prob_error (it is a mean of exp|logp_gen - logp_prev|, never below 1)",
                   "set thresholds above 1 (e.g. low 1.01, high 1.03), or use metric gen_train_kl.")
         return self
@@ -62,12 +62,12 @@ class InOrderSamplerConfig(Section):
     @model_validator(mode="after")
     def _lookahead(self):
         if self.max_lookahead_versions < 0:
-            _fail("async_rl.sampler.max_lookahead_versions", self.max_lookahead_versions,
+            fail("async_rl.sampler.max_lookahead_versions", self.max_lookahead_versions,
                   "an integer >= 0 (0 = synchronous, 1 = generation may run one version ahead)",
                   "set it to 0 for synchronous RL or to 1-4 for asynchronous RL.")
         ad = self.adaptive
         if ad.enabled and not ad.min_lookahead_versions <= self.max_lookahead_versions <= ad.max_lookahead_versions:
-            _fail("async_rl.sampler.max_lookahead_versions", self.max_lookahead_versions,
+            fail("async_rl.sampler.max_lookahead_versions", self.max_lookahead_versions,
                   f"the starting bound of the adaptive sampler, between async_rl.sampler.adaptive.min_lookahead_versions "
                   f"({ad.min_lookahead_versions}) and max_lookahead_versions ({ad.max_lookahead_versions})",
                   "set async_rl.sampler.max_lookahead_versions inside the adaptive range, or widen the range.")

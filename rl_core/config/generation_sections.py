@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from rl_core.config.base import Section, _fail
+from rl_core.config.base import Section, fail
 
 
 # --------------------------------------------------------------------------- generation
@@ -117,17 +117,17 @@ class HttpBackendConfig(Section):
     @model_validator(mode="after")
     def _servers(self):
         if self.urls and self.num_local_servers:
-            _fail("generation.http.num_local_servers", self.num_local_servers,
+            fail("generation.http.num_local_servers", self.num_local_servers,
                   "0 when generation.http.urls is set (either drive running servers or start local ones)",
                   "remove generation.http.urls or set num_local_servers: 0.")
         devices = self.local_server_cuda_devices
         if devices and (len(devices) != self.num_local_servers or min(devices) < 0):
-            _fail("generation.http.local_server_cuda_devices", devices,
+            fail("generation.http.local_server_cuda_devices", devices,
                   f"one CUDA device index >= 0 per local server (num_local_servers = {self.num_local_servers})",
                   "list as many device indices as generation.http.num_local_servers, or leave it empty.")
         for url in self.urls:
             if not url.startswith(("http://", "https://")) or len(url.split("//", 1)[1].strip("/")) == 0:
-                _fail("generation.http.urls", url, "http(s) base URLs such as http://127.0.0.1:8000",
+                fail("generation.http.urls", url, "http(s) base URLs such as http://127.0.0.1:8000",
                       "write each server's URL with scheme, host and port.")
         return self
 
@@ -159,12 +159,12 @@ class GenerationConfig(SamplingParamsConfig):
     def _http_servers(self):
         h = self.http
         if self.backend == "http" and not (h.urls or h.num_local_servers):
-            _fail("generation.http.num_local_servers", h.num_local_servers,
+            fail("generation.http.num_local_servers", h.num_local_servers,
                   ">= 1, or server URLs in generation.http.urls, with generation.backend 'http'",
                   "set generation.http.num_local_servers: 1 (started by rl_core) or list running servers in "
                   "generation.http.urls.")
         if self.backend != "http" and (h.urls or h.num_local_servers):
-            _fail("generation.http", h.model_dump(include={"urls", "num_local_servers"}),
+            fail("generation.http", h.model_dump(include={"urls", "num_local_servers"}),
                   f"no servers with generation.backend '{self.backend}' (only backend 'http' uses them)",
                   "set generation.backend: http (and generation.placement: separate), or remove generation.http.")
         return self

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, model_validator
 
-from rl_core.config.base import Section, _fail
+from rl_core.config.base import Section, fail
 
 
 # --------------------------------------------------------------------------- model
@@ -48,24 +48,24 @@ class TinyModelConfig(Section):
         for name in ("num_experts", "num_experts_per_tok"):
             value = getattr(self, name)
             if moe and value is None:
-                _fail(f"model.tiny.{name}", None, "an integer with model.tiny.architecture 'mixtral'",
+                fail(f"model.tiny.{name}", None, "an integer with model.tiny.architecture 'mixtral'",
                       "set model.tiny.num_experts (e.g. 4) and model.tiny.num_experts_per_tok (e.g. 2).")
             if not moe and value is not None:
-                _fail(f"model.tiny.{name}", value, f"null with the dense architecture '{self.architecture}'",
+                fail(f"model.tiny.{name}", value, f"null with the dense architecture '{self.architecture}'",
                       f"remove model.tiny.{name}, or set model.tiny.architecture: mixtral.")
         if moe and self.num_experts_per_tok > self.num_experts:
-            _fail("model.tiny.num_experts_per_tok", self.num_experts_per_tok,
+            fail("model.tiny.num_experts_per_tok", self.num_experts_per_tok,
                   f"at most model.tiny.num_experts ({self.num_experts})", "lower num_experts_per_tok (2 is typical).")
         return self
 
     @model_validator(mode="after")
     def _heads(self):
         if self.hidden_size % self.num_attention_heads:
-            _fail("model.tiny.num_attention_heads", self.num_attention_heads,
+            fail("model.tiny.num_attention_heads", self.num_attention_heads,
                   f"a divisor of model.tiny.hidden_size ({self.hidden_size})",
                   "pick a head count that divides the hidden size, e.g. 4 for 128.")
         if self.num_attention_heads % self.num_key_value_heads:
-            _fail("model.tiny.num_key_value_heads", self.num_key_value_heads,
+            fail("model.tiny.num_key_value_heads", self.num_key_value_heads,
                   f"a divisor of model.tiny.num_attention_heads ({self.num_attention_heads})",
                   "set it equal to num_attention_heads (no GQA) or to one of its divisors.")
         return self
@@ -107,7 +107,7 @@ class ModelConfig(Section):
     @model_validator(mode="after")
     def _path(self):
         if self.source == "hf" and not self.path:
-            _fail("model.path", self.path, "an HF model directory when model.source is 'hf'",
+            fail("model.path", self.path, "an HF model directory when model.source is 'hf'",
                   "set model.path to a directory holding config.json and *.safetensors, or use model.source: tiny.")
         return self
 

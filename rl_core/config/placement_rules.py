@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rl_core.config.base import fail
+
 # (backend, placement) -> how it runs; a pair missing here fails at config load.
 SUPPORTED: dict[tuple[str, str], str] = {
     ("native", "colocated"): "rl_core's engine in a worker thread of the controller process",
@@ -29,12 +31,6 @@ SUPPORTED: dict[tuple[str, str], str] = {
 }
 
 VLLM_MIN_TEMPERATURE = 0.01  # vLLM raises 0 < T < 0.01 to 0.01
-
-
-def _fail(field: str, value: Any, expected: str, fix: str):
-    from rl_core.errors import RecipeError
-
-    raise RecipeError.single(field, value, expected, fix)
 
 
 def _supported_list() -> str:
@@ -51,23 +47,23 @@ def check_generation(gen: Any) -> None:
         if gen.backend == "native" and gen.placement == "separate":
             fix += (" (or generation.backend: http, which runs rl_core's engine in `rl-core serve` processes, or "
                     "generation.backend: vllm, whose `separate` placement runs a vLLM server process)")
-        _fail("generation.placement", gen.placement,
+        fail("generation.placement", gen.placement,
               f"a placement that generation.backend '{gen.backend}' supports (supported backend/placement pairs: "
               f"{_supported_list()})", fix + ".")
     if gen.backend != "vllm":
         return
     v = gen.vllm
     if v.server_url is not None and gen.placement != "separate":
-        _fail("generation.vllm.server_url", v.server_url,
+        fail("generation.vllm.server_url", v.server_url,
               f"null with generation.placement '{gen.placement}' (a server URL means generation runs in another "
               "process: placement 'separate')",
               "set generation.placement: separate to drive that server, or remove generation.vllm.server_url.")
     if v.server_url is not None and not v.server_url.startswith(("http://", "https://")):
-        _fail("generation.vllm.server_url", v.server_url, "an http(s) URL such as http://127.0.0.1:8000",
+        fail("generation.vllm.server_url", v.server_url, "an http(s) URL such as http://127.0.0.1:8000",
               "write the server's base URL with its scheme, host and port.")
     _check_vllm_sampling(gen, "generation")
     if v.max_model_len is not None and v.max_model_len <= gen.max_tokens:
-        _fail("generation.vllm.max_model_len", v.max_model_len,
+        fail("generation.vllm.max_model_len", v.max_model_len,
               f"more than generation.max_tokens ({gen.max_tokens}) so that a prompt still fits",
               "raise generation.vllm.max_model_len or lower generation.max_tokens.")
 
@@ -80,12 +76,12 @@ def _check_vllm_sampling(params: Any, section: str) -> None:
     for name, off in (("top_p", 1.0), ("top_k", 0)):
         value = getattr(params, name)
         if value != off:
-            _fail(f"{section}.{name}", value,
+            fail(f"{section}.{name}", value,
                   f"{off} with generation.backend 'vllm' (vLLM's logprobs are those of the {name}-filtered "
                   "distribution; rl_core's, which the trainer reproduces, are before filtering)",
                   f"set {section}.{name}: {off}, or use generation.backend: native.")
     if params.temperature < VLLM_MIN_TEMPERATURE:
-        _fail(f"{section}.temperature", params.temperature,
+        fail(f"{section}.temperature", params.temperature,
               f"0 (greedy) or >= {VLLM_MIN_TEMPERATURE} with generation.backend 'vllm' (vLLM raises smaller "
               "temperatures to 0.01, so its logprobs would not be at the requested temperature)",
               f"use temperature 0 or >= {VLLM_MIN_TEMPERATURE}.")
@@ -97,14 +93,14 @@ def _check_weight_broadcast(cfg: Any) -> None:
     need a CUDA run."""
     gen, ws = cfg.generation, cfg.trainer.weight_sync
     if ws.type == "broadcast" and (gen.backend != "http" or gen.http.num_local_servers < 1):
-        _fail("trainer.weight_sync.type", "broadcast",
+        fail("trainer.weight_sync.type", "broadcast",
               "generation.backend 'http' with generation.http.num_local_servers >= 1 (the weight broadcast joins "
               f"the local rl-core serve processes; this recipe has backend '{gen.backend}'"
               + (f", num_local_servers {gen.http.num_local_servers})" if gen.backend == "http" else ")"),
               "set generation.backend: http, generation.placement: separate and generation.http.num_local_servers: "
               "1 (or more), or use trainer.weight_sync.type: filesystem (remote servers) / in_process (native).")
     if gen.http.local_server_cuda_devices and cfg.runtime.device == "cpu":
-        _fail("generation.http.local_server_cuda_devices", gen.http.local_server_cuda_devices,
+        fail("generation.http.local_server_cuda_devices", gen.http.local_server_cuda_devices,
               "empty with runtime.device 'cpu' (local servers then run on the CPU)",
               "remove generation.http.local_server_cuda_devices, or set runtime.device: cuda (or auto).")
 
@@ -119,6 +115,6 @@ def check_recipe(cfg: Any) -> None:
     if cfg.model.source == "tiny" and gen.vllm.max_model_len is not None:
         limit = cfg.model.tiny.max_position_embeddings
         if gen.vllm.max_model_len > limit:
-            _fail("generation.vllm.max_model_len", gen.vllm.max_model_len,
+            fail("generation.vllm.max_model_len", gen.vllm.max_model_len,
                   f"at most model.tiny.max_position_embeddings ({limit}): vLLM refuses a longer context than the "
                   "model's", f"set generation.vllm.max_model_len to {limit} or less, or null (the model's context).")

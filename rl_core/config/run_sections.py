@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from rl_core.config.base import Section, _fail
+from rl_core.config.base import Section, fail
 from rl_core.config.generation_sections import SamplingParamsConfig
 
 
@@ -93,10 +93,10 @@ class EvaluationConfig(Section):
 
         for name in self.sets:
             if not re.match(_SET_NAME, name):
-                _fail(f"evaluation.sets.{name}", name, f"a set name matching {_SET_NAME} (it becomes a file name)",
+                fail(f"evaluation.sets.{name}", name, f"a set name matching {_SET_NAME} (it becomes a file name)",
                       "rename the set with letters, digits, '.', '_' or '-'.")
         if not self.checkpoints:
-            _fail("evaluation.checkpoints", self.checkpoints, "at least one of 'final', 'best'",
+            fail("evaluation.checkpoints", self.checkpoints, "at least one of 'final', 'best'",
                   "list the checkpoints to evaluate, e.g. [final, best].")
         return self
 
@@ -169,7 +169,7 @@ class ClusterConfig(Section):
         for name in ("controller", "evaluation"):
             job = getattr(self, name)
             if job.signal_delay_s >= job.timeout_min * 60:
-                _fail(f"cluster.{name}.signal_delay_s", job.signal_delay_s,
+                fail(f"cluster.{name}.signal_delay_s", job.signal_delay_s,
                       f"fewer seconds than the time limit (cluster.{name}.timeout_min {job.timeout_min} = "
                       f"{job.timeout_min * 60} s)", "lower signal_delay_s (90 is typical) or raise timeout_min.")
         return self

@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 
 from rl_core.config.base import (  # noqa: F401  (re-exported: the schema's public names)
     Section,
-    _fail,
+    fail,
 )
 from rl_core.config.model_sections import (  # noqa: F401  (re-exported: the schema's public names)
     AdditionEnvConfig,
@@ -80,7 +80,6 @@ from rl_core.config.run_sections import (  # noqa: F401  (re-exported: the schem
     RuntimeConfig,
     SlurmJobConfig,
     ValidationConfig,
-    _SET_NAME,
 )
 
 
@@ -131,7 +130,7 @@ class RecipeConfig(Section):
         """The KL penalty to the reference goes into the reward or into the loss, not both."""
         adv, loss = self.advantage, self.loss
         if adv.kl_in_reward_coef > 0 and loss.kl_coef > 0:
-            _fail("loss.kl_coef", loss.kl_coef,
+            fail("loss.kl_coef", loss.kl_coef,
                   f"0 when advantage.kl_in_reward_coef > 0 ({adv.kl_in_reward_coef}): the KL penalty goes either into the reward or into the loss, not both",
                   "set loss.kl_coef: 0 (KL in the reward) or advantage.kl_in_reward_coef: 0 (KL as a loss term).")
         return self
@@ -141,13 +140,13 @@ class RecipeConfig(Section):
         """A critic exactly when the advantage estimator uses one (gae)."""
         adv, critic = self.advantage, self.critic
         if adv.estimator == "gae" and not critic.enabled:
-            _fail("critic.enabled", False, "true with advantage.estimator 'gae' (GAE needs a critic's value per token)",
+            fail("critic.enabled", False, "true with advantage.estimator 'gae' (GAE needs a critic's value per token)",
                   "set critic.enabled: true, or pick a critic-free estimator (grpo, gdpo, reinforce_pp, raw_reward).")
         if critic.enabled and adv.estimator != "gae":
             why = ("raw_reward uses the reward itself as the advantage, so the critic would be trained and never used; "
                    "for PPO, gae with gamma 1 and lam 1 gives reward minus the critic's value"
                    if adv.estimator == "raw_reward" else f"'{adv.estimator}' uses group or batch baselines, not values")
-            _fail("critic.enabled", True, f"false with advantage.estimator '{adv.estimator}' ({why})",
+            fail("critic.enabled", True, f"false with advantage.estimator '{adv.estimator}' ({why})",
                   "set advantage.estimator: gae, or critic.enabled: false.")
         return self
 
@@ -160,15 +159,15 @@ class RecipeConfig(Section):
             l_max = op.max_response_tokens if op.max_response_tokens is not None else gen_max
             buf = op.buffer_tokens if op.buffer_tokens is not None else l_max // 5
             if l_max > gen_max:
-                _fail("reward_shaping.overlong_penalty.max_response_tokens", l_max,
+                fail("reward_shaping.overlong_penalty.max_response_tokens", l_max,
                       f"at most generation.max_tokens ({gen_max}): no completion is longer",
                       "remove it (null = generation.max_tokens) or lower it.")
             if not 1 <= buf < l_max:
-                _fail("reward_shaping.overlong_penalty.buffer_tokens", op.buffer_tokens,
+                fail("reward_shaping.overlong_penalty.buffer_tokens", op.buffer_tokens,
                       f"between 1 and L_max - 1 = {l_max - 1} (null means L_max // 5 = {l_max // 5})",
                       "set buffer_tokens explicitly, e.g. a fifth of the longest completion.")
             if adv.estimator == "gdpo" and adv.reward_weights and "overlong_penalty" not in adv.reward_weights:
-                _fail("advantage.reward_weights", adv.reward_weights,
+                fail("advantage.reward_weights", adv.reward_weights,
                       "an entry for `overlong_penalty` (under gdpo the length penalty is its own reward component)",
                       "add `overlong_penalty: 1.0` to advantage.reward_weights, or leave reward_weights empty.")
         return self
@@ -178,7 +177,7 @@ class RecipeConfig(Section):
         """Scaling the total reward is meaningless under GDPO's per-component normalisation."""
         adv = self.advantage
         if self.reward_shaping.scaling.enabled and adv.estimator == "gdpo":
-            _fail("reward_shaping.scaling.enabled", True,
+            fail("reward_shaping.scaling.enabled", True,
                   "false under advantage.estimator 'gdpo' (GDPO normalises each named component per group; scaling the total reward would change nothing)",
                   "use advantage.reward_weights to weigh components, or another estimator.")
         return self
@@ -195,22 +194,22 @@ class RecipeConfig(Section):
     def _native_engine(self):
         gen = self.generation
         if gen.backend == "vllm" and gen.native != NativeEngineConfig():
-            _fail("generation.native", gen.native.model_dump(exclude_defaults=True),
+            fail("generation.native", gen.native.model_dump(exclude_defaults=True),
                   "defaults with generation.backend 'vllm' (these settings are the native engine's)",
                   "remove generation.native, or use generation.backend native/http.")
         if gen.native.decode_path == "graph" and self.runtime.device == "cpu":
-            _fail("generation.native.decode_path", "graph", "a CUDA device for CUDA graphs (runtime.device is 'cpu')",
+            fail("generation.native.decode_path", "graph", "a CUDA device for CUDA graphs (runtime.device is 'cpu')",
                   "set generation.native.decode_path: auto (graphs on CUDA, eager on CPU) or static.")
         eager = gen.native.decode_path == "eager" or (gen.native.decode_path == "auto" and self.runtime.device == "cpu")
         for knob in ("decode_compile", "overlap_steps"):
             if getattr(gen.native, knob) and eager:
-                _fail(f"generation.native.{knob}", True,
+                fail(f"generation.native.{knob}", True,
                       f"a static or graph decode path (decode_path is {gen.native.decode_path!r}"
                       + (" and resolves to eager on runtime.device 'cpu')" if gen.native.decode_path == "auto" else ")"),
                       f"set generation.native.decode_path: static (or graph on CUDA), or {knob}: false.")
         tiny = self.model.tiny if self.model.source == "tiny" else None
         if tiny is not None and gen.native.max_seq_len is not None and gen.native.max_seq_len > tiny.max_position_embeddings:
-            _fail("generation.native.max_seq_len", gen.native.max_seq_len,
+            fail("generation.native.max_seq_len", gen.native.max_seq_len,
                   f"at most model.tiny.max_position_embeddings ({tiny.max_position_embeddings})",
                   "lower generation.native.max_seq_len or leave it null (the model's context).")
         return self
@@ -228,7 +227,7 @@ class RecipeConfig(Section):
         p = self.grpo.num_prompts_per_step
         a = self.async_rl
         if a.min_groups_for_streaming_train > p:
-            _fail("async_rl.min_groups_for_streaming_train", a.min_groups_for_streaming_train,
+            fail("async_rl.min_groups_for_streaming_train", a.min_groups_for_streaming_train,
                   f"at most grpo.num_prompts_per_step ({p})",
                   f"set it to {p} or less (1 streams each group into the trainer as soon as it is ready).")
         return self
@@ -238,11 +237,11 @@ class RecipeConfig(Section):
         """Reproducible runs: the in_order sampler, and refits behind the barrier."""
         a = self.async_rl
         if a.reproducible and a.sampler.type != "in_order":
-            _fail("async_rl.reproducible", True,
+            fail("async_rl.reproducible", True,
                   f"the 'in_order' sampler (got sampler type '{a.sampler.type}'): only it pins each step to one weight version",
                   "set async_rl.sampler.type: in_order, or async_rl.reproducible: false.")
         if a.reproducible and a.refit_mode is not None:
-            _fail("async_rl.refit_mode", a.refit_mode,
+            fail("async_rl.refit_mode", a.refit_mode,
                   "null when async_rl.reproducible is true (reproducible runs always refit behind a barrier that waits for every group pinned to the current version)",
                   "remove async_rl.refit_mode, or set async_rl.reproducible: false.")
         return self
@@ -252,15 +251,15 @@ class RecipeConfig(Section):
         """What the sampler admits: off-policy correction for unbounded staleness, over-sampling, in-flight caps."""
         a = self.async_rl
         if a.sampler.type == "ready_first" and not self.loss.importance_sampling.enabled:
-            _fail("loss.importance_sampling.enabled", False,
+            fail("loss.importance_sampling.enabled", False,
                   "true with the 'ready_first' sampler (it trains stragglers of any age, so the generation policy can be far from the trained one)",
                   "set loss.importance_sampling.enabled: true, or use a sampler with a staleness bound (in_order, weight_fifo, windowed).")
         if a.over_sampling_ratio > 1 and a.sampler.type == "in_order":
-            _fail("async_rl.over_sampling_ratio", a.over_sampling_ratio,
+            fail("async_rl.over_sampling_ratio", a.over_sampling_ratio,
                   "1.0 with the 'in_order' sampler (it trains every group it stamps; extra groups could never be consumed)",
                   "set async_rl.over_sampling_ratio: 1, or use the 'windowed' sampler to over-sample.")
         if a.max_inflight_generations is not None and a.max_inflight_generations < self.grpo.num_generations_per_prompt:
-            _fail("async_rl.max_inflight_generations", a.max_inflight_generations,
+            fail("async_rl.max_inflight_generations", a.max_inflight_generations,
                   f">= grpo.num_generations_per_prompt ({self.grpo.num_generations_per_prompt}) so that one whole group can be in flight",
                   f"raise it to at least {self.grpo.num_generations_per_prompt}, or null to cap groups only.")
         return self
@@ -273,7 +272,7 @@ class RecipeConfig(Section):
         w = a.watchdog
         deadlines = [d for d in (f.generation_timeout_s, f.env_timeout_s) if d is not None]
         if w.stall_timeout_s <= w.interval_s or any(w.stall_timeout_s <= d for d in deadlines):
-            _fail("async_rl.watchdog.stall_timeout_s", w.stall_timeout_s,
+            fail("async_rl.watchdog.stall_timeout_s", w.stall_timeout_s,
                   f"greater than async_rl.watchdog.interval_s ({w.interval_s}) and every rollout deadline ({deadlines})",
                   "raise stall_timeout_s (600 is a safe default) or lower the deadlines.")
         return self
@@ -284,7 +283,7 @@ class RecipeConfig(Section):
         a = self.async_rl
         need = required_buffer_capacity(self)
         if a.max_buffered_groups < need:
-            _fail("async_rl.max_buffered_groups", a.max_buffered_groups,
+            fail("async_rl.max_buffered_groups", a.max_buffered_groups,
                   f">= {need} (the '{a.sampler.type}' sampler needs a whole step of groups buffered, or the pumps would deadlock)",
                   f"set async_rl.max_buffered_groups to {need} or more.")
         return self
@@ -295,7 +294,7 @@ class RecipeConfig(Section):
         p = self.grpo.num_prompts_per_step
         m = self.data.max_train_examples
         if m is not None and m < p:
-            _fail("data.max_train_examples", m,
+            fail("data.max_train_examples", m,
                   f"at least grpo.num_prompts_per_step ({p}): an RL step draws that many distinct prompts",
                   f"raise data.max_train_examples to {p} or more (null = all), or lower grpo.num_prompts_per_step.")
         return self
@@ -313,7 +312,7 @@ class RecipeConfig(Section):
         if self.model.source == "tiny":
             t = self.model.tiny
             if self.generation.max_tokens >= t.max_position_embeddings:
-                _fail("generation.max_tokens", self.generation.max_tokens,
+                fail("generation.max_tokens", self.generation.max_tokens,
                       f"fewer than model.tiny.max_position_embeddings ({t.max_position_embeddings}) so a prompt still fits",
                       "lower generation.max_tokens or raise model.tiny.max_position_embeddings.")
         return self
@@ -328,31 +327,31 @@ def check_moe_rules(cfg: RecipeConfig, hf: tuple[str, bool] | None) -> None:
     moe = (cfg.model.source == "tiny" and cfg.model.tiny.architecture == "mixtral") or (hf is not None and hf[1])
     path = cfg.generation.native.decode_path
     if moe and path in ("static", "graph"):
-        _fail("generation.native.decode_path", path,
+        fail("generation.native.decode_path", path,
               "'eager' or 'auto' with an MoE policy (model.tiny.architecture 'mixtral': the static/CUDA-graph "
               "decode step has no expert dispatch and records no routes)",
               "set generation.native.decode_path: auto (eager for MoE models) or eager.")
     for knob in ("decode_compile", "overlap_steps"):
         if moe and getattr(cfg.generation.native, knob):
-            _fail(f"generation.native.{knob}", True,
+            fail(f"generation.native.{knob}", True,
                   f"false with an MoE policy (model.tiny.architecture 'mixtral' decodes eagerly; {knob} needs the "
                   "dense static/graph decode step)", f"set generation.native.{knob}: false.")
     if not cfg.trainer.router_replay.enabled:
         return
     if cfg.model.source == "tiny" and not moe:
-        _fail("trainer.router_replay.enabled", True,
+        fail("trainer.router_replay.enabled", True,
               f"false for the dense model.tiny.architecture '{cfg.model.tiny.architecture}' (no router to replay)",
               "set model.tiny.architecture: mixtral (with num_experts, num_experts_per_tok), or disable router_replay.")
     if hf is not None and not moe:
-        _fail("trainer.router_replay.enabled", True,
+        fail("trainer.router_replay.enabled", True,
               f"false for the dense model at model.path (config.json model_type {hf[0]!r}: no router to replay)",
               "use a mixture-of-experts policy (e.g. model_type 'mixtral'), or disable router_replay.")
     if cfg.trainer.backend != "torch":
-        _fail("trainer.router_replay.enabled", True,
+        fail("trainer.router_replay.enabled", True,
               f"false with trainer.backend '{cfg.trainer.backend}' (only the 'torch' trainer replays routes)",
               "set trainer.backend: torch, or trainer.router_replay.enabled: false.")
     if cfg.generation.backend != "native":
-        _fail("trainer.router_replay.enabled", True,
+        fail("trainer.router_replay.enabled", True,
               f"false with generation.backend '{cfg.generation.backend}' (only the 'native' engine records "
               "the routed experts of every token)",
               "set generation.backend: native, or trainer.router_replay.enabled: false.")
@@ -364,7 +363,7 @@ def check_device_dtype(cfg: RecipeConfig, device: str) -> None:
     for `runtime.device: cpu` and, for `auto`, by the launcher once the device is known,
     before anything is built."""
     if device == "cpu" and cfg.model.dtype == "float16":
-        _fail("model.dtype", cfg.model.dtype,
+        fail("model.dtype", cfg.model.dtype,
               "float32 (or bfloat16) on a CPU trainer" + (" (runtime.device 'auto' found no CUDA device here)"
                                                           if cfg.runtime.device == "auto" else ""),
               "set model.dtype: float32 on the CPU, or run on a CUDA device (runtime.device: cuda).")

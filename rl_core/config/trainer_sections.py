@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from rl_core.config.base import Section, _fail
+from rl_core.config.base import Section, fail
 
 
 # --------------------------------------------------------------------------- trainer
@@ -102,20 +102,20 @@ class TrainerConfig(Section):
     def _backend_options(self):
         if self.backend != "torch":
             if self.logprob_chunk_tokens:
-                _fail("trainer.logprob_chunk_tokens", self.logprob_chunk_tokens,
+                fail("trainer.logprob_chunk_tokens", self.logprob_chunk_tokens,
                       f"0 with trainer.backend '{self.backend}' (only the torch backend computes chunked logprobs)",
                       "set trainer.logprob_chunk_tokens: 0, or trainer.backend: torch.")
             if self.compile:
-                _fail("trainer.compile", True, f"false with trainer.backend '{self.backend}' (it compiles the torch "
+                fail("trainer.compile", True, f"false with trainer.backend '{self.backend}' (it compiles the torch "
                       "backend's model)", "use trainer.fsdp.compile for fsdp2 (megatron has no compile option), "
                       "or set trainer.backend: torch.")
         m = self.megatron
         if m.pipeline_model_parallel_size != 1:
-            _fail("trainer.megatron.pipeline_model_parallel_size", m.pipeline_model_parallel_size,
+            fail("trainer.megatron.pipeline_model_parallel_size", m.pipeline_model_parallel_size,
                   "1 (pipeline parallelism is not supported by the megatron backend)",
                   "set it to 1 and use tensor_model_parallel_size or more data-parallel processes instead.")
         if m.optimizer == "torch" and m.mixed_precision == "bf16":
-            _fail("trainer.megatron.mixed_precision", "bf16",
+            fail("trainer.megatron.mixed_precision", "bf16",
                   "'none' or 'auto' with trainer.megatron.optimizer 'torch' (torch AdamW would update bf16 weights "
                   "without fp32 master copies)",
                   "set trainer.megatron.optimizer: megatron (or auto) for bf16 training.")
@@ -140,33 +140,33 @@ def check_trainer_placement(cfg) -> None:
         for field, value in (("trainer.fsdp.mixed_precision", t.fsdp.mixed_precision),
                              ("trainer.megatron.mixed_precision", t.megatron.mixed_precision)):
             if value == "bf16" and field.split(".")[1] == {"fsdp2": "fsdp", "megatron": "megatron"}.get(t.backend):
-                _fail(field, "bf16", "'none' or 'auto' with runtime.device 'cpu' (bf16 mixed precision needs CUDA)",
+                fail(field, "bf16", "'none' or 'auto' with runtime.device 'cpu' (bf16 mixed precision needs CUDA)",
                       f"set {field}: auto, or runtime.device: cuda.")
         if t.backend == "megatron" and t.megatron.optimizer == "megatron":
-            _fail("trainer.megatron.optimizer", "megatron", "'torch' or 'auto' with runtime.device 'cpu' "
+            fail("trainer.megatron.optimizer", "megatron", "'torch' or 'auto' with runtime.device 'cpu' "
                   "(Megatron's optimizer allocates on CUDA)", "set trainer.megatron.optimizer: auto.")
     group = cluster.trainer
     if group is not None:
         if group.num_gpus_per_node and group.num_processes_per_node not in (None, group.num_gpus_per_node):
-            _fail("cluster.trainer.num_processes_per_node", group.num_processes_per_node,
+            fail("cluster.trainer.num_processes_per_node", group.num_processes_per_node,
                   f"null or num_gpus_per_node ({group.num_gpus_per_node}): one trainer process per GPU",
                   "remove num_processes_per_node (it defaults to one per GPU).")
         world = group.world_size
         if t.backend == "torch" and world != 1:
-            _fail("cluster.trainer", group.model_dump(), "one process for trainer.backend 'torch' (it does not "
+            fail("cluster.trainer", group.model_dump(), "one process for trainer.backend 'torch' (it does not "
                   f"distribute); this group has {world}", "set trainer.backend: fsdp2 (or megatron), or shrink the group to 1 process.")
         fixed = t.parallel_product()
         if fixed is not None and world % fixed[0]:
-            _fail(fixed[1].split(" x ")[0], fixed[0], f"a divisor of the trainer group's {world} processes "
+            fail(fixed[1].split(" x ")[0], fixed[0], f"a divisor of the trainer group's {world} processes "
                   f"(cluster.trainer: {group.num_nodes} node(s) x {world // group.num_nodes}); {fixed[1]} = {fixed[0]}",
                   f"change the parallel sizes or the group so that {fixed[0]} divides the number of processes.")
         job = cluster.controller
         if group.num_nodes > job.nodes or world // group.num_nodes > job.tasks_per_node or \
                 group.num_gpus_per_node > job.gpus_per_node:
-            _fail("cluster.trainer", group.model_dump(), "a group that fits in the controller job (cluster.controller: "
+            fail("cluster.trainer", group.model_dump(), "a group that fits in the controller job (cluster.controller: "
                   f"{job.nodes} node(s), {job.tasks_per_node} task(s) and {job.gpus_per_node} GPU(s) per node)",
                   "raise cluster.controller.nodes / tasks_per_node / gpus_per_node to hold the trainer group.")
     if cluster.generation is not None and cfg.generation.placement != "separate":
-        _fail("cluster.generation", cluster.generation.model_dump(),
+        fail("cluster.generation", cluster.generation.model_dump(),
               "null with generation.placement 'colocated' (colocated generation runs in the controller's processes)",
               "set generation.placement: separate (vllm or http servers), or remove cluster.generation.")

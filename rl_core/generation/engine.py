@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 
 from rl_core.generation.decode_graph import DecodeRunner
-from rl_core.generation.engine_state import EngineStats, StepRecord, _Launched, _Sequence
+from rl_core.generation.engine_state import EngineStats, StepRecord, LaunchedStep, EngineSequence
 from rl_core.generation.kv_cache import KV_STORAGE, KVCache, StepLayout
 from rl_core.generation.kv_calibration import KVScaleSync
 from rl_core.generation.model import CausalLM, ModelSpec, load_safetensors_dir, read_config
@@ -114,7 +114,7 @@ class NativeEngine:
                              f"'eager' here ({self.device.type} device, model_type {self.spec.model_type!r}). Use "
                              "decode_path 'static' or 'graph' (dense models), or turn overlap_steps off.")
         self.overlap_steps = overlap_steps
-        self._ahead: _Launched | None = None  # a step launched before the previous one's tokens were read
+        self._ahead: LaunchedStep | None = None  # a step launched before the previous one's tokens were read
         self._drained: list[GenerationResult] = []  # finished by a drained step, returned by the next step()
         self._last_done = 0.0
         self.decode_path = decode_path
@@ -122,8 +122,8 @@ class NativeEngine:
             self.model, self.cache, use_graphs=decode_path == "graph", compile=decode_compile)
         self.generator = new_generator(seed)
         self.version = weight_version
-        self._waiting: deque[_Sequence] = deque()
-        self._running: dict[str, _Sequence] = {}  # admission order
+        self._waiting: deque[EngineSequence] = deque()
+        self._running: dict[str, EngineSequence] = {}  # admission order
         self._ids: set[str] = set()
 
     @classmethod
@@ -175,7 +175,7 @@ class NativeEngine:
         self._validate(request)
         params = request.params
         stop_ids = self.eos_token_ids.union(params.stop_token_ids)
-        self._waiting.append(_Sequence(request, stop_ids, self.version, record_routes=self.spec.is_moe))
+        self._waiting.append(EngineSequence(request, stop_ids, self.version, record_routes=self.spec.is_moe))
         self._ids.add(request.request_id)
         self.stats.requests_added += 1
 
@@ -261,7 +261,7 @@ class NativeEngine:
             self._ahead = self._launch_ahead(cur)
         return done + self._complete(cur)
 
-    def _launch(self, rows: list[tuple[_Sequence, int]]) -> _Launched:
+    def _launch(self, rows: list[tuple[EngineSequence, int]]) -> LaunchedStep:
         """Feed the rows (asynchronously on CUDA) and advance the cache lengths; the sampled
         tokens are read in `_complete`."""
         started = time.monotonic()
@@ -289,8 +289,8 @@ class NativeEngine:
             del seq.pending[:n]
         return self._launched(rows, sampling, num_fed, started, logits, plain is not None)
 
-    def _launched(self, rows, sampling, num_fed, started, out, packed: bool) -> _Launched:
-        record = _Launched(rows, sampling, num_fed, started, self.version, out, packed)
+    def _launched(self, rows, sampling, num_fed, started, out, packed: bool) -> LaunchedStep:
+        record = LaunchedStep(rows, sampling, num_fed, started, self.version, out, packed)
         if packed and self.overlap_steps and self.device.type == "cuda":
             # Copy the packed tokens back now, before a step launched ahead can reuse the buffer.
             record.host = self.decoder.host_out()[:, :out.shape[1]]
@@ -299,7 +299,7 @@ class NativeEngine:
             record.event.record()
         return record
 
-    def _plain_inputs(self, sampling: list[_Sequence]):
+    def _plain_inputs(self, sampling: list[EngineSequence]):
         """(temperature, greedy, uniform) of each sampling row when all are plain, else None."""
         params = [s.request.params for s in sampling]
         if not sampling or not is_plain(params):
@@ -308,7 +308,7 @@ class NativeEngine:
         return ([p.logprob_temperature for p in params], [p.is_greedy for p in params],
                 [0.0] * len(params) if draws is None else draws.tolist())
 
-    def _launch_ahead(self, cur: _Launched) -> _Launched | None:
+    def _launch_ahead(self, cur: LaunchedStep) -> LaunchedStep | None:
         """Launch the step after `cur` before reading `cur`'s tokens, when that step is
         certain to be a plain decode step of the same sequences: `cur` sampled in the step,
         every running sequence is in it, none ends by length at `cur`, no waiting request
@@ -341,7 +341,7 @@ class NativeEngine:
             cur, self._ahead = self._ahead, None
             self._drained += self._complete(cur)
 
-    def _complete(self, cur: _Launched) -> list[GenerationResult]:
+    def _complete(self, cur: LaunchedStep) -> list[GenerationResult]:
         """Read the step's tokens (sampling its logits first if the step did not) and apply
         them: append, stamp the step's weight version, check the stop rules."""
         finished = []
@@ -392,7 +392,7 @@ class NativeEngine:
         stats.trace.append(StepRecord(cur.started, duration, len(cur.rows), cur.num_fed, applied, len(finished)))
         return finished
 
-    def _record_routes(self, rows: list[tuple[_Sequence, int]]) -> None:
+    def _record_routes(self, rows: list[tuple[EngineSequence, int]]) -> None:
         """Store the last forward's routes [tokens, layers, k] by position (before the cache
         lengths advance). StepLayout packs one-token rows first, then the others, each in
         row order."""
@@ -403,7 +403,7 @@ class NativeEngine:
             seq.routes[start:start + n] = flat[at:at + n]
             at += n
 
-    def _schedule(self) -> list[tuple[_Sequence, int]]:
+    def _schedule(self) -> list[tuple[EngineSequence, int]]:
         """(sequence, tokens to feed) of this step: decodes, then prefill chunks, then
         newly admitted requests, within `max_step_tokens` tokens fed and
         `max_num_kv_tokens` tokens held (preempting the newest sequences if needed)."""
@@ -447,7 +447,7 @@ class NativeEngine:
             self.stats.preemptions += 1
         return held
 
-    def _stop_reason(self, seq: _Sequence, token: int) -> str | None:
+    def _stop_reason(self, seq: EngineSequence, token: int) -> str | None:
         params = seq.request.params
         if token in seq.stop_ids:
             return "stop"
@@ -466,7 +466,7 @@ class NativeEngine:
             return "length"
         return None
 
-    def _finish(self, seq: _Sequence, reason: str) -> GenerationResult:
+    def _finish(self, seq: EngineSequence, reason: str) -> GenerationResult:
         request = seq.request
         if seq.slot >= 0:
             self.cache.free(seq.slot)

@@ -1,8 +1,8 @@
 """The records NativeEngine keeps: a request inside the engine, a launched step, per-step
 timings and the engine's counters.
 
-Owns: `StepRecord`, `EngineStats` (public: `NativeEngine.stats`), `_Sequence` (a request's
-state from queue to finish) and `_Launched` (a step whose forward is launched and whose
+Owns: `StepRecord`, `EngineStats` (public: `NativeEngine.stats`), `EngineSequence` (a request's
+state from queue to finish) and `LaunchedStep` (a step whose forward is launched and whose
 tokens are not applied yet). Does not own: what the engine does with them (engine.py).
 """
 
@@ -55,7 +55,7 @@ class EngineStats:
 
 
 @dataclass
-class _Launched:
+class LaunchedStep:
     """A step whose forward is launched and whose tokens are not applied yet."""
 
     rows: list  # (sequence, tokens fed)
@@ -69,7 +69,7 @@ class _Launched:
     event: Any = None  # CUDA event after that copy
 
 
-class _Sequence:
+class EngineSequence:
     """A request inside the engine."""
 
     __slots__ = ("request", "slot", "pending", "tokens", "logprobs", "versions", "generator",

@@ -89,7 +89,7 @@ def _epoch_entry(cfg: RecipeConfig, epoch: int) -> dict:
 def train_epoch(resolved_config_path: str, epoch: int, prev_checkpoint: str, epoch_dir: str) -> dict:
     """Train epoch `epoch` into `epoch_dir/checkpoint`; resumable (see module docstring)."""
     from rl_core.checkpoint import check_checkpoint_matches, check_model_matches, choose_resume, load_run_checkpoint
-    from rl_core.launch.train import _truncate_metrics, run_controller, setup_process
+    from rl_core.launch.train import truncate_metrics, run_controller, setup_process
     from rl_core.rollout.spool import RolloutSpool
 
     cfg = load_resolved(resolved_config_path)
@@ -128,7 +128,7 @@ def train_epoch(resolved_config_path: str, epoch: int, prev_checkpoint: str, epo
         raise CheckpointError(f"Checkpoint {resume.path} is at RL step {start}, outside epoch {epoch} "
                               f"(steps {entry['first_step']}..{entry['end_step']}). Fix: pass the checkpoint of "
                               f"epoch {epoch - 1}.")
-    _truncate_metrics(edir / "metrics.jsonl", start)
+    truncate_metrics(edir / "metrics.jsonl", start)
     spool = RolloutSpool(edir / "rollouts.spool")
     spool.truncate_after(start)
     summary = run_controller(cfg, edir, policy_dir=policy_dir, stop_step=entry["end_step"], resume=resume,

@@ -223,13 +223,13 @@ def train_from_recipe(cfg: RecipeConfig, resume_from: str | Path | None = None, 
         check_checkpoint_matches(cfg, latest, rd)
         resume = load_run_checkpoint(latest, verified=True)
         print(f"[resume] continuing from {latest} (RL step {resume.rl_step}; {how})", flush=True)
-        _truncate_metrics(rd / "metrics.jsonl", resume.rl_step)
+        truncate_metrics(rd / "metrics.jsonl", resume.rl_step)
     policy = ensure_policy(cfg, rd / "init_policy", recipe) if resume is None else None
     return run_controller(cfg, rd, policy_dir=policy, resume=resume, checkpoint_dir=rd / "steps",
                           val_at_start=None if resume is None else False, final_policy_dir=rd / "final_policy")
 
 
-def _truncate_metrics(path: Path, step: int) -> None:
+def truncate_metrics(path: Path, step: int) -> None:
     """Drop metric records logged after `step` by a run that was killed after its last checkpoint."""
     from rl_core.fsutil import atomic_write_text
     from rl_core.metrics.logger import read_jsonl

@@ -36,7 +36,7 @@ from rl_core.generation.backend import GenerationError, NativeBackend, StreamDel
 from rl_core.server_contract import CONTROL_SECRET_HEADER, DEFAULT_CONTROL_SECRET_ENV
 from rl_core.metrics.gc_pauses import freeze_setup_objects, unfreeze
 from rl_core.serve.protocol import (AbortRequest, ChatCompletionRequest, CompletionRequest, ReceiveWeightsRequest,
-                                    UpdateWeightsRequest, WeightGroupRequest, _Sampling)
+                                    UpdateWeightsRequest, WeightGroupRequest, SamplingBody)
 from rl_core.serve.text import TextCodec, TextStream, chat_logprobs, completion_logprobs, cut_at_stop
 from rl_core.types import GenerationRequest, GenerationResult
 from rl_core.weights.broadcast import BroadcastHeaderError
@@ -113,7 +113,7 @@ class Server:
 
     # ------------------------------------------------------------------ building engine requests
 
-    def _jobs(self, body: _Sampling, prompts: list[list[int]], max_tokens: int | None, top: int,
+    def _jobs(self, body: SamplingBody, prompts: list[list[int]], max_tokens: int | None, top: int,
               base: str) -> list[_Job]:
         if body.model is not None and body.model != self.settings.model_name:
             raise ApiError(404, f"model {body.model!r} is not served here; this server serves "
@@ -231,7 +231,7 @@ class Server:
 
     # ------------------------------------------------------------------ responses
 
-    def _extension(self, body: _Sampling, result: GenerationResult) -> dict:
+    def _extension(self, body: SamplingBody, result: GenerationResult) -> dict:
         if not body.return_token_ids:
             return {}
         return {"prompt_token_ids": result.prompt_ids, "token_ids": result.token_ids,

@@ -47,7 +47,7 @@ class StreamOptions(Body):
     """Accepted for vLLM compatibility; usage is sent only at the end."""
 
 
-class _Sampling(Body):
+class SamplingBody(Body):
     """Fields shared by completions and chat completions."""
 
     model: str | None = None
@@ -106,7 +106,7 @@ class _Sampling(Body):
         return "max_tokens"
 
 
-class CompletionRequest(_Sampling):
+class CompletionRequest(SamplingBody):
     """POST /v1/completions."""
 
     prompt: Union[str, list[str], list[int], list[list[int]]]
@@ -159,7 +159,7 @@ class ChatMessage(BaseModel):
         return msg
 
 
-class ChatCompletionRequest(_Sampling):
+class ChatCompletionRequest(SamplingBody):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)

@@ -184,7 +184,7 @@ def test_wire_refuses_crafted_messages_without_running_code(case, tmp_path):
     data = {
         "pickle": pickle.dumps(("begin", (_Payload(marker),), {})),
         "section-outside-config": _raw({"$section": "os:system", "data": {}}),
-        "section-not-a-section": _raw({"$section": "rl_core.config.base:_fail", "data": {}}),
+        "section-not-a-section": _raw({"$section": "rl_core.config.base:fail", "data": {}}),
         "section-dotted-name": _raw({"$section": "rl_core.config..x:Y", "data": {}}),
         "unknown-obj": _raw({"$obj": "subprocess", "data": ["touch", str(marker)]}),
         "unknown-tag": _raw({"__reduce__": ["os.mkdir", [str(marker)]]}),
