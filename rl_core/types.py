@@ -1,6 +1,7 @@
 """Plain records passed between the parts: requests, samples, prompt groups, train chunks.
 
-Owns: the data shapes every seam agrees on, and the one function that packs samples into
+Owns: the data shapes every seam agrees on (the train pump and the checkpoint share
+`TrainedGroup` and `OpenStep` through here), and the one function that packs samples into
 padded training tensors (`make_train_chunk`). Does not own: behaviour (protocols.py) or
 any policy about what to train (samplers, algorithms).
 
@@ -19,10 +20,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from rl_core.buffer.replay_buffer import Slot
 
 
 @dataclass
@@ -203,6 +207,32 @@ class TrainChunk:
             if t is not None:
                 setattr(out, k, t[:, :width])
         return out
+
+
+@dataclass
+class TrainedGroup:
+    """A prompt group the train pump took for an RL step, with its advantages."""
+
+    slot: Slot  # its buffer slot (rl_core.buffer.replay_buffer.Slot)
+    group: PromptGroup
+    advantages: list[float]
+    staleness: int  # trainer version at train time - weight version at dispatch
+
+
+@dataclass
+class OpenStep:
+    """An RL step interrupted between two of its PPO mini-steps: what the train pump needs to
+    continue it at `next_ministep` (after a checkpoint between mini-steps, or a failure once
+    some mini-steps had updated the policy). Built by the train pump, written and read back by
+    rl_core.checkpoint.run_state, handed back to the train pump on resume."""
+
+    step: int  # the RL step
+    next_ministep: int  # index of the first mini-step not yet done (epoch * num_minibatches + j)
+    trained: list[TrainedGroup]  # the step's groups, in training order
+    chunk: TrainChunk  # the step's whole batch (previous-policy logprobs included when computed)
+    served_weights: dict[str, torch.Tensor] | None = None  # the step's starting weights (generation serves them)
+    metric_sums: dict[str, float] = field(default_factory=dict)  # the finished mini-steps' metric sums
+    metric_counts: dict[str, int] = field(default_factory=dict)  # and how many mini-steps reported each
 
 
 def make_train_chunk(samples: list[Sample], advantages: list[float] | torch.Tensor, pad_id: int = 0,

@@ -88,6 +88,10 @@ class ReplayBuffer:
     def get(self, group_id: str) -> Slot:
         return self._slots[group_id]
 
+    def find(self, group_id: str) -> Slot | None:
+        """The live slot of `group_id`, or None when it holds none (never reserved, or finished)."""
+        return self._slots.get(group_id)
+
     def has_capacity(self) -> bool:
         return self.live() < self.capacity
 

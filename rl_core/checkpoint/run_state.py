@@ -3,7 +3,8 @@
 Owns: what goes into a run checkpoint (trainer weights as an HF directory, optimizer
 state, RNG states, the controller's quiescent state: versions, counters, dataloader
 position, prompts drawn but not dispatched, sampler state, and the ready prompt groups
-with their payloads) and turning it back into the objects the controller runs with.
+with their payloads; an RL step open between PPO mini-steps, `rl_core.types.OpenStep`, as
+JSON plus its batch's tensors) and turning it back into the objects the controller runs with.
 
 Does not own: the directory format and its verification (store.py), or deciding when a
 checkpoint is taken (the train pump, at quiescent points: nothing in flight).
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_core.checkpoint.store import load_json, load_torch, rng_state, set_rng_state, write_checkpoint
-from rl_core.types import PromptGroup, Sample
+from rl_core.types import OpenStep, PromptGroup, Sample, TrainChunk, TrainedGroup
 
 
 def group_to_json(g: PromptGroup) -> dict[str, Any]:
@@ -37,17 +38,17 @@ def save_run_checkpoint(path: str | Path, *, trainer, tokenizer, controller_stat
 
     controller_state = dict(controller_state)
     buffer_state = controller_state.pop("buffer")
-    open_step = controller_state.pop("open_step", None)
+    open_step: OpenStep | None = controller_state.pop("open_step", None)
     open_json, open_tensors = None, None
     if open_step is not None:  # an RL step checkpointed between its mini-steps
-        open_json = {"step": open_step["step"], "next_ministep": open_step["next_ministep"],
+        open_json = {"step": open_step.step, "next_ministep": open_step.next_ministep,
                      # the finished mini-steps' metric sums, so the resumed step reports the same means
-                     "metric_sums": open_step.get("metric_sums", {}), "metric_counts": open_step.get("metric_counts", {}),
+                     "metric_sums": open_step.metric_sums, "metric_counts": open_step.metric_counts,
                      "trained": [{"slot": _slot_json(t.slot), "group": group_to_json(t.group),
-                                  "advantages": t.advantages, "staleness": t.staleness} for t in open_step["trained"]]}
-        chunk = open_step["chunk"]
+                                  "advantages": t.advantages, "staleness": t.staleness} for t in open_step.trained]}
+        chunk = open_step.chunk
         open_tensors = {k: getattr(chunk, k) for k in chunk.__dataclass_fields__ if getattr(chunk, k) is not None}
-        served = open_step.get("served_weights")
+        served = open_step.served_weights
     ready = [{**{k: v for k, v in r.items() if k != "group"}, "group": group_to_json(r["group"])}
              for r in buffer_state["ready"]]
     buffer_json = {"capacity": buffer_state["capacity"], "counts": buffer_state["counts"], "ready": ready}
@@ -75,7 +76,7 @@ def save_run_checkpoint(path: str | Path, *, trainer, tokenizer, controller_stat
         (tmp / "resolved_config.json").write_text(json.dumps(resolved_config, indent=2))
 
     meta = {"weight_version": trainer_state["version"], "rl_step": trainer_state["version"],
-            "open_step_next_ministep": None if open_step is None else open_step["next_ministep"],
+            "open_step_next_ministep": None if open_step is None else open_step.next_ministep,
             "optimizer_steps": trainer_state.get("optimizer_steps"), "epoch": controller_state.get("epoch")}
     return write_checkpoint(path, fill, meta)
 
@@ -113,7 +114,6 @@ def load_run_checkpoint(path: str | Path, restore_rng: bool = True, verified: bo
     trainer_state = dict(state.pop("trainer"))
     if "open_step" in state:
         from rl_core.buffer.replay_buffer import Slot, SlotState
-        from rl_core.controller.train_pump import TrainedGroup
 
         o = state["open_step"]
         tensors = load_torch(root / "open_step.pt")
@@ -122,13 +122,11 @@ def load_run_checkpoint(path: str | Path, restore_rng: bool = True, verified: bo
             from safetensors.torch import load_file
 
             served = load_file(str(root / "served_weights.safetensors"))
-        from rl_core.types import TrainChunk
-
-        state["open_step"] = {
-            "step": o["step"], "next_ministep": o["next_ministep"], "chunk": TrainChunk(**tensors),
-            "served_weights": served, "metric_sums": o.get("metric_sums", {}), "metric_counts": o.get("metric_counts", {}),
-            "trained": [TrainedGroup(Slot(**{**t["slot"], "state": SlotState.SELECTED, "group": group_from_json(t["group"])}),
-                                     group_from_json(t["group"]), t["advantages"], t["staleness"]) for t in o["trained"]]}
+        state["open_step"] = OpenStep(
+            step=o["step"], next_ministep=o["next_ministep"], chunk=TrainChunk(**tensors),
+            served_weights=served, metric_sums=o.get("metric_sums", {}), metric_counts=o.get("metric_counts", {}),
+            trained=[TrainedGroup(Slot(**{**t["slot"], "state": SlotState.SELECTED, "group": group_from_json(t["group"])}),
+                                  group_from_json(t["group"]), t["advantages"], t["staleness"]) for t in o["trained"]])
     trainer_state["optimizer"] = load_torch(root / "optimizer.pt")["optimizer"]
     if restore_rng:
         set_rng_state(load_torch(root / "rng.pt"))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import inspect
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ from rl_core.rollout.group import sampling_params
 from rl_core.rollout.spool import RolloutSpool
 from rl_core.rollout.validation import Validator
 from rl_core.samplers.in_order import InOrderSampler
+from rl_core.types import OpenStep, TrainedGroup
 
 if TYPE_CHECKING:
     from rl_core.data.dataset import PromptSource
@@ -71,6 +73,15 @@ class Parts:
 CheckpointFn = Callable[[int, dict], Any]
 
 
+@dataclass
+class RLStepRecord:
+    """One finished RL step, as step observers see it (`Controller.step_observers`)."""
+
+    step: int  # the RL step (0-based; the policy is now at weight version step + 1)
+    metrics: dict  # the step's metrics as logged (metrics.jsonl row `step + 1`)
+    trained: list[TrainedGroup]  # the groups it trained, with their advantages
+
+
 class Controller:
     def __init__(self, cfg: RecipeConfig, parts: Parts, run_dir: str | Path, total_steps: int, *,
                  stop_step: int | None = None, restore: dict | None = None, checkpoint_fn: CheckpointFn | None = None,
@@ -95,13 +106,17 @@ class Controller:
         self.rollout: RolloutPump | None = None
         self.train: TrainPump | None = None
         self.buffer: ReplayBuffer | None = None
+        self.watchdog: Watchdog | None = None
+        # called after each RL step (after its metrics are logged and any periodic validation) with
+        # the step's record; an observer may return an awaitable (awaited before the step ends)
+        self.step_observers: list[Callable[[RLStepRecord], Any]] = []
         self._t_pumps = time.monotonic()
         self._gen_tokens_at_start = 0  # restored counters count earlier processes' tokens too
         self.checkpoints_written: list[int] = []
 
     # ------------------------------------------------------------------ state
 
-    def capture_state(self, open_step: dict | None = None) -> dict:
+    def capture_state(self, open_step: OpenStep | None = None) -> dict:
         """The controller's quiescent state (call only with nothing in flight)."""
         extra = {} if open_step is None else {"open_step": open_step}
         return {**extra,
@@ -152,7 +167,7 @@ class Controller:
                               f"prompts ({res['seconds']:.1f}s)")
         return res
 
-    async def _on_step(self, step: int, metrics: dict, trained) -> None:
+    async def _on_step(self, step: int, metrics: dict, trained: list[TrainedGroup]) -> None:
         tm = self.p.backend.metrics()
         elapsed = time.monotonic() - self._t_pumps
         gen_tok = self.rollout.stats.generated_tokens
@@ -172,6 +187,11 @@ class Controller:
         done = step + 1
         if vcfg.val_period and done % vcfg.val_period == 0 and done >= vcfg.val_start_at and done < self.total_steps:
             await self._validate(f"step{done}")
+        record = RLStepRecord(step, metrics, trained)
+        for observer in self.step_observers:
+            out = observer(record)
+            if inspect.isawaitable(out):
+                await out
 
     async def _checkpoint_on_failure(self, exc: BaseException) -> None:
         """After a failed train step: save the last good state (its groups back in the buffer; or,
@@ -196,15 +216,15 @@ class Controller:
             return
         await self._save(version, None, f"RL step {version}")
 
-    async def _on_ministep(self, open_step: dict) -> None:
+    async def _on_ministep(self, open_step: OpenStep) -> None:
         every = self.cfg.checkpoint.save_every_optimizer_steps
         opt = self.p.trainer.optimizer_steps
         if self.checkpoint_fn is None or not every or opt % every:
             return
         await self._save(self.p.trainer.version, open_step,
-                         f"RL step {open_step['step']} before mini-step {open_step['next_ministep']}")
+                         f"RL step {open_step.step} before mini-step {open_step.next_ministep}")
 
-    async def _save(self, version: int, open_step: dict | None, label: str) -> None:
+    async def _save(self, version: int, open_step: OpenStep | None, label: str) -> None:
         """A quiescent checkpoint: dispatch closed, every in-flight group committed."""
         await self.rollout.set_dispatch_open(False)
         try:
@@ -219,7 +239,9 @@ class Controller:
 
     # ------------------------------------------------------------------ run
 
-    async def run(self) -> dict:
+    def setup(self) -> None:
+        """Build what the run drives: the metric logger, progress, the replay buffer, both pumps
+        and the refitter, then apply the restored state. `run()` calls it when not called yet."""
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.logger = MetricsLogger(self.run_dir, cfg.logging.tensorboard, cfg.logging.jsonl)
@@ -248,19 +270,28 @@ class Controller:
             cfg=cfg, sampler=self.p.sampler, buffer=self.buffer, trainer=self.p.trainer, loss=self.p.loss,
             refitter=refitter, clock=clock, cond=cond, timeline=self.timeline, rollout=self.rollout,
             stop_step=self.stop_step, pad_id=self.p.pad_id, on_step=self._on_step,
-            on_checkpoint=self._on_checkpoint, critic=self.p.critic)
-        self.train.on_ministep = self._on_ministep
+            on_checkpoint=self._on_checkpoint, on_ministep=self._on_ministep, critic=self.p.critic)
+        self.watchdog = Watchdog(cfg.async_rl.watchdog, self.rollout, self.train, self.buffer, self.p.backend,
+                                 self.p.trainer)
         if self.restore is not None:
             self._apply_restore()
+
+    async def run(self) -> dict:
+        """Drive the run: start generation, validate, run both pumps to `stop_step`, validate,
+        shut down; returns (and writes) the run summary."""
+        cfg = self.cfg
+        if self.train is None:
+            self.setup()
         t0 = time.monotonic()
         pump_s = 0.0
         if self.p.setup is not None:  # timing/setup/* metrics and setup_* timeline spans
             self.p.setup.report(self.logger, self.timeline, self.start_step)
         gc_thresholds = None
         await self.p.backend.start()
-        served = (self.restore or {}).get("open_step", {}) or {}
-        if served.get("served_weights") is not None:  # resumed between mini-steps: serve the step's start weights
-            await self.p.backend.update_weights(self.p.trainer.version, served["served_weights"])
+        reopened: OpenStep | None = (self.restore or {}).get("open_step")
+        if reopened is not None and reopened.served_weights is not None:
+            # resumed between mini-steps: serve the step's start weights
+            await self.p.backend.update_weights(self.p.trainer.version, reopened.served_weights)
         try:
             if self.val_at_start:
                 await self._validate("start")
@@ -271,8 +302,6 @@ class Controller:
             self._gen_tokens_at_start = self.rollout.stats.generated_tokens
             rollout_task = asyncio.create_task(self.rollout.run(), name="rollout_pump")
             train_task = asyncio.create_task(self.train.run(), name="train_pump")
-            self.watchdog = Watchdog(cfg.async_rl.watchdog, self.rollout, self.train, self.buffer, self.p.backend,
-                                     self.p.trainer)
             watch_task = asyncio.create_task(self.watchdog.run(), name="watchdog")
             tasks = {rollout_task, train_task, watch_task}
             while not train_task.done():

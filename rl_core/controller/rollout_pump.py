@@ -114,6 +114,11 @@ class RolloutPump:
             setattr(self.stats, k, v)
         self.dropped_per_step = Counter({int(k): v for k, v in state.get("dropped_per_step", {}).items()})
 
+    @property
+    def failure(self) -> BaseException | None:
+        """The first exception a group task raised (it stops the run), or None."""
+        return self._failure
+
     # ------------------------------------------------------------------ control from other parts
 
     async def set_dispatch_open(self, is_open: bool) -> None:
@@ -309,7 +314,7 @@ class RolloutPump:
                     else:
                         self.stats.data_retries += 1
         except asyncio.CancelledError:
-            slot = self.buffer._slots.get(group_id)
+            slot = self.buffer.find(group_id)
             if slot is not None and slot.state == SlotState.RESERVED:
                 self.stats.aborted_groups += 1
                 self.stats.wasted_samples += self.n

@@ -87,8 +87,8 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
     }
     m["rollout/refill_groups"] = float(rs.refill_groups)
     m["rollout/dynamic_filtered_groups"] = float(pump.dynamic_filtered_groups)
-    m["train/policy_frozen"] = float(pump._frozen)
-    for k, v in finalize_metrics(pump._step_pairs).items():  # advantage, shaping, dynamic sampling
+    m["train/policy_frozen"] = float(pump.policy_frozen)
+    for k, v in finalize_metrics(pump.step_pairs).items():  # advantage, shaping, dynamic sampling
         m[k if k.startswith(("shaping/", "dynamic_sampling/")) else f"train/{k}"] = v
     for name in {k for s in samples for k in s.rewards}:  # named reward components (multi-reward)
         m[f"reward/{name}"] = statistics.fmean(s.rewards.get(name, 0.0) for s in samples)

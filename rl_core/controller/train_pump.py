@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 import torch
@@ -33,15 +33,18 @@ from rl_core.buffer.replay_buffer import ReplayBuffer, Slot, SlotState
 from rl_core.controller.advantage_stage import AdvantageStage
 from rl_core.controller.events import Timeline, VersionClock, wait_until
 from rl_core.controller.step_metrics import step_metrics
-from rl_core.types import PromptGroup, TrainChunk
+from rl_core.types import OpenStep, TrainChunk, TrainedGroup
 
 
 @dataclass
-class TrainedGroup:
-    slot: Slot
-    group: PromptGroup
-    advantages: list[float]
-    staleness: int  # trainer version at train time - weight version at dispatch
+class _StepBatch:
+    """What one RL step has collected so far (local to `TrainPump.train_step`)."""
+
+    trained: list[TrainedGroup] = field(default_factory=list)  # the step's groups with their advantages
+    stage_chunks: list[TrainChunk] = field(default_factory=list)  # one per advantage build (PPO concatenates them)
+    chunks: list[TrainChunk] = field(default_factory=list)  # policy training chunks (kept for replays and the critic)
+    idle: float = 0.0  # seconds waiting for selectable groups
+    t_train0: float | None = None  # when training could start (the first advantages)
 
 
 class TrainStepFailed(RuntimeError):
@@ -67,7 +70,7 @@ class TrainPump:
     def __init__(self, *, cfg, sampler, buffer: ReplayBuffer, trainer, loss, refitter, clock: VersionClock,
                  cond: asyncio.Condition, timeline: Timeline, rollout, stop_step: int, pad_id: int,
                  on_step: StepHook | None = None, on_checkpoint: Callable[[int], Awaitable[None]] | None = None,
-                 critic=None):
+                 on_ministep: Callable[[OpenStep], Awaitable[None]] | None = None, critic=None):
         self.cfg = cfg
         self.sampler = sampler
         self.buffer = buffer
@@ -97,16 +100,16 @@ class TrainPump:
         self.train_retries = 0  # every retry: policy update, logprob/value passes, critic update
         self.pass_retries = 0  # of which logprob/value passes and critic updates
         self._step_retries = 0  # policy-update retries used by the RL step in progress
-        self._ministep_state: dict | None = None  # the open RL step after its last completed PPO mini-step
+        self._open_step: OpenStep | None = None  # the open RL step after its last completed PPO mini-step
         self.stale_aborted_groups = 0
         self._open = False  # a trainer step is open (begin called, finish not yet)
-        self._frozen = False  # critic warm-up: the policy is not updated this step
+        self.policy_frozen = False  # critic warm-up: the policy is not updated this step
         self._open_slots: list[Slot] = []  # groups taken for the step in progress
-        self._step_pairs: dict[str, list[float]] = {}  # (sum, count) metrics of the step in progress
+        self.step_pairs: dict[str, list[float]] = {}  # (sum, count) metrics of the step in progress
         self._filtered_in_step = 0
         self.current_step = trainer.version
-        self.resume_open_step: dict | None = None  # an RL step checkpointed between its mini-steps
-        self.on_ministep: Callable[[dict], Awaitable[None]] | None = None  # may checkpoint between mini-steps
+        self.resume_open_step: OpenStep | None = None  # an RL step checkpointed between its mini-steps
+        self.on_ministep = on_ministep  # may checkpoint between mini-steps
         self.trained_group_ids: list[str] = []
         self.staleness_log: list[int] = []
 
@@ -130,12 +133,12 @@ class TrainPump:
             self.resume_open_step = None
         self.waiting_on = "done"
 
-    def open_step_after_failure(self) -> dict | None:
+    def open_step_after_failure(self) -> OpenStep | None:
         """The RL step a failure interrupted after some of its PPO mini-steps had updated the policy
         (their updates cannot be undone): its open-step state after the last completed mini-step,
         to checkpoint so that a resume continues at the next mini-step instead of training the
         step's groups again from the start. None when no mini-step of the step had completed."""
-        return self._ministep_state
+        return self._open_step
 
     async def return_open_step(self) -> None:
         """Put the groups of a failed, unfinished step back into the buffer as ready."""
@@ -152,7 +155,7 @@ class TrainPump:
             self.rollout.stats.wasted_samples += sum(len(s.group.samples) for s in gone if s.group)
             await self.buffer.finish(gone, SlotState.EVICTED)
 
-    async def _take(self, step: int, want: int, most: int) -> list[Slot]:
+    async def _select(self, step: int, want: int, most: int) -> list[Slot]:
         """Wait until at least `want` groups are selectable (or the quota shrinks), then take up to
         `most`; zero-variance groups are set aside (dynamic sampling) and the step refilled."""
         while True:
@@ -163,7 +166,7 @@ class TrainPump:
                 if self.whole_step:
                     slots = sorted(slots, key=lambda s: s.dispatch_index)
                 keep, ds_metrics = self.stage.filter([s.group for s in slots[:most]])
-                merge_metrics(self._step_pairs, {f"dynamic_sampling/{k}": v for k, v in ds_metrics.items()})
+                merge_metrics(self.step_pairs, {f"dynamic_sampling/{k}": v for k, v in ds_metrics.items()})
                 kept = [s for s, k in zip(slots, keep) if k]
                 dropped = [s for s, k in zip(slots, keep) if not k]
                 await self.buffer.finish(kept, SlotState.SELECTED)
@@ -174,15 +177,15 @@ class TrainPump:
                 if kept:
                     return kept
                 continue
-            if self.rollout._failure is not None:
-                raise self.rollout._failure
+            if self.rollout.failure is not None:
+                raise self.rollout.failure
             if self.rollout.exhausted and not self.rollout.inflight:  # refills may still be in flight
                 raise RuntimeError(f"rollouts ended with step {step} incomplete "
                                    f"({self.selected_in_step}/{self.quota(step)} groups)")
             self.waiting_on = (f"{need} ready group(s) for step {step} "
                                f"(have {self.selected_in_step}/{self.quota(step)})")
             snapshot = (self.buffer.num_ready(), self.quota(step), self.rollout.exhausted, len(self.rollout.inflight))
-            await wait_until(self.cond, lambda: self.rollout._failure is not None or snapshot != (
+            await wait_until(self.cond, lambda: self.rollout.failure is not None or snapshot != (
                 self.buffer.num_ready(), self.quota(step), self.rollout.exhausted, len(self.rollout.inflight)))
 
     async def _set_aside(self, step: int, dropped: list[Slot]) -> None:
@@ -203,62 +206,119 @@ class TrainPump:
 
     # ------------------------------------------------------------------ one RL step
 
-    async def train_step(self, step: int, resume: dict | None = None) -> dict:
+    async def train_step(self, step: int, resume: OpenStep | None = None) -> dict:
+        """One RL step: select its groups and compute their advantages (or reopen a step
+        checkpointed between its mini-steps), train them in the run's mode (streamed chunks,
+        the whole step at once, or PPO mini-steps), then end the step (refit, metrics, hooks)."""
         t_step0 = time.monotonic()
-        self.current_step = step
-        self.selected_in_step, self._filtered_in_step, self._step_pairs = 0, 0, {}
-        self._step_retries = 0
-        self._ministep_state = None
-        self._open_slots = []
-        self._frozen = self.critic is not None and step < self.cfg.critic.num_warmup_steps
-        trained: list[TrainedGroup] = []
-        chunks: list[TrainChunk] = []  # policy training chunks (kept for replays and the critic)
-        stage_chunks: list[TrainChunk] = []
-        idle = 0.0
-        t_train0 = None
-        m = self.cfg.async_rl.min_groups_for_streaming_train
+        self._begin_step(step)
+        batch = _StepBatch()
         if resume is not None:  # continue an RL step checkpointed between its mini-steps
-            trained = resume["trained"]
-            self._open_slots = [t.slot for t in trained]
-            self.selected_in_step = len(trained)
-            stage_chunks = [resume["chunk"]]
-            t_train0 = time.monotonic()
-        while resume is None and self.selected_in_step < self.quota(step):
+            self._reopen(resume, batch)
+        elif self.mini_steps > 1:
+            await self._collect(step, batch, on_chunk=None)
+        elif self.whole_step:
+            await self._collect(step, batch, on_chunk=self._queue_whole)
+        else:
+            await self._collect(step, batch, on_chunk=self._stream)
+        self.waiting_on = f"trainer (step {step})"
+        if self.mini_steps > 1:
+            train_metrics = await self._train_ppo(step, batch, resume)
+        elif self.whole_step:
+            train_metrics = await self._train_whole(step, batch)
+        else:
+            train_metrics = await self._train_streamed(step, batch)
+        return await self._end_step(step, batch, train_metrics, t_step0)
+
+    def _begin_step(self, step: int) -> None:
+        self.current_step = step
+        self.selected_in_step, self._filtered_in_step, self.step_pairs = 0, 0, {}
+        self._step_retries = 0
+        self._open_step = None
+        self._open_slots = []
+        self.policy_frozen = self.critic is not None and step < self.cfg.critic.num_warmup_steps
+
+    def _reopen(self, resume: OpenStep, batch: _StepBatch) -> None:
+        """Take back the groups and the batch of a step checkpointed between its mini-steps."""
+        batch.trained = resume.trained
+        self._open_slots = [t.slot for t in batch.trained]
+        self.selected_in_step = len(batch.trained)
+        batch.stage_chunks = [resume.chunk]
+        batch.t_train0 = time.monotonic()
+
+    async def _collect(self, step: int, batch: _StepBatch,
+                       on_chunk: Callable[[int, _StepBatch, TrainChunk, int], Awaitable[None]] | None) -> None:
+        """Select the step's groups as the sampler releases them (a few at a time when streaming,
+        else the whole quota) and compute their advantages; `on_chunk(step, batch, chunk,
+        num_groups)` after each advantage chunk (the mode's training of it)."""
+        m = self.cfg.async_rl.min_groups_for_streaming_train
+        while self.selected_in_step < self.quota(step):
             remaining = self.quota(step) - self.selected_in_step
             want = remaining if self.whole_step else min(m, remaining)
             t0 = time.monotonic()
-            slots = await self._take(step, want, remaining)
-            idle += time.monotonic() - t0
-            self.waiting_on = f"advantages (step {step})"
-            st = await self.stage.build([s.group for s in slots])
-            merge_metrics(self._step_pairs, {f"advantage/{k}": v for k, v in st.metrics.items()})
-            for g in st.groups:
-                merge_metrics(self._step_pairs, g.metrics)
-            for s, g, a in zip(slots, st.groups, st.advantages):
-                trained.append(TrainedGroup(s, g, a, step - s.start_version))
-            stage_chunks.append(st.chunk)
-            if t_train0 is None:
-                t_train0 = time.monotonic()
-            if self.mini_steps == 1:
-                new = self._split(st.chunk, len(slots), m) if self.whole_step else [st.chunk]
-                chunks.extend(new)
-                if not self.whole_step:
-                    await self._train_chunks(step, chunks, streamed=new)
-        self.waiting_on = f"trainer (step {step})"
-        if self.mini_steps > 1:
-            full = TrainChunk.concat(stage_chunks, self.pad_id)
-            train_metrics = await self._mini_steps(step, full, trained, resume)
-            self._ministep_state = None
-        else:
-            if self.whole_step:
-                await self._train_chunks(step, chunks, streamed=chunks)
-            train_metrics = await self._finish(step, chunks)
-            if self.critic is not None:
-                train_metrics.update(await self._critic_step(chunks, advance=True))
+            slots = await self._select(step, want, remaining)
+            batch.idle += time.monotonic() - t0
+            chunk = await self._advantages(step, slots, batch)
+            if on_chunk is not None:
+                await on_chunk(step, batch, chunk, len(slots))
+
+    async def _advantages(self, step: int, slots: list[Slot], batch: _StepBatch) -> TrainChunk:
+        """Advantages of the selected groups (advantage stage); records them in `batch`."""
+        self.waiting_on = f"advantages (step {step})"
+        st = await self.stage.build([s.group for s in slots])
+        merge_metrics(self.step_pairs, {f"advantage/{k}": v for k, v in st.metrics.items()})
+        for g in st.groups:
+            merge_metrics(self.step_pairs, g.metrics)
+        for s, g, a in zip(slots, st.groups, st.advantages):
+            batch.trained.append(TrainedGroup(s, g, a, step - s.start_version))
+        batch.stage_chunks.append(st.chunk)
+        if batch.t_train0 is None:
+            batch.t_train0 = time.monotonic()
+        return st.chunk
+
+    # ------------------------------------------------------------------ the three training modes
+
+    async def _stream(self, step: int, batch: _StepBatch, chunk: TrainChunk, num_groups: int) -> None:
+        """Streaming: train each advantage chunk as soon as it is ready."""
+        batch.chunks.append(chunk)
+        await self._train_chunks(step, batch.chunks, streamed=[chunk])
+
+    async def _train_streamed(self, step: int, batch: _StepBatch) -> dict:
+        """Streaming: the chunks are trained already; close the step with the optimizer update."""
+        return await self._finish_policy_step(step, batch.chunks)
+
+    async def _queue_whole(self, step: int, batch: _StepBatch, chunk: TrainChunk, num_groups: int) -> None:
+        """Whole step (reproducible runs): cut each advantage chunk at fixed boundaries; train later."""
+        batch.chunks.extend(self._split(chunk, num_groups, self.cfg.async_rl.min_groups_for_streaming_train))
+
+    async def _train_whole(self, step: int, batch: _StepBatch) -> dict:
+        """Whole step: train every chunk of the step, then the optimizer update."""
+        await self._train_chunks(step, batch.chunks, streamed=batch.chunks)
+        return await self._finish_policy_step(step, batch.chunks)
+
+    async def _finish_policy_step(self, step: int, chunks: list[TrainChunk]) -> dict:
+        """The one optimizer update of a step (and the critic's, PPO with one mini-step)."""
+        train_metrics = await self._finish(step, chunks)
+        if self.critic is not None:
+            train_metrics.update(await self._critic_step(chunks, advance=True))
+        return train_metrics
+
+    async def _train_ppo(self, step: int, batch: _StepBatch, resume: OpenStep | None) -> dict:
+        """PPO mini-steps over the step's whole batch (continuing `resume` when given)."""
+        full = TrainChunk.concat(batch.stage_chunks, self.pad_id)
+        train_metrics = await self._mini_steps(step, full, batch.trained, resume)
+        self._open_step = None
+        return train_metrics
+
+    # ------------------------------------------------------------------ the step's end
+
+    async def _end_step(self, step: int, batch: _StepBatch, train_metrics: dict, t_step0: float) -> dict:
+        """Refit, abort stale groups, metrics, the step and checkpoint hooks, publish the version."""
+        trained = batch.trained
         t_finish = time.monotonic()
         self.current_step, self.selected_in_step = step + 1, 0  # demand() now counts from the next step
         self._open_slots = []
-        self.timeline.add("train", step, t_train0 or t_finish, t_finish, step)
+        self.timeline.add("train", step, batch.t_train0 or t_finish, t_finish, step)
         for t in trained:
             self.staleness_log.append(t.staleness)
             self.trained_group_ids.append(t.slot.group_id)
@@ -266,8 +326,8 @@ class TrainPump:
         refit_metrics = await self.refitter.refit(self.trainer.version)
         self.timeline.add("refit", step, t_finish, time.monotonic(), self.trainer.version)
         self.stale_aborted_groups += await self.rollout.abort_stale(self.trainer.version)
-        self.idle_s += idle
-        metrics = step_metrics(self, step, trained, train_metrics, refit_metrics, t_step0, idle)
+        self.idle_s += batch.idle
+        metrics = step_metrics(self, step, trained, train_metrics, refit_metrics, t_step0, batch.idle)
         # in_order: async/* bounds; adaptive: decides the bound of versions > step
         metrics.update(self.sampler.observe(step, metrics))
         if self.on_step is not None:
@@ -294,7 +354,7 @@ class TrainPump:
             if not self._open:
                 self.trainer.begin(self.loss)
                 self._open = True
-            if self._frozen:  # critic warm-up: no policy update this step
+            if self.policy_frozen:  # critic warm-up: no policy update this step
                 return
             for c in streamed:
                 await asyncio.to_thread(self.trainer.train_microbatches, c)
@@ -334,7 +394,7 @@ class TrainPump:
             try:
                 self.trainer.begin(self.loss)
                 self._open = True
-                if not self._frozen:
+                if not self.policy_frozen:
                     for c in chunks:
                         await asyncio.to_thread(self.trainer.train_microbatches, c)
                 return
@@ -381,14 +441,14 @@ class TrainPump:
         return {f"critic/{k}": v for k, v in out.items()}
 
     async def _mini_steps(self, step: int, full: TrainChunk, trained: list[TrainedGroup],
-                          resume: dict | None) -> dict:
+                          resume: OpenStep | None) -> dict:
         """ppo_epochs x num_minibatches optimizer steps over the step's batch (policy and critic),
         previous-policy logprobs fixed before the first one (Schulman et al. 2017, PPO,
         Algorithm 1). Between two mini-steps `on_ministep` may checkpoint the open step;
         `resume` continues one."""
         if resume is not None:
-            start = resume["next_ministep"]
-            served = resume.get("served_weights")
+            start = resume.next_ministep
+            served = resume.served_weights
         else:
             if needs_prev_logprobs(self.cfg):
                 full.prev_logprobs = await self._pass("previous-policy logprobs", self.trainer.logprobs, full)
@@ -400,8 +460,8 @@ class TrainPump:
         n = full.num_samples
         mb = self.cfg.grpo.num_minibatches
         total = self.cfg.grpo.ppo_epochs * mb
-        sums: dict[str, float] = dict(resume.get("metric_sums", {})) if resume is not None else {}
-        counts: dict[str, int] = dict(resume.get("metric_counts", {})) if resume is not None else {}
+        sums: dict[str, float] = dict(resume.metric_sums) if resume is not None else {}
+        counts: dict[str, int] = dict(resume.metric_counts) if resume is not None else {}
         for k_mini in range(start, total):
             epoch, j = divmod(k_mini, mb)
             order = list(range(n))
@@ -416,11 +476,10 @@ class TrainPump:
                 sums[k] = sums.get(k, 0.0) + v
                 counts[k] = counts.get(k, 0) + 1
             if not last:
-                self._ministep_state = {"step": step, "next_ministep": k_mini + 1, "trained": trained,
-                                        "chunk": full, "served_weights": served,
-                                        "metric_sums": dict(sums), "metric_counts": dict(counts)}
+                self._open_step = OpenStep(step=step, next_ministep=k_mini + 1, trained=trained, chunk=full,
+                                           served_weights=served, metric_sums=dict(sums), metric_counts=dict(counts))
                 if self.on_ministep is not None:
-                    await self.on_ministep(self._ministep_state)
+                    await self.on_ministep(self._open_step)
         metrics = {k: sums[k] / counts[k] for k in sums}
         metrics["optimizer_steps_in_rl_step"] = float(total)
         return metrics

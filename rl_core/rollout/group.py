@@ -98,7 +98,8 @@ class GenerationSlots:
         self.queued += n
         return _Ticket(self, n)
 
-    def _shrink(self, k: int) -> None:
+    def shrink_queue(self, k: int) -> None:
+        """`k` queued samples took a place or will never start."""
         self.queued -= k
         if self.on_queue_shrunk is not None:
             self.on_queue_shrunk()
@@ -114,12 +115,12 @@ class _Ticket:
     def take(self) -> None:
         if self.remaining > 0:
             self.remaining -= 1
-            self.slots._shrink(1)
+            self.slots.shrink_queue(1)
 
     def close(self) -> None:
         if self.remaining > 0:
             k, self.remaining = self.remaining, 0
-            self.slots._shrink(k)
+            self.slots.shrink_queue(k)
 
 
 @dataclass

@@ -189,7 +189,7 @@ def test_a_ppo_mini_step_failing_beyond_the_budget_checkpoints_the_open_step(run
     loaded = load_run_checkpoint(ck, restore_rng=False)
     assert loaded.rl_step == 1 and int(loaded.trainer_state["optimizer_steps"]) == 3
     open_step = loaded.controller_state["open_step"]
-    assert open_step["step"] == 1 and open_step["next_ministep"] == 1 and len(open_step["trained"]) == 4
+    assert open_step.step == 1 and open_step.next_ministep == 1 and len(open_step.trained) == 4
     assert not [r for r in loaded.controller_state["buffer"]["ready"] if r["target_step"] == 1]
     # the same command again, without the fault, resumes from that checkpoint
     monkeypatch.setattr(launch_train, "build_parts", real)

@@ -149,13 +149,7 @@ def test_controller_raises_gc_thresholds_while_the_pumps_run_and_restores_them(t
                          "logging": {"tensorboard": False, "jsonl": False, "progress": "off"}})
     ctl = Controller(cfg, make_parts(cfg), tmp_path, total_steps=2)
     seen = []
-    orig = ctl._on_step
-
-    async def on_step(step, metrics, trained):
-        seen.append(gc.get_threshold())
-        await orig(step, metrics, trained)
-
-    ctl._on_step = on_step
+    ctl.step_observers.append(lambda record: seen.append(gc.get_threshold()))
     before = gc.get_threshold()
     asyncio.run(ctl.run())
     assert seen and all(t[0] >= RUN_THRESHOLDS[0] for t in seen)

@@ -38,17 +38,11 @@ def test_refit_modes_and_versions_spanned(tmp_path, mode):
                          "max_buffered_groups": 12})
     parts = make_parts(cfg, backend=SlowTrainerBackend())
 
-    async def on_step(step, metrics, trained):
-        spans.extend((s.start_version, s.end_version) for t in trained for s in t.group.samples)
+    def on_step(record):
+        spans.extend((s.start_version, s.end_version) for t in record.trained for s in t.group.samples)
 
     ctl = Controller(cfg, parts, tmp_path, total_steps=6)
-    ctl._on_step_orig = ctl._on_step
-
-    async def hook(step, metrics, trained):
-        await on_step(step, metrics, trained)
-        await ctl._on_step_orig(step, metrics, trained)
-
-    ctl._on_step = hook
+    ctl.step_observers.append(on_step)
     asyncio.run(ctl.run())
     spanning = sum(1 for a, b in spans if a != b)
     if mode == "drain":

@@ -57,13 +57,7 @@ def test_controller_reports_gc_time_per_step_and_unfreezes(tmp_path):
                          "logging": {"tensorboard": False, "jsonl": False, "progress": "off"}})
     rows = []
     ctl = Controller(cfg, make_parts(cfg), tmp_path, total_steps=3)
-    on_step = ctl._on_step
-
-    async def keep(step, metrics, trained):
-        rows.append(dict(metrics))
-        await on_step(step, metrics, trained)
-
-    ctl._on_step = keep
+    ctl.step_observers.append(lambda record: rows.append(dict(record.metrics)))
     asyncio.run(ctl.run())
     assert len(rows) == 3
     for row in rows:
