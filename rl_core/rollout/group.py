@@ -38,22 +38,23 @@ def _splitmix64(x: int) -> int:
 
 def derive_seed(*parts: int) -> int:
     """A 63-bit seed that depends only on `parts` (stable across processes and platforms)."""
-    return _seed_prefix(*parts) >> 1
+    return seed_prefix(*parts) >> 1
 
 
-def _seed_prefix(*parts: int) -> int:
+def seed_prefix(*parts: int) -> int:
+    """The hash state after `parts` (derive_seed's, before the final shift): see `seed_last`."""
     h = 0x5EED
     for p in parts:
         h = _splitmix64(h ^ (int(p) & _MASK64))
     return h
 
 
-def _seed_last(prefix: int, last: int) -> int:
-    """derive_seed(*parts, last) from _seed_prefix(*parts): the group's samples share the prefix."""
+def seed_last(prefix: int, last: int) -> int:
+    """derive_seed(*parts, last) from seed_prefix(*parts): the group's samples share the prefix."""
     return _splitmix64(prefix ^ (int(last) & _MASK64)) >> 1
 
 
-def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
+def with_seed(params: SamplingParams, seed: int) -> SamplingParams:
     """`dataclasses.replace(params, seed=seed)` without its per-call field introspection
     (`copy.copy` costs as much, through the reduce protocol)."""
     out = object.__new__(type(params))
@@ -242,11 +243,11 @@ async def generate_group(backend: GenerationBackend, env: Environment, tokenizer
     """N samples of one prompt, generated concurrently, each with its own derived seed.
     If one sample fails, the others are cancelled and the error propagates."""
     opts = opts or GroupOptions()
-    prefix = _seed_prefix(*seed_parts)  # derive_seed(*seed_parts, i) == _seed_last(prefix, i)
+    prefix = seed_prefix(*seed_parts)  # derive_seed(*seed_parts, i) == seed_last(prefix, i)
     slots = opts.gen_slots
     ticket = slots.expect(n) if isinstance(slots, GenerationSlots) else None
     tasks = [asyncio.ensure_future(generate_sample(backend, env, tokenizer, example, prompt_ids,
-                                                   _with_seed(params, _seed_last(prefix, i)), f"{key}/{i}",
+                                                   with_seed(params, seed_last(prefix, i)), f"{key}/{i}",
                                                    opts, ticket)) for i in range(n)]
     try:
         return list(await asyncio.gather(*tasks))

@@ -192,7 +192,7 @@ class WeightBroadcaster:
         sync()  # the header waits for every receiver: kept out of the bucket times below
         header_s = time.monotonic() - t0
         nbytes, buckets, pack_s, wire_s = 0, 0, 0.0, 0.0
-        for bucket in _buckets([_padded(t.numel() * t.element_size()) for t in tensors], self.bucket_bytes):
+        for bucket in broadcast_buckets([_padded(t.numel() * t.element_size()) for t in tensors], self.bucket_bytes):
             t1 = time.monotonic()
             flat = torch.cat([_as_bytes(tensors[i], dev) for i in bucket])  # host->device copies included
             sync()
@@ -237,7 +237,7 @@ class WeightReceiver:
         sizes = [torch.Size(shape).numel() * torch.empty((), dtype=dt).element_size() for _, dt, shape in owned]
         state: dict[str, torch.Tensor] = {}
         nbytes = 0
-        for bucket in _buckets([_padded(n) for n in sizes], self.bucket_bytes):
+        for bucket in broadcast_buckets([_padded(n) for n in sizes], self.bucket_bytes):
             flat = torch.empty(sum(_padded(sizes[i]) for i in bucket), dtype=torch.uint8, device=dev)
             self.group.broadcast(flat)
             nbytes += flat.numel()
@@ -270,7 +270,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
-def _buckets(sizes: list[int], limit: int) -> list[list[int]]:
+def broadcast_buckets(sizes: list[int], limit: int) -> list[list[int]]:
     """Consecutive indices grouped so each group's total is <= limit (a bigger item is alone)."""
     out: list[list[int]] = []
     cur: list[int] = []

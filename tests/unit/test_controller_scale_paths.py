@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rl_core.buffer.replay_buffer import ReplayBuffer, SlotState
-from rl_core.rollout.group import _seed_last, _seed_prefix, _with_seed, derive_seed
+from rl_core.rollout.group import seed_last, seed_prefix, with_seed, derive_seed
 from rl_core.types import PromptGroup, Sample, SamplingParams, make_train_chunk
 
 
@@ -83,9 +83,9 @@ def test_group_seeds_equal_derive_seed():
     for _ in range(200):
         parts = [rng.randrange(-3, 1 << 66) for _ in range(rng.randrange(4))]
         i = rng.randrange(64)
-        assert _seed_last(_seed_prefix(*parts), i) == derive_seed(*parts, i)
+        assert seed_last(seed_prefix(*parts), i) == derive_seed(*parts, i)
     p = SamplingParams(temperature=0.7, stop_token_ids=(1, 2))
-    q = _with_seed(p, 11)
+    q = with_seed(p, 11)
     assert q.seed == 11 and p.seed is None and (q.temperature, q.stop_token_ids) == (0.7, (1, 2))
 
 

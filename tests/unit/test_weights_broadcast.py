@@ -10,13 +10,13 @@ import subprocess
 import sys
 
 from rl_core.weights.base import SyncReport
-from rl_core.weights.broadcast import BroadcastWeightSync, _buckets
+from rl_core.weights.broadcast import BroadcastWeightSync, broadcast_buckets
 from tests.helpers.trainers import ROOT, free_port
 
 
 def test_buckets_keep_order_and_limit():
-    assert _buckets([4, 4, 4, 10, 1], 8) == [[0, 1], [2], [3], [4]]
-    assert _buckets([], 8) == []
+    assert broadcast_buckets([4, 4, 4, 10, 1], 8) == [[0, 1], [2], [3], [4]]
+    assert broadcast_buckets([], 8) == []
 
 
 def test_refit_exports_on_the_device_only_for_a_transport_that_sends_from_it():
