@@ -1,11 +1,11 @@
 """The single controller: wires the parts and runs the two pumps concurrently.
 
-Owns: the run's life cycle on one asyncio event loop: start the generation backend,
-restore a checkpointed state, validate at start, run the rollout pump and the train
-pump side by side until the trainer reaches `stop_step` (the first failure of either
+Owns: building the run's moving parts (`setup()`: logger, buffer, pumps, refitter, watchdog,
+the restored state) and driving them (`run()`) on one asyncio event loop: start the generation
+backend, validate at start, run the rollout pump and the train pump side by side until the trainer reaches `stop_step` (the first failure of either
 stops both), periodic and final validation pinned to one weight version, metric logging,
 progress, the rollout spool, step checkpoints at quiescent points, the timeline, and the
-run summary.
+run summary. `step_observers` are called after each RL step with its `RLStepRecord`.
 
 Does not own: building the parts from a recipe (rl_core.launch), the policy of either
 pump, or the checkpoint format (rl_core.checkpoint).
