@@ -204,7 +204,7 @@ class RewardFunctionsEnvConfig(EnvSection):
         for i, spec in enumerate(self.functions):
             name = spec.name or spec.target.split(":")[1]
             if name in seen:
-                _fail(f"env.functions[{i}].name", spec.name, f"a name no other function has (functions[{seen[name]}] "
+                fail(f"env.functions[{i}].name", spec.name, f"a name no other function has (functions[{seen[name]}] "
                       f"is also called {name!r})", "give one of them another `name:`.")
             seen[name] = i
         return self
