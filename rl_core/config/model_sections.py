@@ -231,5 +231,37 @@ class ReasoningGymEnvConfig(EnvSection):
     """System message put first in the chat (only with use_chat_template)."""
 
 
+class MathEnvConfig(EnvSection):
+    """Final-answer math problems: the answer is extracted from the completion (`answer_format`) and checked against the example's `answer` with math-verify (needs the `tasks` extra). Reward = correct_reward * correct + format_reward * format."""
+
+    type: Literal["math"] = "math"
+    """Environment type (registry key)."""
+    answer_format: Literal["boxed", "hash", "last_number", "number_only"] = "boxed"
+    """Where the answer is in a completion: `boxed` the last \\boxed{...}; `hash` the rest of the line after the last ####; `last_number` the last number in the text; `number_only` the whole reply must be one number and nothing else."""
+    correct_reward: float = Field(1.0, ge=0.0)
+    """Weight of reward component `correct` (1 when the extracted answer equals the gold one: same string, or equivalent by math-verify)."""
+    format_reward: float = Field(0.0, ge=0.0)
+    """Weight of reward component `format` (1 when the sample ended and an answer was found in `answer_format`, right or wrong); 0 = off (the component is still reported)."""
+    use_chat_template: bool = True
+    """Render the prompt through the tokenizer's chat template as a user turn (the tokenizer must have one); false = raw prompt text."""
+    system_prompt: str | None = None
+    """System message before the user turn (only with use_chat_template); null = none."""
+    instruction: str | None = None
+    """Text appended to every prompt after one space (e.g. "Put the final answer in \\boxed{}."); null = the prompt as it is in the data."""
+
+    @model_validator(mode="after")
+    def _installed(self):
+        import importlib.util
+
+        if importlib.util.find_spec("math_verify") is None:
+            fail("env.type", "math", "the math-verify package installed (env.type math checks answers with it)",
+                  "install the tasks extra: pip install -e '.[tasks]' (make setup installs it).")
+        if self.system_prompt is not None and not self.use_chat_template:
+            fail("env.system_prompt", self.system_prompt, "null when env.use_chat_template is false (a system "
+                  "message exists only in a chat template)", "set env.use_chat_template: true, or remove env.system_prompt.")
+        return self
+
+
+
 EnvConfig = Annotated[Union[AdditionEnvConfig, ChainAdditionEnvConfig, CustomEnvConfig, RewardFunctionsEnvConfig,
-                            ReasoningGymEnvConfig], Field(discriminator="type")]
+                            ReasoningGymEnvConfig, MathEnvConfig], Field(discriminator="type")]

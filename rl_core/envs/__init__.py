@@ -3,7 +3,7 @@
 Owns the registry: `@register_env("addition")` on a class makes `make_env(env_config,
 tokenizer)` build it for the recipe's `env.type: addition`; `ENVS` maps each type to its
 class. Importing this package registers the built-in environments (`addition`,
-`chain_addition`, `reasoning_gym`, `reward_functions`); `env.type: custom` is no registry entry:
+`chain_addition`, `math`, `reasoning_gym`, `reward_functions`); `env.type: custom` is no registry entry:
 `make_env` builds the user's class named by `env.target` (`rl_core.envs.custom`).
 The base class every environment extends is `rl_core.envs.base.BaseEnv` (the contract:
 `rl_core.protocols.Environment`).
@@ -60,6 +60,7 @@ from rl_core.envs.chain import ChainAdditionEnv  # noqa: E402  (registers "chain
 from rl_core.envs.custom import build_custom_env  # noqa: E402  (env.type: custom)
 from rl_core.envs.reasoning_gym import ReasoningGymEnv  # noqa: E402  (registers "reasoning_gym")
 from rl_core.envs.reward_functions import RewardFunctionsEnv  # noqa: E402  (registers "reward_functions")
+from rl_core.envs.math import MathEnv  # noqa: E402  (registers "math")
 
-__all__ = ["AdditionEnv", "BaseEnv", "ChainAdditionEnv", "Completion", "ENVS", "ReasoningGymEnv", "RewardFunctionsEnv",
-           "build_custom_env", "make_env", "register_env", "registered_envs"]
+__all__ = ["AdditionEnv", "BaseEnv", "ChainAdditionEnv", "Completion", "ENVS", "MathEnv", "ReasoningGymEnv",
+           "RewardFunctionsEnv", "build_custom_env", "make_env", "register_env", "registered_envs"]

@@ -1,0 +1,178 @@
+"""The math environment: a final answer extracted from the completion, checked with math-verify.
+
+Owns the scoring rule of `env.type: math` (config: `MathEnvConfig`):
+- the observation is the example's `prompt` (plus `env.instruction`, if set, after one
+  space), rendered through the tokenizer's chat template with `env.system_prompt` when
+  `env.use_chat_template` (the default: instruction-tuned models expect their template),
+  else encoded as raw text;
+- the *answer* of a completion is extracted according to `env.answer_format`:
+  * `boxed`: the content of the last `\\boxed{...}` (or `\\fbox{...}`), braces balanced;
+  * `hash`: the rest of the line after the last `####` (the GSM8K convention);
+  * `last_number`: the last number in the text (`-12`, `3.5`, `1,000`);
+  * `number_only`: the whole reply, whitespace stripped, must be one number and nothing else;
+- the *gold* answer is the example's `answer`; an `answer` written GSM8K-style (reasoning,
+  then `#### 72`) or holding a `\\boxed{}` is reduced to that final answer first;
+- components (each 0 or 1, reported in `EnvResult.rewards`):
+  * `format`: the sample ended on an end token and an answer was found in the required format;
+  * `correct`: `format`, and the answer equals the gold one: the same string (commas and
+    surrounding `$` removed), else equivalent by `math_verify.verify(parse(gold), parse(answer))`
+    (numbers, fractions, LaTeX expressions, sets);
+  * total `reward = correct_reward * correct + format_reward * format` (the weights are
+    `env.correct_reward`, default 1, and `env.format_reward`, default 0 = off).
+  A truncated sample (finish reason "length") scores 0 on both: its answer is not final.
+
+math-verify ("math-verify" on PyPI, the `tasks` extra) is imported when the environment is
+built; the recipe check (`MathEnvConfig`) fails at load if it is not installed. Its own
+timeouts use SIGALRM, which works only in a process's main thread, and rl_core scores in a
+thread pool: so they are off here, the extracted answer is capped at `MAX_ANSWER_CHARS`, and
+the deadline of a scoring call is `async_rl.failure.env_timeout_s`.
+
+Does not own: templating machinery and end-token handling (`base.py`), the data (any JSON-lines
+file with `prompt` and `answer`; `rl_core.data.arithmetic` generates the SmolLM2 recipe's).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Any
+
+from rl_core.envs import register_env
+from rl_core.envs.base import BaseEnv, Completion
+from rl_core.types import EnvResult
+
+ANSWER_FORMATS = ("boxed", "hash", "last_number", "number_only")
+MAX_ANSWER_CHARS = 256
+"""Longest extracted answer handed to math-verify (a longer one counts as wrong: parsing
+arbitrary long LaTeX with sympy can take unbounded time)."""
+
+_NUMBER = r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+_NUMBER_RE = re.compile(_NUMBER)
+_NUMBER_ONLY_RE = re.compile(rf"\s*({_NUMBER})\s*")
+_BOX_OPENERS = ("\\boxed{", "\\fbox{")
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` / `\\fbox{...}` with balanced braces, else None."""
+    start = max(text.rfind(op) + len(op) if text.rfind(op) >= 0 else -1 for op in _BOX_OPENERS)
+    if start < 0:
+        return None
+    depth = 1
+    for i in range(start, len(text)):
+        c = text[i]
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                inner = text[start:i].strip()
+                return inner or None
+    return None  # unbalanced: the box never closes
+
+
+def extract_hash(text: str) -> str | None:
+    """The rest of the line after the last `####`, stripped, else None."""
+    pos = text.rfind("####")
+    if pos < 0:
+        return None
+    answer = text[pos + 4:].split("\n", 1)[0].strip()
+    return answer or None
+
+
+def extract_last_number(text: str) -> str | None:
+    """The last number in the text (thousands commas kept, see `normalize`), else None."""
+    found = _NUMBER_RE.findall(text)
+    return found[-1] if found else None
+
+
+def extract_number_only(text: str) -> str | None:
+    """The reply itself when it is exactly one number (surrounding whitespace allowed), else None."""
+    m = _NUMBER_ONLY_RE.fullmatch(text)
+    return m.group(1) if m else None
+
+
+EXTRACTORS = {"boxed": extract_boxed, "hash": extract_hash, "last_number": extract_last_number,
+              "number_only": extract_number_only}
+
+
+def gold_answer(answer: str) -> str:
+    """The final answer of a dataset `answer`: after its last `####`, else inside its last
+    `\\boxed{}`, else the whole string (stripped)."""
+    return extract_hash(answer) or extract_boxed(answer) or answer.strip()
+
+
+def normalize(answer: str) -> str:
+    """The string compared before math-verify runs: no surrounding whitespace or `$`, no
+    thousands commas in a number, no leading `+`."""
+    s = answer.strip().strip("$").strip()
+    if _NUMBER_ONLY_RE.fullmatch(s):
+        s = s.replace(",", "").lstrip("+")
+    return s
+
+
+@lru_cache(maxsize=4096)
+def _parsed_gold(gold: str):
+    from math_verify import parse
+
+    return parse(gold, parsing_timeout=None)
+
+
+def answers_match(gold: str, answer: str) -> bool:
+    """True when `answer` equals `gold` (normalized strings) or math-verify finds them equivalent."""
+    g, a = normalize(gold), normalize(answer)
+    if g == a:
+        return True
+    if len(a) > MAX_ANSWER_CHARS:
+        return False
+    from math_verify import parse, verify
+
+    parsed_gold = _parsed_gold(g)
+    parsed = parse(a, parsing_timeout=None)
+    if not parsed_gold or not parsed:
+        return False
+    return bool(verify(parsed_gold, parsed, timeout_seconds=None))
+
+
+@register_env("math")
+class MathEnv(BaseEnv):
+    """Final-answer math problems (config: `MathEnvConfig`)."""
+
+    name = "math"
+    reward_names = ("correct", "format")
+
+    def __init__(self, config: Any, tokenizer: Any):
+        self.use_chat_template = bool(config.use_chat_template)
+        self.system_prompt = config.system_prompt
+        super().__init__(config, tokenizer)
+        import math_verify  # noqa: F401  (fail here, not at the first score, when the package is missing)
+
+        if config.answer_format not in EXTRACTORS:
+            raise ValueError(f"answer_format must be one of {ANSWER_FORMATS}, got {config.answer_format!r}")
+        self.answer_format = config.answer_format
+        self.extract = EXTRACTORS[config.answer_format]
+        self.instruction = config.instruction
+        self.correct_reward = float(config.correct_reward)
+        self.format_reward = float(config.format_reward)
+
+    def prompt_text(self, example: dict[str, Any]) -> str:
+        prompt = str(example["prompt"])
+        return f"{prompt} {self.instruction}" if self.instruction else prompt
+
+    def reference_text(self, example: dict[str, Any]) -> str:
+        """The gold answer written in the required format (what the supervised warm-up trains on)."""
+        gold = gold_answer(str(example["answer"]))
+        if self.answer_format == "boxed":
+            return f"\\boxed{{{gold}}}"
+        if self.answer_format == "hash":
+            return f"#### {gold}"
+        return gold
+
+    def score_completion(self, example: dict[str, Any], completion: Completion) -> EnvResult:
+        answer = self.extract(completion.text) if completion.ended else None
+        well_formed = answer is not None
+        correct = well_formed and answers_match(gold_answer(str(example["answer"])), answer)
+        return EnvResult(
+            reward=self.correct_reward * float(correct) + self.format_reward * float(well_formed),
+            rewards={"correct": float(correct), "format": float(well_formed)},
+            info={"correct": correct, "well_formed": well_formed, "answer": answer},
+        )
