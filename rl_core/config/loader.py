@@ -268,6 +268,10 @@ def preflight(cfg: RecipeConfig, source: str | None = None) -> None:
             problems.append({"field": "model.path", "value": str(d),
                              "expected": "an HF model directory containing config.json",
                              "fix": "point model.path at a saved transformers model directory."})
+    if cfg.model.source == "smollm2":
+        from rl_core.model.gguf import find_smollm2_gguf
+
+        find_smollm2_gguf()  # a ModelFileError naming the package and the fix, before anything is built
     if cfg.critic.enabled and cfg.critic.model_path and not (Path(cfg.critic.model_path) / "config.json").is_file():
         problems.append({"field": "critic.model_path", "value": cfg.critic.model_path,
                          "expected": "an HF model directory containing config.json (or a directory saved by the critic)",

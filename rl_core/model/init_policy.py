@@ -5,6 +5,8 @@ Owns `init_policy(cfg, out_dir)`, the step before RL:
   byte-level BPE tokenizer on the training text, build the random-init model from
   `model.tiny` seeded with `grpo.seed`, run the supervised warm-up to
   `model.warmup.target_accuracy` (if `model.warmup.enabled`), and save;
+- `model.source: smollm2`: the same copy, from SmolLM2-135M-Instruct's HF directory that
+  `rl_core.model.gguf.smollm2_hf_dir` converts from the packaged GGUF file (cached);
 - `model.source: hf`: copy an existing HF directory (`model.path`): config, safetensors
   weights (sharded or not, with their index), generation config and tokenizer files;
   other weight formats (`*.bin`, `*.gguf`, ...) are left behind. The copy is verified by
@@ -55,8 +57,17 @@ def init_policy(cfg: Any, out_dir: str | Path, log: Callable[[str], None] | None
     if cfg.model.source == "tiny":
         return _init_tiny(cfg, Path(out_dir), log)
     if cfg.model.source == "hf":
-        return _init_hf(cfg, Path(out_dir), log)
-    raise RecipeError.single("model.source", cfg.model.source, "'tiny' or 'hf'", "set model.source to tiny or hf.")
+        return _init_hf(cfg, Path(out_dir), log, Path(cfg.model.path))
+    if cfg.model.source == "smollm2":
+        from rl_core.model.gguf import smollm2_hf_dir
+
+        t0 = time.perf_counter()
+        src = smollm2_hf_dir("float32")  # converted once per machine, then reused from the cache
+        if log is not None:
+            log(f"init_policy: SmolLM2-135M-Instruct at {src} ({time.perf_counter() - t0:.1f}s)")
+        return _init_hf(cfg, Path(out_dir), log, src, source="smollm2")
+    raise RecipeError.single("model.source", cfg.model.source, "'tiny', 'hf' or 'smollm2'",
+                             "set model.source to tiny, hf or smollm2.")
 
 
 # --------------------------------------------------------------------------- tiny
@@ -122,16 +133,16 @@ def check_lengths(env: Any, examples: list[dict[str, Any]], max_new_tokens: int,
 # --------------------------------------------------------------------------- hf
 
 
-def _init_hf(cfg: Any, out_dir: Path, log: Callable[[str], None] | None) -> dict[str, Any]:
+def _init_hf(cfg: Any, out_dir: Path, log: Callable[[str], None] | None, src: Path,
+             source: str = "hf") -> dict[str, Any]:
     t0 = time.perf_counter()
-    src = Path(cfg.model.path)
     weights = sorted(src.glob("*.safetensors")) if src.is_dir() else []
     if not (src / "config.json").is_file() or not weights:
         raise RecipeError.single(
             "model.path", str(src), "an HF model directory holding config.json and *.safetensors weights",
             "point model.path at such a directory (save_pretrained writes one), or use model.source: tiny.")
     files = [src / name for name in _HF_FILES if (src / name).is_file()] + weights
-    report: dict[str, Any] = {"source": "hf", "path": str(src), "files": sorted(f.name for f in files)}
+    report: dict[str, Any] = {"source": source, "path": str(src), "files": sorted(f.name for f in files)}
 
     def fill(tmp: Path) -> None:
         for f in files:
