@@ -33,6 +33,7 @@ file with `prompt` and `answer`; `rl_core.data.arithmetic` generates the SmolLM2
 
 from __future__ import annotations
 
+import logging
 import re
 from functools import lru_cache
 from typing import Any
@@ -110,6 +111,21 @@ def normalize(answer: str) -> str:
     return s
 
 
+class _NoTimeoutNotice(logging.Filter):
+    """Drops math-verify's one-time notice that its timeouts are off: they are off on purpose
+    here (see the module docstring), and the notice would read as a problem in every run log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Timeout is disabled")
+
+
+def _quiet_timeout_notice() -> None:
+    for name in ("math_verify.parser", "math_verify.grader"):
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _NoTimeoutNotice) for f in log.filters):
+            log.addFilter(_NoTimeoutNotice())
+
+
 @lru_cache(maxsize=4096)
 def _parsed_gold(gold: str):
     from math_verify import parse
@@ -145,6 +161,8 @@ class MathEnv(BaseEnv):
         self.system_prompt = config.system_prompt
         super().__init__(config, tokenizer)
         import math_verify  # noqa: F401  (fail here, not at the first score, when the package is missing)
+
+        _quiet_timeout_notice()
 
         if config.answer_format not in EXTRACTORS:
             raise ValueError(f"answer_format must be one of {ANSWER_FORMATS}, got {config.answer_format!r}")
