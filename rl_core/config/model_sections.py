@@ -248,7 +248,7 @@ class MathEnvConfig(EnvSection):
     use_chat_template: bool = True
     """Render the prompt through the tokenizer's chat template as a user turn (the tokenizer must have one); false = raw prompt text."""
     system_prompt: str | None = None
-    """System message before the user turn (only with use_chat_template); null = none."""
+    """System message before the user turn (only with use_chat_template); null = none given (a chat template may then add its own default, as SmolLM2's does)."""
     instruction: str | None = None
     """Text appended to every prompt after one space (e.g. "Put the final answer in \\boxed{}."); null = the prompt as it is in the data."""
 

@@ -1,13 +1,14 @@
-"""Small-number arithmetic in words, for a pretrained chat model (the SmolLM2 recipe's task).
+"""Small-number arithmetic for a pretrained chat model (the SmolLM2 recipe's task).
 
 Owns: the offline generator of `data/arithmetic/{train,val}.jsonl`. Every triple of operands
 `a`, `b` in `min_operand..max_operand` and an operator of `ops` (`+`, `-`, `*`) becomes one
 example
 
-    {"id": 23, "prompt": "What is 3 + 4?", "answer": "7", "a": 3, "b": 4, "op": "+"}
+    {"id": 23, "prompt": "3 + 4", "answer": "7", "a": 3, "b": 4, "op": "+"}
 
-(`answer` the exact result as a decimal integer; the instruction that fixes the reply's format
-is the environment's, `env.instruction`, so one data set serves several formats). `id` is
+(the prompt is the bare expression; `answer` the exact result as a decimal integer; what the
+reply must look like is said by the environment: `env.system_prompt` / `env.instruction`, so
+one data set serves several formats). `id` is
 the triple's index in generation order (ops in the given order, then a, then b), the same
 whatever the seed.
 
@@ -45,7 +46,7 @@ def all_examples(min_operand: int = DEFAULT_MIN, max_operand: int = DEFAULT_MAX,
     for op in ops:
         for a in range(min_operand, max_operand + 1):
             for b in range(min_operand, max_operand + 1):
-                out.append({"id": len(out), "prompt": f"What is {a} {op} {b}?", "answer": str(OPS[op](a, b)),
+                out.append({"id": len(out), "prompt": f"{a} {op} {b}", "answer": str(OPS[op](a, b)),
                             "a": a, "b": b, "op": op})
     return out
 

@@ -29,7 +29,7 @@ def test_examples_are_right_and_the_split_is_disjoint(tmp_path):
     rows = [json.loads(line) for name in ("train.jsonl", "val.jsonl") for line in open(tmp_path / name)]
     assert len(rows) == 3 * 25 and len({r["id"] for r in rows}) == 75
     for r in rows:
-        assert r["prompt"] == f"What is {r['a']} {r['op']} {r['b']}?"
+        assert r["prompt"] == f"{r['a']} {r['op']} {r['b']}"
         assert int(r["answer"]) == {"+": r["a"] + r["b"], "-": r["a"] - r["b"], "*": r["a"] * r["b"]}[r["op"]]
     other = tmp_path / "other"
     ar.make_arithmetic_data(other, num_val=10, seed=4, min_operand=0, max_operand=4, ops="+-*")
