@@ -17,8 +17,9 @@ Three measurements, printed with their ratios (timings are never test assertions
    loss -A * logprob, backward per microbatch, clip, `torch.optim.AdamW` (foreach); median
    of `--repeats` after one warm-up step each;
 3. the RL step's time split: `rl-core train` on the recipe for `--rl-steps` steps (no
-   validation) in a temporary directory, then the mean of the controller's per-step timing
-   metrics (generation, scoring, logprobs, training, refit) over the steps after the first.
+   validation) in a temporary directory, then, from its metrics.jsonl, each step's
+   generation, scoring, logprobs, training and refit seconds (`step_split`), averaged over
+   the steps after the first. `step_split` also reads any run's metrics.jsonl.
 
 `--threads` sets torch's intra-op threads (default 2, the recipe's). The JSON of all results
 goes to `--json` (default $OUT/smollm2_cpu.json when OUT is set).
@@ -174,17 +175,32 @@ def bench_training(cfg, model_dir: Path, chunk, repeats: int) -> dict:
             "rl_core_s": rl, "plain_s": hf, "speedup": hf / rl}
 
 
-TIMING_KEYS = {  # controller metric -> the split's name (one RL step each, metrics.jsonl)
-    "generation": ("timing/rollout/generate_s", "timing/generate_s"),
-    "scoring": ("timing/rollout/env_s", "timing/env_s"),
-}
+def step_split(rows: list[dict]) -> list[dict]:
+    """Per RL step (metrics.jsonl rows of kind 'train'): seconds of generation (the engine's busy
+    time since the previous step), scoring (environment time summed over the step's samples),
+    logprobs (0: the recipe takes one optimizer step per RL step without a KL reference, so
+    no separate previous-policy or reference logprob pass runs; the loss uses the training
+    forward's logprobs and the engine's sampled-token logprobs), training
+    (the trainer's compute), refit, and the step's wall time. Generation overlaps training
+    (asynchronous RL), so the parts may sum to more than the wall time."""
+    out, busy = [], 0.0
+    for r in rows:
+        b = r.get("generation/busy_s", busy)
+        out.append({"generation_s": b - busy,
+                    "scoring_s": r.get("rollout/env_s_mean", 0.0) * r.get("train/num_samples", 0.0),
+                    "logprobs_s": 0.0,  # no separate pass in this recipe (see the docstring)
+                    "training_s": r.get("train/compute_s", 0.0), "refit_s": r.get("refit/seconds", 0.0),
+                    "step_wall_s": r.get("timing/step_s", 0.0)})
+        busy = b
+    return out
 
 
 def bench_rl_steps(recipe: str, steps: int, threads: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="rl_core-bench-") as tmp:
         cmd = [sys.executable, "-m", "rl_core.launch.cli", "train", str(Path(recipe).resolve()),
                f"output_dir={tmp}", f"grpo.max_num_steps={steps}", "validation.val_at_start=false",
-               "validation.val_at_end=false", "validation.val_period=0", f"runtime.torch_num_threads={threads}"]
+               "validation.val_at_end=false", "validation.val_period=0", f"runtime.torch_num_threads={threads}",
+               "logging.tensorboard=false"]
         t = time.perf_counter()
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -192,11 +208,10 @@ def bench_rl_steps(recipe: str, steps: int, threads: int) -> dict:
         if proc.returncode != 0:
             raise SystemExit(f"rl-core train failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
         rows = [json.loads(line) for f in Path(tmp).glob("*/metrics.jsonl") for line in open(f)]
-    steps_rows = [r for r in rows if "timing/step_s" in r or "train/loss" in r or r.get("kind") == "train"]
-    keys = sorted({k for r in steps_rows for k in r if k.startswith("timing/") and isinstance(r[k], (int, float))})
-    later = steps_rows[1:] or steps_rows
-    split = {k: statistics.fmean(r[k] for r in later if k in r) for k in keys if any(k in r for r in later)}
-    return {"steps": len(steps_rows), "wall_s": wall, "timing": split}
+    split = step_split([r for r in rows if r.get("kind") == "train"])
+    later = split[1:] or split  # the first step also pays the engine's warm-up
+    mean = {k: statistics.fmean(s[k] for s in later) for k in later[0]} if later else {}
+    return {"steps": len(split), "wall_s": wall, "per_step": split, "mean_after_first": mean}
 
 
 def main() -> int:
@@ -247,8 +262,10 @@ def main() -> int:
     if "rl" not in skip:
         r = out["rl"] = bench_rl_steps(args.recipe, args.rl_steps, args.threads)
         print(f"RL steps: {r['steps']} in {r['wall_s']:.0f} s wall (setup included); per step, mean after the first:")
-        for k, v in r["timing"].items():
-            print(f"  {k:<40} {v:8.2f}")
+        m = r["mean_after_first"]
+        wall = m.get("step_wall_s") or 1.0
+        for k, v in m.items():
+            print(f"  {k[:-2]:<12} {v:8.2f} s  ({v / wall:5.1%} of the step's wall time)")
     out["load_avg_end"] = os.getloadavg()[0]
     path = args.json or (str(Path(os.environ["OUT"]) / "smollm2_cpu.json") if os.environ.get("OUT") else None)
     if path:
