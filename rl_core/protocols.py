@@ -75,6 +75,8 @@ class Environment(Protocol):
     """Turns of a rollout (1 = single turn)."""
     end_token_ids: tuple[int, ...]
     """Token ids that end a completion (the first one ends reference completions)."""
+    runs_episodes: bool
+    """True: an agent drives each episode (`run_agent`, `session_server`: rl_core.envs.agent)."""
 
     def prompt_ids(self, example: dict[str, Any]) -> list[int]:
         """Token ids of the (templated) prompt for this example."""
@@ -97,6 +99,9 @@ class Environment(Protocol):
 
     def score_turns(self, example: dict[str, Any], turns: list[Any]) -> EnvResult:
         """Reward(s) of a multi-turn episode from its parsed turns."""
+
+    async def aclose(self) -> None:
+        """Release what the environment started; called once at the end of a run."""
 
 
 @dataclass

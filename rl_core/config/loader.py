@@ -283,6 +283,14 @@ def preflight(cfg: RecipeConfig, source: str | None = None) -> None:
 
     check_env_config(cfg, source)
     _check_data(cfg, source)
+    if cfg.env.type in ("agent", "http") and cfg.async_rl.reproducible:
+        raise RecipeError.single("async_rl.reproducible", True, f"false with env.type {cfg.env.type} (the model "
+                                 "calls of agent episodes cross a socket, so the engine's batches depend on timing)",
+                                 "set async_rl.reproducible: false, or use an in-process environment.")
+    if cfg.env.type == "agent":  # import and check the agent function now, not after the build
+        from rl_core.envs.agent import load_agent
+
+        load_agent(cfg.env)
     if cfg.async_rl.sampler.type == "custom":  # import, construct and check it now, not after the build
         from rl_core.samplers import build_custom_sampler
 

@@ -262,9 +262,57 @@ class MathEnvConfig(EnvSection):
         if self.system_prompt is not None and not self.use_chat_template:
             fail("env.system_prompt", self.system_prompt, "null when env.use_chat_template is false (a system "
                   "message exists only in a chat template)", "set env.use_chat_template: true, or remove env.system_prompt.")
+
+
+
+
+class AgentEnvConfig(EnvSection):
+    """An agent program drives each episode through an OpenAI-compatible endpoint of its own (docs/agents.md): `target` names an async function `agent(client, example, **kwargs)` that gets an `openai.AsyncOpenAI` client bound to the episode's session, calls the model any number of times, and returns the reward (a float) or named reward components (a dict of floats, total = their sum)."""
+
+    type: Literal["agent"] = "agent"
+    """Environment type (registry key)."""
+    target: str
+    """The agent function as an import path `package.module:function` (found through the working directory and PYTHONPATH; see docs/agents.md)."""
+    kwargs: dict[str, Any] = {}
+    """Keyword arguments passed to the agent function."""
+    reward_names: list[str] = []
+    """Names of the reward components the agent returns as a dict (checked on every episode); empty = a float reward."""
+    system_prompt: str | None = None
+    """System message of the first observation (the chat messages `prompt_ids` renders for the warm-up and for bookkeeping)."""
+    episode_timeout_s: float | None = Field(None, gt=0)
+    """Deadline of one whole episode (agent and model calls); past it the episode is aborted and counts as an infrastructure failure of its group; null = none."""
+
+
+class HttpEnvConfig(EnvSection):
+    """An environment service runs each episode (docs/agents.md has the JSON protocol): rl_core sends `POST {url}/episodes` with the example and the episode's OpenAI-compatible session URL and key; the service drives the model there and answers the reward(s)."""
+
+    type: Literal["http"] = "http"
+    """Environment type (registry key)."""
+    url: str
+    """Base URL of the service, on this machine (the session endpoint the service calls binds 127.0.0.1), e.g. http://127.0.0.1:8765."""
+    command: list[str] | None = None
+    """Start the service with this command (argv list) when the run builds, so its start overlaps model loading; rl_core stops it at the end. null = started by the user."""
+    startup_timeout_s: float = Field(120.0, gt=0)
+    """How long to wait for `GET {url}/health` to answer 200 before the first episode."""
+    reward_names: list[str] = []
+    """Names of the reward components the service answers as `rewards` (checked on every episode); empty = a single `reward`."""
+    system_prompt: str | None = None
+    """System message of the first observation (what the warm-up trains on; the service decides what the model sees)."""
+    episode_timeout_s: float | None = Field(None, gt=0)
+    """Deadline of one episode (the POST and everything the service does); past it the episode is aborted and its group retried as an infrastructure failure; null = none."""
+
+    @model_validator(mode="after")
+    def _loopback(self):
+        from urllib.parse import urlparse
+
+        u = urlparse(self.url)
+        if u.scheme not in ("http", "https") or u.hostname not in ("127.0.0.1", "localhost", "::1"):
+            fail("env.url", self.url, "an http URL on this machine (127.0.0.1 or localhost)",
+                  "run the service on the controller's machine: the episode session it calls binds 127.0.0.1.")
         return self
 
 
 
 EnvConfig = Annotated[Union[AdditionEnvConfig, ChainAdditionEnvConfig, CustomEnvConfig, RewardFunctionsEnvConfig,
-                            ReasoningGymEnvConfig, MathEnvConfig], Field(discriminator="type")]
+                            ReasoningGymEnvConfig, MathEnvConfig, AgentEnvConfig, HttpEnvConfig],
+                      Field(discriminator="type")]

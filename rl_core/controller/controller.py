@@ -332,6 +332,7 @@ class Controller:
                 gc.set_threshold(*gc_thresholds)
             self.progress.close()
             await self.p.backend.shutdown()
+            await self.p.env.aclose()
             self.logger.close()
             self.timeline.write(self.run_dir / "timeline.jsonl")
         return self._summary(time.monotonic() - t0, pump_s)

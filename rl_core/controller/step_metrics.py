@@ -58,6 +58,8 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
         "rollout/total_tokens_mean": statistics.fmean(tot_len),
         "rollout/total_tokens_max": float(max(tot_len)),
         "rollout/turns_per_sample_mean": statistics.fmean(s.info.get("turns", 1) for s in samples),
+        # agent episodes whose history was rewritten: segments beyond the first (only the last is trained)
+        "rollout/agent_segment_breaks": float(sum(s.info.get("segments", 1) - 1 for s in samples)),
         "rollout/env_s_mean": statistics.fmean(env_s),
         "rollout/env_s_max": max(env_s),
         "rollout/generate_s_mean": statistics.fmean(gen_s),

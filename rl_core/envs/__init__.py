@@ -61,6 +61,7 @@ from rl_core.envs.custom import build_custom_env  # noqa: E402  (env.type: custo
 from rl_core.envs.reasoning_gym import ReasoningGymEnv  # noqa: E402  (registers "reasoning_gym")
 from rl_core.envs.reward_functions import RewardFunctionsEnv  # noqa: E402  (registers "reward_functions")
 from rl_core.envs.math import MathEnv  # noqa: E402  (registers "math")
+from rl_core.envs.agent import AgentEnv, HttpServiceEnv  # noqa: E402  (registers "agent", "http")
 
-__all__ = ["AdditionEnv", "BaseEnv", "ChainAdditionEnv", "Completion", "ENVS", "MathEnv", "ReasoningGymEnv",
-           "RewardFunctionsEnv", "build_custom_env", "make_env", "register_env", "registered_envs"]
+__all__ = ["AdditionEnv", "AgentEnv", "BaseEnv", "ChainAdditionEnv", "Completion", "ENVS", "HttpServiceEnv", "MathEnv",
+           "ReasoningGymEnv", "RewardFunctionsEnv", "build_custom_env", "make_env", "register_env", "registered_envs"]

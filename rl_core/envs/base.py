@@ -57,6 +57,11 @@ class BaseEnv(ABC):
     """Names of the reward components `score_completion` returns (aborted samples get zeros for each)."""
     max_turns: int = 1
     """Turns of a multi-turn rollout (generate -> `observe` -> generate ...); 1 = single turn."""
+    runs_episodes: bool = False
+    """True for environments whose episodes an agent drives (`run_agent`, rl_core.envs.agent)."""
+
+    async def aclose(self) -> None:
+        """Release what the environment started (servers, clients); called once at the end of a run."""
 
     def __init__(self, config: Any, tokenizer: Any):
         self.config = config

@@ -226,7 +226,7 @@ def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json
                                           max_batch_size=cfg.generation.max_batch_size, weight_version=version,
                                           decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
     backend = NativeBackend(engine)
-    stop = tuple(i for i in {tokenizer.eos_token_id} if i is not None)
+    stop = tuple(dict.fromkeys(i for i in (*env.end_token_ids, tokenizer.eos_token_id) if i is not None))
     validator = Validator(validation or cfg.validation, env, tokenizer, examples, cfg.grpo.seed, stop)
 
     async def go():
@@ -235,6 +235,7 @@ def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json
             return await validator.run(backend, split)
         finally:
             await backend.shutdown()
+            await env.aclose()
 
     result = asyncio.run(go())
     result.update({"checkpoint": str(ck), "split": split, "data_file": data_file or cfg.data.val_file})

@@ -97,7 +97,8 @@ def build_parts(cfg: RecipeConfig, policy_dir: str | Path, *, trainer_state: dic
     check_reward_weights(cfg.advantage, getattr(env, "reward_names", ()))
     source = PromptSource(train_examples, cfg.grpo.num_prompts_per_step, shuffle=cfg.data.shuffle,
                           seed=cfg.grpo.seed, max_num_epochs=cfg.grpo.max_num_epochs)
-    stop_ids = tuple(i for i in {tokenizer.eos_token_id} if i is not None)
+    # a completion ends on the environment's end tokens (`<|im_end|>` too for chat environments) or eos
+    stop_ids = tuple(dict.fromkeys(i for i in (*env.end_token_ids, tokenizer.eos_token_id) if i is not None))
 
     def make_trainer():  # trainer.backend: torch | fsdp2 | megatron (rl_core.train registry)
         return make_backend_trainer(cfg, policy_dir, device=device, version=weight_version,

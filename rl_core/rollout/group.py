@@ -179,6 +179,8 @@ async def generate_sample(backend: GenerationBackend, env: Environment, tokenize
                           opts: GroupOptions, ticket: _Ticket | None = None) -> Sample:
     """One sample: a single turn, or up to `env.max_turns` turns with observations in between.
     `ticket`: its group's queued-sample count (GenerationSlots), released at its first place."""
+    if env.runs_episodes:
+        return await generate_episode(backend, env, tokenizer, example, params, request_id, opts, ticket)
     timings = SampleTimings()
     max_turns = int(env.max_turns)
     t0 = time.monotonic()
@@ -195,6 +197,8 @@ async def generate_sample(backend: GenerationBackend, env: Environment, tokenize
     logprobs: list[float] = []
     versions: list[int] = []
     turns = []
+    starts: list[int] = []  # where each turn starts in the completion
+    turn_versions: list[int] = []
     start_version = end_version = None
     finish = "stop"
     for turn in range(max_turns):
@@ -203,6 +207,8 @@ async def generate_sample(backend: GenerationBackend, env: Environment, tokenize
                               opts, ticket if turn == 0 else None)
         start_version = res.start_version if start_version is None else start_version
         end_version, finish = res.end_version, res.finish_reason
+        starts.append(len(completion))
+        turn_versions.append(res.end_version)
         completion += res.token_ids
         mask += [1] * len(res.token_ids)
         logprobs += list(res.logprobs)
@@ -221,8 +227,49 @@ async def generate_sample(backend: GenerationBackend, env: Environment, tokenize
     text = _decode(tokenizer, completion)
     scored = await _score(env, example, completion, text, finish, opts, timings, turns=turns)
     # MoE: the last turn re-fed the whole conversation before it, so its routes cover every token
-    return _sample(list(prompt_ids), completion, logprobs, mask, finish, start_version, end_version, versions, text,
-                   scored, opts, timings, len(turns), routes=res.routed_experts)
+    sample = _sample(list(prompt_ids), completion, logprobs, mask, finish, start_version, end_version, versions, text,
+                     scored, opts, timings, len(turns), routes=res.routed_experts)
+    sample.info.update(turn_starts=starts, turn_versions=turn_versions)
+    return sample
+
+
+async def generate_episode(backend: GenerationBackend, env: Environment, tokenizer, example: dict[str, Any],
+                           params: SamplingParams, request_id: str, opts: GroupOptions,
+                           ticket: _Ticket | None = None) -> Sample:
+    """One agent episode (rl_core.envs.agent): the agent calls the model through its session's
+    OpenAI endpoint; each call is generated here like a turn (a generation place, the
+    generation deadline, a derived seed) and recorded; the episode's last segment is the sample
+    (rl_core.rollout.sessions). Cancelling the episode (stale abort) aborts its model calls."""
+    timings = SampleTimings()
+    t0 = time.monotonic()
+    first = [ticket]
+
+    async def generate(request: GenerationRequest) -> GenerationResult:
+        held, first[0] = first[0], None  # the episode's first call takes its group's queued place
+        return await _generate(backend, request, opts, held)
+
+    def seed_for(k: int) -> int | None:
+        return None if params.seed is None else derive_seed(params.seed, k)
+
+    server = await env.session_server()
+    session = server.registry.open(request_id, params, tokenizer, generate, seed_for)
+    try:
+        scored = await with_deadline(env.run_agent(server.base_url(session), server.registry.secret, example),
+                                     env.episode_timeout_s, f"agent episode {request_id}")
+    finally:
+        await server.registry.close(session)
+        if first[0] is not None:  # the agent never called the model
+            first[0].take()
+    traj = session.trajectory()
+    if traj.segments > 1:
+        server.registry.segment_breaks += traj.segments - 1
+    timings.generate_s = time.monotonic() - t0
+    text = _decode(tokenizer, traj.completion_ids)
+    sample = _sample(traj.prompt_ids, traj.completion_ids, traj.logprobs, traj.completion_mask, traj.finish_reason,
+                     traj.start_version, traj.end_version, traj.token_versions, text, scored, opts, timings,
+                     traj.turns)
+    sample.info.update(segments=traj.segments, turn_starts=traj.turn_starts, turn_versions=traj.turn_versions)
+    return sample
 
 
 def _sample(prompt_ids, completion, logprobs, mask, finish, v0, v1, token_versions, text, scored,

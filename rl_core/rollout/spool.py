@@ -37,6 +37,7 @@ def step_record(step: int, weight_version: int, trained) -> dict:
                 "reward": s.reward, "rewards": s.rewards, "advantage": a, "finish_reason": s.finish_reason,
                 "start_version": s.start_version, "end_version": s.end_version, "env_mask": s.env_mask,
                 "token_versions": s.info.get("token_versions"), "completion_mask": s.completion_mask,
+                **({k: s.info[k] for k in ("turn_starts", "turn_versions", "segments") if k in s.info}),
                 **({"routed_experts": s.routed_experts} if s.routed_experts is not None else {}),
             } for s, a in zip(g.samples, t.advantages)],
         })

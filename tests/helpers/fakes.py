@@ -33,6 +33,10 @@ class FakeEnv:
     reward_names = ("r",)
     max_turns = 1
     end_token_ids = (0,)
+    runs_episodes = False
+
+    async def aclose(self):
+        pass
 
     def prompt_ids(self, example):
         return [1, 2, int(example["id"]) % 50 + 3]

@@ -87,7 +87,7 @@ class Watched:
         await self.inner.invalidate_kv_cache()
 
 
-def _run(tmp_path, warm_policy, monkeypatch, *overrides: str, steps: int = 3, name: str = "run", hold=None,
+def run_knobs(tmp_path, warm_policy, monkeypatch, *overrides: str, steps: int = 3, name: str = "run", hold=None,
          wrap_trainer=None, wrap_critic=None):
     monkeypatch.chdir(ROOT)
     cfg = load_recipe(RECIPE, [f"output_dir={tmp_path}", f"run_name={name}", f"grpo.max_num_steps={steps}",
@@ -108,7 +108,7 @@ def _run(tmp_path, warm_policy, monkeypatch, *overrides: str, steps: int = 3, na
 
 def test_generation_backpressure_kv_recompute_and_validation_knobs(tmp_path, warm_policy, monkeypatch):
     cap = N + 2  # the config requires >= N (a whole group); two groups (2N) would exceed it
-    ctl, backend, recs, cfg = _run(
+    ctl, backend, recs, cfg = run_knobs(
         tmp_path, warm_policy, monkeypatch, f"async_rl.max_inflight_generations={cap}",
         "async_rl.recompute_kv_cache_after_weight_updates=true",
         "validation.val_period=1", "validation.val_start_at=2", "validation.max_val_samples=4",
@@ -129,7 +129,7 @@ def test_generation_backpressure_kv_recompute_and_validation_knobs(tmp_path, war
 @pytest.mark.parametrize("ratio", [1.0, 2.0])
 def test_over_sampling_ratio_bounds_generated_vs_used_groups(tmp_path, warm_policy, monkeypatch, ratio):
     window = 1
-    ctl, backend, recs, cfg = _run(tmp_path, warm_policy, monkeypatch, "async_rl.sampler.type=windowed",
+    ctl, backend, recs, cfg = run_knobs(tmp_path, warm_policy, monkeypatch, "async_rl.sampler.type=windowed",
                                    f"async_rl.sampler.max_staleness_versions={window}",
                                    f"async_rl.over_sampling_ratio={ratio}", name=f"os{ratio}")
     rs, counts = ctl.rollout.stats, ctl.buffer.counts
@@ -152,7 +152,7 @@ def test_over_sampling_ratio_bounds_generated_vs_used_groups(tmp_path, warm_poli
 def test_in_flight_group_leaving_the_window_is_aborted(tmp_path, warm_policy, monkeypatch):
     # windowed sampler with window 0: a group still generating when the trainer's version moves
     # past its start version is stale; dispatch indices 1 and 6 are held until cancelled
-    ctl, backend, recs, cfg = _run(tmp_path, warm_policy, monkeypatch, "async_rl.sampler.type=windowed",
+    ctl, backend, recs, cfg = run_knobs(tmp_path, warm_policy, monkeypatch, "async_rl.sampler.type=windowed",
                                    "async_rl.sampler.max_staleness_versions=0",
                                    hold=lambda d, a: d in (1, 6) and a == 0, name="stale")
     assert backend.held == {1, 6} and backend.held_cancelled == {1, 6}
@@ -166,7 +166,7 @@ def test_in_flight_group_leaving_the_window_is_aborted(tmp_path, warm_policy, mo
 
 def test_dynamic_sampling_refills_the_step_and_its_budget_stops_the_run(tmp_path, warm_policy, monkeypatch):
     # the tiny policy (~10% accurate) gives many all-wrong groups: zero variance
-    ctl, backend, recs, cfg = _run(tmp_path, warm_policy, monkeypatch,
+    ctl, backend, recs, cfg = run_knobs(tmp_path, warm_policy, monkeypatch,
                                    "reward_shaping.dynamic_sampling.enabled=true",
                                    "reward_shaping.dynamic_sampling.max_num_dropped_groups_per_step=64",
                                    "reward_shaping.scaling.enabled=true", "reward_shaping.scaling.target_min=-1.0",
@@ -182,7 +182,7 @@ def test_dynamic_sampling_refills_the_step_and_its_budget_stops_the_run(tmp_path
         assert r["train/reward_mean"] == pytest.approx(r["shaping/reward_shaped_mean"])
     with pytest.raises(RuntimeError, match=r"dynamic sampling dropped \d+ zero-variance groups while filling RL step \d+ "
                                            r"\(budget reward_shaping\.dynamic_sampling\.max_num_dropped_groups_per_step=0\)"):
-        _run(tmp_path, warm_policy, monkeypatch, "reward_shaping.dynamic_sampling.enabled=true",
+        run_knobs(tmp_path, warm_policy, monkeypatch, "reward_shaping.dynamic_sampling.enabled=true",
              "reward_shaping.dynamic_sampling.max_num_dropped_groups_per_step=0", steps=2, name="ds_budget")
 
 
@@ -205,7 +205,7 @@ def test_critic_warmup_freezes_the_policy_and_trains_the_critic(tmp_path, warm_p
             snapshots.append({k: v.clone() for k, v in self.inner.model.state_dict().items()})
             return out
 
-    ctl, backend, recs, cfg = _run(tmp_path, warm_policy, monkeypatch, "critic.enabled=true",
+    ctl, backend, recs, cfg = run_knobs(tmp_path, warm_policy, monkeypatch, "critic.enabled=true",
                                    "advantage.estimator=gae", "critic.num_warmup_steps=2", wrap_trainer=Snap,
                                    name="warmup")
     assert len(snapshots) == 3

@@ -162,3 +162,24 @@ def test_bad_inputs_name_the_file(tmp_path):
     with pytest.raises(DataError, match="not an rl_core rollout archive"):
         RolloutArchive(other)
     assert cli_main(["inspect", str(tmp_path / "missing.h5")]) == 2
+
+
+def test_turn_boundaries_versions_and_loss_mask_round_trip_and_inspect_shows_them(tmp_path):
+    spool, records = _spool(tmp_path, num_steps=1, groups=1, n=2)
+    two_turns = records[0]["groups"][0]["samples"][0]
+    two_turns.update(completion_ids=[5, 6, 7, 8, 9, 10, 11], gen_logprobs=[-0.1, -0.2, 0.0, 0.0, -0.3, -0.4, -0.5],
+                     token_versions=[3, 3, -1, -1, 4, 4, 4], completion_mask=[1, 1, 0, 0, 1, 1, 1],
+                     turn_starts=[0, 4], turn_versions=[3, 4], segments=2)
+    (spool / "step_000000.json").write_text(json.dumps(records[0]))
+    out = tmp_path / "rollouts.h5"
+    compile_spool(spool, out)
+    with RolloutArchive(out) as ar:
+        s0, s1 = ar.sample(0), ar.sample(1)
+        summ = ar.summary()
+    assert s0["completion_mask"] == [1, 1, 0, 0, 1, 1, 1] and s0["turn_starts"] == [0, 4]
+    assert s0["turn_versions"] == [3, 4] and s0["segments"] == 2
+    assert s1["completion_mask"] == [] and s1["turn_starts"] == [] and s1["segments"] == 1  # single-turn
+    assert summ["multi_turn_samples"] == 1 and summ["segment_breaks"] == 1
+    text = inspect_main(str(out), num_samples=2)
+    assert "turns 2 starting at completion tokens [0, 4], versions [3, 4]; 2 observation tokens masked" in text
+    assert "2 segments (the last trained)" in text and "1 multi-turn samples, 1 segment breaks" in text

@@ -1,0 +1,237 @@
+"""`env.type: agent`: an agent program drives each episode over the OpenAI API.
+
+Owns: loading and checking the agent function (`env.target`, an async function
+`agent(client, example, **kwargs)`), the run's session server (started in the controller's
+event loop at the first episode, stopped by `aclose`), one `openai.AsyncOpenAI` client per
+episode bound to the episode's session URL (no client-side retries: a retried call would be
+a second model turn), and turning what the agent returns into an `EnvResult`: a float is
+the reward; a dict of floats is named reward components (they must match
+`env.reward_names`) whose sum is the reward.
+
+The observation `prompt_ids` (the example's prompt as a user message through the chat
+template, after `env.system_prompt`) is what the supervised warm-up trains on and what the
+run's bookkeeping measures; what the model sees in an episode is whatever the agent sends.
+How episodes become samples: rl_core.rollout.sessions; the guide: docs/agents.md.
+
+Does not own: the rollout (rl_core.rollout.group.generate_episode) or HTTP (session_server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import math
+import os
+from typing import Any
+
+from rl_core.envs.base import BaseEnv, Completion, register_env
+from rl_core.errors import RecipeError
+from rl_core.plugins import load_target
+from rl_core.types import EnvResult
+
+
+class AgentError(RuntimeError):
+    """The agent function failed or returned something that is not a reward (a data failure of its group)."""
+
+
+def load_agent(env_config: Any):
+    """Import `env.target` and check it is an async function (at recipe load, before any build)."""
+    fn = load_target(env_config.target, field="env.target", kind="callable")
+    if not inspect.iscoroutinefunction(fn):
+        raise RecipeError.single("env.target", env_config.target, "an async function `async def agent(client, example, "
+                                 "**kwargs)`", "declare the agent with `async def` (it awaits the client's calls).")
+    params = inspect.signature(fn).parameters
+    positional = [p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    takes_var = any(p.kind == p.VAR_KEYWORD for p in params.values())
+    if len(positional) < 2 and not any(p.kind == p.VAR_POSITIONAL for p in params.values()):
+        raise RecipeError.single("env.target", env_config.target, "a function taking (client, example, **kwargs)",
+                                 "give the agent two positional parameters: the OpenAI client and the example.")
+    unknown = [k for k in env_config.kwargs if k not in params and not takes_var]
+    if unknown:
+        raise RecipeError.single("env.kwargs", dict(env_config.kwargs),
+                                 f"keyword arguments {env_config.target} accepts (it has no {', '.join(unknown)})",
+                                 "fix env.kwargs to match the agent function's parameters.")
+    return fn
+
+
+@register_env("agent")
+class AgentEnv(BaseEnv):
+    name = "agent"
+    use_chat_template = True
+    runs_episodes = True
+
+    def __init__(self, config: Any, tokenizer: Any):
+        super().__init__(config, tokenizer)
+        self.system_prompt = config.system_prompt
+        self.reward_names = tuple(config.reward_names)
+        self.agent = load_agent(config)
+        self.kwargs = dict(config.kwargs)
+        self.episode_timeout_s = config.episode_timeout_s
+        self._server = None
+        self._http = None
+        self._lock: asyncio.Lock | None = None
+
+    # ------------------------------------------------------------------ the session server
+
+    async def session_server(self):
+        """The run's session server, started on first use in the running loop."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._server is None:
+                import httpx
+
+                from rl_core.rollout.session_server import SessionServer
+                from rl_core.rollout.sessions import SessionRegistry
+
+                server = SessionServer(SessionRegistry(), self.tokenizer)
+                await server.start()
+                self._http = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=None,
+                                                                                 max_keepalive_connections=256,
+                                                                                 keepalive_expiry=2.0))
+                self._server = server
+        return self._server
+
+    async def aclose(self) -> None:
+        if self._server is not None:
+            await self._server.stop()
+            self._server = None
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    # ------------------------------------------------------------------ one episode
+
+    async def run_agent(self, base_url: str, api_key: str, example: dict[str, Any]) -> EnvResult:
+        """Run the agent on one example against the session at `base_url`; its reward(s)."""
+        import openai
+
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=self._http)
+        try:
+            out = await self.agent(client, dict(example), **self.kwargs)
+        except asyncio.CancelledError:
+            raise
+        except openai.APIStatusError as exc:
+            raise AgentError(f"agent {self.config.target}: a model call was refused (HTTP {exc.status_code}): "
+                             f"{exc.message}") from exc
+        except openai.APIConnectionError as exc:
+            raise ConnectionError(f"agent {self.config.target}: a model call failed: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - the agent's own failure: a data failure of the group
+            raise AgentError(f"agent {self.config.target} raised {type(exc).__name__}: {exc}") from exc
+        return self.to_result(out)
+
+    def to_result(self, out: Any) -> EnvResult:
+        target = getattr(self.config, "target", None) or f"service {getattr(self.config, 'url', '?')}"
+        if isinstance(out, EnvResult):
+            return out
+        if isinstance(out, bool) or not isinstance(out, (int, float, dict)):
+            raise AgentError(f"agent {target} returned {type(out).__name__}; expected a float reward or a dict of "
+                             "named float rewards")
+        if isinstance(out, dict):
+            if self.reward_names and sorted(out) != sorted(self.reward_names):
+                raise AgentError(f"agent {target} returned rewards {sorted(out)}; env.reward_names says "
+                                 f"{sorted(self.reward_names)}")
+            bad = [k for k, v in out.items() if isinstance(v, bool) or not isinstance(v, (int, float))
+                   or not math.isfinite(v)]
+            if bad:
+                raise AgentError(f"agent {target} returned non-numeric or non-finite rewards for {bad}")
+            rewards = {str(k): float(v) for k, v in out.items()}
+            return EnvResult(reward=sum(rewards.values()), rewards=rewards)
+        if not math.isfinite(out):
+            raise AgentError(f"agent {target} returned a non-finite reward {out!r}")
+        return EnvResult(reward=float(out))
+
+    def score_completion(self, example: dict[str, Any], completion: Completion) -> EnvResult:
+        raise AgentError("an agent environment is scored by its agent, per episode (rl_core.rollout.group."
+                         "generate_episode), not completion by completion")
+
+
+@register_env("http")
+class HttpServiceEnv(AgentEnv):
+    """`env.type: http`: each episode is `POST {env.url}/episodes` to an environment service,
+    which runs the episode against the session URL it is given (docs/agents.md has the protocol).
+    With `env.command` rl_core starts the service (at build, so its start overlaps model
+    loading), waits for `GET /health` before the first episode, and stops it at the end."""
+
+    name = "http"
+
+    def __init__(self, config: Any, tokenizer: Any):
+        BaseEnv.__init__(self, config, tokenizer)
+        self.system_prompt = config.system_prompt
+        self.reward_names = tuple(config.reward_names)
+        self.episode_timeout_s = config.episode_timeout_s
+        self.url = config.url.rstrip("/")
+        self._server = self._http = self._lock = None
+        self._healthy = False
+        self.process = None
+        if config.command:
+            import subprocess
+
+            self.process = subprocess.Popen(list(config.command), stdin=subprocess.DEVNULL, start_new_session=True)
+
+    async def _wait_healthy(self) -> None:
+        import time
+
+        import httpx
+
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        last = "no answer"
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RecipeError.single("env.command", list(self.config.command),
+                                         f"a command that keeps the service running (it exited with status "
+                                         f"{self.process.returncode})", "run the command by hand to see its error.")
+            try:
+                r = await self._http.get(f"{self.url}/health", timeout=5.0)
+                if r.status_code == 200:
+                    self._healthy = True
+                    return
+                last = f"HTTP {r.status_code}"
+            except httpx.TransportError as exc:
+                last = f"{type(exc).__name__}"
+            await asyncio.sleep(0.2)
+        raise ConnectionError(f"environment service {self.url} did not answer GET /health with 200 within "
+                              f"env.startup_timeout_s={self.config.startup_timeout_s} s (last: {last})")
+
+    async def run_agent(self, base_url: str, api_key: str, example: dict[str, Any]) -> EnvResult:
+        import httpx
+
+        if not self._healthy:
+            await self._wait_healthy()
+        body = {"example": dict(example), "base_url": base_url, "api_key": api_key,
+                "episode_id": base_url.rstrip("/").rsplit("/", 2)[-2]}
+        try:
+            r = await self._http.post(f"{self.url}/episodes", json=body, timeout=self.episode_timeout_s)
+        except httpx.TransportError as exc:
+            raise ConnectionError(f"environment service {self.url}: {type(exc).__name__}: {exc}") from exc
+        if r.status_code >= 500 or r.status_code in (408, 429):
+            raise ConnectionError(f"environment service {self.url} answered HTTP {r.status_code}: {r.text[:300]}")
+        if r.status_code != 200:
+            raise AgentError(f"environment service {self.url} refused the episode (HTTP {r.status_code}): "
+                             f"{r.text[:300]}")
+        try:
+            data = r.json()
+        except ValueError:
+            raise AgentError(f"environment service {self.url} answered a body that is not JSON: {r.text[:200]!r}") \
+                from None
+        if not isinstance(data, dict) or ("reward" in data) == ("rewards" in data):
+            raise AgentError(f"environment service {self.url} answered {str(data)[:200]}; expected a JSON object "
+                             "with either \"reward\" (a number) or \"rewards\" (named numbers)")
+        return self.to_result(data["reward"] if "reward" in data else data["rewards"])
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        if self.process is not None and self.process.poll() is None:  # only the process rl_core started
+            import signal
+
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                await asyncio.to_thread(self.process.wait, 10)
+            except Exception:  # noqa: BLE001 - it would not stop: kill it
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+        self.process = None
