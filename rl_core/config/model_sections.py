@@ -262,8 +262,7 @@ class MathEnvConfig(EnvSection):
         if self.system_prompt is not None and not self.use_chat_template:
             fail("env.system_prompt", self.system_prompt, "null when env.use_chat_template is false (a system "
                   "message exists only in a chat template)", "set env.use_chat_template: true, or remove env.system_prompt.")
-
-
+        return self
 
 
 class AgentEnvConfig(EnvSection):
@@ -310,7 +309,6 @@ class HttpEnvConfig(EnvSection):
             fail("env.url", self.url, "an http URL on this machine (127.0.0.1 or localhost)",
                   "run the service on the controller's machine: the episode session it calls binds 127.0.0.1.")
         return self
-
 
 
 EnvConfig = Annotated[Union[AdditionEnvConfig, ChainAdditionEnvConfig, CustomEnvConfig, RewardFunctionsEnvConfig,
