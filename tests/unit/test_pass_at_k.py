@@ -67,6 +67,7 @@ class ScriptedBackend:
 
 class OneTokenEnv:
     max_turns = 1
+    runs_episodes = False  # not an agent environment
 
     def stop_strings(self):
         return ()
