@@ -26,7 +26,7 @@ from rl_core.plugins import load_target
 
 ENV_TARGET_FIELD = "env.target"
 PROTOCOL_MEMBERS = ("name", "reward_names", "max_turns", "prompt_ids", "stop_strings", "reference_completion_ids",
-                    "parse_completion", "observe", "score", "score_turns")
+                    "parse_completion", "observe", "score", "score_turns", "runs_episodes", "aclose")
 """What an environment class itself must have (`end_token_ids` is an instance attribute: checked once built)."""
 
 
