@@ -253,7 +253,7 @@ def preflight(cfg: RecipeConfig, source: str | None = None) -> None:
         p = Path(getattr(cfg.data, field))
         if not _is_data_path(p):
             problems.append({"field": f"data.{field}", "value": str(p),
-                             "expected": f"an existing JSON-lines or Parquet file, or a datasets.save_to_disk "
+                             "expected": f"an existing JSON-lines file, Parquet file or datasets.save_to_disk "
                                          f"directory (looked for {p.resolve()})",
                              "fix": "fix the path, or generate the toy data with `rl-core make-data addition`."})
     for name, file in cfg.evaluation.sets.items():
