@@ -94,6 +94,22 @@ def split_examples(examples: list[dict[str, Any]], num_val: int, seed: int = 0
     return train, val
 
 
+def refuse_other_content(out: Path, name: str, expected: str) -> None:
+    """`make-data` never overwrites data it did not write: an existing `out/name` must hold
+    exactly `expected` (else an ArgumentError naming --out and the fix, --force)."""
+    from rl_core.errors import ArgumentError
+
+    f = out / name
+    try:
+        same = not f.exists() or (not f.is_dir() and f.read_text() == expected)
+    except (OSError, UnicodeDecodeError):
+        same = False
+    if not same:
+        raise ArgumentError("--out", str(out), f"a directory without a {name} that holds other data",
+                            f"{f} exists with different content; choose another --out, or pass --force to "
+                            "overwrite it.", "make-data")
+
+
 def to_jsonl(examples: list[dict[str, Any]]) -> str:
     """One compact JSON object per line (`", "` and `": "` separators), newline-terminated."""
     return "".join(json.dumps(ex) + "\n" for ex in examples)
@@ -146,15 +162,7 @@ def check_make_data_args(out_dir: str | Path, num_val: int, seed: int = 0, num_d
             raise ArgumentError("--out", str(out), f"a directory whose {name} is a file or missing",
                                 f"{f} is a directory; choose another --out.", "make-data")
         if f.exists():
-            expected = to_jsonl(split_examples(all_examples(num_digits), num_val, seed)[name == VAL_FILE])
-            try:
-                same = f.read_text() == expected
-            except (OSError, UnicodeDecodeError):
-                same = False
-            if not same:
-                raise ArgumentError("--out", str(out), f"a directory without a {name} that holds other data",
-                                    f"{f} exists with different content; choose another --out, or pass --force to "
-                                    f"overwrite it.", "make-data")
+            refuse_other_content(out, name, to_jsonl(split_examples(all_examples(num_digits), num_val, seed)[name == VAL_FILE]))
 
 
 def _check_digits(num_digits: int) -> None:

@@ -67,7 +67,7 @@ def cmd_make_data(args) -> int:
 
 def _make_reasoning_gym_data(args) -> int:
     from rl_core.data.reasoning_gym import TRAIN_FILE, VAL_FILE, make_reasoning_gym_data, reasoning_gym_examples
-    from rl_core.data.addition import to_jsonl
+    from rl_core.data.addition import refuse_other_content, to_jsonl
     from rl_core.errors import ArgumentError
 
     if not args.name:
@@ -93,15 +93,7 @@ def _make_reasoning_gym_data(args) -> int:
     if not args.force and any((out / n).exists() for n in (TRAIN_FILE, VAL_FILE)):
         train, val = reasoning_gym_examples(args.name, config, num_train, num_val, args.seed)
         for name, rows in ((TRAIN_FILE, train), (VAL_FILE, val)):
-            f = out / name
-            try:
-                same = not f.exists() or f.read_text() == to_jsonl(rows)
-            except (OSError, UnicodeDecodeError):
-                same = False
-            if not same:
-                raise ArgumentError("--out", str(out), f"a directory without a {name} that holds other data",
-                                    f"{f} exists with different content; choose another --out, or pass --force to "
-                                    f"overwrite it.", "make-data")
+            refuse_other_content(out, name, to_jsonl(rows))
     summary = make_reasoning_gym_data(out, args.name, config, num_train, num_val, args.seed)
     print(f"wrote {summary['num_train']} training and {summary['num_val']} held-out examples of {args.name}: "
           f"{summary['train_file']}, {summary['val_file']}")
@@ -110,6 +102,7 @@ def _make_reasoning_gym_data(args) -> int:
 
 def _make_arithmetic(args) -> int:
     from rl_core.data import arithmetic as ar
+    from rl_core.data.addition import refuse_other_content
     from rl_core.errors import ArgumentError
 
     out = Path(args.out or "data/arithmetic")
@@ -121,11 +114,7 @@ def _make_arithmetic(args) -> int:
                             f"{out} is a file; choose another --out (rl_core does not overwrite it).", "make-data")
     if not args.force:
         for name, text in ar.expected_files(**kw).items():
-            f = out / name
-            if f.exists() and (f.is_dir() or f.read_bytes() != text.encode()):
-                raise ArgumentError("--out", str(out), f"a directory without a {name} that holds other data",
-                                    f"{f} exists with different content; choose another --out, or pass --force to "
-                                    "overwrite it.", "make-data")
+            refuse_other_content(out, name, text)
     summary = ar.make_arithmetic_data(out, **kw)
     print(f"wrote {summary['num_train']} training and {summary['num_val']} held-out examples: "
           f"{summary['train_file']}, {summary['val_file']}")
