@@ -82,6 +82,7 @@ class AgentEnv(BaseEnv):
             if self._server is None:
                 import httpx
 
+                from rl_core.generation.http_fleet import CLIENT_KEEPALIVE_S
                 from rl_core.rollout.session_server import SessionServer
                 from rl_core.rollout.sessions import SessionRegistry
 
@@ -89,7 +90,7 @@ class AgentEnv(BaseEnv):
                 await server.start()
                 self._http = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=None,
                                                                                  max_keepalive_connections=256,
-                                                                                 keepalive_expiry=2.0))
+                                                                                 keepalive_expiry=CLIENT_KEEPALIVE_S))
                 self._server = server
         return self._server
 
