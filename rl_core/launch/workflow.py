@@ -252,8 +252,8 @@ def load_workflow(config: dict, schema_path: str | os.PathLike) -> WorkflowPlan:
                                  f"set `recipe` to one of {', '.join(found) or 'the files in recipes/'} "
                                  f"(config/config.yaml or --config recipe=...).", SOURCE)
     overrides = [str(o) for o in config.get("overrides") or []]
-    cfg = load_workflow_recipe(recipe, config["run"], overrides)
-    plan = WorkflowPlan(run=config["run"], recipe=recipe, overrides=overrides,
+    cfg = load_workflow_recipe(recipe, config.get("run"), overrides)
+    plan = WorkflowPlan(run=cfg.run_name, recipe=recipe, overrides=overrides,
                         launcher=config.get("launcher", "auto"), cfg=cfg, epochs=plan_epochs(cfg),
                         recipe_files=recipe_chain(recipe))
     if config.get("branch_from"):
@@ -304,9 +304,9 @@ def stage_config(smk: Any) -> str:
     from rl_core.launch.stages import load_workflow_recipe
 
     conf = smk.config
-    cfg = load_workflow_recipe(conf["recipe"], conf["run"], [str(o) for o in conf.get("overrides") or []])
+    cfg = load_workflow_recipe(conf["recipe"], conf.get("run"), [str(o) for o in conf.get("overrides") or []])
     text = json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n"
-    path = Path(f"results/{conf['run']}/.stage-digests/config-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json")
+    path = Path(f"results/{cfg.run_name}/.stage-digests/config-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json")
     if not path.is_file() or path.read_text() != text:
         atomic_write_text(path, text)
     return str(path)

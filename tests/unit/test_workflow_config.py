@@ -40,6 +40,16 @@ def test_plan_of_the_short_recipe():
     assert WorkflowPlan.epoch_regex([3, 4]) == "3|4"
 
 
+def test_run_defaults_to_the_recipes_run_name():
+    """config/config.yaml's `run: null` (or no `run`): outputs go under the recipe's run_name, so
+    `--config recipe=...` alone never writes into another recipe's results."""
+    assert _load(run=None).run == "tiny-addition-short"
+    assert _load(run=...).run == "tiny-addition-short"
+    assert _load(run=None, overrides=["run_name=mine"]).run == "mine"
+    assert _load(run=None).prev_checkpoint(1) == "results/tiny-addition-short/init_policy"
+    assert _load(run="t").run == "t"
+
+
 def test_auto_launcher_follows_the_snakemake_executor():
     class Plugin:
         def __init__(self, name):

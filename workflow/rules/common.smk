@@ -10,6 +10,8 @@ try:
     WF = load_workflow(config, Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml")
 except UserError as exc:
     sys.exit(f"rl_core workflow: {exc}")
+# `run: null` means the recipe's run_name: record the name in use for the jobs and the report
+config["run"] = WF.run
 
 # Change detection: one digest file per stage (results/<run>/.stage-digests/<stage>.json, the
 # recipe values the stage's result depends on), rewritten only when its content changes; each
