@@ -112,10 +112,12 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 
 
 def _is_union(annotation) -> bool:
+    """A union of several types (`X | None` is not: pydantic puts no tag in its error locations)."""
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
         return _is_union(typing.get_args(annotation)[0])
-    return origin in (typing.Union, types.UnionType)
+    return origin in (typing.Union, types.UnionType) and len([a for a in typing.get_args(annotation)
+                                                              if a is not type(None)]) > 1
 
 
 def _unwrap(annotation, tag=None):
@@ -251,7 +253,7 @@ def preflight(cfg: RecipeConfig, source: str | None = None) -> None:
     problems = []
     for field in ("train_file", "val_file"):
         p = Path(getattr(cfg.data, field))
-        if not _is_data_path(p):
+        if not _is_data_path(p) and cfg.data.generate is None:  # generated files are made by make_data / train
             problems.append({"field": f"data.{field}", "value": str(p),
                              "expected": f"an existing JSON-lines file, Parquet file or datasets.save_to_disk "
                                          f"directory (looked for {p.resolve()})",
@@ -333,6 +335,13 @@ def _check_data(cfg: RecipeConfig, source: str | None) -> None:
 
     counts = {}
     files = [("data.train_file", cfg.data.train_file), ("data.val_file", cfg.data.val_file)]
+    gen = cfg.data.generate
+    if gen is not None and not all(_is_data_path(Path(f)) for _, f in files):  # not generated yet
+        from rl_core.data.reasoning_gym import RECIPE_FIELDS, reasoning_gym_examples
+
+        reasoning_gym_examples(cfg.env.task, cfg.env.config, gen.num_train, gen.num_val, gen.seed, RECIPE_FIELDS)
+        counts = {"data.train_file": gen.num_train, "data.val_file": gen.num_val}
+        files = []
     files += [(f"evaluation.sets.{name}", file) for name, file in cfg.evaluation.sets.items()]
     for field, file in files:
         try:

@@ -118,6 +118,17 @@ class ModelConfig(Section):
 # --------------------------------------------------------------------------- data / env
 
 
+class DataGenerateConfig(Section):
+    """Sizes and seed of a reasoning_gym task's generated data (`data.generate`)."""
+
+    num_train: int = Field(1000, ge=1)
+    """Training examples to generate."""
+    num_val: int = Field(100, ge=1)
+    """Held-out examples to generate (never a question of the training set)."""
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    """Generator seed: the same task, config, sizes and seed give byte-identical files."""
+
+
 class DataConfig(Section):
     """Prompt datasets: JSON lines (one object a line, at most 1 MiB), Parquet (`.parquet`), or a directory written by `datasets.Dataset.save_to_disk`. Every row needs a string prompt (`prompt_key`) or a chat (`messages_key`) and, unless `answer_key` is null, a string answer; other columns reach the environment in the example. `rl-core validate` checks every row (file and row named)."""
 
@@ -135,6 +146,8 @@ class DataConfig(Section):
     """Shuffle the training prompts each epoch (seeded by grpo.seed and the epoch number)."""
     max_train_examples: int | None = Field(None, ge=1)
     """Use only the first N training examples (an epoch is then N // num_prompts_per_step steps; N must be at least grpo.num_prompts_per_step); null = all."""
+    generate: DataGenerateConfig | None = None
+    """Generate the task's training and held-out files from the recipe (only with env.type reasoning_gym): they are written to <output_dir>/<run_name>/data/{train,val}.jsonl (`train_file` and `val_file` are then set to those paths and must not be given) by the workflow's make_data stage, or by `rl-core train` when missing; what `rl-core make-data reasoning_gym` writes with the same sizes and seed. null = use the given files."""
 
 
 class EnvSection(Section):

@@ -24,6 +24,7 @@ from rl_core.config.model_sections import (  # noqa: F401  (re-exported: the sch
     ChainAdditionEnvConfig,
     CustomEnvConfig,
     DataConfig,
+    DataGenerateConfig,
     EnvConfig,
     EnvSection,
     ModelConfig,
@@ -119,6 +120,30 @@ class RecipeConfig(Section):
         it is on, in the loss (`loss.kl_coef` > 0) or in the reward (`advantage.kl_in_reward_coef`
         > 0). The trainer keeps its weights and the train pump computes its logprobs then."""
         return self.loss.kl_coef > 0 or self.advantage.kl_in_reward_coef > 0
+
+    @property
+    def generated_data_dir(self) -> str | None:
+        """Where `data.generate` writes the task's files (<output_dir>/<run_name>/data), or None."""
+        return f"{self.output_dir}/{self.run_name}/data" if self.data.generate is not None else None
+
+    @model_validator(mode="after")
+    def _generated_data(self):
+        """With `data.generate`, the data files are the generated ones (reasoning_gym only)."""
+        if self.data.generate is None:
+            return self
+        if self.env.type != "reasoning_gym":
+            fail("data.generate", self.data.generate.model_dump(), f"null with env.type {self.env.type} (rl_core "
+                 "generates data from the recipe only for env.type reasoning_gym)",
+                 "remove data.generate and point data.train_file / val_file at your files.")
+        d = self.generated_data_dir
+        for field, name in (("train_file", "train.jsonl"), ("val_file", "val.jsonl")):
+            want = f"{d}/{name}"
+            if field in self.data.model_fields_set and getattr(self.data, field) != want:
+                fail(f"data.{field}", getattr(self.data, field), f"unset when data.generate is set (the generated "
+                     f"file is {want})", f"remove data.{field}, or remove data.generate and generate the files "
+                     "yourself with `rl-core make-data reasoning_gym`.")
+            setattr(self.data, field, want)
+        return self
 
     @model_validator(mode="after")
     def _trainer_placement(self):

@@ -14,6 +14,11 @@ training set (drawing on until it has `num_val` unseen questions): fixed and dis
 `metadata` (what the task's scorer reads), JSON-encoded (tuples become lists; a value
 JSON cannot hold is written as its string).
 
+`generate_recipe_data` is the recipe's `data.generate` (the workflow's make_data stage and
+`rl-core train`): the same files, written to <output_dir>/<run_name>/data/ beside a
+`generate.json` that records the task, config, sizes and seed they were made from (the
+marker that rl_core wrote them: files without it are never overwritten).
+
 Does not own: scoring (rl_core.envs.reasoning_gym) or reading the files (dataset.py).
 """
 
@@ -66,16 +71,24 @@ def _row(i: int, task: str, entry: dict[str, Any]) -> dict[str, Any]:
             "metadata": metadata}
 
 
-def reasoning_gym_examples(task: str, config: dict[str, Any], num_train: int, num_val: int,
-                           seed: int = 0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(train, val) rows of `task` (see the module docstring)."""
+CLI_FIELDS = {"task": "--name", "config": "--config", "num_val": "--num-val", "num_train": "--num-train"}
+RECIPE_FIELDS = {"task": "env.task", "config": "env.config", "num_val": "data.generate.num_val",
+                 "num_train": "data.generate.num_train"}
+SPEC_FILE = "generate.json"
+
+
+def reasoning_gym_examples(task: str, config: dict[str, Any], num_train: int, num_val: int, seed: int = 0,
+                           fields: dict[str, str] = CLI_FIELDS) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train, val) rows of `task` (see the module docstring); errors name `fields` (make-data's
+    options, or the recipe's fields with RECIPE_FIELDS)."""
     from rl_core.errors import RecipeError
 
-    train_ds = task_dataset(task, config, size=num_train, seed=seed, task_field="--name", config_field="--config")
+    train_ds = task_dataset(task, config, size=num_train, seed=seed, task_field=fields["task"], config_field=fields["config"])
     train = [_row(i, task, train_ds[i]) for i in range(num_train)]
     seen = {r["prompt"] for r in train}
     tries = 20 * num_val + 100
-    val_ds = task_dataset(task, config, size=tries, seed=seed + VAL_SEED_OFFSET, task_field="--name", config_field="--config")
+    val_ds = task_dataset(task, config, size=tries, seed=seed + VAL_SEED_OFFSET, task_field=fields["task"],
+                          config_field=fields["config"])
     val: list[dict[str, Any]] = []
     for j in range(tries):
         row = _row(num_train + len(val), task, val_ds[j])
@@ -86,9 +99,9 @@ def reasoning_gym_examples(task: str, config: dict[str, Any], num_train: int, nu
         if len(val) == num_val:
             break
     if len(val) < num_val:
-        raise RecipeError.single("--num-val", num_val, f"at most the {len(val)} held-out questions of {task} that are "
-                                 f"not in the training set (the task has few distinct questions with this config)",
-                                 "lower --num-val or --num-train, or widen the task's config.")
+        raise RecipeError.single(fields["num_val"], num_val, f"at most the {len(val)} held-out questions of {task} that "
+                                 f"are not in the training set (the task has few distinct questions with this config)",
+                                 f"lower {fields['num_val']} or {fields['num_train']}, or widen the task's config.")
     return train, val
 
 
@@ -101,3 +114,42 @@ def make_reasoning_gym_data(out_dir: str | Path, task: str, config: dict[str, An
     atomic_write_text(out / TRAIN_FILE, to_jsonl(train))
     return {"train_file": str(out / TRAIN_FILE), "val_file": str(out / VAL_FILE), "num_train": len(train),
             "num_val": len(val), "task": task, "config": config, "seed": seed}
+
+
+def generate_recipe_data(cfg: Any, log: Any = print) -> bool:
+    """Write the recipe's `data.generate` files (train_file, val_file) unless they already hold
+    exactly what the recipe generates; True when something was written. Files that differ and
+    lack the `generate.json` marker are not rl_core's: a DataError, nothing overwritten."""
+    from rl_core.data.addition import to_jsonl
+    from rl_core.errors import DataError
+
+    gen = cfg.data.generate
+    if gen is None:
+        return False
+    spec = {"task": cfg.env.task, "config": cfg.env.config, "num_train": gen.num_train, "num_val": gen.num_val,
+            "seed": gen.seed}
+    train, val = reasoning_gym_examples(cfg.env.task, cfg.env.config, gen.num_train, gen.num_val, gen.seed,
+                                        fields=RECIPE_FIELDS)
+    texts = {cfg.data.train_file: to_jsonl(train), cfg.data.val_file: to_jsonl(val)}
+    marker = Path(cfg.data.train_file).parent / SPEC_FILE
+
+    def holds(path: str, text: str) -> bool:
+        try:
+            return Path(path).read_text() == text
+        except (OSError, UnicodeDecodeError):
+            return False
+
+    if all(holds(p, t) for p, t in texts.items()):
+        return False
+    foreign = [p for p in texts if Path(p).exists() and not holds(p, texts[p])]
+    if foreign and not marker.is_file():
+        raise DataError(f"`data.generate`: {foreign[0]} exists with other content and without rl_core's marker "
+                        f"{marker}, so rl_core did not write it and will not overwrite it. Expected: a run "
+                        f"directory whose data/ rl_core generated. Fix: move that file away, or use another "
+                        f"run_name / output_dir.")
+    log(f"[data] generating {gen.num_train} training and {gen.num_val} held-out examples of {cfg.env.task} "
+        f"(seed {gen.seed}) into {marker.parent}")
+    atomic_write_text(marker, json.dumps(spec, indent=1, sort_keys=True) + "\n")
+    for path, text in ((cfg.data.val_file, texts[cfg.data.val_file]), (cfg.data.train_file, texts[cfg.data.train_file])):
+        atomic_write_text(Path(path), text)
+    return True

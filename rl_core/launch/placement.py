@@ -76,6 +76,21 @@ class SetupRecord:
             timeline.add(f"setup_{name}", step, a, b, step)
 
 
+def native_engine(cfg: Any, policy_dir: str | Path, *, tokenizer: Any, device: str, weight_version: int = 0) -> Any:
+    """The recipe's native engine (`generation.native`: context, KV budget and dtype, decode
+    path): the training run's and the validation/evaluation stages' engine alike, so a stage
+    never sizes its KV cache for the model's full context."""
+    from rl_core.generation.engine import NativeEngine
+
+    gen, n = cfg.generation, cfg.generation.native
+    return NativeEngine.from_pretrained(
+        policy_dir, device=device, dtype=cfg.model.dtype, max_batch_size=gen.max_batch_size,
+        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), seed=cfg.grpo.seed,
+        weight_version=weight_version, max_seq_len=n.max_seq_len, max_num_kv_tokens=n.max_num_kv_tokens,
+        kv_cache_dtype=n.kv_cache_dtype, kv_scale_margin=n.kv_scale_margin, decode_path=n.decode_path,
+        decode_compile=n.decode_compile, overlap_steps=n.overlap_steps)
+
+
 def make_generation_backend(cfg: Any, policy_dir: str | Path, *, tokenizer: Any, device: str,
                             weight_version: int = 0) -> Any:
     """The generation backend of the recipe, fully set up but not started (blocking: loads
@@ -83,15 +98,8 @@ def make_generation_backend(cfg: Any, policy_dir: str | Path, *, tokenizer: Any,
     gen = cfg.generation
     if gen.backend == "native":
         from rl_core.generation.backend import NativeBackend
-        from rl_core.generation.engine import NativeEngine
 
-        n = gen.native
-        engine = NativeEngine.from_pretrained(
-            policy_dir, device=device, dtype=cfg.model.dtype, max_batch_size=gen.max_batch_size,
-            decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), seed=cfg.grpo.seed,
-            weight_version=weight_version, max_seq_len=n.max_seq_len, max_num_kv_tokens=n.max_num_kv_tokens,
-            kv_cache_dtype=n.kv_cache_dtype, kv_scale_margin=n.kv_scale_margin, decode_path=n.decode_path,
-            decode_compile=n.decode_compile, overlap_steps=n.overlap_steps)
+        engine = native_engine(cfg, policy_dir, tokenizer=tokenizer, device=device, weight_version=weight_version)
         # reproducible runs: the engine's batches follow the event loop, not thread timing
         return NativeBackend(engine, lockstep=cfg.async_rl.reproducible)
     if gen.backend == "http":

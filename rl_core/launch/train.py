@@ -208,6 +208,9 @@ def train_from_recipe(cfg: RecipeConfig, resume_from: str | Path | None = None, 
         check_model_matches(cfg, out, what=f"the initial policy {out}",
                             fix=f"rebuild it for this recipe: `rl-core init-policy {recipe} --force` (replaces that "
                                 f"directory, which rl_core wrote), or move {out} away.")
+    from rl_core.data.reasoning_gym import generate_recipe_data
+
+    generate_recipe_data(cfg)  # `data.generate`: the task's files, unless already there (cheap, no model)
     write_resolved(cfg, rd)
     setup_process(cfg)
     if start_trainer_group(cfg):  # ranks > 0 of a multi-process trainer followed rank 0 until the end

@@ -48,6 +48,7 @@ NOT_RESULTS = {*NO_STAGE, "evaluation", "validation"}
 # classes promise: a trainer knob retrains, a validation knob re-validates, an eval set re-evaluates,
 # `cluster:` reruns nothing
 STAGE_SECTIONS: dict[str, tuple[str, ...] | None] = {
+    "data": ("data.generate", "env.task", "env.config"),  # the make_data stage (only with data.generate)
     "init": ("model", "data", "env", "runtime", "grpo.seed", "generation.max_tokens"),
     "train": None,
     "validate": ("validation", "env", "data.val_file", "model.dtype", "runtime", "grpo.seed"),
@@ -129,6 +130,31 @@ class WorkflowPlan:
     def per_epoch(self, name: str) -> list[str]:
         """`name` (e.g. 'checkpoint', 'validation.json') of every epoch."""
         return [f"{self.epoch_dir(e['epoch'])}/{name}" for e in self.epochs]
+
+    @property
+    def generated_data(self) -> list[str]:
+        """The make_data stage's outputs (`data.generate`: train, val and the marker), else []."""
+        if self.cfg.data.generate is None:
+            return []
+        from rl_core.data.reasoning_gym import SPEC_FILE
+
+        return [self.cfg.data.train_file, self.cfg.data.val_file, f"{self.cfg.generated_data_dir}/{SPEC_FILE}"]
+
+    def data_inputs(self, stage: str) -> list[str]:
+        """The data files `stage`'s result depends on, as rule inputs: Snakemake's mtime check then
+        reruns the stage when a file's content is edited in place (the digests hold only paths).
+        A save_to_disk directory is listed file by file (a directory's mtime misses edits)."""
+        d = self.cfg.data
+        names = {"init": [d.train_file, d.val_file], "train": [d.train_file, d.val_file],
+                 "validate": [d.val_file], "evaluate": [d.val_file, *self.cfg.evaluation.sets.values()]}[stage]
+        out: list[str] = []
+        for name in dict.fromkeys(names):
+            p = Path(name)
+            if p.is_dir():
+                out += sorted(str(f) for f in p.rglob("*") if f.is_file())
+            else:
+                out.append(name)
+        return out
 
     def stage_sections(self, stage: str) -> dict[str, Any]:
         """The recipe values `stage`'s result depends on (STAGE_SECTIONS), as JSON-able data.

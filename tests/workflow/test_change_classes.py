@@ -7,11 +7,13 @@ command does not rebuild the initial policy."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import zipfile
 from pathlib import Path
 
-from tests.helpers.workflow import PLOTS, RUN, copy_run, job_stats, short_config, snakemake
+from tests.helpers.workflow import PLOTS, ROOT, RUN, copy_run, job_stats, short_config, snakemake
 
 EPOCHS = 2
 
@@ -155,3 +157,20 @@ def test_branch_command_of_the_readme_links_the_initial_policy(reference_run, tm
     assert "held-out accuracy:" in out.stdout and (b / "report.html").is_file()
     again = snakemake(wd, "-n", *args, check=True)
     assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-3000:]
+
+
+def test_a_data_file_edited_in_place_reruns_the_stages_that_read_it(reference_run, tmp_path):
+    """The digests hold data file paths; the files themselves are the stages' inputs, so an edit
+    in place (same path) plans every stage that reads the file, and only those."""
+    wd = copy_run(reference_run, tmp_path / "wd")
+    (wd / "data").unlink()
+    shutil.copytree(ROOT / "data", wd / "data")  # copy2: the copies keep their (older) mtimes
+    args = ["-n", "--cores", "2", *short_config()]
+    assert "Nothing to be done" in (lambda o: o.stdout + o.stderr)(snakemake(wd, *args, check=True))
+    os.utime(wd / "data" / "addition" / "val.jsonl")  # an edit: newer than every output
+    out = snakemake(wd, *args, check=True)
+    text = out.stdout + out.stderr
+    # the tiny model's tokenizer and warm-up read both files, so the edit reaches init_policy
+    assert job_stats(text) == {"init_policy": 1, "train_epoch": EPOCHS, "archive_rollouts": EPOCHS,
+                               "validate_init": 1, "validate_epoch": EPOCHS, "evaluate": 1, "report": 1, "all": 1}
+    assert "Updated input files: data/addition/val.jsonl" in text, text[-3000:]

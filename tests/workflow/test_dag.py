@@ -32,6 +32,19 @@ def test_dry_run_of_the_short_recipe_and_the_slurm_profile(tmp_path):
     assert "slurm_partition=debug" in out.stdout
 
 
+def test_dry_run_of_a_recipe_that_generates_its_data(tmp_path):
+    """`data.generate` (recipes/tiny-reasoning-gym.yaml): a make_data stage writes the task's
+    files under results/<run>/data/ (`run` defaults to the recipe's run_name) before the stages
+    that read them."""
+    out = snakemake(make_workdir(tmp_path), "-n", "--cores", "2", "--config", "recipe=recipes/tiny-reasoning-gym.yaml")
+    assert out.returncode == 0, out.stderr
+    assert job_stats(out.stdout) == {**DEFAULT_JOBS, "make_data": 1, "train_epoch": 1, "archive_rollouts": 1,
+                                     "validate_epoch": 1}
+    for path in ("results/tiny-reasoning-gym/data/train.jsonl", "results/tiny-reasoning-gym/data/generate.json"):
+        assert path in out.stdout
+    assert not (tmp_path / "results" / "tiny-reasoning-gym" / "data").exists()  # a dry run writes no data
+
+
 def _fails_at_parse_time(tmp_path, *args) -> str:
     out = snakemake(make_workdir(tmp_path), "-n", "--cores", "2", *args)
     text = out.stdout + out.stderr

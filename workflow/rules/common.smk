@@ -46,11 +46,34 @@ rule validate_recipe:
         "../scripts/validate_recipe.py"
 
 
+# `data.generate` (a reasoning_gym task): the task's train and held-out sets, generated with
+# seeds into results/<run>/data/ (byte-identical for the same recipe values).
+if WF.generated_data:
+
+    rule make_data:
+        input:
+            digest=WF.stage_digest("data"),
+        output:
+            WF.generated_data,
+        resources:
+            mem_mb=2000,
+            runtime=30,
+        conda:
+            "../envs/rl_core.yaml"
+        log:
+            f"{WF.run_dir}/logs/make_data.log",
+        benchmark:
+            f"{WF.run_dir}/benchmarks/make_data.tsv"
+        script:
+            "../scripts/make_data.py"
+
+
 if not WF.branch_from:
 
     rule init_policy:
         input:
             digest=WF.stage_digest("init"),
+            data=WF.data_inputs("init"),
         output:
             directory(WF.init_policy),
         threads: 2

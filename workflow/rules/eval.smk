@@ -6,6 +6,7 @@ rule evaluate:
     localrule: True
     input:
         digest=WF.stage_digest("evaluate"),
+        data=WF.data_inputs("evaluate"),
         checkpoints=WF.per_epoch("checkpoint"),
         validations=WF.per_epoch("validation.json"),
     output:

@@ -6,6 +6,7 @@ rule train_epoch:
     localrule: True
     input:
         digest=WF.stage_digest("train"),
+        data=WF.data_inputs("train"),
         prev=lambda wc: WF.prev_checkpoint(wc.epoch),
     output:
         checkpoint=directory(f"{WF.run_dir}/epoch_{{epoch}}/checkpoint"),

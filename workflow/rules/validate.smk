@@ -5,6 +5,7 @@
 rule validate_init:
     input:
         digest=WF.stage_digest("validate"),
+        data=WF.data_inputs("validate"),
         checkpoint=WF.init_policy,
     output:
         report(f"{WF.run_dir}/init_validation.json", caption="../report/validation.rst", category="Validation",
@@ -25,6 +26,7 @@ rule validate_init:
 rule validate_epoch:
     input:
         digest=WF.stage_digest("validate"),
+        data=WF.data_inputs("validate"),
         checkpoint=f"{WF.run_dir}/epoch_{{epoch}}/checkpoint",
     output:
         report(f"{WF.run_dir}/epoch_{{epoch}}/validation.json", caption="../report/validation.rst",
