@@ -33,7 +33,7 @@ run: setup
 # while the main tiers run; its log: .vllm-setup.log.
 test: setup
 	@bash ci/vllm_tier.sh --setup > .vllm-setup.log 2>&1 & setup_pid=$$!; \
-	  $(PY) -m pytest tests && rc=0 || rc=$$?; \
+	  $(PY) -m pytest --durations=30 tests && rc=0 || rc=$$?; \
 	  wait $$setup_pid || { echo "[vllm tier] setup failed:"; tail -40 .vllm-setup.log; exit 1; }; \
 	  test $$rc = 0 || exit $$rc
 	bash ci/vllm_tier.sh
