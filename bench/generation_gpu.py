@@ -75,12 +75,12 @@ def best_of(fn, repeats: int, warm: bool = True) -> tuple[float, int]:
 
 
 def make_engine(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, compile: bool, overlap: bool = False):
-    from rl_core.generation import NativeEngine
+    from rl_core.generation import EngineOptions, NativeEngine
 
     batch, prompt_len = prompts.shape
-    return NativeEngine(cfg, model.state_dict(), device="cuda", dtype=torch.bfloat16, max_batch_size=batch,
-                        max_seq_len=prompt_len + new_tokens + 8, eos_token_ids=[], decode_path=path,
-                        kv_cache_dtype=kv_dtype, decode_compile=compile, overlap_steps=overlap)
+    return NativeEngine(cfg, model.state_dict(), EngineOptions(
+        device="cuda", dtype=torch.bfloat16, max_batch_size=batch, max_seq_len=prompt_len + new_tokens + 8,
+        eos_token_ids=[], decode_path=path, kv_cache_dtype=kv_dtype, decode_compile=compile, overlap_steps=overlap))
 
 
 def run_native(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, compile: bool, overlap: bool,
@@ -124,7 +124,7 @@ def profile_decode(model, cfg, prompts, new_tokens: int, path: str, compile: boo
     10 steps (written under `out_dir` when given)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from rl_core.generation.sampling import SamplingBatch, sample_tokens
+    from rl_core.generation.native.sampling import SamplingBatch, sample_tokens
     from rl_core.types import GenerationRequest, SamplingParams
 
     batch = prompts.shape[0]

@@ -16,7 +16,7 @@ import time
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rl_core.generation import NativeEngine
+from rl_core.generation import EngineOptions, NativeEngine
 from rl_core.types import GenerationRequest, SamplingParams
 
 BATCH, PROMPT_LEN, NEW_TOKENS, VOCAB = 128, 6, 8, 300
@@ -46,7 +46,8 @@ def measure(greedy: bool = False, repeats: int = 5, decode_path: str = "eager", 
     try:
         model = _model()
         prompts = torch.randint(0, VOCAB, (BATCH, PROMPT_LEN), generator=torch.Generator().manual_seed(1))
-        engine = NativeEngine(model.config, model.state_dict(), max_batch_size=BATCH, decode_path=decode_path)
+        engine = NativeEngine(model.config, model.state_dict(),
+                              EngineOptions(max_batch_size=BATCH, decode_path=decode_path))
         params = SamplingParams(greedy=greedy, temperature=1.0, max_tokens=NEW_TOKENS)
         counts = {}
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rl_core.algorithms.losses import make_loss  # noqa: E402
 from rl_core.config.schema import LossConfig, TrainerConfig  # noqa: E402
-from rl_core.generation import NativeEngine  # noqa: E402
+from rl_core.generation import EngineOptions, NativeEngine  # noqa: E402
 from rl_core.train.torch_trainer import TorchTrainer  # noqa: E402
 from rl_core.types import GenerationRequest, Sample, SamplingParams, make_train_chunk  # noqa: E402
 from tests.unit.test_router_replay import mismatch  # noqa: E402
@@ -59,8 +59,9 @@ def build(shape: dict, out: Path) -> Path:
 
 
 def generate(model_dir: Path, shape: dict, device: str) -> list[Sample]:
-    engine = NativeEngine.from_pretrained(model_dir, device=device, dtype="bfloat16", max_batch_size=shape["requests"],
-                                          max_seq_len=shape["prompt"] + shape["max_tokens"] + 1)
+    engine = NativeEngine.from_pretrained(model_dir, EngineOptions(
+        device=device, dtype="bfloat16", max_batch_size=shape["requests"],
+        max_seq_len=shape["prompt"] + shape["max_tokens"] + 1))
     g = torch.Generator().manual_seed(1)
     for i in range(shape["requests"]):
         prompt = torch.randint(1, shape["vocab_size"], (shape["prompt"],), generator=g).tolist()

@@ -70,12 +70,12 @@ def bench_generation(model, prompts: list[list[int]], max_tokens: int, temperatu
                      repeats: int) -> dict:
     import torch
 
-    from rl_core.generation import NativeEngine
+    from rl_core.generation import EngineOptions, NativeEngine
     from rl_core.types import GenerationRequest, SamplingParams
 
     longest = max(len(p) for p in prompts)
-    engine = NativeEngine(model.config, model.state_dict(), max_batch_size=len(prompts),
-                          max_seq_len=longest + max_tokens, eos_token_ids=())
+    engine = NativeEngine(model.config, model.state_dict(), EngineOptions(
+        max_batch_size=len(prompts), max_seq_len=longest + max_tokens, eos_token_ids=()))
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
     counts = {}
 

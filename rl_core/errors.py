@@ -77,5 +77,17 @@ class ArgumentError(UserError):
         super().__init__(f"option `{option}` got {_short(value)}; expected {expected}. Fix: {fix}")
 
 
+class EngineOptionsError(UserError, ValueError):
+    """A native-engine setting that cannot be used (`rl_core.generation.native.options.EngineOptions`).
+
+    Names the option, what was received, what was expected and the fix; the builders from a
+    recipe or from `rl-core serve` flags re-raise it naming the recipe field or the flag.
+    """
+
+    def __init__(self, field: str, value: Any, expected: str, fix: str):
+        self.field, self.value, self.expected, self.fix = field, value, expected, fix
+        super().__init__(f"engine option `{field}` got {_short(value)}; expected {expected}. Fix: {fix}")
+
+
 class OutputPathError(UserError):
     """An output path rl_core would have to delete or overwrite but did not create itself."""

@@ -5,7 +5,7 @@ that carries the secret by default, and `check_safetensors_file` (the check a se
 before loading a safetensors file: at start-up and on every weight-version load).
 
 Does not own: the command and its option checks (rl_core.launch.serve), the routes
-(rl_core.serve.app) or the clients (rl_core.generation.http_backend / http_fleet). This
+(rl_core.serve.app) or the clients (rl_core.generation.http.backend / rl_core.generation.http.fleet). This
 module is a leaf (standard library only) so that the routes and the clients need not import
 the launch layer.
 """

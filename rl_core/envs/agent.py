@@ -82,7 +82,7 @@ class AgentEnv(BaseEnv):
             if self._server is None:
                 import httpx
 
-                from rl_core.generation.http_fleet import CLIENT_KEEPALIVE_S
+                from rl_core.generation.http.fleet import CLIENT_KEEPALIVE_S
                 from rl_core.rollout.session_server import SessionServer
                 from rl_core.rollout.sessions import SessionRegistry
 

@@ -1,11 +1,9 @@
 """Placement and start-up: where generation runs, and setting it up while the trainer builds.
 
-Owns: turning `generation.backend` x `generation.placement` into a generation backend
-object (the support table and its config-load errors live in
-`rl_core.config.placement_rules`), and the start-up overlap: the generation side (load
-weights into the native engine, or start vLLM's engine / server process and load the
-model there) runs in a worker thread while the calling thread builds the trainer, so the
-set-up takes about as long as the slower of the two instead of their sum. Each part's
+Owns: the start-up overlap: the generation side (load weights into the native engine,
+or start vLLM's engine / server process and load the model there) runs in a worker
+thread while the calling thread builds the trainer, so the set-up takes about as long as
+the slower of the two instead of their sum. Each part's
 start and end are recorded (`SetupRecord`): a printed `[setup]` line, `timing/setup/*`
 metrics (`kind: "setup"` in metrics.jsonl) and `setup_*` spans in the timeline.
 
@@ -15,6 +13,10 @@ metrics (`kind: "setup"` in metrics.jsonl) and `setup_*` spans in the timeline.
 | vllm / colocated | `VLLMBackend`: vLLM's AsyncLLM on the controller's event loop (EngineCore: a child process on CPU) |
 | vllm / separate | `VLLMServerBackend`: a vLLM OpenAI-compatible server process (or `vllm.server_url`), over HTTP |
 | http / separate | `HttpBackend`: `rl-core serve` processes (started here, or `http.urls`), over HTTP |
+
+The registry `rl_core.generation.GENERATION_BACKENDS` builds these (`make_generation_backend`,
+re-exported here); the support table's config-load errors live in
+`rl_core.config.placement_rules`.
 
 Does not own: the backends themselves (rl_core.generation), the trainer's construction
 (the caller passes a factory), or the controller's life cycle.
@@ -27,6 +29,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from rl_core.generation import make_generation_backend  # the registry's builder, by generation.backend
 
 
 @dataclass
@@ -74,63 +78,6 @@ class SetupRecord:
         logger.log(step, self.metrics(), kind="setup")
         for name, (a, b) in self.parts.items():  # on the timeline's clock (negative: before the run began)
             timeline.add(f"setup_{name}", step, a, b, step)
-
-
-def native_engine(cfg: Any, policy_dir: str | Path, *, tokenizer: Any, device: str, weight_version: int = 0) -> Any:
-    """The recipe's native engine (`generation.native`: context, KV budget and dtype, decode
-    path): the training run's and the validation/evaluation stages' engine alike, so a stage
-    never sizes its KV cache for the model's full context."""
-    from rl_core.generation.engine import NativeEngine
-
-    gen, n = cfg.generation, cfg.generation.native
-    return NativeEngine.from_pretrained(
-        policy_dir, device=device, dtype=cfg.model.dtype, max_batch_size=gen.max_batch_size,
-        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), seed=cfg.grpo.seed,
-        weight_version=weight_version, max_seq_len=n.max_seq_len, max_num_kv_tokens=n.max_num_kv_tokens,
-        kv_cache_dtype=n.kv_cache_dtype, kv_scale_margin=n.kv_scale_margin, decode_path=n.decode_path,
-        decode_compile=n.decode_compile, overlap_steps=n.overlap_steps)
-
-
-def make_generation_backend(cfg: Any, policy_dir: str | Path, *, tokenizer: Any, device: str,
-                            weight_version: int = 0) -> Any:
-    """The generation backend of the recipe, fully set up but not started (blocking: loads
-    the weights, starts vLLM's engine or server). Run it in a thread to overlap start-up."""
-    gen = cfg.generation
-    if gen.backend == "native":
-        from rl_core.generation.backend import NativeBackend
-
-        engine = native_engine(cfg, policy_dir, tokenizer=tokenizer, device=device, weight_version=weight_version)
-        # reproducible runs: the engine's batches follow the event loop, not thread timing
-        return NativeBackend(engine, lockstep=cfg.async_rl.reproducible)
-    if gen.backend == "http":
-        from rl_core.generation.http_backend import make_http_backend
-
-        backend = make_http_backend(cfg, policy_dir, device=device, weight_version=weight_version)
-        backend.prepare()  # starts local servers (in the set-up thread, beside the trainer's build)
-        return backend
-    if gen.backend == "vllm":
-        from rl_core.generation.vllm_backend import VLLMBackend, VLLMOptions
-
-        v = gen.vllm
-        options = VLLMOptions(model=str(policy_dir), dtype=cfg.model.dtype, max_model_len=v.max_model_len,
-                              max_num_seqs=gen.max_batch_size, kv_cache_memory_bytes=v.kv_cache_memory_bytes,
-                              enforce_eager=v.enforce_eager, enable_prefix_caching=v.enable_prefix_caching,
-                              seed=cfg.grpo.seed)
-        if gen.placement == "colocated":
-            backend = VLLMBackend(options, weight_version=weight_version)
-        else:
-            from rl_core.generation.vllm_server import VLLMServerBackend
-
-            backend = VLLMServerBackend(options, weight_version=weight_version, server_url=v.server_url,
-                                        startup_timeout_s=v.startup_timeout_s, request_timeout_s=v.request_timeout_s,
-                                        weights_dir=v.weights_dir)
-        try:
-            backend.prepare()
-        except BaseException:
-            backend.close_sync()
-            raise
-        return backend
-    raise ValueError(f"generation.backend {gen.backend!r} has no builder")  # the schema admits no other
 
 
 def close_unstarted(backend: Any) -> None:

@@ -217,9 +217,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
 def plan_kv_cache(args, config: dict, device: str, dtype: str) -> str:
     """Sets `args.max_batch_size` (KV-cache slots) from the memory available when it was not given;
     an explicit one that cannot fit, or a cache that cannot hold one sequence, is a ServeError."""
-    from rl_core.generation.engine import DEFAULT_MAX_SEQ_LEN_CAP
-    from rl_core.generation.kv_sizing import KVSizingError, available_memory, plan_kv_slots
-    from rl_core.generation.model import ModelSpec
+    from rl_core.generation.native.engine import DEFAULT_MAX_SEQ_LEN_CAP
+    from rl_core.generation.native.kv_sizing import KVSizingError, available_memory, plan_kv_slots
+    from rl_core.generation.native.model import ModelSpec
 
     if not 0 < args.kv_cache_memory_fraction <= 1:
         raise ServeError(f"--kv-cache-memory-fraction is {args.kv_cache_memory_fraction}; expected a number in (0, 1]. "
@@ -247,9 +247,11 @@ def build_app(args, token: str | None, control_secret: str | None = None):
     import torch
     from transformers import AutoTokenizer
 
-    from rl_core.generation.backend import NativeBackend
-    from rl_core.generation.engine import NativeEngine
-    from rl_core.generation.model import read_config
+    from rl_core.generation.native.backend import NativeBackend
+    from rl_core.errors import EngineOptionsError
+    from rl_core.generation.native.engine import NativeEngine
+    from rl_core.generation.native.model import read_config
+    from rl_core.generation.native.options import EngineOptions, flag_error
     from rl_core.serve.app import ServerSettings, create_app
 
     if args.torch_num_threads:
@@ -275,14 +277,12 @@ def build_app(args, token: str | None, control_secret: str | None = None):
         eos.add(tokenizer.eos_token_id)
     kv = plan_kv_cache(args, config, device, dtype)
     print(f"[serve] {kv}", flush=True)
+    options = EngineOptions.from_serve_args(args, device=device, dtype=dtype, eos_token_ids=sorted(eos),
+                                            decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
     try:
-        engine = NativeEngine.from_pretrained(
-            args.model_dir, device=device, dtype=dtype, max_batch_size=args.max_batch_size,
-            max_seq_len=args.max_seq_len, eos_token_ids=sorted(eos), seed=args.seed,
-            decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), weight_version=args.weight_version,
-            max_num_kv_tokens=args.max_num_kv_tokens, kv_cache_dtype=args.kv_cache_dtype,
-            kv_scale_margin=args.kv_scale_margin, decode_path=args.decode_path,
-            decode_compile=args.decode_compile, overlap_steps=args.overlap_steps)
+        engine = NativeEngine.from_pretrained(args.model_dir, options)
+    except EngineOptionsError as exc:  # the flags against this model and device
+        raise flag_error(exc) from None
     except (ValueError, KeyError, TypeError) as exc:  # a config.json the engine cannot use
         raise ServeError(f"cannot build the engine from {args.model_dir}: {type(exc).__name__}: {str(exc)[:300]}. "
                          "Fix: check config.json and the weights (an HF directory of a supported model).") from None

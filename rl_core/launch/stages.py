@@ -214,8 +214,8 @@ def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json
     from rl_core.data.dataset import Fields, load_examples
     from rl_core.envs import make_env
     from rl_core.fsutil import atomic_write_json
-    from rl_core.generation.backend import NativeBackend
-    from rl_core.launch.placement import native_engine
+    from rl_core.generation import make_native_engine
+    from rl_core.generation.native.backend import NativeBackend
     from rl_core.launch.train import setup_process
     from rl_core.train import trainer_device
     from rl_core.rollout.validation import Validator
@@ -233,7 +233,8 @@ def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     env = make_env(cfg.env, tokenizer)
     examples = load_examples(data_file or cfg.data.val_file, Fields.of(cfg.data))
-    engine = native_engine(cfg, model_dir, tokenizer=tokenizer, device=trainer_device(cfg), weight_version=version)
+    engine = make_native_engine(cfg, model_dir, tokenizer=tokenizer, device=trainer_device(cfg),
+                                weight_version=version)
     backend = NativeBackend(engine)
     stop = tuple(dict.fromkeys(i for i in (*env.end_token_ids, tokenizer.eos_token_id) if i is not None))
     validator = Validator(validation or cfg.validation, env, tokenizer, examples, cfg.grpo.seed, stop)

@@ -19,7 +19,7 @@ a cached directory is reused only when that record matches the file at hand.
 
 Works with transformers 5.19 (the vLLM venv) and 5.24 (the main venv).
 
-Does not own: any model maths (generation/model.py), training, or downloads (nothing is
+Does not own: any model maths (generation/native/model.py), training, or downloads (nothing is
 fetched from a hub: HF_HUB_OFFLINE is set around the conversion).
 """
 
@@ -112,7 +112,7 @@ def is_converted(out_dir: str | Path, gguf_path: str | Path, dtype: str = "float
 
 def _offline():
     """No hub access and no progress bars while transformers reads the GGUF file."""
-    from rl_core.generation.vllm_common import scoped_env  # imports no vLLM
+    from rl_core.generation.vllm.common import scoped_env  # imports no vLLM
 
     return scoped_env({k: "1" for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_PROGRESS_BARS")})
 

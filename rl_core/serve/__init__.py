@@ -3,7 +3,7 @@
 An OpenAI-compatible API (completions, chat completions, streaming, logprobs, token ids
 in and out) plus the endpoints RL needs (load a weight version from a versioned
 safetensors directory, report the served version, abort requests, invalidate the KV
-cache, health), so that `HttpBackend` (rl_core.generation.http_backend) can drive several
+cache, health), so that `HttpBackend` (rl_core.generation.http.backend) can drive several
 servers, and any OpenAI client can use one. protocol.py owns request bodies, text.py the
 text and logprob layouts, app.py the routes; process start-up (binding, token checks)
 is rl_core.launch.serve.

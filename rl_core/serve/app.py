@@ -32,7 +32,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from safetensors import SafetensorError
 
-from rl_core.generation.backend import GenerationError, NativeBackend, StreamDelta
+from rl_core.generation.base import GenerationError, StreamDelta
+from rl_core.generation.native.backend import NativeBackend
 from rl_core.server_contract import CONTROL_SECRET_HEADER, DEFAULT_CONTROL_SECRET_ENV
 from rl_core.metrics.gc_pauses import freeze_setup_objects, unfreeze
 from rl_core.serve.protocol import (AbortRequest, ChatCompletionRequest, CompletionRequest, ReceiveWeightsRequest,

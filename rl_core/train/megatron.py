@@ -366,7 +366,7 @@ class MegatronTrainer(DataParallelTrainer):
 
 
 def _read_hf_weights(model_dir: str | Path) -> dict[str, torch.Tensor]:
-    from rl_core.generation.model import load_safetensors_dir
+    from rl_core.generation.native.model import load_safetensors_dir
 
     sd = load_safetensors_dir(model_dir)
     if "lm_head.weight" not in sd and "model.embed_tokens.weight" in sd:

@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from rl_core.generation import NativeEngine
+from rl_core.generation import EngineOptions, NativeEngine
 from rl_core.types import GenerationRequest, SamplingParams
 
 from tests.helpers.engine_models import run as generate_all
@@ -44,7 +44,7 @@ def prompts(n, seed=1):
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_cuda_fp32_matches_transformers(arch):
     model = tiny_model(arch, torch.float32)
-    engine = NativeEngine(model.config, model.state_dict(), device="cuda", max_batch_size=8)
+    engine = NativeEngine(model.config, model.state_dict(), EngineOptions(device="cuda", max_batch_size=8))
     ids = torch.randint(0, VOCAB, (3, 20), device="cuda")
     with torch.no_grad():
         ref = model(ids).logits
@@ -60,13 +60,15 @@ def test_cuda_fp32_matches_transformers(arch):
             lp = torch.log_softmax(model(seq).logits[0].float() / 0.7, dim=-1)
         want = lp[len(req.prompt_ids) - 1:-1].gather(1, seq[0, len(req.prompt_ids):, None]).squeeze(1)
         assert (torch.tensor(res.logprobs, device="cuda") - want).abs().max().item() < 1e-4
-    alone = generate_all(NativeEngine(model.config, model.state_dict(), device="cuda", max_batch_size=1), reqs[3:4])
+    alone = generate_all(NativeEngine(model.config, model.state_dict(), EngineOptions(device="cuda", max_batch_size=1)),
+                         reqs[3:4])
     assert alone["3"].token_ids == out["3"].token_ids  # a seeded request is batch-invariant
 
 
 def test_cuda_bf16_tracks_transformers_bf16():
     model = tiny_model("qwen2", torch.bfloat16)
-    engine = NativeEngine(model.config, model.state_dict(), device="cuda", dtype=torch.bfloat16, max_batch_size=8)
+    engine = NativeEngine(model.config, model.state_dict(),
+                          EngineOptions(device="cuda", dtype=torch.bfloat16, max_batch_size=8))
     ps = prompts(8)
     reqs = [GenerationRequest(str(i), p, SamplingParams(greedy=True, max_tokens=12)) for i, p in enumerate(ps)]
     out = generate_all(engine, reqs, arrivals=[0, 0, 0, 1, 1, 2, 3, 3])
@@ -88,7 +90,7 @@ def test_cuda_bf16_tracks_transformers_bf16():
 
 def _engine(model, **kwargs):
     kwargs.setdefault("max_batch_size", 8)
-    return NativeEngine(model.config, model.state_dict(), device="cuda", **kwargs)
+    return NativeEngine(model.config, model.state_dict(), EngineOptions(device="cuda", **kwargs))
 
 
 def _mixed_requests(n=10):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rl_core.config.schema import TrainerConfig
-from rl_core.generation import NativeEngine
+from rl_core.generation import EngineOptions, NativeEngine
 from rl_core.train.torch_trainer import TorchTrainer
 from rl_core.types import make_train_chunk
 from tests.unit.test_moe_engine import hf_routes, tiny_moe
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 def test_engine_logits_and_routes_equal_transformers_on_cuda():
     model = tiny_moe().to("cuda")
-    engine = NativeEngine(model.config, model.state_dict(), device="cuda", max_batch_size=4)
+    engine = NativeEngine(model.config, model.state_dict(), EngineOptions(device="cuda", max_batch_size=4))
     assert engine.decode_path == "eager"  # MoE: no CUDA-graph decode
     ids = torch.randint(0, 100, (3, 11), generator=torch.Generator().manual_seed(0)).cuda()
     with torch.no_grad():

@@ -53,7 +53,7 @@ def loop():
 
 @pytest.fixture(scope="module")
 def backend(policy, loop):
-    from rl_core.generation.vllm_backend import VLLMBackend, VLLMOptions
+    from rl_core.generation.vllm.backend import VLLMBackend, VLLMOptions
 
     b = VLLMBackend(VLLMOptions(model=str(policy), max_model_len=128, max_num_seqs=64,
                                 kv_cache_memory_bytes=256 * 2**20))

@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from rl_core.generation import NativeEngine
+from rl_core.generation import EngineOptions, NativeEngine
 from rl_core.types import SamplingParams
 
 VOCAB = 100
@@ -35,7 +35,7 @@ def tiny_model(arch: str = "qwen2", seed: int = 0, init: float = 0.3, max_positi
 
 def make_engine(model, **kwargs) -> NativeEngine:
     kwargs.setdefault("max_batch_size", 8)
-    return NativeEngine(model.config, model.state_dict(), **kwargs)
+    return NativeEngine(model.config, model.state_dict(), EngineOptions(**kwargs))
 
 
 def prompts(n: int, seed: int = 1, lengths=(3, 9)) -> list[list[int]]:

@@ -16,7 +16,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from rl_core.model.tokenizer import GENERIC_CORPUS, train_bpe, wrap_tokenizer
-from rl_core.generation.http_servers import stop_process
+from rl_core.generation.http.servers import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN_ENV = "RL_CORE_TEST_TOKEN"

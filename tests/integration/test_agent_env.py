@@ -47,7 +47,7 @@ def _run(tmp_path, policy, monkeypatch, steps, *overrides, name="agent"):
 def _engine_results(monkeypatch):
     """Record every result the native backend returns, by prompt ids (the samples of a group
     share their first prompt: each prompt maps to the completions generated for it)."""
-    from rl_core.generation.backend import NativeBackend
+    from rl_core.generation.native.backend import NativeBackend
 
     seen: dict[tuple[int, ...], list[list[int]]] = {}
     original = NativeBackend.generate

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from rl_core.config.schema import TrainerConfig
-from rl_core.generation.backend import NativeBackend
-from rl_core.generation.engine import NativeEngine
+from rl_core.generation.native.backend import NativeBackend
+from rl_core.generation.native.engine import NativeEngine
 from rl_core.train.torch_trainer import TorchTrainer
 from rl_core.types import GenerationRequest, SamplingParams, Sample, make_train_chunk
 

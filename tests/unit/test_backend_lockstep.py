@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from rl_core.generation.backend import NativeBackend
+from rl_core.generation.native.backend import NativeBackend
 from rl_core.types import GenerationRequest, SamplingParams
 
 from tests.helpers.engine_models import make_engine, prompts, tiny_model

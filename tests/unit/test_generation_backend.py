@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rl_core.generation import GenerationError, NativeBackend, NativeEngine
+from rl_core.generation import EngineOptions, GenerationError, NativeBackend, NativeEngine
 from rl_core.protocols import GenerationBackend
 from rl_core.types import GenerationRequest, SamplingParams
 
@@ -27,7 +27,7 @@ def tiny_model(seed: int = 0):
 def make_engine(model, step_delay_s: float = 0.0, **kwargs) -> NativeEngine:
     """An engine whose steps can be slowed down, so a test can act while requests run."""
     kwargs.setdefault("max_batch_size", 8)
-    engine = NativeEngine(model.config, model.state_dict(), **kwargs)
+    engine = NativeEngine(model.config, model.state_dict(), EngineOptions(**kwargs))
     if step_delay_s:
         step = engine.step
 

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from rl_core.generation import NativeEngine
+from rl_core.generation import EngineOptions, NativeEngine
 from rl_core.types import GenerationRequest, SamplingParams
 
 from tests.helpers.engine_models import VOCAB, full_logprobs, greedy, make_engine, prompts, run, tiny_model
@@ -33,7 +33,7 @@ def test_from_pretrained_reads_safetensors_and_eos(tmp_path):
     model = tiny_model("llama")
     model.save_pretrained(tmp_path)
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 9]}))
-    engine = NativeEngine.from_pretrained(tmp_path, max_batch_size=2)
+    engine = NativeEngine.from_pretrained(tmp_path, EngineOptions(max_batch_size=2))
     assert engine.eos_token_ids == {2, 7, 9}  # config.json (LlamaConfig default 2) + generation_config
     ids = torch.randint(0, VOCAB, (2, 11))
     with torch.no_grad():

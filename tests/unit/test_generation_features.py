@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl_core.generation.decode_graph import DecodeRunner, key_buckets, pick_bucket, slot_buckets
-from rl_core.generation.kv_cache import FP8_E4M3_MAX, KVCache, dequantize_fp8, quantize_fp8
+from rl_core.generation.native.decode_graph import DecodeRunner, key_buckets, pick_bucket, slot_buckets
+from rl_core.generation.native.kv_cache import FP8_E4M3_MAX, KVCache, dequantize_fp8, quantize_fp8
 from rl_core.types import GenerationRequest, SamplingParams
 
 from tests.helpers.engine_models import full_logprobs, greedy, make_engine, prompts, run

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from rl_core.generation.sampling import CDF_BLOCK, SamplingBatch, filter_logits, inverse_cdf, new_generator, sample
+from rl_core.generation.native.sampling import CDF_BLOCK, SamplingBatch, filter_logits, inverse_cdf, new_generator, sample
 from rl_core.types import SamplingParams
 
 

@@ -74,7 +74,8 @@ def test_smollm2_native_engine_matches_transformers():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rl_core.generation.engine import NativeEngine
+    from rl_core.generation.native.engine import NativeEngine
+    from rl_core.generation.native.options import EngineOptions
     from rl_core.types import GenerationRequest, SamplingParams
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
@@ -82,7 +83,7 @@ def test_smollm2_native_engine_matches_transformers():
     questions = ["What is the capital of France?", "Name a primary color.", "What is 2+3?"]
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
                                        return_dict=False) for q in questions]
-    engine = NativeEngine.from_pretrained(model_dir, max_batch_size=4, max_seq_len=256)
+    engine = NativeEngine.from_pretrained(model_dir, EngineOptions(max_batch_size=4, max_seq_len=256))
     for i, p in enumerate(prompts):
         engine.add_request(GenerationRequest(f"q{i}", list(p), SamplingParams(greedy=True, max_tokens=24)))
     done = {}

@@ -17,9 +17,9 @@ import pytest
 import torch
 from tests.helpers.serving import SECRET, make_model, make_model_dir, make_tokenizer, running_server
 
-from rl_core.generation import GenerationError, GenerationRequestError, HttpBackend, NativeEngine
-from rl_core.generation.http_fleet import FleetPolicy
-from rl_core.generation.http_servers import EngineArgs
+from rl_core.generation import EngineOptions, GenerationError, GenerationRequestError, HttpBackend, NativeEngine
+from rl_core.generation.http.fleet import FleetPolicy
+from rl_core.generation.http.servers import EngineArgs
 from rl_core.protocols import GenerationBackend
 from rl_core.types import GenerationRequest, SamplingParams
 from rl_core.weights.filesystem import READY, version_dir
@@ -46,7 +46,7 @@ def run(coro, timeout_s: float = 300.0):
 
 
 def reference(model_dir, requests, state_dict=None) -> dict:
-    engine = NativeEngine.from_pretrained(model_dir, max_batch_size=16)
+    engine = NativeEngine.from_pretrained(model_dir, EngineOptions(max_batch_size=16))
     if state_dict is not None:
         engine.update_weights(1, state_dict)
     for r in requests:

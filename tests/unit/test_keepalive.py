@@ -8,7 +8,7 @@ import inspect
 
 import uvicorn
 
-from rl_core.generation.http_fleet import CLIENT_KEEPALIVE_S, FleetPolicy, ServerFleet
+from rl_core.generation.http.fleet import CLIENT_KEEPALIVE_S, FleetPolicy, ServerFleet
 from rl_core.launch import serve
 
 

@@ -9,8 +9,8 @@ import urllib.request
 
 import pytest
 
-from rl_core.generation.kv_sizing import GIB, KVSizingError, kv_bytes_per_slot, plan_kv_slots
-from rl_core.generation.model import ModelSpec
+from rl_core.generation.native.kv_sizing import GIB, KVSizingError, kv_bytes_per_slot, plan_kv_slots
+from rl_core.generation.native.model import ModelSpec
 from rl_core.launch.cli import main
 
 from tests.helpers.serving import make_model_dir, running_server
@@ -24,7 +24,7 @@ SMOL = ModelSpec(model_type="llama", vocab_size=49152, hidden_size=576, num_laye
 def test_bytes_per_slot_are_what_the_cache_allocates():
     import torch
 
-    from rl_core.generation.kv_cache import KVCache
+    from rl_core.generation.native.kv_cache import KVCache
 
     cache = KVCache(3, 5, 32, 2, 8, dtype=torch.float32)
     spec = ModelSpec(**{**SMOL.__dict__, "num_layers": 3, "num_kv_heads": 2, "head_dim": 8})

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import MixtralConfig, MixtralForCausalLM
 
-from rl_core.generation import NativeEngine
-from rl_core.generation.moe import convert_legacy_moe
+from rl_core.generation import EngineOptions, NativeEngine
+from rl_core.generation.native.moe import convert_legacy_moe
 from rl_core.train.router_replay import find_routers
 from rl_core.types import GenerationRequest, SamplingParams
 
@@ -66,7 +66,7 @@ def model():
 
 
 def test_logits_and_routes_equal_transformers_fp32(model):
-    engine = NativeEngine(model.config, model.state_dict(), max_batch_size=4)
+    engine = NativeEngine(model.config, model.state_dict(), EngineOptions(max_batch_size=4))
     ids = torch.randint(0, VOCAB, (3, 11), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = model(input_ids=ids).logits
@@ -81,7 +81,8 @@ def test_logits_and_routes_equal_transformers_fp32(model):
 
 def test_loads_hf_dir_with_per_expert_names_and_refits_in_memory_names(model, tmp_path):
     model.save_pretrained(tmp_path)
-    engine = NativeEngine.from_pretrained(tmp_path, max_batch_size=2)  # on disk: block_sparse_moe.experts.{e}.w1..
+    # on disk: block_sparse_moe.experts.{e}.w1..
+    engine = NativeEngine.from_pretrained(tmp_path, EngineOptions(max_batch_size=2))
     ids = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         expected = model(input_ids=ids).logits
@@ -96,7 +97,7 @@ def test_loads_hf_dir_with_per_expert_names_and_refits_in_memory_names(model, tm
 
 
 def test_generation_records_routes_equal_to_transformers_topk(model):
-    engine = NativeEngine(model.config, model.state_dict(), max_batch_size=4)
+    engine = NativeEngine(model.config, model.state_dict(), EngineOptions(max_batch_size=4))
     reqs = [GenerationRequest(f"r{i}", p, SamplingParams(greedy=True, max_tokens=6)) for i, p in enumerate(prompts(3))]
     for r in run(engine, reqs).values():
         seq = r.prompt_ids + r.token_ids
@@ -112,9 +113,11 @@ def test_continuous_batching_equals_one_at_a_time(model):
     reqs = lambda: [GenerationRequest(f"r{i}", p, SamplingParams(greedy=True, max_tokens=8))  # noqa: E731
                     for i, p in enumerate(ps)]
     # small step budget: chunked prefill and decode rows share steps
-    batched = run(NativeEngine(model.config, model.state_dict(), max_batch_size=4, max_step_tokens=8), reqs())
+    batched = run(NativeEngine(model.config, model.state_dict(), EngineOptions(max_batch_size=4, max_step_tokens=8)),
+                  reqs())
     for req in reqs():
-        alone = run(NativeEngine(model.config, model.state_dict(), max_batch_size=1), [req])[req.request_id]
+        alone = run(NativeEngine(model.config, model.state_dict(), EngineOptions(max_batch_size=1)),
+                    [req])[req.request_id]
         got = batched[req.request_id]
         assert got.token_ids == alone.token_ids
         assert got.routed_experts == alone.routed_experts
@@ -125,14 +128,14 @@ def test_preempted_and_invalidated_sequences_keep_routes_by_position(model):
     ps = prompts(4, seed=7)
     reqs = lambda: [GenerationRequest(f"r{i}", p, SamplingParams(greedy=True, max_tokens=10))  # noqa: E731
                     for i, p in enumerate(ps)]
-    free = run(NativeEngine(model.config, model.state_dict(), max_batch_size=4), reqs())
-    tight = NativeEngine(model.config, model.state_dict(), max_batch_size=4, max_num_kv_tokens=30)
+    free = run(NativeEngine(model.config, model.state_dict(), EngineOptions(max_batch_size=4)), reqs())
+    tight = NativeEngine(model.config, model.state_dict(), EngineOptions(max_batch_size=4, max_num_kv_tokens=30))
     squeezed = run(tight, reqs())
     assert tight.stats.preemptions > 0
     for rid, r in free.items():
         assert squeezed[rid].token_ids == r.token_ids
         assert squeezed[rid].routed_experts == r.routed_experts
-    engine = NativeEngine(model.config, model.state_dict(), max_batch_size=4)
+    engine = NativeEngine(model.config, model.state_dict(), EngineOptions(max_batch_size=4))
     for r in reqs():
         engine.add_request(r)
     done = {}
@@ -148,12 +151,12 @@ def test_preempted_and_invalidated_sequences_keep_routes_by_position(model):
 def test_moe_refuses_static_decode_and_dense_records_nothing(model):
     for path in ("static",):
         with pytest.raises(ValueError, match="dense models only"):
-            NativeEngine(model.config, model.state_dict(), max_batch_size=2, decode_path=path)
-    engine = NativeEngine(model.config, model.state_dict(), max_batch_size=2, decode_path="auto")
+            NativeEngine(model.config, model.state_dict(), EngineOptions(max_batch_size=2, decode_path=path))
+    engine = NativeEngine(model.config, model.state_dict(), EngineOptions(max_batch_size=2, decode_path="auto"))
     assert engine.decode_path == "eager" and engine.decoder is None
     from tests.helpers.engine_models import tiny_model
 
     dense = tiny_model()
-    res = run(NativeEngine(dense.config, dense.state_dict(), max_batch_size=2),
+    res = run(NativeEngine(dense.config, dense.state_dict(), EngineOptions(max_batch_size=2)),
               [GenerationRequest("d", [1, 2, 3], SamplingParams(greedy=True, max_tokens=3))])
     assert res["d"].routed_experts is None

@@ -134,7 +134,7 @@ def test_build_overlapped_raises_the_generation_error(monkeypatch):
 
 def test_vllm_helpers_without_vllm():
     """The request translation and version spans need no vLLM installed."""
-    from rl_core.generation.vllm_common import check_request, to_vllm_sampling, token_versions_from_spans
+    from rl_core.generation.vllm.common import check_request, to_vllm_sampling, token_versions_from_spans
     from rl_core.types import SamplingParams
 
     kw = to_vllm_sampling(SamplingParams(greedy=True, temperature=0.7, top_p=0.5, max_tokens=5, seed=3,

@@ -224,8 +224,8 @@ def test_every_weight_transport_satisfies_weight_sync(kind, tmp_path):
 
 
 def test_native_and_http_backends_satisfy_generation_backend():
-    from rl_core.generation.backend import NativeBackend
-    from rl_core.generation.http_backend import HttpBackend
+    from rl_core.generation.native.backend import NativeBackend
+    from rl_core.generation.http.backend import HttpBackend
     from tests.helpers.engine_models import make_engine, tiny_model
 
     assert_conforms(NativeBackend(make_engine(tiny_model())), GenerationBackend)
@@ -233,8 +233,8 @@ def test_native_and_http_backends_satisfy_generation_backend():
 
 
 def test_vllm_backends_have_the_generation_backend_methods():
-    from rl_core.generation.vllm_backend import VLLMBackend
-    from rl_core.generation.vllm_server import VLLMServerBackend
+    from rl_core.generation.vllm.backend import VLLMBackend
+    from rl_core.generation.vllm.server import VLLMServerBackend
 
     assert_conforms(VLLMBackend, GenerationBackend)
     assert_conforms(VLLMServerBackend, GenerationBackend)

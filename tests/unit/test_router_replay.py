@@ -14,7 +14,7 @@ from rl_core.algorithms.losses import make_loss
 from rl_core.config import validate_dict
 from rl_core.config.schema import LossConfig, TrainerConfig
 from rl_core.errors import RecipeError
-from rl_core.generation import NativeEngine
+from rl_core.generation import EngineOptions, NativeEngine
 from rl_core.train.router_replay import find_routers
 from rl_core.train.torch_trainer import TorchTrainer
 from rl_core.types import GenerationRequest, Sample, SamplingParams, TrainChunk, make_train_chunk
@@ -45,7 +45,8 @@ def moe_dir(tmp_path_factory):
 
 
 def generate(model_dir, dtype: str, n: int = 32, max_tokens: int = 16, device: str = "cpu") -> list[Sample]:
-    engine = NativeEngine.from_pretrained(model_dir, dtype=dtype, max_batch_size=n, seed=0, device=device)
+    engine = NativeEngine.from_pretrained(model_dir,
+                                          EngineOptions(dtype=dtype, max_batch_size=n, seed=0, device=device))
     g = torch.Generator().manual_seed(2)
     for i in range(n):
         prompt = torch.randint(1, VOCAB, (8,), generator=g).tolist()

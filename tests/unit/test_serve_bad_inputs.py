@@ -292,7 +292,7 @@ def test_error_counters_separate_client_and_server_errors(model_dir, tmp_path, m
 
 
 def test_local_servers_are_launched_managed_with_a_fresh_secret_outside_argv(tmp_path, monkeypatch):
-    from rl_core.generation import http_servers
+    from rl_core.generation.http import servers as http_servers
 
     launched = []
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rl_core.generation import NativeBackend, NativeEngine
+from rl_core.generation import EngineOptions, NativeBackend, NativeEngine
 from rl_core.weights import (FilesystemWeightSync, InProcessSync, latest_ready_version, read_version,
                              state_dict_bytes, version_dir, wait_for_version)
 from rl_core.weights.filesystem import LATEST, READY
@@ -79,7 +79,7 @@ def test_wait_for_version(tmp_path):
 
 def test_push_refits_a_native_backend_from_the_directory(tmp_path):
     old, new = tiny_model(0), tiny_model(1)
-    engine = NativeEngine(old.config, old.state_dict(), max_batch_size=4)
+    engine = NativeEngine(old.config, old.state_dict(), EngineOptions(max_batch_size=4))
     backend = NativeBackend(engine)
     ids = torch.randint(0, 50, (2, 9))
 
@@ -100,7 +100,8 @@ def test_push_refits_a_native_backend_from_the_directory(tmp_path):
 
 def test_in_process_sync_reports_bytes_and_seconds():
     model = tiny_model(2)
-    backend = NativeBackend(NativeEngine(tiny_model(0).config, tiny_model(0).state_dict(), max_batch_size=4))
+    backend = NativeBackend(NativeEngine(tiny_model(0).config, tiny_model(0).state_dict(),
+                                         EngineOptions(max_batch_size=4)))
 
     async def go():
         await backend.start()

@@ -43,7 +43,7 @@ def main() -> None:
         reports = [sender.send(1, misc()), sender.send(2, model(1).state_dict()), sender.send(3, model(2).state_dict())]
         result["reports"] = [r.as_metrics() | {"version": r.version} for r in reports]
     else:
-        from rl_core.generation import NativeEngine
+        from rl_core.generation import EngineOptions, NativeEngine
 
         receiver = WeightReceiver(group, bucket_size_mb=0.01)
         version, state, report = receiver.recv()
@@ -52,7 +52,7 @@ def main() -> None:
         result["misc_equal"] = sorted(state) == sorted(want) and all(
             state[k].dtype == want[k].dtype and torch.equal(state[k], want[k]) for k in want)
         base = model(0)
-        engine = NativeEngine(base.config, base.state_dict(), max_batch_size=4)
+        engine = NativeEngine(base.config, base.state_dict(), EngineOptions(max_batch_size=4))
         ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(0))
         result["reports"], result["logit_diffs"], result["versions"] = [report.as_metrics()], [], []
         for seed in (1, 2):

@@ -89,7 +89,7 @@ def tiny_policy(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_backend(tiny_policy, loop):
-    from rl_core.generation.vllm_backend import VLLMBackend, VLLMOptions
+    from rl_core.generation.vllm.backend import VLLMBackend, VLLMOptions
 
     backend = VLLMBackend(VLLMOptions(model=str(tiny_policy), max_model_len=64, max_num_seqs=64))
     loop.run_until_complete(backend.start())

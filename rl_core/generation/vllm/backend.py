@@ -3,15 +3,15 @@
 Owns: building an `AsyncLLM` for one HF model directory with the settings that matter,
 translating rl_core requests into vLLM `SamplingParams` and vLLM outputs back into
 `GenerationResult`s (tokens, the logprob of each sampled token, per-token weight
-versions), abort, the weight-update sequence (pause, reload through `vllm_ext.py`, reset
+versions), abort, the weight-update sequence (pause, reload through `ext.py`, reset
 the prefix cache, label the version, resume; vllm-cpu.md §6), the KV/prefix-cache reset,
 and a clean shutdown that leaves no vLLM process behind. Shared by the server backend
-(`vllm_server.py`): `to_vllm_sampling`, `token_versions_from_spans`, `check_request`,
+(`server.py`): `to_vllm_sampling`, `token_versions_from_spans`, `check_request`,
 `vllm_engine_env`, `ChildReaper`. Driven from the controller's event loop; only
 `prepare()` (the construction) may run in a worker thread.
 
 Does not own: which weights to send or when (refit), the recipe (`from_recipe` reads it),
-or the OpenAI-server path (`vllm_server.py`).
+or the OpenAI-server path (`server.py`).
 
 See docs/generation.md, "The vLLM backends": weight updates, logprob semantics, vLLM on CPU.
 """
@@ -28,7 +28,7 @@ from typing import Any, Mapping
 
 import torch
 
-from rl_core.generation.vllm_common import (EXTENSION_CLS, FINISH_REASONS, ChildReaper, VLLMError, backend_metrics,
+from rl_core.generation.vllm.common import (EXTENSION_CLS, FINISH_REASONS, ChildReaper, VLLMError, backend_metrics,
                                             safetensors_files, scoped_env, state_dict_bytes, to_vllm_sampling,
                                             token_versions_from_spans, vllm_engine_env)
 from rl_core.types import GenerationRequest, GenerationResult

@@ -21,8 +21,8 @@ capacity, outstanding requests, counters), and `ServerFleet`:
   exponential backoff when asked, then `GenerationError`); other 4xx are *data* errors
   (`GenerationRequestError`, never retried).
 
-Does not own: generation, aborts or weight updates (http_backend.py), or the processes
-themselves (http_servers.py).
+Does not own: generation, aborts or weight updates (backend.py), or the processes
+themselves (servers.py).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from typing import Awaitable, Callable
 
 import httpx
 
-from rl_core.generation.backend import GenerationError
-from rl_core.generation.http_servers import LocalServer
+from rl_core.generation.base import GenerationError
+from rl_core.generation.http.servers import LocalServer
 from rl_core.server_contract import CONTROL_SECRET_HEADER
 
 log = logging.getLogger(__name__)

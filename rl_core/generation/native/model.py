@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from rl_core.generation.kv_cache import AttentionGroup, KVCache, StepLayout, load_range, store_tokens
-from rl_core.generation.moe import SparseMoE, convert_legacy_moe
+from rl_core.generation.native.kv_cache import AttentionGroup, KVCache, StepLayout, load_range, store_tokens
+from rl_core.generation.native.moe import SparseMoE, convert_legacy_moe
 
 MODEL_TYPES = ("llama", "qwen2", "mixtral")
 

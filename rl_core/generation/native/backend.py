@@ -29,24 +29,13 @@ from typing import Any, AsyncIterator, Mapping
 
 import torch
 
-from rl_core.generation.engine import NativeEngine
-from rl_core.generation.model import load_safetensors_dir
+from rl_core.generation.base import GenerationError, StreamDelta
+from rl_core.generation.native.engine import NativeEngine
+from rl_core.generation.native.options import EngineOptions
+from rl_core.generation.native.model import load_safetensors_dir
 from rl_core.types import GenerationRequest, GenerationResult
 
 log = logging.getLogger(__name__)
-
-
-class GenerationError(RuntimeError):
-    """Generation failed inside the backend's worker (the cause is chained)."""
-
-
-@dataclass
-class StreamDelta:
-    """Tokens a streaming request gained since the previous delta."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 @dataclass
@@ -99,9 +88,9 @@ class NativeBackend:
         self._started_at = 0.0
 
     @classmethod
-    def from_pretrained(cls, model_dir: str | Path, **engine_kwargs: Any) -> "NativeBackend":
-        """A backend over `NativeEngine.from_pretrained(model_dir, **engine_kwargs)`."""
-        return cls(NativeEngine.from_pretrained(model_dir, **engine_kwargs))
+    def from_pretrained(cls, model_dir: str | Path, options: EngineOptions | None = None) -> "NativeBackend":
+        """A backend over `NativeEngine.from_pretrained(model_dir, options)`."""
+        return cls(NativeEngine.from_pretrained(model_dir, options))
 
     # ------------------------------------------------------------------ protocol
 

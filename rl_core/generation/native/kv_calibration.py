@@ -30,8 +30,8 @@ from collections import deque
 
 import torch
 
-from rl_core.generation.kv_cache import FP8_E4M3_MAX
-from rl_core.generation.model import CausalLM
+from rl_core.generation.native.kv_cache import FP8_E4M3_MAX
+from rl_core.generation.native.model import CausalLM
 
 MIN_SCALE = 1e-8  # keeps a scale positive when a head's keys/values are all zero
 

@@ -1,4 +1,4 @@
-"""Pieces shared by rl_core's two vLLM backends (`vllm_backend.py`, `vllm_server.py`).
+"""Pieces shared by rl_core's two vLLM backends (`backend.py`, `server.py`).
 
 Owns: the translation of an rl_core request into vLLM sampling arguments and the refusal of
 settings whose vLLM logprobs would mean something else (`to_vllm_sampling`,
@@ -21,7 +21,7 @@ import torch
 
 from rl_core.types import SamplingParams
 
-EXTENSION_CLS = "rl_core.generation.vllm_ext.WeightReloadExtension"
+EXTENSION_CLS = "rl_core.generation.vllm.ext.WeightReloadExtension"
 MIN_TEMPERATURE = 0.01  # vLLM clamps 0 < T < 0.01 up to 0.01 (its logprobs would use 0.01)
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from rl_core.generation.kv_cache import KVCache
-from rl_core.generation.sampling import new_generator
+from rl_core.generation.native.kv_cache import KVCache
+from rl_core.generation.native.sampling import new_generator
 from rl_core.types import GenerationRequest
 
 

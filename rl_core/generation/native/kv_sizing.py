@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rl_core.generation.model import ModelSpec
+from rl_core.generation.native.model import ModelSpec
 
 GIB = 1024 ** 3
 _ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -9,8 +9,8 @@ server (a published version directory, or the trainer's broadcast group), aborts
 `/rl/abort`, and the weight versions of every token. Control routes carry the control
 secret of managed servers.
 
-Does not own: the servers' engines (rl_core.serve), routing and health (http_fleet.py),
-process handling of local servers (http_servers.py), or when to refit (the controller).
+Does not own: the servers' engines (rl_core.serve), routing and health (fleet.py),
+process handling of local servers (servers.py), or when to refit (the controller).
 
 See docs/generation.md, "The HTTP backend": routing, health, retries, weight updates,
 abort and versions.
@@ -29,10 +29,10 @@ from typing import Any, Mapping, Sequence
 import httpx
 import torch
 
-from rl_core.generation.backend import GenerationError
-from rl_core.generation.http_fleet import (Endpoint, FleetPolicy, GenerationRequestError, ServerFleet, error_message,
+from rl_core.generation.base import GenerationError
+from rl_core.generation.http.fleet import (Endpoint, FleetPolicy, GenerationRequestError, ServerFleet, error_message,
                                            is_infra_status)
-from rl_core.generation.http_servers import EngineArgs, LocalServer
+from rl_core.generation.http.servers import EngineArgs, LocalServer
 from rl_core.server_contract import DEFAULT_CONTROL_SECRET_ENV
 from rl_core.types import GenerationRequest, GenerationResult
 

@@ -8,7 +8,7 @@ over HTTP with one `httpx.AsyncClient`:
 - generation through vLLM's token-in/token-out endpoint `POST /inference/v1/generate`
   (`--enable-scale-out`): prompt token ids in; sampled token ids, the logprob of each and
   `weight_versions` spans out, so results carry per-token versions exactly like the
-  async-engine backend (sampling translation and logprob semantics: `vllm_backend.py`);
+  async-engine backend (sampling translation and logprob semantics: `backend.py`);
 - abort through `POST /abort_requests` (a request still being admitted is aborted again
   until it ends); cancelling `generate` closes its connection, which vLLM treats as an abort;
 - weight updates through the dev/RL endpoints (`VLLM_SERVER_DEV_MODE=1`): `/pause?mode=keep`,
@@ -17,7 +17,7 @@ over HTTP with one `httpx.AsyncClient`:
   first, which must be readable by the server), `/reset_prefix_cache?reset_running_requests=true`,
   `/update_weight_version`, `/resume`.
 
-This is a minimal client of its own: rl_core's `HttpBackend` (http_backend.py) drives
+This is a minimal client of its own: rl_core's `HttpBackend` (rl_core.generation.http.backend) drives
 `rl-core serve` servers and plain OpenAI completions, whose responses carry no vLLM
 weight-version spans and whose weight-loading endpoints differ.
 
@@ -43,9 +43,9 @@ from typing import Any, Mapping
 
 import torch
 
-from rl_core.generation.http_fleet import CLIENT_KEEPALIVE_S
-from rl_core.generation.vllm_backend import VLLMOptions
-from rl_core.generation.vllm_common import (EXTENSION_CLS, FINISH_REASONS, ChildReaper, VLLMError, backend_metrics,
+from rl_core.generation.http.fleet import CLIENT_KEEPALIVE_S
+from rl_core.generation.vllm.backend import VLLMOptions
+from rl_core.generation.vllm.common import (EXTENSION_CLS, FINISH_REASONS, ChildReaper, VLLMError, backend_metrics,
                                             safetensors_files,
                                             state_dict_bytes, token_versions_from_spans, to_vllm_sampling,
                                             vllm_engine_env)

@@ -21,9 +21,9 @@ from typing import Sequence
 
 import torch
 
-from rl_core.generation.kv_cache import KVCache
-from rl_core.generation.model import CausalLM, decode_layer
-from rl_core.generation.sampling import sample_plain
+from rl_core.generation.native.kv_cache import KVCache
+from rl_core.generation.native.model import CausalLM, decode_layer
+from rl_core.generation.native.sampling import sample_plain
 
 DEFAULT_KEY_BUCKET_MIN = 64
 

@@ -8,7 +8,7 @@ launching it with its output in a log file, waiting for its ready
 file (written by the server once it accepts connections; an early exit raises with the
 log's tail), and stopping it by PID (SIGTERM, then SIGKILL after a grace period).
 
-Does not own: talking HTTP to the servers (http_backend.py) or what a server does
+Does not own: talking HTTP to the servers (backend.py) or what a server does
 (rl_core.serve, rl_core.launch.serve).
 """
 

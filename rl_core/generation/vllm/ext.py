@@ -2,7 +2,7 @@
 
 Owns: the methods that `VLLMBackend` (and the vLLM OpenAI server path) call through
 `collective_rpc` to put new weights into a running vLLM engine. vLLM mixes this class
-into its worker (`worker_extension_cls="rl_core.generation.vllm_ext.WeightReloadExtension"`),
+into its worker (`worker_extension_cls="rl_core.generation.vllm.ext.WeightReloadExtension"`),
 so `self` is the worker and the module must be importable in the spawned EngineCore
 process (rl_core installed, or on PYTHONPATH). It imports nothing heavy at module level.
 
