@@ -220,7 +220,7 @@ def test_local_servers_weight_fan_out_restart_and_catch_up(model_dir, tmp_path):
     assert want_new != want_old
 
     async def main():
-        backend = HttpBackend(model_dir=model_dir, num_local_servers=2, engine_args=EngineArgs(max_batch_size=8,
+        backend = HttpBackend(model_dir=model_dir, num_local_servers=2, engine_args=EngineArgs(EngineOptions(max_batch_size=8),
                               torch_num_threads=1), weight_root=tmp_path / "weights", keep_weight_versions=1,
                               log_dir=tmp_path / "logs", health_check_interval_s=0.3)
         await backend.start()

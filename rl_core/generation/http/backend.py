@@ -416,13 +416,11 @@ def make_http_backend(cfg: Any, policy_dir: str | Path, *, device: str, weight_v
     import os
 
     from rl_core.config import run_dir
+    from rl_core.generation.native.options import EngineOptions
 
     gen, rd = cfg.generation, run_dir(cfg)
-    h, n, ws = gen.http, gen.native, cfg.trainer.weight_sync
-    engine = EngineArgs(device=device, dtype=cfg.model.dtype, max_batch_size=gen.max_batch_size,
-                        max_seq_len=n.max_seq_len, max_num_kv_tokens=n.max_num_kv_tokens,
-                        kv_cache_dtype=n.kv_cache_dtype, kv_scale_margin=n.kv_scale_margin, decode_path=n.decode_path,
-                        decode_compile=n.decode_compile, overlap_steps=n.overlap_steps, seed=cfg.grpo.seed,
+    h, ws = gen.http, cfg.trainer.weight_sync
+    engine = EngineArgs(EngineOptions.from_recipe(cfg, device=device),
                         torch_num_threads=h.server_torch_num_threads or cfg.runtime.torch_num_threads,
                         cuda_devices=tuple(h.local_server_cuda_devices))
     return HttpBackend(

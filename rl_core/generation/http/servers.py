@@ -25,41 +25,48 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from rl_core.errors import EngineOptionsError
+from rl_core.generation.native.options import EngineOptions
+
 TOKEN_ENV = "RL_CORE_LOCAL_SERVER_TOKEN"
 CONTROL_SECRET_ENV = "RL_CORE_LOCAL_SERVER_CONTROL_SECRET"
 
 
 @dataclass
 class EngineArgs:
-    """Options of the native engine inside a local server (`rl-core serve` flags)."""
+    """A local server: its native engine (`EngineOptions`, passed on as `rl-core serve` flags),
+    and its process (intra-op threads, extra flags, the GPU it sees).
 
-    device: str = "cpu"
-    dtype: str | None = None
-    max_batch_size: int = 256
-    max_seq_len: int | None = None
-    max_num_kv_tokens: int | None = None
-    kv_cache_dtype: str = "auto"
-    kv_scale_margin: float = 2.0
-    decode_path: str = "auto"
-    decode_compile: bool = False
-    overlap_steps: bool = False
-    seed: int = 0
+    The server takes its end ids and `decode` from its tokenizer, its weight version from
+    `LocalServer`, and its step budget from its own default: options that set those are refused."""
+
+    options: EngineOptions = field(default_factory=EngineOptions)
     torch_num_threads: int | None = None
     extra: Sequence[str] = field(default_factory=tuple)
     cuda_devices: Sequence[int] = ()  # server i sees only GPU cuda_devices[i] (CUDA_VISIBLE_DEVICES); empty: all
 
+    def __post_init__(self) -> None:
+        defaults = EngineOptions()
+        for name in ("eos_token_ids", "decode", "max_step_tokens", "weight_version"):
+            if getattr(self.options, name) != getattr(defaults, name):
+                raise EngineOptionsError(name, getattr(self.options, name),
+                                         f"its default for a local server ({getattr(defaults, name)!r}; the server "
+                                         "takes it from its tokenizer, its launch or its own default)",
+                                         f"leave {name} unset in the options of a local server.")
+
     def flags(self) -> list[str]:
-        out = ["--device", self.device, "--max-batch-size", str(self.max_batch_size),
-               "--kv-cache-dtype", self.kv_cache_dtype, "--kv-scale-margin", str(self.kv_scale_margin),
-               "--decode-path", self.decode_path, "--seed", str(self.seed)]
-        for flag, value in (("--dtype", self.dtype), ("--max-seq-len", self.max_seq_len),
-                            ("--max-num-kv-tokens", self.max_num_kv_tokens),
+        o = self.options
+        dtype = o.dtype if isinstance(o.dtype, str) else str(o.dtype).removeprefix("torch.")
+        out = ["--device", str(o.device), "--dtype", dtype, "--max-batch-size", str(o.max_batch_size),
+               "--kv-cache-dtype", o.kv_cache_dtype, "--kv-scale-margin", str(o.kv_scale_margin),
+               "--decode-path", o.decode_path, "--seed", str(o.seed)]
+        for flag, value in (("--max-seq-len", o.max_seq_len), ("--max-num-kv-tokens", o.max_num_kv_tokens),
                             ("--torch-num-threads", self.torch_num_threads)):
             if value is not None:
                 out += [flag, str(value)]
-        if self.decode_compile:
+        if o.decode_compile:
             out.append("--decode-compile")
-        if self.overlap_steps:
+        if o.overlap_steps:
             out.append("--overlap-steps")
         return out + list(self.extra)
 
