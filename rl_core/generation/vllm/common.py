@@ -77,7 +77,7 @@ def check_request(params: SamplingParams) -> None:
     if params.top_k > 0 or params.top_p < 1.0:
         raise ValueError(
             f"top_k={params.top_k}, top_p={params.top_p}: vLLM reports logprobs of the top-k/top-p *filtered* "
-            "distribution, rl_core's definition is before filtering (generation/sampling.py). Use top_k=0 and "
+            "distribution, rl_core's definition is before filtering (generation/native/sampling.py). Use top_k=0 and "
             "top_p=1 with the vLLM backends, or the native backend.")
     if params.temperature < MIN_TEMPERATURE:
         raise ValueError(f"temperature={params.temperature}: vLLM raises temperatures below {MIN_TEMPERATURE} to "
