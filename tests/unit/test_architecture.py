@@ -9,7 +9,8 @@
   `self`/`cls`), except the third-party ones listed in `THIRD_PARTY_PRIVATE` (torch and os
   offer no public spelling for them);
 - no import cycle among rl_core modules at module level (imports inside functions and under
-  `if TYPE_CHECKING:` are lazy and do not count).
+  `if TYPE_CHECKING:` are lazy and do not count);
+- vLLM (an optional install) is imported only inside functions of rl_core.generation.vllm.
 """
 
 from __future__ import annotations
@@ -219,3 +220,18 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_no_import_cycles_at_module_level():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle among rl_core modules (module-level imports): " + " -> ".join(cycle)
+
+
+def test_vllm_is_imported_only_lazily_and_only_by_generation_vllm():
+    """vLLM is an optional install: only `rl_core.generation.vllm` imports it, inside functions
+    (the registry's `vllm` builder is the one way in)."""
+    bad = []
+    for mod, path in modules().items():
+        lazy = {line for line, imported, _ in imports(path, mod, top_level_only=False)
+                if imported == "vllm" or imported.startswith("vllm.")}
+        eager = {line for line, imported, _ in imports(path, mod, top_level_only=True)
+                 if imported == "vllm" or imported.startswith("vllm.")}
+        inside = mod.startswith("rl_core.generation.vllm.")
+        bad += [f"{path.relative_to(ROOT)}:{line} imports vllm" + (" at module level" if inside else "")
+                for line in sorted(eager if inside else lazy)]
+    assert not bad, "vLLM may be imported only inside functions of rl_core.generation.vllm:\n" + "\n".join(bad)
