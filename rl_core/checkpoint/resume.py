@@ -10,7 +10,8 @@ Owns:
   `validate_resume_from` validates one picked with `rl-core train --resume-from PATH`, and
   `set_aside_newer` moves the run's newer step checkpoints into
   `<parent>/set_aside_checkpoints/`, so a later plain rerun continues the chosen line and
-  not the abandoned one.
+  not the abandoned one; `peek_resume` names the checkpoint a plain rerun will continue
+  from without moving or hashing anything (for checks made before the run writes).
 - `check_model_matches`: an initial policy or checkpoint reused from disk has the model
   shape the resolved recipe asks for (hidden size, layers, heads, vocabulary, ...); a
   difference is a `CheckpointError` naming both values and the fix, raised before the
@@ -131,6 +132,20 @@ def choose_resume(steps_dir: str | os.PathLike, *, log: Callable[[str], None] = 
     if damaged:
         log(f"[resume] falling back to the newest intact checkpoint: {chosen if chosen else '(none; earlier state)'}")
     return chosen
+
+
+def peek_resume(steps_dir: str | os.PathLike) -> Path | None:
+    """The step checkpoint `choose_resume` will most likely pick, found without moving or hashing
+    anything: the newest one whose manifest and controller state are structurally sound (None
+    when there is none). For checks that must happen before the run writes anything (its model
+    shape); `choose_resume` stays the authority (it also verifies sizes and hashes)."""
+    for cand in reversed(_step_dirs(Path(steps_dir))):
+        try:
+            check_run_checkpoint(cand, hashes=False)
+        except CheckpointError:
+            continue
+        return cand
+    return None
 
 
 def validate_resume_from(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:

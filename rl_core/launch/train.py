@@ -187,8 +187,8 @@ def train_from_recipe(cfg: RecipeConfig, resume_from: str | Path | None = None, 
     from instead (`--resume-from`), validated before anything is written; the run's newer
     step checkpoints are moved to <run dir>/set_aside_checkpoints/. Either way the chosen
     checkpoint's model shape must be the recipe's (`CheckpointError` otherwise)."""
-    from rl_core.checkpoint import (check_checkpoint_matches, choose_resume, load_run_checkpoint, set_aside_newer,
-                                    validate_resume_from)
+    from rl_core.checkpoint import (check_checkpoint_matches, choose_resume, load_run_checkpoint, peek_resume,
+                                    set_aside_newer, validate_resume_from)
 
     from rl_core.train import start_trainer_group
 
@@ -198,6 +198,10 @@ def train_from_recipe(cfg: RecipeConfig, resume_from: str | Path | None = None, 
     if resume_from is not None:  # validated up front: before the resolved config is written or anything built
         picked = validate_resume_from(resume_from)
         check_checkpoint_matches(cfg, picked[0], rd)
+    else:  # a plain rerun: the checkpoint it will continue from must fit the recipe, said before anything is written
+        ahead = peek_resume(rd / "steps")
+        if ahead is not None:
+            check_checkpoint_matches(cfg, ahead, rd)
     from rl_core.fsutil import check_replaceable
 
     check_replaceable(rd / "final_policy", "final policy directory")  # replaced at the end: say so now, not then

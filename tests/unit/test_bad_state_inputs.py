@@ -197,6 +197,18 @@ def run_stale_init_policy(tmp):
     return _train(tmp), ["model.tiny.num_hidden_layers is 2 in the recipe but 4", "init_policy"]
 
 
+def run_checkpoint_other_shape(tmp):
+    """A plain rerun (no --resume-from) whose newest step checkpoint has another model shape than
+    the recipe (the initial policy was rebuilt for the new shape): refused before the run's
+    resolved_config.json is rewritten or anything is built."""
+    pol = _model_dir(tmp / "results" / "r" / "init_policy", hidden_size=64)
+    write_marker(pol, "policy")
+    _checkpoint(tmp / "results" / "r" / "steps" / "step_000004")
+    (tmp / "results" / "r" / "resolved_config.json").write_text('{"model": "as the first run resolved it"}')
+    return (_train(tmp, "model.tiny.hidden_size=64"),
+            ["model.tiny.hidden_size is 64 in the recipe but 128", "step_000004", "--resume-from"])
+
+
 def run_foreign_final_policy(tmp):
     d = tmp / "results" / "r" / "final_policy"
     d.mkdir(parents=True)
@@ -306,7 +318,7 @@ def md_out_other_data(tmp):
 CASES = [ck_manifest_missing, ck_manifest_list, ck_manifest_no_files, ck_manifest_not_json, ck_manifest_bad_entry,
          ck_manifest_wrong_format, ck_manifest_escapes, ck_hash_mismatch, ck_truncated, ck_file_missing,
          ck_state_without_trainer, ck_state_is_list, ck_missing_path, ck_steps_dir_given, ck_other_model_shape,
-         ck_other_vocab, run_stale_init_policy, run_foreign_final_policy, ip_out_is_file, ip_out_user_dir, ip_out_user_dir_force,
+         ck_other_vocab, run_stale_init_policy, run_checkpoint_other_shape, run_foreign_final_policy, ip_out_is_file, ip_out_user_dir, ip_out_user_dir_force,
          ip_out_marked_other_shape, insp_garbage, insp_missing_datasets, insp_missing_file, insp_tokenizer_missing,
          insp_tokenizer_broken, insp_step_absent, insp_negative_samples, md_num_val_negative, md_num_val_too_big,
          md_num_val_all, md_out_is_file, md_out_other_data]
