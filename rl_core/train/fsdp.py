@@ -6,7 +6,8 @@ Owns: building a transformers causal LM sharded with FSDP2 (DTensor parameters, 
 compute, fp32 gradient reduction, fp32 master weights and AdamW state), gradient scaling
 and clipping over the sharded gradients, full-weight export under HF names, the
 optimizer's full state dict for checkpoints, and sharded checkpoints with
-`torch.distributed.checkpoint` (DCP) beside an HF safetensors export.
+`torch.distributed.checkpoint` (DCP) beside an HF safetensors export (read back without
+pickle: JSON metadata and weights-only entries, `rl_core.train.dcp_io`).
 
 Process layout (see `spmd.py` and `data_parallel.py`): one process per device, launched
 as Slurm tasks (srun/submitit) or by torchrun, the default process group initialised by
@@ -260,7 +261,9 @@ class FSDPTrainer(DataParallelTrainer):
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         dist.barrier()
-        dcp.save(self._dcp_state(), checkpoint_id=str(tmp / "dcp"))
+        from rl_core.train.dcp_io import JsonMetadataWriter
+
+        dcp.save(self._dcp_state(), storage_writer=JsonMetadataWriter(str(tmp / "dcp")))  # + pickle-free metadata
         self._spmd_save_pretrained(str(tmp / "hf"))
         if dist.get_rank() == 0:
             atomic_write_json(tmp / "trainer_state.json", {"version": self.version,
@@ -280,7 +283,10 @@ class FSDPTrainer(DataParallelTrainer):
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
         state = self._dcp_state()
-        dcp.load(state, checkpoint_id=str(Path(ckpt_dir) / "dcp"))
+        from rl_core.train.dcp_io import load_sharded
+
+        # never DCP's pickled .metadata, nor an unrestricted torch load of its non-tensor entries
+        load_sharded(state, Path(ckpt_dir) / "dcp")
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
         meta = json.loads((Path(ckpt_dir) / "trainer_state.json").read_text())

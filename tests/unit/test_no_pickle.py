@@ -232,3 +232,117 @@ def _receive_from(sender, port: int) -> str:
     for t in threads:
         t.join(120)
     return out.get("error", "")
+
+
+# ---------------------------------------------------------------------- sharded (DCP) checkpoints
+
+
+def _dcp_checkpoint(d: Path):
+    """A real DCP checkpoint of a small model + AdamW state, written as FSDPTrainer writes it
+    (single process); returns the state dict it holds."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from rl_core.train.dcp_io import JsonMetadataWriter
+
+    torch.manual_seed(0)
+    m = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    m(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    msd, osd = get_state_dict(m, opt)
+    dcp.save({"model": msd, "optimizer": osd}, storage_writer=JsonMetadataWriter(str(d)))
+    return msd
+
+
+def _dcp_load(d: Path):
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from rl_core.train.dcp_io import load_sharded
+
+    m = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(m.parameters(), lr=5.0)
+    m(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    msd, osd = get_state_dict(m, opt)
+    state = {"model": msd, "optimizer": osd}
+    load_sharded(state, d)  # what FSDPTrainer.load_checkpoint runs on every rank
+    return state
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_a_sharded_checkpoint_loads_without_opening_its_pickled_metadata(tmp_path):
+    """DCP's own `.metadata` is a pickle: replaced by a payload, the load still restores the state
+    from rl_core's JSON metadata, and the payload never ran."""
+    ck, marker = tmp_path / "dcp", tmp_path / "ran"
+    saved = _dcp_checkpoint(ck)
+    assert (ck / "metadata.json").is_file()
+    (ck / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+    state = _dcp_load(ck)
+    assert torch.equal(state["model"]["weight"], saved["weight"]) and torch.equal(state["model"]["bias"], saved["bias"])
+    assert state["optimizer"]["param_groups"][0]["lr"] == 1e-3  # a non-tensor entry, read weights-only
+    assert not marker.exists()
+
+
+def _edit_dcp_json(ck: Path, fn) -> None:
+    p = ck / "metadata.json"
+    p.write_text(json.dumps(fn(json.loads(p.read_text()))))
+
+
+def _first_bytes_entry(data: dict) -> dict:
+    name = next(k for k, v in data["state_dict_metadata"].items() if v["kind"] == "bytes")
+    return next(s for s in data["storage_data"] if s["fqn"] == name)
+
+
+def _evil_bytes_entry(ck: Path, marker: Path) -> None:
+    import io
+
+    buf = io.BytesIO()
+    torch.save(_Payload(marker), buf)  # what a crafted checkpoint would store for a non-tensor entry
+    (ck / "evil.distcp").write_bytes(buf.getvalue())
+
+    def point(data):
+        entry = _first_bytes_entry(data)
+        entry.update(relative_path="evil.distcp", file_offset=0, length=len(buf.getvalue()))
+        return data
+
+    _edit_dcp_json(ck, point)
+
+
+DCP_CRAFTED = {
+    "metadata-missing": (lambda ck, m: (ck / "metadata.json").unlink(), "cannot be read"),
+    "metadata-not-json": (lambda ck, m: (ck / "metadata.json").write_bytes(b"\x80\x04K\x01."), "malformed"),
+    "wrong-format": (lambda ck, m: _edit_dcp_json(ck, lambda d: {**d, "format": "pickle"}), "malformed"),
+    "dtype-not-torch": (lambda ck, m: _edit_dcp_json(ck, lambda d: {**d, "state_dict_metadata": {
+        k: ({**v, "dtype": "system"} if v["kind"] == "tensor" else v) for k, v in d["state_dict_metadata"].items()}}),
+        "not a torch dtype"),
+    "file-outside": (lambda ck, m: _edit_dcp_json(ck, lambda d: (_first_bytes_entry(d).update(
+        relative_path="../x.distcp"), d)[1]), "outside the checkpoint"),
+    "negative-length": (lambda ck, m: _edit_dcp_json(ck, lambda d: (_first_bytes_entry(d).update(length=-1), d)[1]),
+                        "file_offset / length"),
+    "pickle-payload-entry": (_evil_bytes_entry, "was refused"),
+}
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("case", list(DCP_CRAFTED))
+def test_a_crafted_sharded_checkpoint_is_refused_without_running_code(case, tmp_path):
+    from rl_core.errors import CheckpointError
+
+    ck, marker = tmp_path / "dcp", tmp_path / "ran"
+    _dcp_checkpoint(ck)
+    damage, words = DCP_CRAFTED[case]
+    damage(ck, marker)
+    with pytest.raises(CheckpointError) as info:  # not DCP's wrapped CheckpointException
+        _dcp_load(ck)
+    msg = str(info.value)
+    assert words in msg and "FSDPTrainer.save_checkpoint" in msg and "\n" not in msg, msg
+    assert not marker.exists()
+
+
+def test_rl_core_loads_sharded_checkpoints_only_through_the_json_reader():
+    calls = []
+    for path in sorted((ROOT / "rl_core").rglob("*.py")):
+        calls += [(path.name, line.strip()) for line in path.read_text().splitlines() if "dcp.load(" in line]
+    assert calls == [("dcp_io.py", 'dcp.load(state, storage_reader=JsonMetadataReader(str(path)), '
+                                   'planner=SafeLoadPlanner())')], calls
