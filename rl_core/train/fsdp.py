@@ -253,7 +253,7 @@ class FSDPTrainer(DataParallelTrainer):
     def _spmd_save_checkpoint(self, out_dir: str) -> None:
         import torch.distributed.checkpoint as dcp
 
-        from rl_core.fsutil import atomic_write_json, fsync_dir
+        from rl_core.fsutil import atomic_write_json, fsync_dir, normalize_file_modes
 
         final = Path(out_dir)
         tmp = final.with_name(f".{final.name}.tmp-dcp")
@@ -269,6 +269,7 @@ class FSDPTrainer(DataParallelTrainer):
             atomic_write_json(tmp / "trainer_state.json", {"version": self.version,
                                                            "optimizer_steps": self.optimizer_steps,
                                                            "world_size": dist.get_world_size()})
+            normalize_file_modes(tmp)  # save_pretrained writes its safetensors 0600: as readable as the rest
             fsync_dir(tmp)
             if final.exists():
                 shutil.rmtree(final)

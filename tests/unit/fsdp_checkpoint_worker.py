@@ -77,6 +77,8 @@ def main() -> None:
         result["resume_dcp"] = step(t3)
         result["resume_dcp_weight_diff"] = diff(t3.export_weights(), w_ref)
         result["dcp_files"] = sorted(p.name for p in (work / "ckpt" / "dcp").iterdir())
+        result["ckpt_modes"] = {p.relative_to(work / "ckpt").as_posix(): p.stat().st_mode & 0o777
+                                for p in (work / "ckpt").rglob("*") if p.is_file()}
     close_trainer(last)
     out.write_text(json.dumps(result, indent=1))
 

@@ -46,6 +46,9 @@ def test_fsdp2_checkpoints_round_trip(tmp_path):
     assert ".metadata" in r["dcp_files"] and len([f for f in r["dcp_files"] if f.endswith(".distcp")]) == 2
     assert (tmp_path / "ckpt" / "hf" / "config.json").is_file()
     assert not list(tmp_path.glob(".ckpt.tmp*"))  # the temporary directory was renamed into place
+    assert "metadata.json" in r["dcp_files"]  # the pickle-free metadata load_checkpoint reads
+    modes = r["ckpt_modes"]  # readable by others like every other rl_core output (save_pretrained writes 0600)
+    assert modes["hf/model.safetensors"] == modes["trainer_state.json"] and len(set(modes.values())) == 1, modes
 
 
 def test_megatron_tensor_parallel_state_round_trip(tmp_path):
