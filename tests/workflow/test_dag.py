@@ -3,6 +3,8 @@ terminal as one paragraph (the unit tier checks every workflow-config error of `
 
 from __future__ import annotations
 
+import re
+
 from tests.helpers.workflow import ROOT, RUN, job_stats, make_workdir, short_config, snakemake
 
 DEFAULT_JOBS = {"validate_recipe": 1, "init_policy": 1, "train_epoch": 2, "archive_rollouts": 2, "validate_init": 1,
@@ -62,3 +64,32 @@ def test_unknown_recipe_fails_clearly(tmp_path):
 def test_missing_data_file_fails_clearly(tmp_path):
     text = _fails_at_parse_time(tmp_path, *short_config(RUN, ["data.train_file=data/nope.jsonl"]))
     assert "field `data.train_file` got 'data/nope.jsonl'" in text and "an existing JSON-lines file" in text
+
+
+SUBMITTING_RULES = ("train_epoch", "evaluate")
+
+
+def test_computing_rules_declare_benchmarks_and_resources(tmp_path):
+    """Every rule that computes has a `benchmark:` file and declares `mem_mb` and `runtime` where
+    Snakemake (and the Slurm executor) can see them: the dry run's job blocks show both.
+    `train_epoch` and `evaluate` only submit and wait (README, Workflow): their resource is the
+    launcher; the controller job's and the evaluation array's come from the recipe's `cluster:`."""
+    out = snakemake(make_workdir(tmp_path), "-n", "--cores", "2", *short_config())
+    assert out.returncode == 0, out.stderr
+    blocks = re.split(r"^(?:local)?rule ", out.stdout, flags=re.M)[1:]
+    seen = set()
+    for block in blocks:
+        rule = block.split(":", 1)[0]
+        if rule in ("validate_recipe", "all"):  # writes resolved_config.json / prints the summary
+            continue
+        seen.add(rule)
+        wildcards = re.search(r"^\s+wildcards: epoch=(\d+)$", block, flags=re.M)
+        name = f"{rule}_{wildcards.group(1)}" if wildcards else rule
+        assert f"benchmark: results/{RUN}/benchmarks/{name}.tsv" in block, block
+        resources = re.search(r"^\s+resources: (.*)$", block, flags=re.M)
+        assert resources, block
+        if rule in SUBMITTING_RULES:  # local rules that wait for a submitit job (its resources: `cluster:`)
+            assert "launcher=local" in resources.group(1), block
+        else:
+            assert "mem_mb=" in resources.group(1) and "runtime=" in resources.group(1), block
+    assert seen == set(DEFAULT_JOBS) - {"validate_recipe", "all"}
