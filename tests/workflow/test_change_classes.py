@@ -177,3 +177,20 @@ def test_a_data_file_edited_in_place_reruns_the_stages_that_read_it(reference_ru
     assert job_stats(text) == {"init_policy": 1, "train_epoch": EPOCHS, "archive_rollouts": EPOCHS,
                                "validate_init": 1, "validate_epoch": EPOCHS, "evaluate": 1, "report": 1, "all": 1}
     assert "Updated input files: data/addition/val.jsonl" in text, text[-3000:]
+
+
+def test_revalidate_command_of_the_readme_redraws_the_report(reference_run, tmp_path):
+    """README, rerun (b): forcing one checkpoint's validation re-validates it, re-evaluates (the
+    best checkpoint is picked by validation accuracy) and redraws the report, in one invocation;
+    then nothing is left to do (a plain `--force` of the file would leave the evaluation and the
+    report for a second invocation)."""
+    wd = copy_run(reference_run, tmp_path / "wd")
+    before = _mtimes(wd)
+    args = ["--cores", "2", *short_config(), "--forcerun", f"results/{RUN}/epoch_1/validation.json"]
+    out = snakemake(wd, *args, check=True)
+    text = out.stdout + out.stderr
+    assert job_stats(text) == {"validate_epoch": 1, "evaluate": 1, "report": 1, "all": 1}, text[-3000:]
+    assert _changed(before, wd) == {"validation_1", "evaluation", "report"}
+    _final_line_is_current(wd, text)
+    again = snakemake(wd, "-n", "--cores", "2", *short_config(), check=True)
+    assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-3000:]

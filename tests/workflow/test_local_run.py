@@ -102,3 +102,16 @@ def test_documented_rerun_commands_plan_the_right_jobs(reference_run, tmp_path):
     assert out.returncode == 0, out.stderr
     assert job_stats(out.stdout) == {"train_epoch": 1, "archive_rollouts": 1, "validate_epoch": 1, "evaluate": 1,
                                      "report": 1, "all": 1}, out.stdout
+
+
+def test_every_computing_rule_wrote_its_benchmark(reference_run):
+    """Snakemake's `benchmark:` of each computing rule: wall time and memory of the finished job."""
+    bench = reference_run / "results" / RUN / "benchmarks"
+    names = ["init_policy", "validate_init", "evaluate", "report"]
+    names += [f"{rule}_{k}" for k in range(1, EPOCHS + 1) for rule in ("train_epoch", "archive_rollouts",
+                                                                        "validate_epoch")]
+    assert sorted(p.stem for p in bench.glob("*.tsv")) == sorted(names)
+    for name in names:
+        header, row = (bench / f"{name}.tsv").read_text().splitlines()[:2]
+        cols = dict(zip(header.split("\t"), row.split("\t")))
+        assert float(cols["s"]) > 0 and "max_rss" in cols, (name, cols)
