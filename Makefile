@@ -46,8 +46,10 @@ run: setup
 	$(VENV)/bin/snakemake --cores 2
 
 # The vLLM tier's venv (downloads, ~3 minutes the first time) is prepared in the background
-# while the main tiers run; its log: .vllm-setup.log.
+# while the main tiers run; its log: .vllm-setup.log. `pip check` runs first: the project's
+# environment must be consistent (CI runs this target).
 test: setup
+	$(PY) -m pip check
 	@bash ci/vllm_tier.sh --setup > .vllm-setup.log 2>&1 & setup_pid=$$!; \
 	  $(PY) -m pytest --durations=30 tests && rc=0 || rc=$$?; \
 	  wait $$setup_pid || { echo "[vllm tier] setup failed:"; tail -40 .vllm-setup.log; exit 1; }; \
