@@ -2,7 +2,7 @@
 
 Retraining epoch 2 (`--forcerun results/short/epoch_2/checkpoint`, README "Rerun from a
 checkpoint" (c)) is started; once its controller job holds the epoch's lock, the snakemake
-process alone gets SIGKILL (a closed terminal), not its process group. Then, in the README's
+process alone gets SIGKILL (`kill -9 <pid>`), not its process group. Then, in the README's
 order:
 - the controller job keeps running (the pid named by `epoch_2/.controller.lock` is alive);
 - step 1: the same command again refuses with snakemake's lock error; `--unlock` (same
@@ -36,14 +36,14 @@ from tests.helpers.workflow import RUN, copy_run, manifest, short_config, snakem
 SAME_BITS = ("model/model.safetensors", "optimizer.pt")
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, session id) of a process, None if it is gone."""
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, process group, session id) of a process, None if it is gone."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = text.rsplit(")", 1)[1].split()  # state ppid pgrp session ...
-    return fields[0], int(fields[3])
+    return fields[0], int(fields[2]), int(fields[3])
 
 
 def _alive(pid: int) -> bool:
@@ -55,7 +55,7 @@ def _session(sid: int) -> set[int]:
     """Live processes of session `sid` (snakemake runs in its own: every job it started is in it)."""
     out = set()
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and (st := _stat(int(entry))) is not None and st[1] == sid and st[0] not in ("Z", "X"):
+        if entry.isdigit() and (st := _stat(int(entry))) is not None and st[2] == sid and st[0] not in ("Z", "X"):
             out.add(int(entry))
     return out
 
@@ -101,7 +101,8 @@ def test_killed_snakemake_recovers_as_the_readme_says(reference_run, tmp_path):
         os.kill(controller, signal.SIGSTOP)  # held: see the module docstring
         assert not (e2 / "checkpoint").exists() and not (e2 / "summary.json").exists(), "epoch 2 ended already"
 
-        # a closed terminal: SIGKILL to the snakemake process alone
+        # `kill -9` of the snakemake process alone, not its process group (the controller is in it)
+        assert _stat(controller)[1] == proc.pid
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         assert _alive(controller), "the controller job died with snakemake"
@@ -154,5 +155,5 @@ def test_killed_snakemake_recovers_as_the_readme_says(reference_run, tmp_path):
         # the orphans: every process still in snakemake's session (the session id survives
         # re-parenting, and a reused pid would not carry it), the held controller included
         for pid in sorted(_session(sid) | ({controller} if controller else set())):
-            if (st := _stat(pid)) is not None and st[1] == sid:
+            if (st := _stat(pid)) is not None and st[2] == sid:
                 os.kill(pid, signal.SIGKILL)
