@@ -99,11 +99,31 @@ def use_allocated_cpus() -> None:
             os.environ[var] = cpus
 
 
+def stop_on_sigterm_locally() -> bool:
+    """In a local submitit job, make SIGTERM (a plain `kill <pid>`) stop the process at once, as
+    SIGKILL would (step checkpoints are atomic; the epoch lock is released by the kernel).
+    submitit's own handler only logs "Bypassing signal SIGTERM", which is right on Slurm (there
+    SIGTERM follows the requeue that SIGUSR2 started) and left a local controller running.
+    True when installed (not under Slurm)."""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "local":
+        return False
+
+    def stop(signum, _frame):
+        sys.stdout.write(f"[job] {signal.Signals(signum).name}: stopping now; rerun the same command to resume "
+                         "from the newest complete step checkpoint\n")
+        sys.stdout.flush()
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    return True
+
+
 class TrainEpochJob(submitit.helpers.Checkpointable):
     """`TrainEpochJob()(resolved_config_path, epoch, prev_checkpoint, epoch_dir)` trains one epoch."""
 
     def __call__(self, resolved_config_path: str, epoch: int, prev_checkpoint: str, epoch_dir: str) -> dict:
         use_allocated_cpus()
+        stop_on_sigterm_locally()
         from rl_core.launch import stages
 
         print(f"[job] {socket.gethostname()} pid {os.getpid()}: epoch {epoch} of {resolved_config_path} "

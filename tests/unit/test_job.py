@@ -15,8 +15,9 @@ from submitit.slurm.slurm import _make_sbatch_string
 
 from rl_core.config import load_recipe
 from rl_core.launch.job import (JobError, TrainEpochJob, controller_lock, make_executor, read_lock,
-                                slurm_parameters, wait_for_jobs)
+                                slurm_parameters, stop_on_sigterm_locally, wait_for_jobs)
 from rl_core.launch.workflow import branch_epoch
+from tests.helpers.jobs import sigterm_self_after_install
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +82,17 @@ def test_a_killed_job_says_how_to_resume(tmp_path, cluster):
     job = ex.submit(signal.raise_signal, signal.SIGKILL)
     with pytest.raises(JobError, match="ended without a result.*rerun the same command"):
         wait_for_jobs([job], "Training epoch 1", poll_interval_s=0.2)
+
+
+def test_a_local_controller_job_stops_on_a_plain_kill(tmp_path, cluster):
+    """submitit only logs "Bypassing signal SIGTERM"; the controller job's own handler stops it
+    (README Recovery: `kill <pid>` of a local controller job). Not under Slurm."""
+    ex = make_executor("local", tmp_path, cluster.evaluation, cluster, "t")
+    job = ex.submit(sigterm_self_after_install)
+    with pytest.raises(JobError, match="ended without a result"):
+        wait_for_jobs([job], "Training epoch 1", poll_interval_s=0.2)
+    assert "SIGTERM: stopping now" in job.stdout()
+    assert not stop_on_sigterm_locally()  # this test process is no submitit job
 
 
 def test_one_controller_per_epoch_dir(tmp_path):
