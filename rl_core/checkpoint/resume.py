@@ -232,13 +232,18 @@ def model_differences(cfg: Any, model_dir: str | os.PathLike,
         elif isinstance(have.get("vocab_size"), int) and have["vocab_size"] > tiny.tokenizer_vocab_size:
             diffs.append(("model.tiny.tokenizer_vocab_size", tiny.tokenizer_vocab_size,
                           f"{have['vocab_size']} (config.json vocab_size)"))
-    elif cfg.model.source == "hf" and cfg.model.path:
-        src = Path(cfg.model.path) / "config.json"
+    elif cfg.model.source in ("hf", "smollm2") and (cfg.model.path or cfg.model.source == "smollm2"):
+        if cfg.model.source == "smollm2":  # the packaged model, converted once and cached
+            from rl_core.model.gguf import smollm2_hf_dir
+
+            src, what = smollm2_hf_dir() / "config.json", "model.source smollm2"
+        else:
+            src, what = Path(cfg.model.path) / "config.json", "model.path"
         if src.is_file():
-            want_cfg = _read_json(src, "model.path")
+            want_cfg = _read_json(src, what)
             for key in _HF_KEYS:
                 if key in want_cfg and key in have and want_cfg[key] != have[key]:
-                    diffs.append((f"{key} of model.path ({src})", want_cfg[key], have[key]))
+                    diffs.append((f"{key} of {what} ({src})", want_cfg[key], have[key]))
     return diffs
 
 

@@ -102,3 +102,18 @@ def test_smollm2_native_engine_matches_transformers():
         ref_lp = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(ref.scores, ref_ids)]
         assert max(abs(a - b) for a, b in zip(r.logprobs[:n], ref_lp[:n])) < 1e-3
     assert "Paris" in tok.decode(done["q0"].token_ids)
+
+
+def test_a_checkpoint_of_another_shape_than_smollm2_is_named(tmp_path):
+    """Resume/init-policy shape check for `model.source: smollm2`: the saved model's config.json
+    against the packaged model's (converted once, cached)."""
+    from rl_core.checkpoint.resume import model_differences
+    from tests.helpers.recipes import recipe
+
+    cfg = recipe(model={"source": "smollm2"})
+    have = json.loads((gguf.smollm2_hf_dir() / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(have))
+    assert model_differences(cfg, tmp_path) == []
+    (tmp_path / "config.json").write_text(json.dumps({**have, "hidden_size": 128}))
+    [(field, want, got)] = model_differences(cfg, tmp_path)
+    assert field.startswith("hidden_size of model.source smollm2") and (want, got) == (576, 128)
