@@ -126,3 +126,13 @@ def test_importing_generation_imports_neither_vllm_nor_torch():
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_spawned_vllm_server_gets_the_directory_holding_rl_core_on_its_path():
+    """The vLLM server process imports rl_core's worker extension through PYTHONPATH=ROOT: ROOT
+    must hold rl_core/ (after the move into generation/vllm/ it pointed at rl_core/ itself, and
+    rl_core/types.py then shadowed the standard library's `types`: the server died at start)."""
+    from rl_core.generation.vllm import server
+
+    assert (server.ROOT / "rl_core" / "__init__.py").is_file()
+    assert not (server.ROOT / "types.py").exists()

@@ -51,7 +51,7 @@ from rl_core.generation.vllm.common import (EXTENSION_CLS, FINISH_REASONS, Child
                                             vllm_engine_env)
 from rl_core.types import GenerationRequest, GenerationResult
 
-ROOT = Path(__file__).resolve().parents[2]  # so the spawned server imports this rl_core (worker extension)
+ROOT = Path(__file__).resolve().parents[3]  # the directory holding rl_core/: so the spawned server imports this rl_core (worker extension)
 ENGINE_ID_PREFIX = "generate-tokens-"  # the engine-side id of a /inference/v1/generate request (vLLM 0.32)
 
 
