@@ -112,7 +112,8 @@ def stop_on_sigterm_locally() -> bool:
         sys.stdout.write(f"[job] {signal.Signals(signum).name}: stopping now; rerun the same command to resume "
                          "from the newest complete step checkpoint\n")
         sys.stdout.flush()
-        os._exit(128 + signum)
+        signal.signal(signum, signal.SIG_DFL)  # the default action (terminate), delivered again
+        os.kill(os.getpid(), signum)
 
     signal.signal(signal.SIGTERM, stop)
     return True
