@@ -139,9 +139,10 @@ def generate_recipe_data(cfg: Any, log: Any = print) -> bool:
         except (OSError, UnicodeDecodeError):
             return False
 
-    if all(holds(p, t) for p, t in texts.items()):
+    differ = [p for p, t in texts.items() if not holds(p, t)]  # each file read once
+    if not differ:
         return False
-    foreign = [p for p in texts if Path(p).exists() and not holds(p, texts[p])]
+    foreign = [p for p in differ if Path(p).exists()]
     if foreign and not marker.is_file():
         raise DataError(f"`data.generate`: {foreign[0]} exists with other content and without rl_core's marker "
                         f"{marker}, so rl_core did not write it and will not overwrite it. Expected: a run "

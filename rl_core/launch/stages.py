@@ -36,8 +36,7 @@ from rl_core.errors import CheckpointError, RecipeError
 def load_workflow_recipe(recipe: str, run: str | None, overrides: list[str] | None = None) -> RecipeConfig:
     """The recipe as the workflow runs it: outputs under results/<run>; `run` None = the recipe's
     own `run_name` (after the overrides)."""
-    cfg = load_recipe(recipe, [*(overrides or []), *([f"run_name={run}"] if run else []), "output_dir=results"])
-    return cfg
+    return load_recipe(recipe, [*(overrides or []), *([f"run_name={run}"] if run else []), "output_dir=results"])
 
 
 def _count_examples(path: str) -> int:
