@@ -23,12 +23,17 @@ Variants, each in its own process (fresh memory and global state), measured side
 - torch: `TorchTrainer`, bf16 parameters, fused AdamW, the full-logits logprob path
   (`trainer.logprob_chunk_tokens=0`): the baseline;
 - torch+chunked: logprobs chunked over 4,096 tokens (`trainer.logprob_chunk_tokens`), no full logits;
-- torch+compile / torch+chunked+compile: `trainer.compile` (each decoder layer compiled);
+- torch+compile / torch+chunked+compile: `trainer.compile` (each decoder layer compiled; without
+  chunking it also takes the fused logprob path: compiled log-sum-exp and gradient kernels over
+  the bf16 logits, `rl_core.train.logprobs.FusedLogprobs`);
 - ...+mb2x: the same with twice --microbatch (chunked logprobs leave the memory for it);
 - fsdp2: `FSDPTrainer` on 1 GPU, fp32 master weights, bf16 mixed precision, foreach AdamW;
 - fsdp2+fused: the same with fused AdamW (measured slower over DTensor shards: not the default);
-- fsdp2+compile: the same with `trainer.fsdp.compile` (each decoder layer compiled);
-- megatron: `MegatronTrainer`, bf16 with Megatron's optimizer (fp32 main weights), SDPA attention.
+- fsdp2+compile: the same with `trainer.fsdp.compile` (each decoder layer compiled, fused logprobs);
+- fsdp2+compile+noreshard+mb2x: and `trainer.fsdp.reshard_after_forward: false`, twice the microbatch;
+- megatron: `MegatronTrainer`, bf16 with Megatron's optimizer (fp32 main weights), SDPA attention,
+  fused logprobs (on CUDA at tensor parallel size 1); megatron+mb2x: twice the microbatch.
+`--profile` adds one profiled step per variant: device time by kernel category and the top kernels.
 A backend that cannot run (e.g. megatron-core not installed) is reported as skipped. The
 'trainer MFU' column is the trainer's own `perf/mfu` metric (over the datasheet peak, 989
 TFLOP/s on an H200, and the step's compute time), a check that the metric exists and is sane.
@@ -64,13 +69,19 @@ BACKENDS = {  # name -> recipe overrides (after --microbatch, so a variant's own
     "torch+chunked+compile": TORCH + ["trainer.logprob_chunk_tokens=4096", "trainer.compile=true"],
     "torch+chunked+mb2x": TORCH + ["trainer.logprob_chunk_tokens=4096"],  # twice --microbatch (set in run_one)
     "torch+chunked+compile+mb2x": TORCH + ["trainer.logprob_chunk_tokens=4096", "trainer.compile=true"],
+    "torch+compile+mb2x": TORCH + ["trainer.logprob_chunk_tokens=0", "trainer.compile=true"],
     "fsdp2": ["trainer.backend=fsdp2", "model.dtype=float32", "trainer.fsdp.mixed_precision=bf16"],
     # lever c measured: fsdp2 with AdamW(fused=True) (bench-only: run_one swaps foreach for the fused kernel)
     "fsdp2+fused": ["trainer.backend=fsdp2", "model.dtype=float32", "trainer.fsdp.mixed_precision=bf16"],
     "fsdp2+compile": ["trainer.backend=fsdp2", "model.dtype=float32", "trainer.fsdp.mixed_precision=bf16",
                       "trainer.fsdp.compile=true"],
+    "fsdp2+compile+noreshard+mb2x": ["trainer.backend=fsdp2", "model.dtype=float32",
+                                     "trainer.fsdp.mixed_precision=bf16", "trainer.fsdp.compile=true",
+                                     "trainer.fsdp.reshard_after_forward=false"],
     "megatron": ["trainer.backend=megatron", "model.dtype=float32", "trainer.megatron.mixed_precision=bf16",
                  "trainer.megatron.optimizer=megatron"],
+    "megatron+mb2x": ["trainer.backend=megatron", "model.dtype=float32", "trainer.megatron.mixed_precision=bf16",
+                      "trainer.megatron.optimizer=megatron"],
 }
 SMOKE_BACKENDS = {
     "torch": ["trainer.backend=torch", "trainer.logprob_chunk_tokens=0"],
@@ -136,6 +147,48 @@ def time_steps(trainer, loss, c, warmup: int, steps: int, device: str) -> tuple[
     return times, metrics
 
 
+# Kernel-name patterns of the profile's categories, first match wins (cuBLAS/CUTLASS GEMM kernel
+# names: "gemm", "nvjet", "sm90_xmma", "cutlass"; flash/memory-efficient attention: "flash", "fmha").
+KERNEL_CATEGORIES = [
+    ("matmul (GEMM)", ("gemm", "nvjet", "xmma", "cutlass", "splitk", "aten::mm", "aten::addmm", "aten::bmm")),
+    ("attention", ("flash", "fmha", "attention", "attn")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+    ("softmax / logsumexp / reductions", ("softmax", "logsumexp", "reduce", "norm_kernel")),
+    ("fused by compile (triton)", ("triton",)),
+    ("copies and casts", ("copy", "cast", "memcpy", "memset", "fill")),
+    ("element-wise (eager)", ("elementwise", "vectorized", "unrolled")),
+]
+
+
+def profile_step(trainer, loss, c, device: str, top: int = 12) -> dict:
+    """Device time of one split step by kernel category and its `top` kernels (torch.profiler; on
+    the CPU of --smoke, the self CPU time of its operators: a check of the code path only)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        trainer.begin(loss)
+        trainer.train_microbatches(c)
+        trainer.finish()
+        sync()
+    kernels: dict[str, float] = {}
+    for evt in prof.key_averages():
+        us = evt.self_device_time_total if cuda else evt.self_cpu_time_total
+        if us > 0:
+            kernels[evt.key] = kernels.get(evt.key, 0.0) + us / 1e3
+    total = sum(kernels.values()) or 1.0
+    cats: dict[str, float] = {}
+    for name, ms in kernels.items():
+        low = name.lower()
+        cat = next((c for c, keys in KERNEL_CATEGORIES if any(k in low for k in keys)), "other")
+        cats[cat] = cats.get(cat, 0.0) + ms
+    return {"device_ms": total, "categories": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
+            "top": sorted(kernels.items(), key=lambda kv: -kv[1])[:top]}
+
+
 def run_one(args) -> None:
     """Child process: time one backend, write its JSON."""
     import torch
@@ -166,6 +219,7 @@ def run_one(args) -> None:
     loss = make_loss(cfg.loss)
     try:
         times, metrics = time_steps(trainer, loss, c, args.warmup, args.steps, device)
+        prof = profile_step(trainer, loss, c, device) if args.profile else None
     finally:
         close_trainer(trainer)
     step_s = statistics.median(times)
@@ -175,7 +229,8 @@ def run_one(args) -> None:
            "trainer_mfu": metrics.get("perf/mfu"),
            "mfu": flops / step_s / 1e12 / PEAK_TFLOPS, "step_tflop": flops / 1e12, "build_s": build_s,
            "loss": metrics.get("loss"), "grad_norm": metrics.get("grad_norm"),
-           "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None}
+           "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None,
+           "profile": prof}
     Path(args.json).write_text(json.dumps(out))
 
 
@@ -188,6 +243,8 @@ def main() -> int:
     ap.add_argument("--microbatch", type=int, default=None)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile one step of each variant (device time by kernel category, top kernels)")
     ap.add_argument("--json", default=None, help="where to write all results (default $OUT/train_step_gpu.json)")
     ap.add_argument("--run", default=None, help=argparse.SUPPRESS)  # child mode
     ap.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
@@ -231,6 +288,8 @@ def main() -> int:
                    "--warmup", str(args.warmup + (1 if "compile" in name else 0)), "--steps", str(args.steps)]
             if args.smoke:
                 cmd.append("--smoke")
+            if args.profile:
+                cmd.append("--profile")
             try:
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
                                       timeout=None if args.smoke else max(20.0, left))
@@ -241,6 +300,8 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 results[name] = {"backend": name, "skipped": f"did not finish within the time budget ({left:.0f}s)"}
     _print_table(results, args)
+    if args.profile:
+        _print_profiles(results)
     summary = {"shape": SMOKE_SHAPE if args.smoke else SHAPE, "batch": args.batch, "seq": args.seq,
                "microbatch": args.microbatch, "peak_tflops": PEAK_TFLOPS, "smoke": args.smoke,
                "step_tflop": step_flops(SMOKE_SHAPE if args.smoke else SHAPE, args.batch, args.seq) / 1e12,
@@ -268,6 +329,26 @@ def _print_table(results: dict[str, dict], args) -> None:
         tm = f"{r['trainer_mfu'] * 100:.1f}%" if r.get("trainer_mfu") is not None else "-"
         print(f"{name:<28}{r['microbatch']:>4}{r['step_s']:>9.3f}{r['tflops']:>10.1f}{r['mfu'] * 100:>8.1f}%"
               f"{ratio:>10}{mem:>8}{tm:>13}  loss {r['loss']:.4f}")
+
+
+def _print_profiles(results: dict[str, dict]) -> None:
+    """Device time of one profiled step per variant, by kernel category (ms and share)."""
+    profiled = {n: r["profile"] for n, r in results.items() if r.get("profile")}
+    if not profiled:
+        return
+    cats = [c for c, _ in KERNEL_CATEGORIES] + ["other"]
+    print("\nprofile of one step: device ms by kernel category (share of the step's kernel time)")
+    print(f"{'category':<36}" + "".join(f"{n[:26]:>28}" for n in profiled))
+    for cat in cats:
+        row = [p["categories"].get(cat, 0.0) for p in profiled.values()]
+        if any(row):
+            print(f"{cat:<36}" + "".join(f"{ms:>18.1f} ({ms / p['device_ms'] * 100:4.1f}%)"
+                                         for ms, p in zip(row, profiled.values())))
+    print(f"{'total kernel time':<36}" + "".join(f"{p['device_ms']:>28.1f}" for p in profiled.values()))
+    for n, p in profiled.items():
+        print(f"\ntop kernels, {n}:")
+        for name, ms in p["top"]:
+            print(f"  {ms:9.2f} ms  {name[:110]}")
 
 
 if __name__ == "__main__":

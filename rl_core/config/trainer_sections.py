@@ -24,7 +24,7 @@ class FSDPConfig(Section):
     data_parallel_replicate_size: int = Field(1, ge=1)
     """HSDP: number of model replicas; each shards the model over world_size / this many processes (1 = plain FSDP over all processes)."""
     compile: bool = False
-    """torch.compile each decoder layer (dynamic shapes) before sharding: fuses the norm, rotary and SwiGLU element-wise work; the first steps pay the compilation."""
+    """torch.compile each decoder layer (dynamic shapes) before sharding, fusing the norm, rotary and SwiGLU element-wise work, and take the fused logprob path (as trainer.compile does for the torch backend); the first steps pay the compilation."""
 
 
 class MegatronConfig(Section):
@@ -86,7 +86,7 @@ class TrainerConfig(Section):
     logprob_chunk_tokens: int = Field(0, ge=0)
     """`backend: torch`: compute the LM head, log-softmax and the target's logprob this many tokens at a time from the last hidden state, so the [tokens, vocabulary] fp32 logits never exist whole (the backward recomputes each chunk's logits: one extra LM-head matmul); 0 = the full-logits path. Same logprobs to rounding. A memory lever: on an H200 (Qwen2.5-0.5B shape, 16 x 1024) 4096 cut peak memory 28 -> 19 GB and cost ~10% at the same microbatch (docs/performance.md). Policies with a plain linear head only (Llama, Qwen2/3, Mistral, Mixtral, Qwen MoE); fsdp2/megatron: must stay 0."""
     compile: bool = False
-    """`backend: torch`: torch.compile each decoder layer (dynamic shapes): fuses the norm, rotary and SwiGLU element-wise work (+22% step throughput on an H200, docs/performance.md); the first steps pay the compilation (tens of seconds on GPU). For fsdp2 use trainer.fsdp.compile."""
+    """`backend: torch`: torch.compile each decoder layer (dynamic shapes), fusing the norm, rotary and SwiGLU element-wise work, and (with logprob_chunk_tokens 0) take the fused logprob path: compiled log-sum-exp and gradient kernels read the bf16 logits directly, no fp32 copy of them (rl_core.train.logprobs; on an H200, 16 x 1024 tokens: 243.8 -> 364.0 TFLOP/s at microbatch 8, 409.6 at 16, docs/performance.md). The first steps pay the compilation (tens of seconds on GPU). For fsdp2 use trainer.fsdp.compile."""
     collective_timeout_s: float = Field(1800.0, gt=0)
     """fsdp2/megatron: how long a collective (or a worker rank waiting for the driver's next command) may block before the run fails."""
     fsdp: FSDPConfig = FSDPConfig()

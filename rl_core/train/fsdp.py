@@ -160,7 +160,7 @@ class FSDPTrainer(DataParallelTrainer):
         model = self.reference if reference else self.model
         if model is None:
             raise RuntimeError("reference logprobs requested but no reference model is kept (loss.kl_coef == 0)")
-        return token_logprobs(model, mb.input_ids, mb.attention_mask, self.temperature)
+        return token_logprobs(model, mb.input_ids, mb.attention_mask, self.temperature, fused=self.cfg.fsdp.compile)
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

@@ -19,6 +19,16 @@ models the chunked path supports:
   Language Models", arXiv 2411.09009); this is a plain PyTorch version of it for logprobs
   with a per-token upstream gradient.
 
+- the fused path (`fused=True`, what `trainer.compile` / `trainer.fsdp.compile` select):
+  the model's [B, T, V] logits as they are (bf16 on GPU), then `FusedLogprobs`: the forward
+  is one torch.compile'd reduction (log-sum-exp and the target's logit per token, read
+  straight from the bf16 logits), the backward one compiled element-wise kernel writing
+  d lp / d z = (onehot(y) - softmax(z)) / T in the logits' dtype. The fp32 copy of the
+  logits, log_softmax's [B, T, V] output and the scatter of the gather's gradient (three
+  fp32 [B, T, V] tensors of the reference path) never exist. Same formula as the chunked
+  path's gradient; the reference path's gradient of the logits is also cast back to their
+  dtype, so the two agree to rounding.
+
 Measured on an H200 (docs/performance.md): at the same microbatch the chunked path is ~10%
 slower (the recomputed LM-head matmul) and takes ~30% less memory, so it is a memory lever
 (longer sequences or larger microbatches per GPU), off by default.
@@ -128,10 +138,74 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
                 None if grad_b is None else grad_b.to(bias.dtype), None, None, None)
 
 
+def _lse_and_target(logits: torch.Tensor, targets: torch.Tensor, inv_t: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per token: log-sum-exp of logits / T and the target's logit / T, in fp32 (float64 for float64
+    logits; one pass over V)."""
+    z = logits.to(_acc_dtype(logits)) * inv_t
+    return torch.logsumexp(z, dim=-1), z.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def _logits_grad(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor,
+                 inv_t: float) -> torch.Tensor:
+    """d lp / d logits = (onehot(target) - softmax(logits / T)) * grad / T, in the logits' dtype."""
+    z = logits.to(_acc_dtype(logits)) * inv_t
+    vocab = torch.arange(logits.shape[-1], device=logits.device)
+    onehot = (vocab == targets.unsqueeze(-1)).to(z.dtype)
+    return ((onehot - torch.exp(z - lse.unsqueeze(-1))) * (grad * inv_t).unsqueeze(-1)).to(logits.dtype)
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def _kernel(name: str, compiled: bool):
+    """`_lse_and_target` / `_logits_grad`, torch.compile'd once per process when `compiled`."""
+    fn = {"lse": _lse_and_target, "grad": _logits_grad}[name]
+    if not compiled:
+        return fn
+    if name not in _COMPILED:
+        _COMPILED[name] = torch.compile(fn, dynamic=True)
+    return _COMPILED[name]
+
+
+class FusedLogprobs(torch.autograd.Function):
+    """lp[..., t] = log_softmax(logits[..., t, :] / T)[targets[..., t]] without an fp32 copy of the logits.
+
+    forward(logits [..., V] (any float dtype), targets [...] long, temperature, compiled) returns
+    fp32 [...] (float64 for float64 logits). Saves the logits and the per-token log-sum-exp."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, temperature: float, compiled: bool):
+        inv_t = 1.0 / float(temperature)
+        lse, target = _kernel("lse", compiled)(logits, targets, inv_t)
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.inv_t, ctx.compiled = inv_t, compiled
+        return target - lse
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        logits, targets, lse = ctx.saved_tensors
+        grad = _kernel("grad", ctx.compiled)(logits, targets, lse, grad_out.to(lse.dtype), ctx.inv_t)
+        return grad, None, None, None
+
+
+def fused_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float,
+                         compiled: bool) -> torch.Tensor:
+    """[B, T] logprob of token t given tokens < t from the [B, T, V] logits (position 0 gets 0), by
+    `FusedLogprobs` (compiled kernels when `compiled`)."""
+    # the last position predicts nothing: its target is a placeholder and its logprob dropped
+    targets = torch.cat([input_ids[:, 1:], torch.zeros_like(input_ids[:, :1])], dim=1)
+    lp = FusedLogprobs.apply(logits, targets, float(temperature), compiled)
+    return torch.cat([torch.zeros_like(lp[:, :1]), lp[:, :-1]], dim=1)
+
+
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float = 1.0, chunk_tokens: int = 0) -> torch.Tensor:
+                   temperature: float = 1.0, chunk_tokens: int = 0, fused: bool = False) -> torch.Tensor:
     """[B, T] logprob of token t given tokens < t (position 0 gets 0). `chunk_tokens` > 0 takes the
-    chunked path (the caller checked `chunked_unsupported_reason`), 0 the full-logits reference."""
+    chunked path (the caller checked `chunked_unsupported_reason`); else `fused` the compiled
+    fused path over the full logits, and neither the full-logits reference."""
+    if chunk_tokens <= 0 and fused:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        return fused_token_logprobs(logits, input_ids, temperature, compiled=logits.is_cuda)
     if chunk_tokens <= 0:
         logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
         logits = logits[:, :-1].float()

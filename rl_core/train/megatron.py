@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from rl_core.config.schema import TrainerConfig
 from rl_core.train.data_parallel import DataParallelTrainer
+from rl_core.train.logprobs import fused_token_logprobs
 from rl_core.train.megatron_convert import (GPTShape, check_tensor_parallel, hf_to_megatron, megatron_to_hf,
                                             merge_tensor_parallel, shape_from_hf, split_tensor_parallel)
 from rl_core.train.spmd import CommandChannel
@@ -255,7 +256,10 @@ class MegatronTrainer(DataParallelTrainer):
         pos = torch.arange(t, device=ids.device).unsqueeze(0).expand(b, -1)
         causal = torch.triu(torch.ones(t, t, dtype=torch.bool, device=ids.device), 1)[None, None]  # True = masked
         with cpu_workarounds(self.device):
-            logits = model(ids, pos, causal)[:, :-1].float()  # [b, t-1, vocab / tp]
+            logits = model(ids, pos, causal)  # [b, t, vocab / tp]
+        if logits.is_cuda and self.tp == 1:  # the whole vocabulary here: the fused path (rl_core.train.logprobs)
+            return fused_token_logprobs(logits, ids, self.temperature, compiled=True)
+        logits = logits[:, :-1].float()
         if self.temperature != 1.0:
             logits = logits / self.temperature
         lp = -vocab_parallel_cross_entropy(logits.contiguous(), ids[:, 1:].contiguous())

@@ -120,7 +120,8 @@ class TorchTrainer(LocalStep):
             if self._loss.needs_reference_logprobs and mb.ref_logprobs is None:
                 mb.ref_logprobs = self.logprobs(mb, reference=True)
             with self._replaying(self.replay, mb, count=True):
-                lp = token_logprobs(self.model, mb.input_ids, mb.attention_mask, self.temperature, self.chunk_tokens)
+                lp = token_logprobs(self.model, mb.input_ids, mb.attention_mask, self.temperature, self.chunk_tokens,
+                                    fused=self.cfg.compile)
             out = self._loss(lp, mb)
             out.loss_sum.backward()
             self._normalizer += out.normalizer
@@ -175,7 +176,8 @@ class TorchTrainer(LocalStep):
         for start in range(0, chunk.num_samples, mbs):
             mb = chunk.slice(start, min(start + mbs, chunk.num_samples)).to(self.device)
             with self._replaying(self.reference_replay if reference else self.replay, mb):
-                lp = token_logprobs(model, mb.input_ids, mb.attention_mask, self.temperature, self.chunk_tokens)
+                lp = token_logprobs(model, mb.input_ids, mb.attention_mask, self.temperature, self.chunk_tokens,
+                                    fused=self.cfg.compile)
             self.flops.add_forward(mb)
             pad = chunk.input_ids.shape[1] - lp.shape[1]
             out.append(torch.nn.functional.pad(lp, (0, pad)))
