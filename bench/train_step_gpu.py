@@ -82,6 +82,17 @@ BACKENDS = {  # name -> recipe overrides (after --microbatch, so a variant's own
                  "trainer.megatron.optimizer=megatron"],
     "megatron+mb2x": ["trainer.backend=megatron", "model.dtype=float32", "trainer.megatron.mixed_precision=bf16",
                       "trainer.megatron.optimizer=megatron"],
+    "megatron+compile+mb2x": ["trainer.backend=megatron", "model.dtype=float32",
+                              "trainer.megatron.mixed_precision=bf16", "trainer.megatron.optimizer=megatron",
+                              "trainer.megatron.compile=true"],
+    # the torch backend's precision (bf16 weights and AdamW state, no fp32 master copy), for a like-for-like
+    # comparison of the sharded backends' own cost on one GPU
+    "fsdp2+bf16+compile+noreshard+mb2x": ["trainer.backend=fsdp2", "model.dtype=bfloat16",
+                                          "trainer.fsdp.mixed_precision=none", "trainer.fsdp.compile=true",
+                                          "trainer.fsdp.reshard_after_forward=false"],
+    "megatron+bf16+compile+mb2x": ["trainer.backend=megatron", "model.dtype=bfloat16",
+                                   "trainer.megatron.mixed_precision=none", "trainer.megatron.optimizer=torch",
+                                   "trainer.megatron.compile=true"],
 }
 SMOKE_BACKENDS = {
     "torch": ["trainer.backend=torch", "trainer.logprob_chunk_tokens=0"],
@@ -89,6 +100,7 @@ SMOKE_BACKENDS = {
     "torch+chunked+mb2x": ["trainer.backend=torch", "trainer.logprob_chunk_tokens=40"],
     "fsdp2": ["trainer.backend=fsdp2"],
     "megatron": ["trainer.backend=megatron"],
+    "megatron+compile": ["trainer.backend=megatron", "trainer.megatron.compile=true"],
 }
 
 

@@ -40,6 +40,8 @@ class MegatronConfig(Section):
     """`megatron`: Megatron's optimizer (fp32 main params, fused Adam; GPU only); `torch`: torch AdamW on Megatron's gradient buffers; `auto`: megatron on GPU, torch on CPU."""
     grad_reduce_in_fp32: bool = True
     """Accumulate and all-reduce gradients in fp32 even when parameters are bf16."""
+    compile: bool = False
+    """torch.compile each Megatron TransformerLayer (dynamic shapes): fuses the local layer spec's unfused norm, rotary, SwiGLU and residual element-wise work (Transformer Engine is not used); the first steps pay the compilation."""
     attention: Literal["sdpa", "local"] = "sdpa"
     """Core attention: `sdpa` = torch's fused scaled_dot_product_attention (flash attention on GPU), `local` = Megatron's unfused local-spec attention (materialises the score matrix)."""
 
@@ -107,7 +109,7 @@ class TrainerConfig(Section):
                       "set trainer.logprob_chunk_tokens: 0, or trainer.backend: torch.")
             if self.compile:
                 fail("trainer.compile", True, f"false with trainer.backend '{self.backend}' (it compiles the torch "
-                      "backend's model)", "use trainer.fsdp.compile for fsdp2 (megatron has no compile option), "
+                      "backend's model)", "use trainer.fsdp.compile for fsdp2 or trainer.megatron.compile for megatron, "
                       "or set trainer.backend: torch.")
         m = self.megatron
         if m.pipeline_model_parallel_size != 1:

@@ -5,7 +5,10 @@ RoPE, grouped-query attention, optional tied embeddings) from an HF Qwen2/Llama
 directory, its weights converted by `megatron_convert` (and split over tensor-parallel
 ranks); Megatron's `DistributedDataParallel` over the data-parallel ranks; the optimizer
 (Megatron's, with fp32 main weights, on GPU; torch AdamW on Megatron's gradient buffers
-on CPU or when asked); per-token logprobs through the vocabulary-parallel cross entropy;
+on CPU or when asked); per-token logprobs through the vocabulary-parallel cross entropy
+(on CUDA at tensor parallel size 1, where one rank holds the whole vocabulary, through the
+fused path of `rl_core.train.logprobs` instead); `megatron.compile` (each TransformerLayer
+torch.compiled);
 export of the full weights back in the HF layout (so refit feeds the native engine or
 vLLM) and the HF safetensors directory of checkpoints.
 
@@ -199,6 +202,9 @@ class MegatronTrainer(DataParallelTrainer):
                          rotary_base=int(theta) if float(theta).is_integer() else theta,
                          share_embeddings_and_output_weights=self.shape.tied, parallel_output=True)
         model = model.to(device=self.device)
+        if self.cfg.megatron.compile:
+            for layer in model.decoder.layers:
+                layer.compile(dynamic=True)  # in place: parameter names and state dict keys stay Megatron's
         result = model.load_state_dict({k: v.to(self.params_dtype) for k, v in shard.items()}, strict=False)
         missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
         if missing or result.unexpected_keys:
