@@ -165,6 +165,17 @@ def configs(oversample: float) -> dict:
         "async+gen_bp": {"sampler": {"type": "in_order", "max_lookahead_versions": 1},
                          "max_inflight_groups": 2 * GROUPS, "max_inflight_generations": SLOTS,
                          "max_buffered_groups": 2 * GROUPS},
+        # larger staleness bounds with generation-level backpressure: more steps of groups may
+        # exist, so the engine keeps generating while step s waits for its straggler
+        **{f"async+gen_bp L{la}": {"sampler": {"type": "in_order", "max_lookahead_versions": la},
+                                   "max_inflight_groups": (la + 1) * GROUPS, "max_inflight_generations": SLOTS,
+                                   "max_buffered_groups": (la + 1) * GROUPS} for la in (2, 4)},
+        # partial rollouts: lookahead 1, a straggler is carried to a later step (staleness <= B)
+        **{f"async+gen_bp+partial B{b}": {"sampler": {"type": "in_order", "max_lookahead_versions": 1,
+                                                      "partial_rollouts": {"enabled": True,
+                                                                           "max_staleness_versions": b}},
+                                          "max_inflight_groups": 2 * GROUPS, "max_inflight_generations": SLOTS,
+                                          "max_buffered_groups": 2 * GROUPS} for b in (2, 4)},
         "async+gen_bp+oversample": {"sampler": {"type": "windowed", "max_staleness_versions": 1},
                                     "over_sampling_ratio": oversample, "max_inflight_groups": 4 * GROUPS,
                                     "max_inflight_generations": SLOTS, "max_buffered_groups": 4 * GROUPS},

@@ -42,6 +42,7 @@ class Slot:
     group: PromptGroup | None = None
     reserved_at: float = field(default_factory=time.monotonic)
     ready_at: float | None = None
+    carried: int = 0  # times its target step was moved to a later step (partial rollouts)
 
 
 def _by_dispatch(slot: Slot) -> int:
@@ -80,6 +81,10 @@ class ReplayBuffer:
     def ready_targets(self) -> list[int | None]:
         """The target steps that have ready slots."""
         return list(self._ready_by_target)
+
+    def reserved_for_target(self, target_step: int | None) -> list[Slot]:
+        """Reserved (still generating) slots stamped for `target_step`, in dispatch order."""
+        return sorted((s for s in self._reserved.values() if s.target_step == target_step), key=_by_dispatch)
 
     def reserved(self) -> list[Slot]:
         """Reserved (still generating) slots in dispatch order."""
@@ -135,6 +140,19 @@ class ReplayBuffer:
         self._index_ready(slot)
         self.counts[SlotState.READY.value] += 1
         await self.notify()
+        return slot
+
+    def restamp(self, group_id: str, target_step: int) -> Slot:
+        """Move a live slot (and its group, when ready) to another target step (partial rollouts:
+        a straggler and a ready group of a later step swap their steps)."""
+        slot = self._slots[group_id]
+        if slot.state == SlotState.READY:
+            self._drop_index(group_id)
+            slot.target_step = target_step
+            slot.group.target_step = target_step
+            self._index_ready(slot)
+        else:
+            slot.target_step = target_step
         return slot
 
     async def finish(self, slots: list[Slot], state: SlotState) -> None:

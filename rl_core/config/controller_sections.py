@@ -49,6 +49,15 @@ class AdaptiveStalenessConfig(Section):
         return self
 
 
+class PartialRolloutsConfig(Section):
+    """Partial rollouts for the `in_order` sampler (off by default): a step does not wait for its stragglers. When the train pump needs a group of step s and none is ready, while a group of s is still generating and a group stamped for a later step t is ready, the two swap their steps: the ready group trains now in step s, the straggler keeps generating (across refits, every token records the weight version that produced it) and trains in step t when complete. A straggler is carried only while t - its dispatch version <= `max_staleness_versions` (the dispatch version is at most the version of its oldest token, so the bound holds for every token); beyond that it is not carried again and its step waits for it, as without partial rollouts. Nothing is aborted or wasted. Counted as `async/carried_groups` (per step) and `async/carried_groups_total`. Not with `reproducible`, nor with `adaptive`."""
+
+    enabled: bool = False
+    """Carry stragglers over to later steps instead of waiting for them."""
+    max_staleness_versions: int = Field(2, ge=1)
+    """Largest staleness (trainer version - dispatch version) a carried group may train with; above `max_lookahead_versions`, which bounds every group that is not carried."""
+
+
 class InOrderSamplerConfig(Section):
     """Train step s on the groups dispatched for step s; dispatch for step s opens at weight version s - max_lookahead_versions."""
 
@@ -58,6 +67,8 @@ class InOrderSamplerConfig(Section):
     """How many weight versions generation may run ahead of training: 0 = synchronous, 1 = one-step-off, ... Equals the largest staleness a trained group can have. With `adaptive.enabled`: the starting bound."""
     adaptive: AdaptiveStalenessConfig = AdaptiveStalenessConfig()
     """Move the bound with the measured generation/trainer mismatch (off by default)."""
+    partial_rollouts: PartialRolloutsConfig = PartialRolloutsConfig()
+    """Carry a step's stragglers over to a later step instead of waiting for them (off by default)."""
 
     @model_validator(mode="after")
     def _lookahead(self):
@@ -71,6 +82,17 @@ class InOrderSamplerConfig(Section):
                   f"the starting bound of the adaptive sampler, between async_rl.sampler.adaptive.min_lookahead_versions "
                   f"({ad.min_lookahead_versions}) and max_lookahead_versions ({ad.max_lookahead_versions})",
                   "set async_rl.sampler.max_lookahead_versions inside the adaptive range, or widen the range.")
+        pr = self.partial_rollouts
+        if pr.enabled and ad.enabled:
+            fail("async_rl.sampler.partial_rollouts.enabled", True,
+                  "false while async_rl.sampler.adaptive.enabled is true (the adaptive rule reads each step's "
+                  "staleness bound as evidence; carried groups train beyond it)",
+                  "turn one of the two off.")
+        if pr.enabled and pr.max_staleness_versions <= self.max_lookahead_versions:
+            fail("async_rl.sampler.partial_rollouts.max_staleness_versions", pr.max_staleness_versions,
+                  f"above async_rl.sampler.max_lookahead_versions ({self.max_lookahead_versions}): a straggler "
+                  "of step s dispatched at version s - lookahead is carried to step s + 1 or later",
+                  f"set it to {self.max_lookahead_versions + 1} or more, or turn partial_rollouts off.")
         return self
 
     def largest_lookahead(self) -> int:

@@ -57,6 +57,7 @@ from rl_core.config.controller_sections import (  # noqa: F401  (re-exported: th
     AsyncRLConfig,
     CustomSamplerConfig,
     InOrderSamplerConfig,
+    PartialRolloutsConfig,
     ReadyFirstSamplerConfig,
     RolloutFailureConfig,
     SamplerConfig,
@@ -265,6 +266,11 @@ class RecipeConfig(Section):
             fail("async_rl.reproducible", True,
                   f"the 'in_order' sampler (got sampler type '{a.sampler.type}'): only it pins each step to one weight version",
                   "set async_rl.sampler.type: in_order, or async_rl.reproducible: false.")
+        if a.reproducible and a.sampler.type == "in_order" and a.sampler.partial_rollouts.enabled:
+            fail("async_rl.sampler.partial_rollouts.enabled", True,
+                  "false when async_rl.reproducible is true (a reproducible step trains exactly the groups stamped "
+                  "for it, generated with one weight version; a carried straggler spans versions)",
+                  "turn partial_rollouts off, or set async_rl.reproducible: false.")
         if a.reproducible and a.refit_mode is not None:
             fail("async_rl.refit_mode", a.refit_mode,
                   "null when async_rl.reproducible is true (reproducible runs always refit behind a barrier that waits for every group pinned to the current version)",

@@ -360,6 +360,7 @@ class Controller:
             "generated_tokens_this_process": self.rollout.stats.generated_tokens - self._gen_tokens_at_start,
             "max_staleness": max(self.train.staleness_log) if self.train.staleness_log else 0,
             "staleness_bound": self.p.sampler.staleness_bound,
+            "carried_groups": self.train.carried_groups,
             "checkpoints": self.checkpoints_written,
             "val_start": {k: start[k] for k in ("accuracy", "weight_version")} if start else None,
             "val_end": {k: end[k] for k in ("accuracy", "weight_version")} if end else None,

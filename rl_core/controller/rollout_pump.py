@@ -152,6 +152,11 @@ class RolloutPump:
             await asyncio.gather(*(self.inflight[g] for g in stale if g in self.inflight), return_exceptions=True)
         return len(stale)
 
+    def restamp(self, group_id: str, target: int) -> None:
+        """Partial rollouts: the in-flight group now trains in step `target` (the train pump moved it)."""
+        if group_id in self.inflight_targets:
+            self.inflight_targets[group_id] = target
+
     async def stop(self) -> None:
         self._stop = True
         await notify(self.cond)
@@ -329,6 +334,7 @@ class RolloutPump:
             await notify(self.cond)
 
     async def _drop(self, group_id, index, epoch, example, target, attempts: Attempts, exc: Exception) -> None:
+        target = self.inflight_targets.get(group_id, target)  # partial rollouts may have moved it
         self.stats.dropped_groups += 1
         self.stats.wasted_samples += self.n
         await self.buffer.finish([self.buffer.get(group_id)], SlotState.ABORTED)
@@ -363,6 +369,7 @@ class RolloutPump:
                                        self.params, key, (self.seed, epoch, index), self.opts)
         if any(s.finish_reason == "abort" for s in samples):
             raise ConnectionAbortedError(f"the backend aborted a sample of {group_id}")  # INFRA: retried
+        target = self.inflight_targets.get(group_id, target)  # partial rollouts may have moved it
         metrics = {}
         if self.shaping is not None:  # scaling, DAPO overlong penalty, overlong filtering
             shaped = shape_group(self.shaping, samples, self.max_tokens)

@@ -102,6 +102,7 @@ class TrainPump:
         self._step_retries = 0  # policy-update retries used by the RL step in progress
         self._open_step: OpenStep | None = None  # the open RL step after its last completed PPO mini-step
         self.stale_aborted_groups = 0
+        self.carried_groups = 0  # partial rollouts: stragglers moved to a later step (each move counted)
         self._open = False  # a trainer step is open (begin called, finish not yet)
         self.policy_frozen = False  # critic warm-up: the policy is not updated this step
         self._open_slots: list[Slot] = []  # groups taken for the step in progress
@@ -160,8 +161,9 @@ class TrainPump:
         `most`; zero-variance groups are set aside (dynamic sampling) and the step refilled."""
         while True:
             await self._evict()
-            slots = self.sampler.select(self.buffer, self.trainer.version, most)
             need = min(want, self.quota(step) - self.selected_in_step)
+            self._carry_over(step, need)
+            slots = self.sampler.select(self.buffer, self.trainer.version, most)
             if slots and len(slots) >= need:
                 if self.whole_step:
                     slots = sorted(slots, key=lambda s: s.dispatch_index)
@@ -187,6 +189,20 @@ class TrainPump:
             snapshot = (self.buffer.num_ready(), self.quota(step), self.rollout.exhausted, len(self.rollout.inflight))
             await wait_until(self.cond, lambda: self.rollout.failure is not None or snapshot != (
                 self.buffer.num_ready(), self.quota(step), self.rollout.exhausted, len(self.rollout.inflight)))
+
+    def _carry_over(self, step: int, need: int) -> None:
+        """Partial rollouts: swap the target steps of the stragglers of `step` and the ready groups
+        of later steps the sampler pairs them with, so the step trains those instead of waiting."""
+        carry = getattr(self.sampler, "carry_over", None)  # optional sampler member
+        if carry is None:
+            return
+        for straggler, sub in carry(self.buffer, step, need):
+            later = sub.target_step
+            self.buffer.restamp(sub.group_id, step)
+            self.buffer.restamp(straggler.group_id, later)
+            self.rollout.restamp(straggler.group_id, later)
+            straggler.carried += 1
+            self.carried_groups += 1
 
     async def _set_aside(self, step: int, dropped: list[Slot]) -> None:
         """Dynamic sampling dropped these zero-variance groups: count them and refill the step."""
@@ -330,6 +346,9 @@ class TrainPump:
         metrics = step_metrics(self, step, trained, train_metrics, refit_metrics, t_step0, batch.idle)
         # in_order: async/* bounds; adaptive: decides the bound of versions > step
         metrics.update(self.sampler.observe(step, metrics))
+        if getattr(self.sampler, "carry_bound", None) is not None:  # partial rollouts
+            metrics["async/carried_groups"] = float(sum(1 for t in trained if t.slot.carried))
+            metrics["async/carried_groups_total"] = float(self.carried_groups)
         if self.on_step is not None:
             self.waiting_on = f"step hook (metrics/validation) after step {step}"
             await self.on_step(step, metrics, trained)

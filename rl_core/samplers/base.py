@@ -94,6 +94,12 @@ class BaseSampler:
     def should_abort_inflight(self, slot: Slot, trainer_version: int) -> bool:
         return False
 
+    def carry_over(self, buffer: ReplayBuffer, step: int, need: int) -> list[tuple[Slot, Slot]]:
+        """Partial rollouts (optional member; stamped samplers only): pairs (straggler of `step`
+        still generating, ready group of a later step) whose target steps the train pump swaps so
+        that step `step` need not wait. None by default."""
+        return []
+
     def required_capacity(self) -> int:
         return self.groups_per_step
 

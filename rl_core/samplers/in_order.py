@@ -13,6 +13,12 @@ bound of v (`lookahead_at`), so the decision is exact whatever the event interle
 sampler also records, per target step, the largest bound any of its groups was admitted
 under (`admitted_bound`): every trained group's staleness is at most it.
 
+Partial rollouts (`async_rl.sampler.partial_rollouts.enabled`): when step s needs a group
+and none of its own is ready, `carry_over` pairs a straggler of s (still generating) with a
+ready group stamped for a later step t; the train pump swaps their steps. The straggler's
+staleness at t (t - its dispatch version) must stay within `partial_rollouts.max_staleness_versions`,
+so every trained group is within that bound (groups never carried: within L).
+
 Does not own: the buffer (it only reads slots), waiting (the pumps wait on its answers).
 """
 
@@ -42,6 +48,8 @@ class InOrderSampler(BaseSampler):
         self._prev_bound = cfg.max_lookahead_versions  # bound of versions < _since
         self._since = 0
         self.admitted_bound: dict[int, int] = {}  # target step -> largest bound its groups were admitted under
+        pr = getattr(cfg, "partial_rollouts", None)
+        self.carry_bound: int | None = pr.max_staleness_versions if pr is not None and pr.enabled else None
 
     @property
     def staleness_bound(self) -> int:
@@ -77,6 +85,35 @@ class InOrderSampler(BaseSampler):
 
     def select(self, buffer: ReplayBuffer, trainer_version: int, max_groups: int) -> list[Slot]:
         return buffer.ready_for_target(trainer_version)[:max_groups]
+
+    def carry_over(self, buffer: ReplayBuffer, step: int, need: int) -> list[tuple[Slot, Slot]]:
+        """Partial rollouts: up to `need` minus the ready groups of `step` pairs (straggler, substitute):
+        a group of `step` still generating, earliest dispatched first, and a ready group of the
+        earliest later step t such that t - the straggler's dispatch version <= the carry bound.
+        The caller swaps their target steps; the bound of step t is raised to the carry bound."""
+        if self.carry_bound is None:
+            return []
+        short = need - len(buffer.ready_for_target(step))
+        if short <= 0:
+            return []
+        stragglers = buffer.reserved_for_target(step)
+        if not stragglers:
+            return []
+        later = sorted(t for t in buffer.ready_targets() if t is not None and t > step)
+        pairs: list[tuple[Slot, Slot]] = []
+        for t in later:
+            for sub in buffer.ready_for_target(t):
+                if len(pairs) >= short:
+                    return pairs
+                fit = next((g for g in stragglers if t - g.start_version <= self.carry_bound), None)
+                if fit is None:
+                    return pairs  # a later step only adds staleness
+                stragglers.remove(fit)
+                pairs.append((fit, sub))
+                self.admitted_bound[t] = max(self.carry_bound, self.admitted_bound.get(t, 0))
+                if not stragglers:
+                    return pairs
+        return pairs
 
     def evict(self, buffer: ReplayBuffer, trainer_version: int) -> list[Slot]:
         # a group stamped for a step that already trained (e.g. restored from an older checkpoint)
