@@ -2,7 +2,8 @@
 
 Owns: slot life cycle `reserved -> ready -> selected | evicted | aborted`, the capacity
 valve (reserved + ready slots never exceed `capacity`), waiting for capacity or for new
-ready groups, per-state counters, and the serialisable state of ready groups.
+ready groups, moving a live slot to another target step (partial rollouts), per-state
+counters, and the serialisable state of ready groups.
 
 Does not own: which groups may train (the sampler decides), generation, or scoring.
 All methods run on the controller's event loop thread (no locking needed).

@@ -3,7 +3,8 @@
 Owns: the RL step loop (one RL step = one weight version; it may hold several optimizer
 steps: `ppo_epochs` x `num_minibatches`, counted apart), the step quota (a step shrinks by
 the groups the rollout pump dropped for it), eviction of groups the sampler rejects,
-dynamic sampling (zero-variance groups set aside, the step refilled), streaming chunks of
+partial rollouts (swapping the steps of a straggler and a ready later group the sampler
+pairs, `carry_over`), dynamic sampling (zero-variance groups set aside, the step refilled), streaming chunks of
 ready groups into the trainer as the sampler releases them (or the whole step at once:
 reproducible runs, PPO mini-steps), the critic's updates and warm-up (PPO), the
 loss-driven refresh of previous-policy logprobs, bounded retries of a step whose training
