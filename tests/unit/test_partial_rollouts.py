@@ -155,3 +155,42 @@ def test_recipe_errors_name_the_field(sampler, extra, field):
     with pytest.raises(RecipeError) as e:
         controller_recipe(async_rl={"sampler": sampler, **extra})
     assert field in str(e.value)
+
+
+class DoomedStragglerBackend(StragglerBackend):
+    """The first straggler group fails (a data error) after generating its long sample."""
+
+    def __init__(self):
+        super().__init__()
+        self.doomed: str | None = None
+
+    async def generate(self, request):
+        group = request.request_id.split("/")[0]
+        long = self.length(request.request_id) == self.long
+        if long and self.doomed is None:
+            self.doomed = group
+        result = await super().generate(request)
+        if long and group == self.doomed:
+            raise ValueError(f"bad example in {group}")
+        return result
+
+
+def test_a_carried_straggler_that_is_dropped_shrinks_the_step_it_was_carried_to(tmp_path):
+    steps = 6
+    cfg = controller_recipe(grpo={"max_num_steps": steps}, async_rl={
+        "sampler": {"type": "in_order", "max_lookahead_versions": 1,
+                    "partial_rollouts": {"enabled": True, "max_staleness_versions": 3}},
+        "max_buffered_groups": 8,
+        "failure": {"max_data_attempts_per_group": 1, "max_dropped_groups": 1, "on_dropped_group": "shrink",
+                    "min_step_batch_fraction": 0.5}})
+    backend = DoomedStragglerBackend()
+    parts = make_parts(cfg, backend=backend, num_examples=4 * (steps + 4))
+    records = []
+    ctl = Controller(cfg, parts, tmp_path, total_steps=steps)
+    ctl.step_observers.append(records.append)
+    asyncio.run(asyncio.wait_for(ctl.run(), timeout=60))
+    original = int(backend.doomed.rsplit("-d", 1)[1]) // 4  # its step at dispatch (4 groups per step)
+    assert ctl.rollout.stats.dropped_groups == 1
+    (dropped_step,) = [s for s, n in ctl.rollout.dropped_per_step.items() if n]
+    assert dropped_step > original, "the dropped straggler had not been carried"
+    assert [len(r.trained) for r in records] == [3 if r.step == dropped_step else 4 for r in records]
