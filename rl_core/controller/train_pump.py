@@ -4,10 +4,10 @@ Owns: the RL step loop (one RL step = one weight version; it may hold several op
 steps: `ppo_epochs` x `num_minibatches`, counted apart), the step quota (a step shrinks by
 the groups the rollout pump dropped for it), eviction of groups the sampler rejects,
 partial rollouts (swapping the steps of a straggler and a ready later group the sampler
-pairs, `carry_over`), dynamic sampling (zero-variance groups set aside, the step refilled), streaming chunks of
-ready groups into the trainer as the sampler releases them (or the whole step at once:
-reproducible runs, PPO mini-steps), the critic's updates and warm-up (PPO), the
-loss-driven refresh of previous-policy logprobs, bounded retries of a step whose training
+pairs, `carry_over`), dynamic sampling (zero-variance groups set aside, the step
+refilled), streaming chunks of ready groups into the trainer as the sampler releases them
+(or the whole step at once: reproducible runs, PPO mini-steps), the critic's updates and
+warm-up (PPO), the loss-driven refresh of previous-policy logprobs, bounded retries of a step whose training
 failed transiently, per-step metrics, and the order of the step's end: finish -> refit ->
 abort stale in-flight groups -> step hook (metrics, validation, rollout archive) ->
 checkpoint hook (quiescent) -> publish the new version.

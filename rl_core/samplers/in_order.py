@@ -16,8 +16,9 @@ under (`admitted_bound`): every trained group's staleness is at most it.
 Partial rollouts (`async_rl.sampler.partial_rollouts.enabled`): when step s needs a group
 and none of its own is ready, `carry_over` pairs a straggler of s (still generating) with a
 ready group stamped for a later step t; the train pump swaps their steps. The straggler's
-staleness at t (t - its dispatch version) must stay within `partial_rollouts.max_staleness_versions`,
-so every trained group is within that bound (groups never carried: within L).
+staleness at t (t - its dispatch version) must stay within
+`partial_rollouts.max_staleness_versions`, so every trained group is within that bound
+(groups never carried: within L).
 
 Does not own: the buffer (it only reads slots), waiting (the pumps wait on its answers).
 """
