@@ -92,6 +92,7 @@ class SlotEngine(FakeBackend):
         self.ticks = 0
         self.tokens = 0
         self.t_first = self.t_last = None
+        self._credit = 0.0  # decode ticks owed to the running sequences (fraction of a tick)
         self._wake = asyncio.Event()
         self._loop_task = None
 
@@ -133,6 +134,7 @@ class SlotEngine(FakeBackend):
                 self._wake.clear()
                 await self._wake.wait()
                 last = time.monotonic()
+                self._credit = 0.0  # idle time is owed to nobody
                 continue
             await asyncio.sleep(self.tick_s)
             now = time.monotonic()
@@ -141,7 +143,14 @@ class SlotEngine(FakeBackend):
             self.busy += len(self.running) * dt
             self.t_first = self.t_first if self.t_first is not None else now - dt
             self.t_last = now
-            steps = max(1, round(dt / self.tick_s))  # decode ticks done in dt (loop jitter is not lost)
+            # decode ticks done in dt: the fraction of a tick left over carries to the next turn, so
+            # the engine decodes at its nominal rate (one tick per tick_s of wall time) however long
+            # a loop turn takes on a loaded host (rounding each turn lost up to half a tick)
+            self._credit += dt / self.tick_s
+            steps = int(self._credit)
+            self._credit -= steps
+            if steps == 0:
+                continue
             self.ticks += steps
             for e in list(self.running):
                 self.tokens += min(steps, e[1])
