@@ -35,6 +35,8 @@ import time
 import tracemalloc
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -47,21 +49,95 @@ STEP_S = 10.0  # the RL step the overhead is compared with
 N = 16  # samples per group
 
 
-class InstantBackend(FakeBackend):
-    """Answers every request at once with `tokens` completion tokens (no await inside)."""
+class FakeClock:
+    """Seconds the fakes spend in their own bodies (generation, environment): subtracted from
+    the process CPU time so that only the controller's work is counted. A garbage collection
+    that happens to start inside a fake's body traverses the controller's objects: its time
+    stays on the controller's side. The two timer reads per call (~0.1 us) stay partly there too."""
 
-    def __init__(self, tokens: int):
+    def __init__(self):
+        self.spent = 0.0
+        self.inside = False
+        self._gc0 = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase, info):
+        if self.inside:
+            if phase == "start":
+                self._gc0 = _now()
+            else:
+                self.spent -= _now() - self._gc0
+
+    def enter(self) -> float:
+        self.inside = True
+        return _now()
+
+    def leave(self, t0: float) -> None:
+        self.spent += _now() - t0
+        self.inside = False
+
+
+_now = time.perf_counter  # the fakes run on the event loop's thread
+CLOCK = FakeClock()
+
+
+class InstantBackend(FakeBackend):
+    """Answers every request at once with `tokens` completion tokens (no await inside).
+
+    `arrays`: the token ids and logprobs come as read-only NumPy arrays (what a backend
+    whose tokens already sit in an array hands over); else as fresh Python lists (what the
+    HTTP and vLLM backends and the native engine hand over today): building them is the
+    fake's cost, turning them into tensors the controller's. `group_calls`: the backend
+    answers a whole group in one `generate_many` call (else one `generate` per sample)."""
+
+    def __init__(self, tokens: int, arrays: bool = False, group_calls: bool = True, fresh: bool = False):
         super().__init__(seed=0, max_latency_s=0.0)
         self.tokens = tokens
-        self._ids = [5] * tokens
-        self._lps = [-0.5] * tokens
+        self.arrays = arrays
+        self.fresh = fresh  # arrays: a new array per result (the memory measure), else shared read-only ones
+        if arrays:
+            self._ids = [np.full(tokens - d, 5, dtype=np.int64) for d in (0, 1)]
+            self._lps = [np.full(tokens - d, -0.5, dtype=np.float32) for d in (0, 1)]
+            for a in self._ids + self._lps:
+                a.flags.writeable = False
+        else:
+            self._ids = [5] * tokens
+            self._lps = [-0.5] * tokens
+        if not group_calls:
+            self.generate_many = None  # the controller falls back to a generate call per sample
 
-    async def generate(self, request):
+    def _answer(self, request):
         self.calls += 1
         # one token fewer for odd request ids so rewards (FakeEnv: a modulo of the length) vary in a group
-        k = self.tokens - (hash(request.request_id) & 1)
-        return GenerationResult(request.request_id, request.prompt_ids, self._ids[:k], self._lps[:k], "stop",
-                                self.version, self.version)
+        d = hash(request.request_id) & 1
+        if self.arrays:
+            ids, lps = self._ids[d], self._lps[d]
+            if self.fresh:
+                ids, lps = ids.copy(), lps.copy()
+        else:
+            k = self.tokens - d
+            ids, lps = self._ids[:k], self._lps[:k]
+        return GenerationResult(request.request_id, request.prompt_ids, ids, lps, "stop", self.version, self.version)
+
+    async def generate(self, request):
+        t0 = CLOCK.enter()
+        out = self._answer(request)
+        CLOCK.leave(t0)
+        return out
+
+    async def generate_many(self, requests):
+        t0 = CLOCK.enter()
+        out = [self._answer(r) for r in requests]
+        CLOCK.leave(t0)
+        return out
+
+
+class TimedEnv(FakeEnv):
+    def score(self, example, completion_ids, completion_text, finish_reason):
+        t0 = CLOCK.enter()
+        out = super().score(example, completion_ids, completion_text, finish_reason)
+        CLOCK.leave(t0)
+        return out
 
 
 class SilentTokenizer:
@@ -86,18 +162,19 @@ def recipe(groups: int, steps: int, chunk: int, tokens: int):
     })
 
 
-def run_controller(groups: int, steps: int, chunk: int, tokens: int, tmp: Path, profile: bool = False):
+def run_controller(groups: int, steps: int, chunk: int, tokens: int, tmp: Path, profile: bool = False,
+                   arrays: bool = False, group_calls: bool = True):
     cfg = recipe(groups, steps, chunk, tokens)
-    parts = make_parts(cfg, backend=InstantBackend(tokens), trainer=FakeTrainer(),
+    parts = make_parts(cfg, backend=InstantBackend(tokens, arrays, group_calls), trainer=FakeTrainer(),
                        num_examples=groups * (steps + 2))
     parts.tokenizer = SilentTokenizer()
-    parts.env = FakeEnv()
+    parts.env = TimedEnv()
     ctl = Controller(cfg, parts, tmp / f"g{groups}", total_steps=steps)
-    marks: list[tuple[float, float]] = []  # (wall, CPU of this process) at each step end
+    marks: list[tuple[float, float, float]] = []  # (wall, CPU of this process, fakes' CPU) at each step end
     orig = ctl._on_step
 
     async def on_step(step, metrics, trained):
-        marks.append((time.monotonic(), time.process_time()))
+        marks.append((time.monotonic(), time.process_time(), CLOCK.spent))
         await orig(step, metrics, trained)
 
 
@@ -114,20 +191,24 @@ def run_controller(groups: int, steps: int, chunk: int, tokens: int, tmp: Path, 
     assert summary["rl_steps"] == steps, summary["rl_steps"]
     # steps 1.. (step 0 also fills the lookahead and warms caches); CPU time is the primary
     # measure: on a shared machine wall time also counts other processes' time slices
+    # measure: on a shared machine wall time also counts other processes' time slices. The
+    # fakes' own time (generation, environment) is taken out: it is not the controller's.
     cpu = [b[1] - a[1] for a, b in zip(marks, marks[1:])]
+    fakes = [b[2] - a[2] for a, b in zip(marks, marks[1:])]
     wall_steps = [b[0] - a[0] for a, b in zip(marks, marks[1:])]
     return {"groups": groups, "wall_s": wall, "pumps_s": summary["pumps_s"], "per_step_cpu_s": cpu,
-            "steady_s": statistics.fmean(cpu), "steady_wall_s": statistics.fmean(wall_steps)}, prof
+            "fakes_s": statistics.fmean(fakes), "steady_s": statistics.fmean(c - f for c, f in zip(cpu, fakes)),
+            "steady_wall_s": statistics.fmean(wall_steps)}, prof
 
 
-def memory_per_group(groups: int, tokens: int) -> float:
-    """Bytes one ready group holds in the buffer (samples, token lists, metadata), via tracemalloc."""
+def memory_per_group(groups: int, tokens: int, arrays: bool) -> float:
+    """Bytes one ready group holds in the buffer (samples, token lists or arrays, metadata), via tracemalloc."""
     from rl_core.buffer.replay_buffer import ReplayBuffer
     from rl_core.rollout.group import GroupOptions, generate_group, sampling_params
     from rl_core.types import PromptGroup
 
     cfg = recipe(groups, 1, 1, tokens)
-    backend, env, tok = InstantBackend(tokens), FakeEnv(), SilentTokenizer()
+    backend, env, tok = InstantBackend(tokens, arrays, fresh=True), FakeEnv(), SilentTokenizer()
     params = sampling_params(cfg.generation, (0,))
 
     async def fill():
@@ -160,6 +241,11 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--tokens", type=int, default=256, help="completion tokens per sample")
     ap.add_argument("--chunk", type=int, default=1, help="async_rl.min_groups_for_streaming_train")
+    ap.add_argument("--results", choices=["lists", "arrays", "both"], default="both",
+                    help="how the fake backend hands over token ids and logprobs: Python lists, NumPy arrays, or "
+                         "both (two runs)")
+    ap.add_argument("--per-sample-calls", action="store_true",
+                    help="the fake backend has no generate_many: one generate call (and task) per sample")
     ap.add_argument("--profile", type=int, default=0, help="cProfile the run with this many groups")
     ap.add_argument("--torch-threads", type=int, default=1,
                     help="intra-op threads (the controller's tensors are small; more threads only contend)")
@@ -168,28 +254,44 @@ def main():
 
     torch.set_num_threads(args.torch_threads)
     print(f"controller-only cost: {N} samples/group, {args.tokens} completion tokens/sample, {args.steps} steps, "
-          f"in_order lookahead 1, streaming chunks of {args.chunk} group(s); generation and training instant")
-    rows = []
+          f"in_order lookahead 1, streaming chunks of {args.chunk} group(s); generation and training instant; "
+          f"{'a generate call per sample' if args.per_sample_calls else 'a generate_many call per group'}; "
+          "CPU time of the fakes' own work taken out")
+    modes = ["arrays", "lists"] if args.results == "both" else [args.results]
+    last = {}
     with tempfile.TemporaryDirectory() as d:
-        for g in args.groups:
-            r, prof = run_controller(g, args.steps, args.chunk, args.tokens, Path(d), profile=g == args.profile)
-            r["mem_per_group"] = memory_per_group(min(g, 300), args.tokens)
-            rows.append(r)
-            print(f"  {g:5d} groups x {N}: controller {r['steady_s'] * 1e3:8.1f} ms CPU/step "
-                  f"(wall {r['steady_wall_s'] * 1e3:.1f} ms) = {r['steady_s'] / STEP_S:.3%} of a {STEP_S:.0f} s "
-                  f"step; {r['steady_s'] / g * 1e6:7.1f} us/group; buffered group {r['mem_per_group'] / 1024:.1f} KiB "
-                  f"({r['mem_per_group'] / (N * args.tokens):.1f} B/completion token)", flush=True)
-            if prof:
-                s = io.StringIO()
-                pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
-                print(s.getvalue())
-    per_group = [r["steady_s"] / r["groups"] for r in rows]
-    lo, hi = min(per_group), max(per_group)
-    each = ", ".join(f"{r['groups']}: {p * 1e6:.1f} us" for r, p in zip(rows, per_group))
-    print(f"linearity: time per group {each} -> max/min {hi / lo:.2f} (1.00 = linear)")
-    last = rows[-1]
-    print(f"controller overhead at {last['groups']} groups x {N} samples: {last['steady_s'] * 1e3:.1f} ms per step = "
-          f"{100 * last['steady_s'] / STEP_S:.2f}% of a {STEP_S:.0f} s RL step")
+        for mode in modes:
+            print(f"backend hands token ids and logprobs as {'NumPy arrays' if mode == 'arrays' else 'Python lists'}:")
+            rows = []
+            for g in args.groups:
+                r, prof = run_controller(g, args.steps, args.chunk, args.tokens, Path(d) / mode,
+                                         profile=g == args.profile, arrays=mode == "arrays",
+                                         group_calls=not args.per_sample_calls)
+                r["mem_per_group"] = memory_per_group(min(g, 300), args.tokens, mode == "arrays")
+                rows.append(r)
+                print(f"  {g:5d} groups x {N}: controller {r['steady_s'] * 1e3:8.1f} ms CPU/step "
+                      f"(process {sum(r['per_step_cpu_s']) / len(r['per_step_cpu_s']) * 1e3:.1f}, fakes "
+                      f"{r['fakes_s'] * 1e3:.1f}; wall {r['steady_wall_s'] * 1e3:.1f}) = {r['steady_s'] / STEP_S:.3%} "
+                      f"of a {STEP_S:.0f} s step; {r['steady_s'] / g * 1e6:7.1f} us/group; buffered group "
+                      f"{r['mem_per_group'] / 1024:.1f} KiB ({r['mem_per_group'] / (N * args.tokens):.1f} "
+                      "B/completion token)", flush=True)
+                if prof:
+                    s = io.StringIO()
+                    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(30)
+                    print(s.getvalue())
+            per_group = [r["steady_s"] / r["groups"] for r in rows]
+            lo, hi = min(per_group), max(per_group)
+            each = ", ".join(f"{r['groups']}: {p * 1e6:.1f} us" for r, p in zip(rows, per_group))
+            print(f"  linearity: time per group {each} -> max/min {hi / lo:.2f} (1.00 = linear)")
+            last[mode] = rows[-1]
+    first = last[modes[0]]
+    line = (f"controller overhead at {first['groups']} groups x {N} samples: {first['steady_s'] * 1e3:.1f} ms per step "
+            f"= {100 * first['steady_s'] / STEP_S:.2f}% of a {STEP_S:.0f} s RL step ({modes[0]} from the backend)")
+    if len(modes) > 1:
+        other = last[modes[1]]
+        line += (f"; {other['steady_s'] * 1e3:.1f} ms = {100 * other['steady_s'] / STEP_S:.2f}% with {modes[1]} "
+                 "from the backend")
+    print(line)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,14 @@ class GenerationBackend(Protocol):
         """Bring the backend up (load weights, start worker threads or connect to servers)."""
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Generate one sample. An aborted request returns with finish_reason 'abort'."""
+        """Generate one sample. An aborted request returns with finish_reason 'abort'.
+        `token_ids` and `logprobs` of the result may be Python lists or 1-D NumPy arrays
+        (`rl_core.types.token_array` / `logprob_array`: packed into training tensors by a
+        memory copy); consumers never modify them.
+
+        Optional (`GroupGenerationBackend`): `generate_many(requests)`, the N requests of
+        one prompt group in one call. The default for a backend without it is one
+        `generate` call (and one asyncio task) per sample (`rl_core.rollout.group`)."""
 
     async def abort(self, request_id: str) -> None:
         """Stop one in-flight request now and free its capacity."""
@@ -56,6 +63,19 @@ class GenerationBackend(Protocol):
         """Counters since start (tokens generated, busy time, ...)."""
 
     async def shutdown(self) -> None: ...
+
+
+@runtime_checkable
+class GroupGenerationBackend(Protocol):
+    """The optional group call of a `GenerationBackend` (rl_core.rollout.group uses it for
+    single-turn groups without generation-level backpressure; others get a `generate` call per
+    sample)."""
+
+    async def generate_many(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """The results of `requests`, in their order: each exactly what `generate(request)`
+        would give (same ids, seeds, stop rules), the requests entering the backend in order.
+        Cancelled: every unfinished request is aborted. One failed request fails the call
+        (the others are aborted)."""
 
 
 @runtime_checkable

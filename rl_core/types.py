@@ -235,77 +235,113 @@ class OpenStep:
     metric_counts: dict[str, int] = field(default_factory=dict)  # and how many mini-steps reported each
 
 
-def make_train_chunk(samples: list[Sample], advantages: list[float] | torch.Tensor, pad_id: int = 0,
+def make_train_chunk(samples: list[Sample], advantages: list[float] | torch.Tensor | None, pad_id: int = 0,
                      token_advantages: list[list[float]] | None = None, require_routes: bool = False) -> TrainChunk:
     """Pack samples into right-padded tensors. `advantages` has one value per sample
-    (broadcast over its completion tokens) unless `token_advantages` gives per-token values.
-    Routed experts are packed when any sample has them; `require_routes` (router replay)
-    raises ValueError for a sample without any."""
-    # One pass over the samples gathers every token into flat lists; each field is then
-    # converted once and scattered into the padded [B, T] layout with a boolean mask (row-major
-    # order of the mask = concatenation order). Per-sample tensor construction cost ~10x more.
+    (broadcast over its completion tokens) unless `token_advantages` gives per-token values;
+    None: zeros, for the caller to fill in (the advantage stage). Routed experts are packed when any sample has them; `require_routes` (router replay)
+    raises ValueError for a sample without any. Token ids and logprobs may be Python lists
+    or 1-D NumPy arrays (`token_array`, `logprob_array`): arrays are concatenated (a memory
+    copy), lists converted once per field."""
+    # One pass over the samples gathers every token into one flat array per field; each is then
+    # scattered into the padded [B, T] layout with a boolean mask (row-major order of the mask =
+    # concatenation order). Per-sample tensor construction cost ~10x more.
     B = len(samples)
-    plens = [len(s.prompt_ids) for s in samples]
-    clens = [len(s.completion_ids) for s in samples]
-    lengths = [p + c for p, c in zip(plens, clens)]
-    T = max(lengths) if samples else 0
-    flat_ids: list[int] = []
-    flat_lp: list[float] = []
+    plens: list[int] = []
+    clens: list[int] = []
+    id_pieces: list = []
+    lp_pieces: list = []
     for i, s in enumerate(samples):
-        if len(s.gen_logprobs) != clens[i]:
-            raise ValueError(f"sample {i}: {len(s.gen_logprobs)} generation logprobs for {clens[i]} completion tokens")
-        flat_ids += s.prompt_ids
-        flat_ids += s.completion_ids
-        flat_lp += s.gen_logprobs
-    pos = torch.arange(T)
-    real = pos[None, :] < torch.tensor(lengths, dtype=torch.long)[:, None]  # [B, T] prompt + completion
-    comp = real & (pos[None, :] >= torch.tensor(plens, dtype=torch.long)[:, None])  # [B, T] completion
-    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
-    input_ids[real] = _long_tensor(flat_ids)
-    attention = real.long()
+        c = len(s.completion_ids)
+        if len(s.gen_logprobs) != c:
+            raise ValueError(f"sample {i}: {len(s.gen_logprobs)} generation logprobs for {c} completion tokens")
+        plens.append(len(s.prompt_ids))
+        clens.append(c)
+        id_pieces.append(s.prompt_ids)
+        id_pieces.append(s.completion_ids)
+        lp_pieces.append(s.gen_logprobs)
+    plen = np.array(plens, dtype=np.int64)
+    lengths = plen + np.array(clens, dtype=np.int64)
+    T = int(lengths.max()) if B else 0
+    pos = np.arange(T)
+    real = pos[None, :] < lengths[:, None]  # [B, T] prompt + completion
+    comp = real & (pos[None, :] >= plen[:, None])  # [B, T] completion
+    input_ids = np.full((B, T), pad_id, dtype=np.int64)
+    input_ids[real] = _concat(id_pieces, np.int64)
     if all(s.completion_mask is None for s in samples):
-        loss_mask = comp.float()
+        loss_mask = comp.astype(np.float32)
     else:
-        flat_mask: list[float] = []
+        mask_pieces: list = []
         for s, c in zip(samples, clens):
             if s.completion_mask is None:
-                flat_mask += [1.0] * c
+                mask_pieces.append(np.ones(c, dtype=np.float32))
             elif len(s.completion_mask) != c:
                 raise ValueError(f"a completion_mask of {len(s.completion_mask)} entries for {c} completion tokens")
             else:
-                flat_mask += s.completion_mask
-        loss_mask = torch.zeros((B, T), dtype=torch.float32)
-        loss_mask[comp] = _float_tensor(flat_mask)
-    gen_lp = torch.zeros((B, T), dtype=torch.float32)
-    gen_lp[comp] = _float_tensor(flat_lp)
+                mask_pieces.append(s.completion_mask)
+        loss_mask = np.zeros((B, T), dtype=np.float32)
+        loss_mask[comp] = _concat(mask_pieces, np.float32)
+    gen_lp = np.zeros((B, T), dtype=np.float32)
+    gen_lp[comp] = _concat(lp_pieces, np.float32)
     if token_advantages is not None:
-        flat_adv: list[float] = []
         for i, c in enumerate(clens):
             if len(token_advantages[i]) != c:
                 raise ValueError(f"sample {i}: {len(token_advantages[i])} token advantages for {c} completion tokens")
-            flat_adv += token_advantages[i]
-        adv = torch.zeros((B, T), dtype=torch.float32)
-        adv[comp] = _float_tensor(flat_adv)
+        adv = np.zeros((B, T), dtype=np.float32)
+        adv[comp] = _concat(list(token_advantages), np.float32)
+    elif advantages is None:
+        adv = np.zeros((B, T), dtype=np.float32)
     else:
-        per = advantages.detach().cpu().to(torch.float32).reshape(-1) if isinstance(advantages, torch.Tensor) \
-            else torch.tensor([float(a) for a in advantages], dtype=torch.float32)
-        if per.numel() != B:
-            raise ValueError(f"{per.numel()} advantages for {B} samples")
-        adv = torch.where(comp, per[:, None], torch.zeros((), dtype=torch.float32))
+        per = advantages.detach().cpu().to(torch.float32).reshape(-1).numpy() \
+            if isinstance(advantages, torch.Tensor) else np.array([float(a) for a in advantages], dtype=np.float32)
+        if per.size != B:
+            raise ValueError(f"{per.size} advantages for {B} samples")
+        adv = np.where(comp, per[:, None], np.float32(0.0))
     sample_mask = torch.tensor([0.0 if s.env_mask else 1.0 for s in samples], dtype=torch.float32)
     versions = torch.tensor([s.start_version for s in samples], dtype=torch.long)
-    chunk = TrainChunk(input_ids, attention, loss_mask, gen_lp, adv, sample_mask, versions)
+    chunk = TrainChunk(torch.from_numpy(input_ids), torch.from_numpy(real.astype(np.int64)),
+                       torch.from_numpy(loss_mask), torch.from_numpy(gen_lp), torch.from_numpy(adv), sample_mask,
+                       versions)
     chunk.routed_experts = _pack_routes(samples, T, require_routes)
     return chunk
 
 
-def _long_tensor(values: list[int]) -> torch.Tensor:
-    """A flat int64 tensor from a list (through the buffer protocol: far cheaper than torch.tensor)."""
-    return torch.from_numpy(np.array(values, dtype=np.int64)) if values else torch.zeros(0, dtype=torch.long)
+def token_array(ids) -> np.ndarray:
+    """Token ids as the 1-D int64 array `make_train_chunk` concatenates without conversion
+    (a backend that holds its tokens in an array hands them over like this)."""
+    return np.asarray(ids, dtype=np.int64)
 
 
-def _float_tensor(values: list[float]) -> torch.Tensor:
-    return torch.from_numpy(np.array(values, dtype=np.float32)) if values else torch.zeros(0, dtype=torch.float32)
+def logprob_array(values) -> np.ndarray:
+    """Logprobs as the 1-D float32 array `make_train_chunk` concatenates without conversion."""
+    return np.asarray(values, dtype=np.float32)
+
+
+def plain(values):
+    """A token or logprob sequence as a Python list (JSON, checkpoints): arrays converted, lists as they are."""
+    return values.tolist() if isinstance(values, np.ndarray) else values
+
+
+def _concat(pieces: list, dtype) -> np.ndarray:
+    """The pieces (Python lists or 1-D arrays) end to end, as one flat array of `dtype`. Lists
+    only: gathered into one list and converted once; with arrays: each list converted once
+    (a list shared by several samples, e.g. their prompt, only once) and all concatenated."""
+    if not any(isinstance(p, np.ndarray) for p in pieces):
+        flat: list = []
+        for p in pieces:
+            flat += p
+        return np.array(flat, dtype=dtype) if flat else np.zeros(0, dtype=dtype)
+    converted: dict[int, np.ndarray] = {}  # id() of a list -> its array (the pieces keep every list alive)
+    arrays = []
+    for p in pieces:
+        if isinstance(p, np.ndarray):
+            arrays.append(p)
+        else:
+            a = converted.get(id(p))
+            if a is None:
+                a = converted[id(p)] = np.array(p, dtype=dtype)
+            arrays.append(a)
+    return np.concatenate(arrays).astype(dtype, copy=False)
 
 
 def _pack_routes(samples: list[Sample], width: int, required: bool) -> torch.Tensor | None:

@@ -18,11 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from rl_core.checkpoint.store import load_json, load_torch, rng_state, set_rng_state, write_checkpoint
-from rl_core.types import OpenStep, PromptGroup, Sample, TrainChunk, TrainedGroup
+from rl_core.types import OpenStep, PromptGroup, Sample, TrainChunk, TrainedGroup, plain
 
 
 def group_to_json(g: PromptGroup) -> dict[str, Any]:
-    return dataclasses.asdict(g)
+    d = dataclasses.asdict(g)
+    for s in d["samples"]:  # token ids / logprobs a backend handed over as arrays: JSON lists
+        for k in ("prompt_ids", "completion_ids", "gen_logprobs"):
+            s[k] = plain(s[k])
+        if "token_versions" in s["info"]:
+            s["info"]["token_versions"] = plain(s["info"]["token_versions"])
+    return d
 
 
 def group_from_json(d: dict[str, Any]) -> PromptGroup:

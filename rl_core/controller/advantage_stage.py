@@ -52,7 +52,7 @@ class AdvantageStage:
 
     async def build(self, groups: list[PromptGroup]) -> Stage:
         samples = [s for g in groups for s in g.samples]
-        chunk = make_train_chunk(samples, [0.0] * len(samples), pad_id=self.pad_id,
+        chunk = make_train_chunk(samples, None, pad_id=self.pad_id,
                                  require_routes=self.cfg.trainer.router_replay.enabled)
         ref = None
         if self.cfg.advantage.kl_in_reward_coef > 0:

@@ -18,10 +18,10 @@ from rl_core.algorithms.metrics import finalize_metrics
 from rl_core.rollout.group import is_correct
 
 
-def _pct(values: list[float], q: float) -> float:
-    if not values:
+def _pct(s: list[float], q: float) -> float:
+    """The q-quantile (nearest rank) of the sorted list `s`."""
+    if not s:
         return 0.0
-    s = sorted(values)
     return float(s[min(len(s) - 1, int(round(q * (len(s) - 1))))])
 
 
@@ -38,28 +38,29 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
     tot_len = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
     env_s = [s.info.get("env_s", 0.0) for s in samples]
     gen_s = [s.info.get("generate_s", 0.0) for s in samples]
+    gen_sorted = sorted(gen_len)
     step_s = now - t_step0
     rs = pump.rollout.stats
     m = {
         "train/reward_mean": statistics.fmean(rewards),
-        "train/accuracy": statistics.fmean(1.0 if is_correct(s) else 0.0 for s in samples),
+        "train/accuracy": statistics.fmean([1.0 if is_correct(s) else 0.0 for s in samples]),
         "train/advantage_mean": statistics.fmean(advs),
-        "train/advantage_abs_mean": statistics.fmean(abs(a) for a in advs),
+        "train/advantage_abs_mean": statistics.fmean([abs(a) for a in advs]),
         "train/advantage_std": statistics.pstdev(advs),
         "train/zero_variance_groups": sum(1 for t in trained if len(set(t.group.rewards)) == 1) / len(trained),
         "train/num_groups": float(len(trained)),
         "train/completion_len_mean": statistics.fmean(gen_len),
-        "train/truncation_rate": statistics.fmean(1.0 if s.truncated else 0.0 for s in samples),
+        "train/truncation_rate": statistics.fmean([1.0 if s.finish_reason == "length" else 0.0 for s in samples]),
         "rollout/gen_tokens_per_sample_mean": statistics.fmean(gen_len),
-        "rollout/gen_tokens_p50": _pct(gen_len, 0.5),
-        "rollout/gen_tokens_p95": _pct(gen_len, 0.95),
+        "rollout/gen_tokens_p50": _pct(gen_sorted, 0.5),
+        "rollout/gen_tokens_p95": _pct(gen_sorted, 0.95),
         "rollout/gen_tokens_max": float(max(gen_len)),
         "rollout/input_tokens_mean": statistics.fmean(in_len),
         "rollout/total_tokens_mean": statistics.fmean(tot_len),
         "rollout/total_tokens_max": float(max(tot_len)),
-        "rollout/turns_per_sample_mean": statistics.fmean(s.info.get("turns", 1) for s in samples),
+        "rollout/turns_per_sample_mean": statistics.fmean([s.info.get("turns", 1) for s in samples]),
         # agent episodes whose history was rewritten: segments beyond the first (only the last is trained)
-        "rollout/agent_segment_breaks": float(sum(s.info.get("segments", 1) - 1 for s in samples)),
+        "rollout/agent_segment_breaks": float(sum([s.info.get("segments", 1) - 1 for s in samples])),
         "rollout/env_s_mean": statistics.fmean(env_s),
         "rollout/env_s_max": max(env_s),
         "rollout/generate_s_mean": statistics.fmean(gen_s),
@@ -93,7 +94,7 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
     for k, v in finalize_metrics(pump.step_pairs).items():  # advantage, shaping, dynamic sampling
         m[k if k.startswith(("shaping/", "dynamic_sampling/")) else f"train/{k}"] = v
     for name in {k for s in samples for k in s.rewards}:  # named reward components (multi-reward)
-        m[f"reward/{name}"] = statistics.fmean(s.rewards.get(name, 0.0) for s in samples)
+        m[f"reward/{name}"] = statistics.fmean([s.rewards.get(name, 0.0) for s in samples])
     for k, v in train_metrics.items():
         m[k if k.startswith(("critic/", "flops/", "perf/")) else f"train/{k}"] = v
     for k, v in refit_metrics.items():

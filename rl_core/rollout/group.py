@@ -23,7 +23,7 @@ from typing import Any
 from rl_core.config.schema import SamplingParamsConfig
 from rl_core.resilience import with_deadline
 from rl_core.protocols import Environment, GenerationBackend
-from rl_core.types import GenerationRequest, GenerationResult, Sample, SamplingParams
+from rl_core.types import GenerationRequest, GenerationResult, Sample, SamplingParams, plain
 
 _MASK64 = (1 << 64) - 1
 
@@ -189,7 +189,7 @@ async def generate_sample(backend: GenerationBackend, env: Environment, tokenize
         timings.generate_s = time.monotonic() - t0
         text = _decode(tokenizer, res.token_ids)
         scored = await _score(env, example, res.token_ids, text, res.finish_reason, opts, timings)
-        return _sample(res.prompt_ids, list(res.token_ids), list(res.logprobs), None, res.finish_reason,
+        return _sample(list(res.prompt_ids), res.token_ids, res.logprobs, None, res.finish_reason,
                        res.start_version, res.end_version, res.token_versions, text, scored, opts, timings, 1,
                        routes=res.routed_experts)
     completion: list[int] = []
@@ -209,10 +209,11 @@ async def generate_sample(backend: GenerationBackend, env: Environment, tokenize
         end_version, finish = res.end_version, res.finish_reason
         starts.append(len(completion))
         turn_versions.append(res.end_version)
-        completion += res.token_ids
+        completion += plain(res.token_ids)
         mask += [1] * len(res.token_ids)
-        logprobs += list(res.logprobs)
-        versions += list(res.token_versions or [res.end_version] * len(res.token_ids))
+        logprobs += plain(res.logprobs)
+        tv = res.token_versions
+        versions += plain(tv) if tv is not None and len(tv) else [res.end_version] * len(res.token_ids)
         turns.append(env.parse_completion(res.token_ids, _decode(tokenizer, res.token_ids), res.finish_reason))
         if finish != "stop" or turn == max_turns - 1:
             break
@@ -265,7 +266,7 @@ async def generate_episode(backend: GenerationBackend, env: Environment, tokeniz
         server.registry.segment_breaks += traj.segments - 1
     timings.generate_s = time.monotonic() - t0
     text = _decode(tokenizer, traj.completion_ids)
-    sample = _sample(traj.prompt_ids, traj.completion_ids, traj.logprobs, traj.completion_mask, traj.finish_reason,
+    sample = _sample(list(traj.prompt_ids), traj.completion_ids, traj.logprobs, traj.completion_mask, traj.finish_reason,
                      traj.start_version, traj.end_version, traj.token_versions, text, scored, opts, timings,
                      traj.turns)
     sample.info.update(segments=traj.segments, turn_starts=traj.turn_starts, turn_versions=traj.turn_versions)
@@ -278,7 +279,7 @@ def _sample(prompt_ids, completion, logprobs, mask, finish, v0, v1, token_versio
     info.update(text=text, generate_s=timings.generate_s, env_s=timings.env_s, turns=num_turns)
     if token_versions is not None:
         info["token_versions"] = token_versions
-    return Sample(prompt_ids=list(prompt_ids), completion_ids=completion, gen_logprobs=logprobs,
+    return Sample(prompt_ids=prompt_ids, completion_ids=completion, gen_logprobs=logprobs,
                   reward=float(scored.reward), finish_reason=finish, start_version=v0, end_version=v1,
                   rewards=dict(scored.rewards), env_mask=bool(scored.mask) and opts.mask_flagged_samples,
                   info=info, completion_mask=mask, routed_experts=routes)
@@ -288,9 +289,17 @@ async def generate_group(backend: GenerationBackend, env: Environment, tokenizer
                          prompt_ids: list[int], n: int, params: SamplingParams, key: str,
                          seed_parts: tuple[int, ...], opts: GroupOptions | None = None) -> list[Sample]:
     """N samples of one prompt, generated concurrently, each with its own derived seed.
-    If one sample fails, the others are cancelled and the error propagates."""
+    If one sample fails, the others are cancelled and the error propagates.
+
+    A backend with `generate_many` (see `rl_core.protocols.GenerationBackend`) gets the
+    group's N requests in one call when the environment is single-turn and no
+    generation-level backpressure counts samples one by one; otherwise (the default) each
+    sample is a task with its own `generate` call."""
     opts = opts or GroupOptions()
     prefix = seed_prefix(*seed_parts)  # derive_seed(*seed_parts, i) == seed_last(prefix, i)
+    if group_call_ok(backend, env, opts):
+        return await _generate_group_at_once(backend, env, tokenizer, example, prompt_ids, n, params, key, prefix,
+                                             opts)
     slots = opts.gen_slots
     ticket = slots.expect(n) if isinstance(slots, GenerationSlots) else None
     tasks = [asyncio.ensure_future(generate_sample(backend, env, tokenizer, example, prompt_ids,
@@ -306,6 +315,57 @@ async def generate_group(backend: GenerationBackend, env: Environment, tokenizer
     finally:
         if ticket is not None:
             ticket.close()
+
+
+def group_call_ok(backend: GenerationBackend, env: Environment, opts: GroupOptions) -> bool:
+    """Whether a group goes to the backend in one `generate_many` call: the backend has one, the
+    environment is single-turn (multi-turn samples and agent episodes diverge after their
+    first turn) and no generation places are counted per sample (`gen_slots`)."""
+    return (getattr(backend, "generate_many", None) is not None and opts.gen_slots is None
+            and not env.runs_episodes and int(env.max_turns) <= 1)
+
+
+async def _generate_group_at_once(backend: GenerationBackend, env: Environment, tokenizer, example: dict[str, Any],
+                                  prompt_ids: list[int], n: int, params: SamplingParams, key: str, prefix: int,
+                                  opts: GroupOptions) -> list[Sample]:
+    """The group's N requests (the same ids and seeds as one call per sample) in one
+    `generate_many` call, then each result scored in order: the same samples as the
+    per-sample path, without a task per sample. The samples share the group's prompt list."""
+    prompt = list(prompt_ids)
+    requests = [GenerationRequest(f"{key}/{i}", prompt, with_seed(params, seed_last(prefix, i))) for i in range(n)]
+    t0 = time.monotonic()
+    results = await with_deadline(backend.generate_many(requests), opts.generation_timeout_s,
+                                  f"generation of {key}/0..{n - 1}")
+    if len(results) != n:
+        raise RuntimeError(f"{type(backend).__name__}.generate_many returned {len(results)} results for {n} requests")
+    generate_s = time.monotonic() - t0
+    decode = tokenizer.decode
+    score = env.score
+    if opts.env_timeout_s is not None:  # scored in the environment pool, concurrently as before
+        timings = [SampleTimings(generate_s) for _ in results]
+        texts = [decode(r.token_ids, skip_special_tokens=True) for r in results]
+        scores = await asyncio.gather(*(_score(env, example, r.token_ids, text, r.finish_reason, opts, tm)
+                                        for r, text, tm in zip(results, texts, timings)))
+        return [_sample(r.prompt_ids if r.prompt_ids is prompt else list(r.prompt_ids), r.token_ids, r.logprobs,
+                        None, r.finish_reason, r.start_version, r.end_version, r.token_versions, text, scored, opts,
+                        tm, 1, routes=r.routed_experts)
+                for r, text, scored, tm in zip(results, texts, scores, timings)]
+    samples = []
+    mask_flagged = opts.mask_flagged_samples
+    for r in results:
+        text = decode(r.token_ids, skip_special_tokens=True)
+        t1 = time.monotonic()
+        scored = score(example, r.token_ids, text, r.finish_reason)
+        env_s = time.monotonic() - t1
+        info = dict(scored.info)
+        info.update(text=text, generate_s=generate_s, env_s=env_s, turns=1)
+        if r.token_versions is not None:
+            info["token_versions"] = r.token_versions
+        samples.append(Sample(r.prompt_ids if r.prompt_ids is prompt else list(r.prompt_ids), r.token_ids,
+                              r.logprobs, float(scored.reward), r.finish_reason, r.start_version, r.end_version,
+                              dict(scored.rewards), bool(scored.mask) and mask_flagged, info, None,
+                              r.routed_experts))
+    return samples
 
 
 def is_correct(sample: Sample) -> bool:

@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 
 from rl_core.fsutil import atomic_write_text
+from rl_core.types import plain
 
 
 def step_record(step: int, weight_version: int, trained) -> dict:
@@ -33,10 +34,11 @@ def step_record(step: int, weight_version: int, trained) -> dict:
             "target_step": None if g.target_step is None else g.target_step + 1,
             "start_version": g.start_version, "end_version": g.end_version, "staleness": t.staleness,
             "samples": [{
-                "prompt_ids": s.prompt_ids, "completion_ids": s.completion_ids, "gen_logprobs": s.gen_logprobs,
+                "prompt_ids": plain(s.prompt_ids), "completion_ids": plain(s.completion_ids),
+                "gen_logprobs": plain(s.gen_logprobs),
                 "reward": s.reward, "rewards": s.rewards, "advantage": a, "finish_reason": s.finish_reason,
                 "start_version": s.start_version, "end_version": s.end_version, "env_mask": s.env_mask,
-                "token_versions": s.info.get("token_versions"), "completion_mask": s.completion_mask,
+                "token_versions": plain(s.info.get("token_versions")), "completion_mask": s.completion_mask,
                 **({k: s.info[k] for k in ("turn_starts", "turn_versions", "segments") if k in s.info}),
                 **({"routed_experts": s.routed_experts} if s.routed_experts is not None else {}),
             } for s, a in zip(g.samples, t.advantages)],

@@ -119,6 +119,22 @@ class NativeBackend:
                 self._submit("abort", request.request_id, want_future=False)
             raise
 
+    async def generate_many(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """`requests` submitted in order in one go (the commands a task per request would
+        submit, in the same order), their results in that order: no task per request.
+        Cancelled, or one request failed: every request without a result is aborted."""
+        futures: list[asyncio.Future] = []
+        try:
+            for request in requests:
+                futures.append(self._submit("generate", request))
+            return list(await asyncio.gather(*futures))
+        except BaseException:
+            for request, future in zip(requests, futures):
+                if not future.done() or future.cancelled():
+                    with contextlib.suppress(Exception):  # a dead worker has nothing to abort
+                        self._submit("abort", request.request_id, want_future=False)
+            raise
+
     async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta | GenerationResult]:
         """`StreamDelta`s as tokens are generated, then the final `GenerationResult`.
         Leaving the loop early (or cancelling the consumer) aborts the request."""
