@@ -243,31 +243,30 @@ def make_train_chunk(samples: list[Sample], advantages: list[float] | torch.Tens
     raises ValueError for a sample without any. Token ids and logprobs may be Python lists
     or 1-D NumPy arrays (`token_array`, `logprob_array`): arrays are concatenated (a memory
     copy), lists converted once per field."""
-    # One pass over the samples gathers every token into one flat array per field; each is then
-    # scattered into the padded [B, T] layout with a boolean mask (row-major order of the mask =
-    # concatenation order). Per-sample tensor construction cost ~10x more.
+    # Every field is gathered into one flat array (arrays concatenated, lists converted once)
+    # and scattered into the padded [B, T] layout with a boolean mask (row-major order of the
+    # mask = concatenation order). Per-sample tensor construction cost ~10x more. The [B, T]
+    # arrays are NumPy's (its large allocations get transparent huge pages: fewer page faults).
     B = len(samples)
-    plens: list[int] = []
-    clens: list[int] = []
-    id_pieces: list = []
-    lp_pieces: list = []
-    for i, s in enumerate(samples):
-        c = len(s.completion_ids)
-        if len(s.gen_logprobs) != c:
-            raise ValueError(f"sample {i}: {len(s.gen_logprobs)} generation logprobs for {c} completion tokens")
-        plens.append(len(s.prompt_ids))
-        clens.append(c)
-        id_pieces.append(s.prompt_ids)
-        id_pieces.append(s.completion_ids)
-        lp_pieces.append(s.gen_logprobs)
+    prompts = [s.prompt_ids for s in samples]
+    completions = [s.completion_ids for s in samples]
+    logprobs = [s.gen_logprobs for s in samples]
+    plens = list(map(len, prompts))
+    clens = list(map(len, completions))
+    lplens = list(map(len, logprobs))
+    if lplens != clens:
+        i = next(i for i, (a, c) in enumerate(zip(lplens, clens)) if a != c)
+        raise ValueError(f"sample {i}: {lplens[i]} generation logprobs for {clens[i]} completion tokens")
     plen = np.array(plens, dtype=np.int64)
     lengths = plen + np.array(clens, dtype=np.int64)
     T = int(lengths.max()) if B else 0
     pos = np.arange(T)
     real = pos[None, :] < lengths[:, None]  # [B, T] prompt + completion
-    comp = real & (pos[None, :] >= plen[:, None])  # [B, T] completion
+    prompt_pos = pos[None, :] < plen[:, None]  # [B, T] prompt
+    comp = real & ~prompt_pos  # [B, T] completion
     input_ids = np.full((B, T), pad_id, dtype=np.int64)
-    input_ids[real] = _concat(id_pieces, np.int64)
+    input_ids[prompt_pos] = _concat(prompts, np.int64)
+    input_ids[comp] = _concat(completions, np.int64)
     if all(s.completion_mask is None for s in samples):
         loss_mask = comp.astype(np.float32)
     else:
@@ -282,7 +281,7 @@ def make_train_chunk(samples: list[Sample], advantages: list[float] | torch.Tens
         loss_mask = np.zeros((B, T), dtype=np.float32)
         loss_mask[comp] = _concat(mask_pieces, np.float32)
     gen_lp = np.zeros((B, T), dtype=np.float32)
-    gen_lp[comp] = _concat(lp_pieces, np.float32)
+    gen_lp[comp] = _concat(logprobs, np.float32)
     if token_advantages is not None:
         for i, c in enumerate(clens):
             if len(token_advantages[i]) != c:
@@ -324,13 +323,16 @@ def plain(values):
 
 def _concat(pieces: list, dtype) -> np.ndarray:
     """The pieces (Python lists or 1-D arrays) end to end, as one flat array of `dtype`. Lists
-    only: gathered into one list and converted once; with arrays: each list converted once
-    (a list shared by several samples, e.g. their prompt, only once) and all concatenated."""
-    if not any(isinstance(p, np.ndarray) for p in pieces):
+    only: gathered into one list and converted once; arrays only: concatenated; mixed: each
+    list converted once (a list shared by several samples, e.g. their prompt, only once)."""
+    kinds = {type(p) for p in pieces}
+    if np.ndarray not in kinds:
         flat: list = []
         for p in pieces:
             flat += p
         return np.array(flat, dtype=dtype) if flat else np.zeros(0, dtype=dtype)
+    if len(kinds) == 1:
+        return np.concatenate(pieces).astype(dtype, copy=False)
     converted: dict[int, np.ndarray] = {}  # id() of a list -> its array (the pieces keep every list alive)
     arrays = []
     for p in pieces:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+import numpy as np
 import torch
 
 from rl_core.algorithms.advantages import (group_ids_from_sizes, sequence_advantages, stack_components,
@@ -56,7 +57,11 @@ def estimate_advantages(cfg: AdvantageConfig, chunk: TrainChunk, rewards: Sequen
     `chunk.sample_mask > 0`). truncated, final_values: [B] finish reason `length`, and the
     critic's value after each sample's last token (`bootstrap_truncated`, gae).
     """
-    mask = chunk.loss_mask.to(torch.float64)
+    mask32 = chunk.loss_mask
+    # the float64 [B, T] mask only where the token-level paths need it (the sequence-level path
+    # broadcasts [B] advantages without materialising it: `_broadcast`)
+    token_level = cfg.kl_in_reward_coef > 0 or cfg.estimator == "gae"
+    mask = mask32.to(torch.float64) if token_level else mask32
     B = mask.shape[0]
     if sum(group_sizes) != B:
         raise ValueError(f"group_sizes add up to {sum(group_sizes)} samples but the chunk holds {B}")
@@ -106,8 +111,18 @@ def estimate_advantages(cfg: AdvantageConfig, chunk: TrainChunk, rewards: Sequen
     if components is not None:
         comps = dict(components) if isinstance(components, Mapping) else stack_components(components)
     seq_adv = sequence_advantages(cfg, r, gid, comps, ok)
-    return AdvantageEstimate((seq_adv[:, None] * mask).to(torch.float32), seq_adv.to(torch.float32), None,
-                             pairs_to_floats(metrics))
+    return AdvantageEstimate(_broadcast(seq_adv, mask32), seq_adv.to(torch.float32), None, pairs_to_floats(metrics))
+
+
+def _broadcast(seq_adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(seq_adv[:, None] * mask in float64).to(float32), [B, T]: on the CPU in one NumPy pass
+    (float64 products rounded into the float32 output, no [B, T] float64 temporaries; the same
+    bits), elsewhere with torch."""
+    if seq_adv.device.type == "cpu" and mask.device.type == "cpu" and mask.dtype == torch.float32:
+        out = np.empty(tuple(mask.shape), dtype=np.float32)
+        np.multiply(seq_adv.to(torch.float64).numpy()[:, None], mask.numpy(), out=out, casting="same_kind")
+        return torch.from_numpy(out)
+    return (seq_adv[:, None] * mask.to(torch.float64)).to(torch.float32)
 
 
 def _bootstrap(cfg: AdvantageConfig, B: int, truncated, final_values, device) -> torch.Tensor | None:

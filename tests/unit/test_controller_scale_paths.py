@@ -233,3 +233,148 @@ def test_generation_slots_count_queued_samples_of_multi_turn_and_failed_groups()
         assert slots.queued == 0  # the cancelled samples of the failed group stop counting
 
     asyncio.run(go())
+
+
+def test_make_train_chunk_packs_arrays_and_lists_alike():
+    """A backend may hand token ids and logprobs over as NumPy arrays (packed by concatenation):
+    the tensors are exactly those of the same samples as Python lists, mixed or not."""
+    import numpy as np
+
+    from rl_core.types import logprob_array, token_array
+
+    rng = random.Random(11)
+    lists = _samples(rng, 29, masks=True)
+    shared_prompt = [4, 5, 6]
+    for s in lists[:10]:  # a group's samples share their prompt list
+        s.prompt_ids = shared_prompt
+    arrays = [Sample(s.prompt_ids, token_array(s.completion_ids), logprob_array(s.gen_logprobs), s.reward,
+                     s.finish_reason, s.start_version, s.end_version, env_mask=s.env_mask,
+                     completion_mask=s.completion_mask) for s in lists]
+    mixed = [a if i % 2 else s for i, (s, a) in enumerate(zip(lists, arrays))]
+    adv = torch.tensor([rng.uniform(-2, 2) for _ in lists])
+    ref = make_train_chunk(lists, adv, pad_id=7)
+    for other in (arrays, mixed):
+        got = make_train_chunk(other, adv, pad_id=7)
+        for k in ("input_ids", "attention_mask", "loss_mask", "gen_logprobs", "advantages", "sample_mask",
+                  "start_versions"):
+            assert torch.equal(getattr(got, k), getattr(ref, k)), k
+    none = make_train_chunk(arrays, None, pad_id=7)  # advantages filled in later (the advantage stage)
+    assert torch.equal(none.advantages, torch.zeros_like(ref.advantages))
+    assert isinstance(arrays[0].completion_ids, np.ndarray)
+
+
+def test_sequence_advantages_broadcast_with_the_same_bits():
+    """estimate._broadcast (one NumPy pass) == (adv[:, None] * mask in float64).to(float32), also
+    for negative advantages (signed zeros) and masks that are not 0/1."""
+    from rl_core.algorithms.estimate import _broadcast
+
+    g = torch.Generator().manual_seed(5)
+    adv = torch.randn(64, generator=g, dtype=torch.float64) * 3
+    adv[::7] = 0.0
+    for mask in ((torch.rand(64, 33, generator=g) > 0.4).float(), torch.rand(64, 33, generator=g) * 2 - 0.5):
+        ref = (adv[:, None] * mask.to(torch.float64)).to(torch.float32)
+        got = _broadcast(adv, mask)
+        assert got.dtype == torch.float32
+        assert torch.equal(got.view(torch.int32), ref.view(torch.int32))  # bit for bit, signed zeros too
+
+
+class _GroupBackend:
+    """A deterministic backend (tokens from the request's seed) with or without generate_many."""
+
+    def __init__(self, group_calls: bool):
+        self.requests, self.many_calls, self.version = [], 0, 0
+        if not group_calls:
+            self.generate_many = None
+
+    def _answer(self, request):
+        from rl_core.types import GenerationResult
+
+        r = random.Random(request.params.seed)
+        k = 1 + r.randrange(6)
+        return GenerationResult(request.request_id, request.prompt_ids, [r.randrange(1, 50) for _ in range(k)],
+                                [-r.random() for _ in range(k)], "stop" if k < 6 else "length", 0, 0)
+
+    async def generate(self, request):
+        self.requests.append((request.request_id, request.params.seed, list(request.prompt_ids)))
+        await asyncio.sleep(0)
+        return self._answer(request)
+
+    async def generate_many(self, requests):
+        self.many_calls += 1
+        for q in requests:
+            self.requests.append((q.request_id, q.params.seed, list(q.prompt_ids)))
+        await asyncio.sleep(0)
+        return [self._answer(q) for q in requests]
+
+
+def _strip(samples):
+    out = []
+    for s in samples:
+        info = {k: v for k, v in s.info.items() if k not in ("generate_s", "env_s")}
+        out.append((list(s.prompt_ids), list(s.completion_ids), list(s.gen_logprobs), s.reward, s.rewards,
+                    s.finish_reason, s.env_mask, info, s.completion_mask))
+    return out
+
+
+@pytest.mark.parametrize("env_timeout_s", [None, 5.0])
+def test_one_generate_many_call_per_group_gives_the_samples_of_a_call_per_sample(env_timeout_s):
+    from rl_core.rollout.group import GroupOptions, generate_group
+    from tests.helpers.fakes import FakeEnv, FakeTokenizer
+
+    env, tok = FakeEnv(), FakeTokenizer()
+    params = SamplingParams(temperature=1.0, max_tokens=6)
+    opts = GroupOptions(env_timeout_s=env_timeout_s, generation_timeout_s=30.0)
+
+    async def run(backend):
+        out = []
+        for i in range(4):
+            ex = {"id": i, "prompt": str(i), "answer": "x"}
+            out.append(await generate_group(backend, env, tok, ex, env.prompt_ids(ex), 8, params, f"g{i}",
+                                            (3, 0, i), opts))
+        return out
+
+    per_sample, grouped = _GroupBackend(group_calls=False), _GroupBackend(group_calls=True)
+    a, b = asyncio.run(run(per_sample)), asyncio.run(run(grouped))
+    assert grouped.many_calls == 4 and per_sample.requests == grouped.requests  # same ids, seeds, order
+    assert [_strip(g) for g in a] == [_strip(g) for g in b]
+    assert all(s.prompt_ids is g[0].prompt_ids for g in b for s in g)  # one prompt list per group
+
+
+def test_multi_turn_and_generation_places_keep_a_call_per_sample():
+    from rl_core.rollout.group import GenerationSlots, GroupOptions, group_call_ok
+    from tests.helpers.fakes import FakeEnv
+
+    backend, env = _GroupBackend(group_calls=True), FakeEnv()
+    assert group_call_ok(backend, env, GroupOptions())
+    assert not group_call_ok(_GroupBackend(group_calls=False), env, GroupOptions())
+
+    async def with_slots():
+        return group_call_ok(backend, env, GroupOptions(gen_slots=GenerationSlots(8)))
+
+    assert not asyncio.run(with_slots())
+    multi = FakeEnv()
+    multi.max_turns = 3
+    assert not group_call_ok(backend, multi, GroupOptions())
+    agent = FakeEnv()
+    agent.runs_episodes = True
+    assert not group_call_ok(backend, agent, GroupOptions())
+
+
+def test_array_samples_go_into_the_spool_and_checkpoints_as_json_lists():
+    import json
+    from types import SimpleNamespace
+
+    from rl_core.checkpoint.run_state import group_from_json, group_to_json
+    from rl_core.rollout.spool import step_record
+    from rl_core.types import logprob_array, token_array
+
+    s = Sample([1, 2], token_array([5, 6, 7]), logprob_array([-0.5, -0.25, -1.0]), 1.0, "stop", 0, 1,
+               info={"token_versions": token_array([0, 1, 1])})
+    g = PromptGroup("g0", 3, 0, {"id": 3}, [s], 0, 1, 0)
+    rec = json.loads(json.dumps(step_record(1, 1, [SimpleNamespace(group=g, advantages=[0.5], staleness=0)])))
+    got = rec["groups"][0]["samples"][0]
+    assert (got["completion_ids"], got["gen_logprobs"], got["token_versions"]) == \
+        ([5, 6, 7], [-0.5, -0.25, -1.0], [0, 1, 1])
+    back = group_from_json(json.loads(json.dumps(group_to_json(g))))
+    assert back.samples[0].completion_ids == [5, 6, 7] and back.samples[0].gen_logprobs == [-0.5, -0.25, -1.0]
+    assert back.samples[0].info["token_versions"] == [0, 1, 1]

@@ -243,3 +243,42 @@ def test_generate_stream_yields_every_token_once_and_closing_early_aborts():
     assert [x for d in deltas for x in d.logprobs] == final.logprobs
     assert [row for d in deltas for row in d.top_logprobs] == final.top_logprobs and len(final.top_logprobs[0]) == 2
     assert isinstance(first, StreamDelta) and metrics["requests_aborted"] == 1
+
+
+def test_generate_many_equals_one_generate_per_request_and_cancelling_aborts_all():
+    """The group call (rl_core.rollout.group uses it per prompt group): the same results, in
+    order, as concurrent generate calls (lockstep: batches independent of thread timing);
+    cancelled, every request is aborted in the engine."""
+    model = tiny_model()
+    ps = prompts(5, seed=4)
+    sampled = [GenerationRequest(f"s{i}", p, SamplingParams(temperature=0.9, max_tokens=6, seed=100 + i))
+               for i, p in enumerate(ps)]
+
+    async def main():
+        results = []
+        for group_call in (True, False):  # lockstep: the same batches whatever the thread timing
+            backend = NativeBackend(make_engine(model), lockstep=True)
+            await backend.start()
+            results.append(await backend.generate_many(sampled) if group_call
+                           else await asyncio.gather(*(backend.generate(r) for r in sampled)))
+            await backend.shutdown()
+        many, one = results
+        slow_engine = make_engine(model, step_delay_s=0.005)
+        slow = NativeBackend(slow_engine)
+        await slow.start()
+        task = asyncio.create_task(slow.generate_many([GenerationRequest(f"c{i}", p, greedy(50))
+                                                       for i, p in enumerate(ps[:3])]))
+        await wait_until(lambda: slow_engine.num_running == 3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await wait_until(lambda: slow_engine.num_running == 0)
+        metrics = slow.metrics()
+        await slow.shutdown()
+        return many, one, metrics
+
+    many, one, metrics = run_async(main())
+    assert [r.request_id for r in many] == [r.request_id for r in sampled]
+    assert [r.token_ids for r in many] == [r.token_ids for r in one]
+    assert [r.logprobs for r in many] == [r.logprobs for r in one]
+    assert metrics["requests_aborted"] == 3
