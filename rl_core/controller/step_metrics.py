@@ -15,7 +15,6 @@ import statistics
 import time
 
 from rl_core.algorithms.metrics import finalize_metrics
-from rl_core.rollout.group import is_correct
 
 
 def _pct(s: list[float], q: float) -> float:
@@ -28,29 +27,47 @@ def _pct(s: list[float], q: float) -> float:
 def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: dict, t_step0: float,
                  idle: float) -> dict:
     samples = [smp for t in trained for smp in t.group.samples]
-    rewards = [smp.reward for smp in samples]
     advs = [a for t in trained for a in t.advantages]
     stal = [t.staleness for t in trained]
     now = time.monotonic()
     ages = [now - t.slot.ready_at for t in trained if t.slot.ready_at is not None]
-    gen_len = [len(s.completion_ids) if s.completion_mask is None else sum(s.completion_mask) for s in samples]
-    in_len = [len(s.prompt_ids) for s in samples]
-    tot_len = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
-    env_s = [s.info.get("env_s", 0.0) for s in samples]
-    gen_s = [s.info.get("generate_s", 0.0) for s in samples]
+    # one pass over the samples (16,000 per step at 1,000 groups x 16)
+    rewards: list[float] = []
+    gen_len: list[int] = []
+    in_len: list[int] = []
+    tot_len: list[int] = []
+    env_s: list[float] = []
+    gen_s: list[float] = []
+    turns: list[int] = []
+    correct = truncated = breaks = 0
+    for smp in samples:
+        info = smp.info
+        rewards.append(smp.reward)
+        p, c = len(smp.prompt_ids), len(smp.completion_ids)
+        gen_len.append(c if smp.completion_mask is None else sum(smp.completion_mask))
+        in_len.append(p)
+        tot_len.append(p + c)
+        env_s.append(info.get("env_s", 0.0))
+        gen_s.append(info.get("generate_s", 0.0))
+        ok = info.get("correct")  # is_correct, inlined
+        correct += bool(ok) if ok is not None else smp.reward > 0
+        truncated += smp.finish_reason == "length"
+        turns.append(info.get("turns", 1))
+        breaks += info.get("segments", 1) - 1
+    n = len(samples)
     gen_sorted = sorted(gen_len)
     step_s = now - t_step0
     rs = pump.rollout.stats
     m = {
         "train/reward_mean": statistics.fmean(rewards),
-        "train/accuracy": statistics.fmean([1.0 if is_correct(s) else 0.0 for s in samples]),
+        "train/accuracy": correct / n,  # == fmean of 0/1 values
         "train/advantage_mean": statistics.fmean(advs),
         "train/advantage_abs_mean": statistics.fmean([abs(a) for a in advs]),
         "train/advantage_std": statistics.pstdev(advs),
         "train/zero_variance_groups": sum(1 for t in trained if len(set(t.group.rewards)) == 1) / len(trained),
         "train/num_groups": float(len(trained)),
         "train/completion_len_mean": statistics.fmean(gen_len),
-        "train/truncation_rate": statistics.fmean([1.0 if s.finish_reason == "length" else 0.0 for s in samples]),
+        "train/truncation_rate": truncated / n,
         "rollout/gen_tokens_per_sample_mean": statistics.fmean(gen_len),
         "rollout/gen_tokens_p50": _pct(gen_sorted, 0.5),
         "rollout/gen_tokens_p95": _pct(gen_sorted, 0.95),
@@ -58,9 +75,9 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
         "rollout/input_tokens_mean": statistics.fmean(in_len),
         "rollout/total_tokens_mean": statistics.fmean(tot_len),
         "rollout/total_tokens_max": float(max(tot_len)),
-        "rollout/turns_per_sample_mean": statistics.fmean([s.info.get("turns", 1) for s in samples]),
+        "rollout/turns_per_sample_mean": statistics.fmean(turns),
         # agent episodes whose history was rewritten: segments beyond the first (only the last is trained)
-        "rollout/agent_segment_breaks": float(sum([s.info.get("segments", 1) - 1 for s in samples])),
+        "rollout/agent_segment_breaks": float(breaks),
         "rollout/env_s_mean": statistics.fmean(env_s),
         "rollout/env_s_max": max(env_s),
         "rollout/generate_s_mean": statistics.fmean(gen_s),
