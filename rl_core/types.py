@@ -263,8 +263,8 @@ def make_train_chunk(samples: list[Sample], advantages: list[float] | torch.Tens
     T = int(lengths.max()) if B else 0
     pos = np.arange(T)
     real = pos[None, :] < lengths[:, None]  # [B, T] prompt + completion
-    prompt_pos = pos[None, :] < plen[:, None]  # [B, T] prompt
-    comp = real & ~prompt_pos  # [B, T] completion
+    comp = pos[None, :] >= plen[:, None]
+    comp &= real  # [B, T] completion
     input_ids = np.full((B, T), pad_id, dtype=np.int64)
     gen_lp = np.zeros((B, T), dtype=np.float32)
     if {type(c) for c in completions} | {type(lp) for lp in logprobs} == {np.ndarray}:
@@ -276,7 +276,7 @@ def make_train_chunk(samples: list[Sample], advantages: list[float] | torch.Tens
             row[p:p + c] = ids
             gen_lp[i, p:p + c] = lps
     else:
-        input_ids[prompt_pos] = _concat(prompts, np.int64)
+        input_ids[real & ~comp] = _concat(prompts, np.int64)
         input_ids[comp] = _concat(completions, np.int64)
         gen_lp[comp] = _concat(logprobs, np.float32)
     if all(s.completion_mask is None for s in samples):
