@@ -4,11 +4,17 @@ Runs the real `Controller` (rollout pump, replay buffer, `in_order` sampler with
 lookahead 1, generation of every group through `rollout.group.generate_group`, the
 advantage stage with GRPO advantages, packing into `TrainChunk`s, streaming chunks into
 the trainer through worker threads, refit, per-step metrics) with two fakes only:
-generation answers at once (`InstantBackend`: a fixed-length completion, no sleep) and
-training is instant (`tests/helpers/fakes.FakeTrainer`). The tokenizer's decode returns
-"" and the environment is `FakeEnv` (a modulo), so tokenizer and reward costs, which
-belong to the user's environment, are not counted either. What is left is the
-controller's own work per RL step.
+generation answers at once (`InstantBackend`: a fixed-length completion, no sleep; by
+default one `generate_many` call per group, `--per-sample-calls` for one `generate` per
+sample) and training is instant (`tests/helpers/fakes.FakeTrainer`). The tokenizer's decode
+returns "" and the environment is `FakeEnv` (a modulo). The CPU time the fakes spend in
+their own bodies (building results, scoring) is measured around each call and taken out
+(`FakeClock`; a garbage collection that starts inside a fake stays counted); what is left
+is the controller's own work per RL step, including its calls into the fakes.
+
+The backend hands token ids and logprobs over as fresh Python lists (what the native, HTTP
+and vLLM backends do today) or as NumPy arrays (what a backend holding its tokens in arrays
+would do: packing is then a memory copy); `--results both` (the default) runs both.
 
 For 100, 300 and 1,000 prompt groups x 16 samples per step (10 steps each) it prints
 the controller time per step (mean over the steps after the first), that time as a
@@ -17,7 +23,8 @@ memory one buffered group holds (tracemalloc: ready groups committed to a `Repla
 The last line states the overhead at 1,000 groups as a percentage of a 10 s step.
 
 Run: nice -n 10 .venv/bin/python bench/controller_scale.py [--groups 100 300 1000]
-     [--steps 10] [--tokens 256] [--chunk 1] [--profile 1000]
+     [--steps 10] [--tokens 256] [--chunk 1] [--results lists|arrays|both]
+     [--per-sample-calls] [--profile 1000]
 """
 
 from __future__ import annotations
