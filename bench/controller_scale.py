@@ -8,8 +8,8 @@ generation answers at once (`InstantBackend`: a fixed-length completion, no slee
 default one `generate_many` call per group, `--per-sample-calls` for one `generate` per
 sample) and training is instant (`tests/helpers/fakes.FakeTrainer`). The tokenizer's decode
 returns "" and the environment is `FakeEnv` (a modulo). The CPU time the fakes spend in
-their own bodies (building results, scoring) is measured around each call and taken out
-(`FakeClock`; a garbage collection that starts inside a fake stays counted); what is left
+their own bodies (building results, scoring) is taken out
+(`FakeCalls`: calls counted in the run, cost per call calibrated after it); what is left
 is the controller's own work per RL step, including its calls into the fakes.
 
 The backend hands token ids and logprobs over as fresh Python lists (what the native, HTTP
@@ -56,36 +56,47 @@ STEP_S = 10.0  # the RL step the overhead is compared with
 N = 16  # samples per group
 
 
-class FakeClock:
-    """Seconds the fakes spend in their own bodies (generation, environment): subtracted from
-    the process CPU time so that only the controller's work is counted. A garbage collection
-    that happens to start inside a fake's body traverses the controller's objects: its time
-    stays on the controller's side. The two timer reads per call (~0.1 us) stay partly there too."""
+class FakeCalls:
+    """How often the fakes did their own work (a result built, a completion scored) and what
+    one such piece of work costs, so that it can be taken out of the process CPU time. The
+    cost is calibrated after the run, in a loop of the same calls (garbage collector off):
+    timing each call in the run would need a per-thread CPU clock (a system call of a few
+    microseconds here, as much as the work itself), and a wall clock would charge the
+    fakes with the time the process was preempted. The loop's warm caches make the
+    calibrated cost a lower bound: what is taken out is at most the fakes' real cost."""
 
     def __init__(self):
-        self.spent = 0.0
-        self.inside = False
-        self._gc0 = 0.0
-        gc.callbacks.append(self._on_gc)
+        self.answers = 0
+        self.scores = 0
+        self.answer_s = 0.0
+        self.score_s = 0.0
 
-    def _on_gc(self, phase, info):
-        if self.inside:
-            if phase == "start":
-                self._gc0 = _now()
-            else:
-                self.spent -= _now() - self._gc0
+    def spent(self) -> float:
+        return self.answers * self.answer_s + self.scores * self.score_s
 
-    def enter(self) -> float:
-        self.inside = True
-        return _now()
+    def calibrate(self, backend: "InstantBackend", env: "TimedEnv", n: int = 20_000) -> None:
+        from rl_core.types import GenerationRequest, SamplingParams
 
-    def leave(self, t0: float) -> None:
-        self.spent += _now() - t0
-        self.inside = False
+        requests = [GenerationRequest(f"e0-p{i}-d{i}/a0/{i % 16}", [1, 2, 3], SamplingParams()) for i in range(64)]
+        results = [backend._answer(r) for r in requests]
+        examples = [{"id": i, "prompt": str(i), "answer": "x"} for i in range(64)]
+        gc.collect()
+        gc.disable()
+        try:
+            t0 = time.process_time()
+            for i in range(n):
+                backend._answer(requests[i & 63])
+            self.answer_s = (time.process_time() - t0) / n
+            t0 = time.process_time()
+            for i in range(n):
+                r = results[i & 63]
+                FakeEnv.score(env, examples[i & 63], r.token_ids, "", r.finish_reason)
+            self.score_s = (time.process_time() - t0) / n
+        finally:
+            gc.enable()
 
 
-_now = time.perf_counter  # the fakes run on the event loop's thread
-CLOCK = FakeClock()
+CALLS = FakeCalls()
 
 
 class InstantBackend(FakeBackend):
@@ -115,6 +126,7 @@ class InstantBackend(FakeBackend):
 
     def _answer(self, request):
         self.calls += 1
+        CALLS.answers += 1
         # one token fewer for odd request ids so rewards (FakeEnv: a modulo of the length) vary in a group
         d = hash(request.request_id) & 1
         if self.arrays:
@@ -127,24 +139,16 @@ class InstantBackend(FakeBackend):
         return GenerationResult(request.request_id, request.prompt_ids, ids, lps, "stop", self.version, self.version)
 
     async def generate(self, request):
-        t0 = CLOCK.enter()
-        out = self._answer(request)
-        CLOCK.leave(t0)
-        return out
+        return self._answer(request)
 
     async def generate_many(self, requests):
-        t0 = CLOCK.enter()
-        out = [self._answer(r) for r in requests]
-        CLOCK.leave(t0)
-        return out
+        return [self._answer(r) for r in requests]
 
 
 class TimedEnv(FakeEnv):
     def score(self, example, completion_ids, completion_text, finish_reason):
-        t0 = CLOCK.enter()
-        out = super().score(example, completion_ids, completion_text, finish_reason)
-        CLOCK.leave(t0)
-        return out
+        CALLS.scores += 1
+        return super().score(example, completion_ids, completion_text, finish_reason)
 
 
 class SilentTokenizer:
@@ -172,16 +176,16 @@ def recipe(groups: int, steps: int, chunk: int, tokens: int):
 def run_controller(groups: int, steps: int, chunk: int, tokens: int, tmp: Path, profile: bool = False,
                    arrays: bool = False, group_calls: bool = True):
     cfg = recipe(groups, steps, chunk, tokens)
-    parts = make_parts(cfg, backend=InstantBackend(tokens, arrays, group_calls), trainer=FakeTrainer(),
-                       num_examples=groups * (steps + 2))
+    backend = InstantBackend(tokens, arrays, group_calls)
+    parts = make_parts(cfg, backend=backend, trainer=FakeTrainer(), num_examples=groups * (steps + 2))
     parts.tokenizer = SilentTokenizer()
     parts.env = TimedEnv()
     ctl = Controller(cfg, parts, tmp / f"g{groups}", total_steps=steps)
-    marks: list[tuple[float, float, float]] = []  # (wall, CPU of this process, fakes' CPU) at each step end
+    marks: list[tuple[float, float, int, int]] = []  # (wall, CPU of this process, fakes' work counts) at each step end
     orig = ctl._on_step
 
     async def on_step(step, metrics, trained):
-        marks.append((time.monotonic(), time.process_time(), CLOCK.spent))
+        marks.append((time.monotonic(), time.process_time(), CALLS.answers, CALLS.scores))
         await orig(step, metrics, trained)
 
 
@@ -200,8 +204,9 @@ def run_controller(groups: int, steps: int, chunk: int, tokens: int, tmp: Path, 
     # measure: on a shared machine wall time also counts other processes' time slices
     # measure: on a shared machine wall time also counts other processes' time slices. The
     # fakes' own time (generation, environment) is taken out: it is not the controller's.
+    CALLS.calibrate(backend, parts.env)
     cpu = [b[1] - a[1] for a, b in zip(marks, marks[1:])]
-    fakes = [b[2] - a[2] for a, b in zip(marks, marks[1:])]
+    fakes = [(b[2] - a[2]) * CALLS.answer_s + (b[3] - a[3]) * CALLS.score_s for a, b in zip(marks, marks[1:])]
     wall_steps = [b[0] - a[0] for a, b in zip(marks, marks[1:])]
     return {"groups": groups, "wall_s": wall, "pumps_s": summary["pumps_s"], "per_step_cpu_s": cpu,
             "fakes_s": statistics.fmean(fakes), "steady_s": statistics.fmean(c - f for c, f in zip(cpu, fakes)),
@@ -263,7 +268,7 @@ def main():
     print(f"controller-only cost: {N} samples/group, {args.tokens} completion tokens/sample, {args.steps} steps, "
           f"in_order lookahead 1, streaming chunks of {args.chunk} group(s); generation and training instant; "
           f"{'a generate call per sample' if args.per_sample_calls else 'a generate_many call per group'}; "
-          "CPU time of the fakes' own work taken out")
+          "CPU time of the fakes' own work (calibrated per call) taken out")
     modes = ["arrays", "lists"] if args.results == "both" else [args.results]
     last = {}
     with tempfile.TemporaryDirectory() as d:
