@@ -295,6 +295,15 @@ def main():
             lo, hi = min(per_group), max(per_group)
             each = ", ".join(f"{r['groups']}: {p * 1e6:.1f} us" for r, p in zip(rows, per_group))
             print(f"  linearity: time per group {each} -> max/min {hi / lo:.2f} (1.00 = linear)")
+            if len(rows) >= 2:  # least-squares line: a fixed cost per step + a cost per group
+                gs = [r["groups"] for r in rows]
+                ts = [r["steady_s"] for r in rows]
+                gm, tm = statistics.fmean(gs), statistics.fmean(ts)
+                slope = sum((g - gm) * (t - tm) for g, t in zip(gs, ts)) / sum((g - gm) ** 2 for g in gs)
+                icpt = tm - slope * gm
+                dev = max(abs(t - (icpt + slope * g)) / t for g, t in zip(gs, ts))
+                print(f"  line fit: {icpt * 1e3:.1f} ms per step + {slope * 1e6:.1f} us per group "
+                      f"(largest deviation {dev:.1%} of a point)")
             last[mode] = rows[-1]
     first = last[modes[0]]
     line = (f"controller overhead at {first['groups']} groups x {N} samples: {first['steady_s'] * 1e3:.1f} ms per step "
