@@ -232,6 +232,18 @@ def test_native_and_http_backends_satisfy_generation_backend():
     assert_conforms(HttpBackend(["http://127.0.0.1:9"]), GenerationBackend)  # not started: no connection made
 
 
+def test_native_backend_has_the_optional_group_call():
+    """GroupGenerationBackend is optional (rl_core.rollout.group falls back to a generate per
+    sample); the native backend implements it, with the declared signature."""
+    from rl_core.generation.native.backend import NativeBackend
+    from rl_core.generation.http.backend import HttpBackend
+    from rl_core.protocols import GroupGenerationBackend
+
+    assert_conforms(NativeBackend, GroupGenerationBackend)
+    assert not isinstance(HttpBackend(["http://127.0.0.1:9"]), GroupGenerationBackend)  # the per-sample default
+    assert not isinstance(fakes.FakeBackend(), GroupGenerationBackend)
+
+
 def test_vllm_backends_have_the_generation_backend_methods():
     from rl_core.generation.vllm.backend import VLLMBackend
     from rl_core.generation.vllm.server import VLLMServerBackend
