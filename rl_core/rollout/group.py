@@ -2,8 +2,10 @@
 
 Owns: per-sample seed derivation (a sample's randomness depends only on the run seed, the
 epoch, the example and the sample index, never on timing), turning recipe sampling knobs
-into engine `SamplingParams`, fanning the N samples of a group out to a backend (each
-sample takes a generation place while it generates: generation-level backpressure),
+into engine `SamplingParams`, fanning the N samples of a group out to a backend (one
+`generate_many` call per single-turn group for backends that have it, else a task per
+sample; each sample takes a generation place while it generates: generation-level
+backpressure),
 multi-turn rollouts (generate -> environment observation -> generate ..., with
 observation tokens masked out of the loss), per-generation and per-environment
 deadlines, and scoring each finished sample with the environment.
@@ -330,7 +332,8 @@ async def _generate_group_at_once(backend: GenerationBackend, env: Environment, 
                                   opts: GroupOptions) -> list[Sample]:
     """The group's N requests (the same ids and seeds as one call per sample) in one
     `generate_many` call, then each result scored in order: the same samples as the
-    per-sample path, without a task per sample. The samples share the group's prompt list."""
+    per-sample path, without a task per sample. The requests share one prompt list (and the
+    samples too, when the backend hands that list back)."""
     prompt = list(prompt_ids)
     requests = [GenerationRequest(f"{key}/{i}", prompt, with_seed(params, seed_last(prefix, i))) for i in range(n)]
     t0 = time.monotonic()
