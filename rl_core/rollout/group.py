@@ -5,9 +5,8 @@ epoch, the example and the sample index, never on timing), turning recipe sampli
 into engine `SamplingParams`, fanning the N samples of a group out to a backend (one
 `generate_many` call per single-turn group for backends that have it, else a task per
 sample; each sample takes a generation place while it generates: generation-level
-backpressure),
-multi-turn rollouts (generate -> environment observation -> generate ..., with
-observation tokens masked out of the loss), per-generation and per-environment
+backpressure), multi-turn rollouts (generate -> environment observation -> generate ...,
+with observation tokens masked out of the loss), per-generation and per-environment
 deadlines, and scoring each finished sample with the environment.
 
 Does not own: when groups are dispatched (rollout pump), the buffer, or retries.
