@@ -239,10 +239,11 @@ def make_train_chunk(samples: list[Sample], advantages: list[float] | torch.Tens
                      token_advantages: list[list[float]] | None = None, require_routes: bool = False) -> TrainChunk:
     """Pack samples into right-padded tensors. `advantages` has one value per sample
     (broadcast over its completion tokens) unless `token_advantages` gives per-token values;
-    None: zeros, for the caller to fill in (the advantage stage). Routed experts are packed when any sample has them; `require_routes` (router replay)
-    raises ValueError for a sample without any. Token ids and logprobs may be Python lists
-    or 1-D NumPy arrays (`token_array`, `logprob_array`): arrays are concatenated (a memory
-    copy), lists converted once per field."""
+    None: zeros, for the caller to fill in (the advantage stage). Routed experts are packed
+    when any sample has them; `require_routes` (router replay) raises ValueError for a sample
+    without any. Token ids and logprobs may be Python lists or 1-D NumPy arrays
+    (`token_array`, `logprob_array`): arrays are copied row by row (memory copies), lists
+    converted once per field."""
     # Python lists: every field is gathered into one flat list, converted once and scattered
     # into the padded [B, T] layout with a boolean mask (row-major order of the mask =
     # concatenation order); per-sample tensor construction cost ~10x more. NumPy arrays: copied

@@ -267,9 +267,9 @@ async def generate_episode(backend: GenerationBackend, env: Environment, tokeniz
         server.registry.segment_breaks += traj.segments - 1
     timings.generate_s = time.monotonic() - t0
     text = _decode(tokenizer, traj.completion_ids)
-    sample = _sample(list(traj.prompt_ids), traj.completion_ids, traj.logprobs, traj.completion_mask, traj.finish_reason,
-                     traj.start_version, traj.end_version, traj.token_versions, text, scored, opts, timings,
-                     traj.turns)
+    sample = _sample(list(traj.prompt_ids), traj.completion_ids, traj.logprobs, traj.completion_mask,
+                     traj.finish_reason, traj.start_version, traj.end_version, traj.token_versions, text, scored,
+                     opts, timings, traj.turns)
     sample.info.update(segments=traj.segments, turn_starts=traj.turn_starts, turn_versions=traj.turn_versions)
     return sample
 
