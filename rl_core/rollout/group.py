@@ -319,11 +319,26 @@ async def generate_group(backend: GenerationBackend, env: Environment, tokenizer
 
 
 def group_call_ok(backend: GenerationBackend, env: Environment, opts: GroupOptions) -> bool:
-    """Whether a group goes to the backend in one `generate_many` call: the backend has one, the
-    environment is single-turn (multi-turn samples and agent episodes diverge after their
-    first turn) and no generation places are counted per sample (`gen_slots`)."""
-    return (getattr(backend, "generate_many", None) is not None and opts.gen_slots is None
-            and not env.runs_episodes and int(env.max_turns) <= 1)
+    """Whether a group goes to the backend in one `generate_many` call: the backend's class
+    has one (`_has_own_group_call`), the environment is single-turn (multi-turn samples and
+    agent episodes diverge after their first turn) and no generation places are counted per
+    sample (`gen_slots`)."""
+    return (opts.gen_slots is None and not env.runs_episodes and int(env.max_turns) <= 1
+            and _has_own_group_call(backend))
+
+
+def _has_own_group_call(backend) -> bool:
+    """True when `generate_many` is defined by the backend's class, by the same class as its
+    `generate` or a subclass of it. A wrapper that overrides `generate` and hands other
+    attributes to an inner backend (`__getattr__`), or a subclass that overrides only
+    `generate`, gets a `generate` call per sample: its `generate` is never bypassed."""
+    if getattr(backend, "generate_many", None) is None:
+        return False
+    mro = type(backend).__mro__
+    owner = {name: next((i for i, c in enumerate(mro) if name in vars(c)), None)
+             for name in ("generate", "generate_many")}
+    return owner["generate_many"] is not None and owner["generate"] is not None and \
+        owner["generate_many"] <= owner["generate"]
 
 
 async def _generate_group_at_once(backend: GenerationBackend, env: Environment, tokenizer, example: dict[str, Any],

@@ -359,6 +359,28 @@ def test_multi_turn_and_generation_places_keep_a_call_per_sample():
     agent.runs_episodes = True
     assert not group_call_ok(backend, agent, GroupOptions())
 
+    class Wrapper:  # overrides generate, hands the rest to the inner backend: its generate must run
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        async def generate(self, request):
+            return await self.inner.generate(request)
+
+    class Subclass(_GroupBackend):  # overrides only generate
+        async def generate(self, request):
+            return await super().generate(request)
+
+    class Both(Subclass):
+        async def generate_many(self, requests):
+            return await super().generate_many(requests)
+
+    assert not group_call_ok(Wrapper(backend), env, GroupOptions())
+    assert not group_call_ok(Subclass(group_calls=True), env, GroupOptions())
+    assert group_call_ok(Both(group_calls=True), env, GroupOptions())
+
 
 def test_array_samples_go_into_the_spool_and_checkpoints_as_json_lists():
     import json
