@@ -44,7 +44,8 @@ class GenerationBackend(Protocol):
         memory copy); consumers never modify them.
 
         Optional (`GroupGenerationBackend`): `generate_many(requests)`, the N requests of
-        one prompt group in one call. The default for a backend without it is one
+        one prompt group in one call. The default for a backend without it (or whose
+        `generate` is overridden below the class defining `generate_many`) is one
         `generate` call (and one asyncio task) per sample (`rl_core.rollout.group`)."""
 
     async def abort(self, request_id: str) -> None:
