@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rl_core.config.schema import SamplingParamsConfig
@@ -138,6 +138,13 @@ class GroupOptions:
 class SampleTimings:
     generate_s: float = 0.0
     env_s: float = 0.0
+    worker_tokens: dict[str, int] = field(default_factory=dict)  # generated tokens per generation worker
+
+    def count(self, res: GenerationResult) -> GenerationResult:
+        """Count `res`'s generated tokens for the worker that produced it."""
+        w = res.worker or "local"
+        self.worker_tokens[w] = self.worker_tokens.get(w, 0) + len(res.token_ids)
+        return res
 
 
 def _decode(tokenizer, ids: list[int]) -> str:
@@ -185,7 +192,8 @@ async def generate_sample(backend: GenerationBackend, env: Environment, tokenize
     max_turns = int(env.max_turns)
     t0 = time.monotonic()
     if max_turns <= 1:
-        res = await _generate(backend, GenerationRequest(request_id, list(prompt_ids), params), opts, ticket)
+        res = timings.count(await _generate(backend, GenerationRequest(request_id, list(prompt_ids), params), opts,
+                                            ticket))
         timings.generate_s = time.monotonic() - t0
         text = _decode(tokenizer, res.token_ids)
         scored = await _score(env, example, res.token_ids, text, res.finish_reason, opts, timings)
@@ -203,8 +211,9 @@ async def generate_sample(backend: GenerationBackend, env: Environment, tokenize
     finish = "stop"
     for turn in range(max_turns):
         p = replace(params, seed=None if params.seed is None else derive_seed(params.seed, turn))
-        res = await _generate(backend, GenerationRequest(f"{request_id}/t{turn}", list(prompt_ids) + completion, p),
-                              opts, ticket if turn == 0 else None)
+        res = timings.count(await _generate(backend, GenerationRequest(f"{request_id}/t{turn}",
+                                                                       list(prompt_ids) + completion, p),
+                                            opts, ticket if turn == 0 else None))
         start_version = res.start_version if start_version is None else start_version
         end_version, finish = res.end_version, res.finish_reason
         starts.append(len(completion))
@@ -246,7 +255,7 @@ async def generate_episode(backend: GenerationBackend, env: Environment, tokeniz
 
     async def generate(request: GenerationRequest) -> GenerationResult:
         held, first[0] = first[0], None  # the episode's first call takes its group's queued place
-        return await _generate(backend, request, opts, held)
+        return timings.count(await _generate(backend, request, opts, held))
 
     def seed_for(k: int) -> int | None:
         return None if params.seed is None else derive_seed(params.seed, k)
@@ -275,7 +284,8 @@ async def generate_episode(backend: GenerationBackend, env: Environment, tokeniz
 def _sample(prompt_ids, completion, logprobs, mask, finish, v0, v1, token_versions, text, scored,
             opts: GroupOptions, timings: SampleTimings, num_turns: int, routes=None) -> Sample:
     info = dict(scored.info)
-    info.update(text=text, generate_s=timings.generate_s, env_s=timings.env_s, turns=num_turns)
+    info.update(text=text, generate_s=timings.generate_s, env_s=timings.env_s, turns=num_turns,
+                worker_tokens=dict(timings.worker_tokens))
     if token_versions is not None:
         info["token_versions"] = token_versions
     return Sample(prompt_ids=list(prompt_ids), completion_ids=completion, gen_logprobs=logprobs,

@@ -233,6 +233,13 @@ class DataParallelTrainer(abc.ABC):
 
     @torch.no_grad()
     def _spmd_logprobs(self, chunk: TrainChunk, reference: bool) -> torch.Tensor:
+        t0 = time.perf_counter()
+        try:
+            return self._spmd_logprobs_timed(chunk, reference)
+        finally:  # forward-only passes count in the step's FLOPs, so their time counts in its MFU too
+            self._rl_compute_s += time.perf_counter() - t0
+
+    def _spmd_logprobs_timed(self, chunk: TrainChunk, reference: bool) -> torch.Tensor:
         width = chunk.input_ids.shape[1]
         per_rank = math.ceil(chunk.num_samples / self.dp_size)
         rows = []
