@@ -176,10 +176,10 @@ class RecipeConfig(Section):
                   "set advantage.estimator: gae, or critic.enabled: false.")
         if critic.enabled and self.trainer.backend != "torch":
             fail("critic.enabled", True,
-                 f"false with trainer.backend '{self.trainer.backend}': the critic (rl_core.train.critic) is a whole, "
-                 "unsharded model trained on the controller's process only; it is neither sharded nor data-parallel "
-                 "like the policy, so beside a distributed trainer it would hold a full copy per run and train on "
-                 "rank 0's view alone",
+                 f"false with trainer.backend '{self.trainer.backend}': the critic (rl_core.train.critic) is one "
+                 "whole, unsharded model trained on the controller's device, neither sharded nor data-parallel; "
+                 "beside a sharded policy it would need the memory of a full model on one device, which the "
+                 "distributed trainer exists to avoid (rl_core does not shard the critic)",
                  "use trainer.backend: torch for PPO with a critic, or keep the distributed trainer with a "
                  "critic-free estimator (advantage.estimator: grpo, gdpo, reinforce_pp or raw_reward) and "
                  "critic.enabled: false.")

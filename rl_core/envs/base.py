@@ -151,9 +151,10 @@ class BaseEnv(ABC):
 
     def chat_turn_ids(self, text: str, completion: "Completion") -> list[int]:
         """Tokens between an assistant turn the policy generated and the next one, as the
-        tokenizer's chat template writes them: what closes the assistant turn (its end token
-        when the completion did not end on one, e.g. a stop string; the template's text after
-        the end token), then `text` as a user message, then the opened assistant turn. Found by
+        tokenizer's chat template writes them: what closes the assistant turn (the template's
+        end-of-turn text, less the end token when the completion ended on one: a completion cut
+        by a stop string gets it here), then `text` as a user message, then the opened
+        assistant turn. Found by
         rendering a probe conversation with and without the user message (the template is the
         only source of the format: ChatML, Llama, ... alike)."""
         tok = self.tokenizer
@@ -167,8 +168,8 @@ class BaseEnv(ABC):
                              "turn as a prefix of the conversation that follows it, so an observation cannot be "
                              "templated as a user turn; override `observe` to build its tokens")
         cut += len(self._PROBE)
-        end = self._end_strings[0]
-        if completion.ended and after.startswith(end, cut):  # the policy generated the end token already
+        if completion.ended:  # the policy generated the turn's end token already: the template's is not repeated
+            end = next((e for e in self._end_strings if e and after.startswith(e, cut)), "")
             cut += len(end)
         return list(tok.encode(after[cut:], add_special_tokens=False))
 
