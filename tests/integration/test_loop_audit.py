@@ -96,7 +96,16 @@ class SlowUpdate(Delegate):
         return self.inner.finish(advance_version)
 
 
-def test_trajectory_age_is_taken_at_selection_and_tokens_are_counted_per_worker(tmp_path, warm_policy, monkeypatch):
+def overlong_by_hand(length: int, l_max: int = 8, l_cache: int = 6, penalty: float = 0.5) -> float:
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476, eq. 13), written out."""
+    if length <= l_max - l_cache:
+        return 0.0
+    if length <= l_max:
+        return -penalty * (length - (l_max - l_cache)) / l_cache
+    return -penalty
+
+
+def test_trajectory_age_worker_tokens_and_overlong_shaping_in_a_run(tmp_path, warm_policy, monkeypatch):
     # lookahead 0: a step's groups are generated after the previous refit, and every group is
     # selected before the step's (slowed) update. Measured after training, every age would
     # exceed the update's delay; measured at selection, none comes near it
@@ -105,9 +114,23 @@ def test_trajectory_age_is_taken_at_selection_and_tokens_are_counted_per_worker(
     def prepare(parts):
         parts.trainer = SlowUpdate(parts.trainer, delay)
 
+    # reward shaping in the same run: the overlong penalty (L_max = generation.max_tokens = 8,
+    # L_cache 6: every completion longer than 2 tokens pays) and overlong filtering
     ctl, recs, steps = run_loop(tmp_path, warm_policy, monkeypatch, "async_rl.sampler.max_lookahead_versions=0",
+                                "reward_shaping.overlong_penalty.enabled=true",
+                                "reward_shaping.overlong_penalty.buffer_tokens=6",
+                                "reward_shaping.overlong_penalty.penalty=0.5", "reward_shaping.overlong_filtering=true",
                                 prepare=prepare, name="age")
+    penalised = 0
     for rec, step in zip(recs, steps, strict=True):
+        for s in (s for t in step.trained for s in t.group.samples):
+            pen = overlong_by_hand(len(s.completion_ids))
+            penalised += pen < 0
+            assert s.reward == pytest.approx(s.info["unshaped_reward"] + pen, abs=1e-12)
+            assert s.rewards["overlong_penalty"] == pytest.approx(pen, abs=1e-12)
+            assert s.env_mask == s.truncated == bool(s.info.get("overlong_filtered"))  # truncated: out of the loss
+        assert rec["shaping/reward_shaped_mean"] == pytest.approx(rec["train/reward_mean"])
+    assert penalised > 0
         assert rec["timing/step_s"] > delay
         assert 0.0 <= rec["staleness/age_s_mean"] <= rec["staleness/age_s_max"] < delay / 2
         ages = [t.slot.selected_at - t.slot.ready_at for t in step.trained]
