@@ -6,7 +6,8 @@ into engine `SamplingParams`, fanning the N samples of a group out to a backend 
 sample takes a generation place while it generates: generation-level backpressure),
 multi-turn rollouts (generate -> environment observation -> generate ..., with
 observation tokens masked out of the loss), per-generation and per-environment
-deadlines, and scoring each finished sample with the environment.
+deadlines, each sample's generated tokens per generation worker (`info["worker_tokens"]`,
+from `GenerationResult.worker`), and scoring each finished sample with the environment.
 
 Does not own: when groups are dispatched (rollout pump), the buffer, or retries.
 """
