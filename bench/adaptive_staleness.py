@@ -3,7 +3,7 @@
 Owns: the bench only (arms, their order, the table and the verdicts); the rule is
 rl_core/samplers/adaptive.py, the runs are `rl-core train`'s (`train_from_recipe`).
 
-Run: `nice -n 5 .venv/bin/python bench/adaptive_staleness.py [--steps 300] [--repeats 3] [--out DIR]`.
+Run: `nice -n 5 .venv/bin/python bench/adaptive_staleness.py [--steps 300] [--repeats 4] [--out DIR]`.
 Trains the default recipe (tiny Qwen2, 2-digit addition, CPU, native engine) from one shared
 warmed-up policy, in this process, for the same number of RL steps per arm:
 - `fixed0`: `in_order`, `max_lookahead_versions: 0` (synchronous);
@@ -13,15 +13,18 @@ warmed-up policy, in this process, for the same number of RL steps per arm:
   at 1, the rule's default thresholds (metric `gen_train_kl`, low 1e-3, high 3e-3, patience 5);
 - `adaptive_min0` (not run unless named in `--arms`): the same with range [0, 4], the range of
   the first runs (docs/controller.md, runs A-C).
-Noise control: the arms run interleaved, in rounds whose order alternates (A B C D, then
-D C B A, then A B C D, ...), so a drift of the machine's load hits every arm alike; round r
+Noise control: the arms run interleaved, in rounds whose orders form a balanced Latin
+square (Williams design; 4 arms: A B D C, B C A D, C D B A, D A C B): over as many rounds as
+arms every arm runs once in every position and follows every other arm once, so a drift of
+the machine's load hits every arm alike; round r
 uses seed `grpo.seed + r` for every arm (arms are paired within a round, rounds independent);
 one torch thread per arm (`--threads`). Each arm validates on the held-out set at the start
 and the end (greedy, the recipe's validation set).
 
 Prints one row per arm and round, then one row per arm with the mean and the sample standard
 deviation over the rounds of the held-out accuracy and of the pump seconds (the RL steps
-without setup and validation), then a verdict line per clause of the target, judged on the
+without setup and validation) and of the process CPU seconds of the whole arm (all threads:
+the work done, which the load of other jobs does not change as it changes wall time), then a verdict line per clause of the target, judged on the
 means: adaptive at least as accurate as `fixed4`, and at least as fast as `fixed1`. Each
 verdict also gives the difference of the means with its standard error (from the spread
 over rounds) and the rounds in which the paired comparison held, so a verdict inside the
@@ -55,8 +58,27 @@ ARMS = {
 DEFAULT_ARMS = ["fixed0", "fixed1", "fixed4", "adaptive"]
 
 
+def round_orders(arms: list[str], rounds: int) -> list[list[str]]:
+    """Williams design: row i = (first row + i) mod n, first row 0, 1, n-1, 2, n-2, ..."""
+    n = len(arms)
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    return [[arms[(j + i) % n] for j in first] for i in range(rounds)]
+
+
 def _load() -> str:
     return "load average %.2f %.2f %.2f" % os.getloadavg()
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process so far (every thread, user + system)."""
+    t = os.times()
+    return t.user + t.system
 
 
 def _mean_sd(xs: list[float]) -> tuple[float, float]:
@@ -84,15 +106,16 @@ def run_arm(arm: str, rnd: int, seed: int, common: list[str], out: Path, policy:
             raise SystemExit(f"{run_dir} exists and is not a run of this bench; move it away or choose another --out")
         shutil.rmtree(run_dir)
     shutil.copytree(policy, run_dir / "init_policy")
-    t0 = time.monotonic()
+    load_before = os.getloadavg()[0]
+    t0, c0 = time.monotonic(), _cpu_s()
     summary = train_from_recipe(cfg)
-    wall = time.monotonic() - t0
+    wall, cpu = time.monotonic() - t0, _cpu_s() - c0
     steps = read_jsonl(run_dir / "metrics.jsonl", kind="train")
     bounds = [r["async/staleness_bound"] for r in steps]
     return {
-        "arm": arm, "round": rnd, "seed": seed, "load_after": os.getloadavg()[0],
+        "arm": arm, "round": rnd, "seed": seed, "load_before": load_before, "load_after": os.getloadavg()[0],
         "val_before": summary["val_start"]["accuracy"], "val_after": summary["val_end"]["accuracy"],
-        "wall_s": wall, "pumps_s": summary["pumps_s"], "steps_per_s": steps_n / summary["pumps_s"],
+        "wall_s": wall, "cpu_s": cpu, "pumps_s": summary["pumps_s"], "steps_per_s": steps_n / summary["pumps_s"],
         "staleness_max": summary["max_staleness"],
         "staleness_mean": statistics.fmean(r["staleness/mean"] for r in steps),
         "bound_mean": statistics.fmean(bounds), "bound_last": bounds[-1],
@@ -112,7 +135,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=300, help="RL steps per arm")
-    ap.add_argument("--repeats", type=int, default=3, help="rounds; each runs every arm once, the order alternating")
+    ap.add_argument("--repeats", type=int, default=4, help="rounds; each runs every arm once (orders: a balanced Latin square)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (runtime.torch_num_threads)")
     ap.add_argument("--out", default="results/bench_adaptive_staleness", help="output directory of the runs")
     ap.add_argument("--arms", nargs="*", default=DEFAULT_ARMS, choices=list(ARMS))
@@ -130,8 +153,7 @@ def main() -> None:
     load_start = _load()
     print(f"start: {load_start}", flush=True)
     rows = []
-    for rnd in range(args.repeats):
-        order = args.arms if rnd % 2 == 0 else list(reversed(args.arms))
+    for rnd, order in enumerate(round_orders(args.arms, args.repeats)):
         for arm in order:
             rows.append(run_arm(arm, rnd, cfg0.grpo.seed + rnd, common, out, policy, args.steps))
             r = rows[-1]
@@ -142,14 +164,14 @@ def main() -> None:
         {"steps": args.steps, "repeats": args.repeats, "threads": args.threads, "n_val": n_val,
          "load_start": load_start, "load_end": load_end, "rows": rows}, indent=2) + "\n")
 
-    print(f"\nadaptive staleness, {args.steps} RL steps per arm, {args.repeats} round(s) (order alternating), "
+    print(f"\nadaptive staleness, {args.steps} RL steps per arm, {args.repeats} round(s) (Latin-square orders), "
           f"{args.threads} torch thread(s); held-out greedy accuracy on {n_val} prompts; pumps s = the RL steps "
           "without setup and validation")
-    print(f"{'arm':<13} {'round':>5} {'val after':>9} {'pumps s':>8} {'steps/s':>7} {'max stale':>9} "
+    print(f"{'arm':<13} {'round':>5} {'val after':>9} {'pumps s':>8} {'cpu s':>6} {'steps/s':>7} {'max stale':>9} "
           f"{'mean stale':>10} {'bound mean':>10} {'changes':>7} {'KL mean':>9}  KL median by trained staleness")
     for r in rows:
         kl = " ".join(f"{k}:{v:.1e}" for k, v in r["kl_median_by_staleness"].items())
-        print(f"{r['arm']:<13} {r['round']:>5d} {r['val_after']:>9.3f} {r['pumps_s']:>8.1f} {r['steps_per_s']:>7.2f} "
+        print(f"{r['arm']:<13} {r['round']:>5d} {r['val_after']:>9.3f} {r['pumps_s']:>8.1f} {r['cpu_s']:>6.1f} {r['steps_per_s']:>7.2f} "
               f"{r['staleness_max']:>9d} {r['staleness_mean']:>10.2f} {r['bound_mean']:>10.2f} "
               f"{r['bound_changes']:>7d} {r['gen_train_kl_mean']:>9.2e}  {kl}")
     arms = [a for a in ARMS if a in args.arms]
@@ -157,12 +179,13 @@ def main() -> None:
     pumps = {a: [r["pumps_s"] for r in rows if r["arm"] == a] for a in arms}
     print(f"\nper arm over {args.repeats} round(s): mean +- sample sd (one validation's binomial standard "
           f"error at p = 0.2 on {n_val} prompts: {math.sqrt(0.2 * 0.8 / n_val):.3f})")
-    print(f"{'arm':<13} {'val after':>15} {'pumps s':>13} {'bound mean':>10} {'steps at bound 0':>16}")
+    print(f"{'arm':<13} {'val after':>15} {'pumps s':>13} {'cpu s':>13} {'bound mean':>10} {'steps at bound 0':>16}")
     for a in arms:
         am, asd = _mean_sd(acc[a])
         pm, psd = _mean_sd(pumps[a])
         ar = [r for r in rows if r["arm"] == a]
-        print(f"{a:<13} {am:>7.3f} +- {asd:.3f} {pm:>6.1f} +- {psd:>4.1f} "
+        cm, csd = _mean_sd([r["cpu_s"] for r in ar])
+        print(f"{a:<13} {am:>7.3f} +- {asd:.3f} {pm:>6.1f} +- {psd:>4.1f} {cm:>6.1f} +- {csd:>4.1f} "
               f"{statistics.fmean(r['bound_mean'] for r in ar):>10.2f} "
               f"{statistics.fmean(r['steps_at_bound'].get('0', 0) for r in ar):>16.1f}")
 
