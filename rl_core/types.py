@@ -76,6 +76,7 @@ class GenerationResult:
     started_at: float = 0.0
     finished_at: float = 0.0
     routed_experts: list[list[int]] | None = None  # MoE: per token of prompt + completion, layers x k expert ids
+    worker: str = ""  # which generation worker produced it: an HTTP/vLLM server's URL, "native", "vllm"
 
 
 @dataclass

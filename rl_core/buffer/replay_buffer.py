@@ -44,6 +44,7 @@ class Slot:
     reserved_at: float = field(default_factory=time.monotonic)
     ready_at: float | None = None
     carried: int = 0  # times its target step was moved to a later step (partial rollouts)
+    selected_at: float | None = None  # when the train pump took it (trajectory age = selected_at - ready_at)
 
 
 def _by_dispatch(slot: Slot) -> int:
@@ -162,7 +163,9 @@ class ReplayBuffer:
             assert slot.state in LIVE, (slot.group_id, slot.state)
             slot.state = state
             self.counts[state.value] += 1
-            if state != SlotState.SELECTED:
+            if state == SlotState.SELECTED:
+                slot.selected_at = time.monotonic()
+            else:
                 slot.group = None
             del self._slots[slot.group_id]
             self._drop_index(slot.group_id)
@@ -173,6 +176,7 @@ class ReplayBuffer:
         for slot in slots:
             assert slot.state == SlotState.SELECTED and slot.group is not None, (slot.group_id, slot.state)
             slot.state = SlotState.READY
+            slot.selected_at = None
             self._slots[slot.group_id] = slot
             self._index_ready(slot)
         await self.notify()

@@ -19,8 +19,8 @@ class AdaptiveStalenessConfig(Section):
 
     enabled: bool = False
     """Turn the adaptive bound on (false: the bound is the fixed `max_lookahead_versions`)."""
-    min_lookahead_versions: int = Field(0, ge=0)
-    """Smallest bound the controller may narrow to (0 = synchronous)."""
+    min_lookahead_versions: int = Field(1, ge=0)
+    """Smallest bound the controller may narrow to. The default 1 is the recipe's default fixed bound (one-step-off), so turning the adaptive bound on never narrows below it; 0 lets it narrow to synchronous (slower, and on an engine whose logprobs match the trainer's the signal is then ~0, so it widens again after `patience_steps`; docs/controller.md, "Adaptive staleness")."""
     max_lookahead_versions: int = Field(4, ge=0)
     """Largest bound the controller may widen to; also sizes the dispatch limit and, in reproducible runs, the buffer."""
     metric: Literal["gen_train_kl", "gen_logprob_abs_error", "is_mult_prob_error"] = "gen_train_kl"

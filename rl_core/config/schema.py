@@ -174,6 +174,15 @@ class RecipeConfig(Section):
                    if adv.estimator == "raw_reward" else f"'{adv.estimator}' uses group or batch baselines, not values")
             fail("critic.enabled", True, f"false with advantage.estimator '{adv.estimator}' ({why})",
                   "set advantage.estimator: gae, or critic.enabled: false.")
+        if critic.enabled and self.trainer.backend != "torch":
+            fail("critic.enabled", True,
+                 f"false with trainer.backend '{self.trainer.backend}': the critic (rl_core.train.critic) is one "
+                 "whole, unsharded model trained on the controller's device, neither sharded nor data-parallel; "
+                 "beside a sharded policy it would need the memory of a full model on one device, which the "
+                 "distributed trainer exists to avoid (rl_core does not shard the critic)",
+                 "use trainer.backend: torch for PPO with a critic, or keep the distributed trainer with a "
+                 "critic-free estimator (advantage.estimator: grpo, gdpo, reinforce_pp or raw_reward) and "
+                 "critic.enabled: false.")
         return self
 
     @model_validator(mode="after")

@@ -4,7 +4,11 @@ Owns: turning one step's trained groups, the trainer's and the refit's metrics a
 pumps' counters into one flat dict: rewards and accuracy, advantages, lengths (mean and
 percentiles of generated / input / total tokens; histograms go to TensorBoard), truncation
 rate, environment and generation timings, staleness in versions and trajectory age in
-seconds, per-worker token counts, and the aborted / evicted / dropped / wasted counts.
+seconds (from the group's commit to the buffer until the train pump selected it: the time
+its samples waited, not the training and refit after), the generated tokens of the step's
+trained samples per generation worker (`rollout/worker_gen_tokens/<worker>`: an HTTP or
+vLLM server's URL, `native` or `vllm` for an in-process engine), and the aborted /
+evicted / dropped / wasted counts.
 
 Does not own: where metrics go (metrics.logger) or how they are computed upstream.
 """
@@ -30,7 +34,9 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
     advs = [a for t in trained for a in t.advantages]
     stal = [t.staleness for t in trained]
     now = time.monotonic()
-    ages = [now - t.slot.ready_at for t in trained if t.slot.ready_at is not None]
+    # waited in the buffer: commit -> selection (a group restored from a checkpoint has no commit time)
+    ages = [t.slot.selected_at - t.slot.ready_at for t in trained
+            if t.slot.ready_at is not None and t.slot.selected_at is not None]
     # one pass over the samples (16,000 per step at 1,000 groups x 16)
     rewards: list[float] = []
     gen_len: list[int] = []
@@ -110,6 +116,12 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
     m["train/policy_frozen"] = float(pump.policy_frozen)
     for k, v in finalize_metrics(pump.step_pairs).items():  # advantage, shaping, dynamic sampling
         m[k if k.startswith(("shaping/", "dynamic_sampling/")) else f"train/{k}"] = v
+    workers: dict[str, int] = {}
+    for s in samples:
+        for w, n in s.info.get("worker_tokens", {}).items():
+            workers[w] = workers.get(w, 0) + n
+    for w, n in sorted(workers.items()):
+        m[f"rollout/worker_gen_tokens/{w}"] = float(n)
     for name in {k for s in samples for k in s.rewards}:  # named reward components (multi-reward)
         m[f"reward/{name}"] = statistics.fmean([s.rewards.get(name, 0.0) for s in samples])
     for k, v in train_metrics.items():

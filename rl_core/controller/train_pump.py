@@ -63,7 +63,8 @@ def needs_prev_logprobs(cfg) -> bool:
 
 def needs_reference_logprobs(cfg) -> bool:
     """Reference-policy logprobs are needed only for a KL term to the reference (loss or reward):
-    `RecipeConfig.needs_reference_policy`."""
+    `RecipeConfig.needs_reference_policy`. The training run's gate: `rl_core.launch.train.build_parts`
+    asks it whether the trainer keeps the frozen reference policy."""
     return cfg.needs_reference_policy
 
 

@@ -11,7 +11,12 @@ Owns:
     and hands `score_completion` a `Completion` whose text has the end token removed and whose
     `ended` says whether the sample stopped on an end token;
   * `reference_completion_ids` is the ideal completion (reference text + end token),
-    which the supervised warm-up trains on, so warm-up and RL see the same format.
+    which the supervised warm-up trains on, so warm-up and RL see the same format;
+  * `observe` (multi-turn) turns the hook `observation_text(example, turn, completion)` into
+    the tokens fed after a turn: the raw text, or, with `use_chat_template`, a user turn of the
+    tokenizer's chat template (`chat_turn_ids`: closes the assistant turn the policy just
+    ended, the user message, the next assistant turn opened), so a multi-turn chat environment
+    only writes text.
 
 End tokens: the tokenizer's eos token, plus `<|im_end|>` for environments that use the
 chat template (a chat turn ends there). A sample *ended* when its finish reason is "stop"
@@ -124,11 +129,49 @@ class BaseEnv(ABC):
         text_ids = self.tokenizer.encode(self.reference_text(example), add_special_tokens=False)
         return list(text_ids) + [self.end_token_ids[0]]
 
-    def observe(self, example: dict[str, Any], turn: int, completion: "Completion") -> list[int] | None:
-        """Multi-turn hook: token ids of the observation that follows turn `turn`'s completion,
-        already templated by the environment (they are fed to the policy as they are, and
-        masked out of the loss); None ends the episode. Single-turn environments return None."""
+    def observation_text(self, example: dict[str, Any], turn: int, completion: "Completion") -> str | None:
+        """Multi-turn hook: the environment's answer to turn `turn`'s completion as text (a user
+        message under `use_chat_template`); None ends the episode (the default: single turn)."""
         return None
+
+    def observe(self, example: dict[str, Any], turn: int, completion: "Completion") -> list[int] | None:
+        """Token ids of the observation that follows turn `turn`'s completion (fed to the policy as
+        they are, masked out of the loss); None ends the episode. The default templates
+        `observation_text`: raw text without special tokens, or a chat user turn
+        (`chat_turn_ids`) when the environment uses the chat template. An environment may
+        override it to produce tokens itself."""
+        text = self.observation_text(example, turn, completion)
+        if text is None:
+            return None
+        if self.use_chat_template:
+            return self.chat_turn_ids(text, completion)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    _PROBE = "\x00rl_core-probe\x00"
+
+    def chat_turn_ids(self, text: str, completion: "Completion") -> list[int]:
+        """Tokens between an assistant turn the policy generated and the next one, as the
+        tokenizer's chat template writes them: what closes the assistant turn (the template's
+        end-of-turn text, less the end token when the completion ended on one: a completion cut
+        by a stop string gets it here), then `text` as a user message, then the opened
+        assistant turn. Found by
+        rendering a probe conversation with and without the user message (the template is the
+        only source of the format: ChatML, Llama, ... alike)."""
+        tok = self.tokenizer
+        probe = [{"role": "user", "content": "?"}, {"role": "assistant", "content": self._PROBE}]
+        before = tok.apply_chat_template(probe, tokenize=False)
+        after = tok.apply_chat_template(probe + [{"role": "user", "content": text}], tokenize=False,
+                                        add_generation_prompt=True)
+        cut = before.find(self._PROBE)
+        if cut < 0 or not after.startswith(before[:cut + len(self._PROBE)]):
+            raise ValueError(f"environment {self.name}: the tokenizer's chat template does not render an assistant "
+                             "turn as a prefix of the conversation that follows it, so an observation cannot be "
+                             "templated as a user turn; override `observe` to build its tokens")
+        cut += len(self._PROBE)
+        if completion.ended:  # the policy generated the turn's end token already: the template's is not repeated
+            end = next((e for e in self._end_strings if e and after.startswith(e, cut)), "")
+            cut += len(end)
+        return list(tok.encode(after[cut:], add_special_tokens=False))
 
     # ------------------------------------------------------------------ scoring
 

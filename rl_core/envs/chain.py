@@ -4,8 +4,9 @@ Owns the episode: turn 1 is the addition prompt (`07+45=`, answer `250`: the rev
 3-digit sum); the environment then observes `+c=` (c derived from the example id, so it
 is fixed per example) and turn 2 must answer a + b + c in the same reversed 3-digit
 format. Reward = fraction of turns answered correctly; `info['correct']` = both correct.
-The observation is raw text tokens (the tiny model has no chat format); an environment
-using the chat template would template its observation as a user turn here.
+The observation is the text `+c=` (`observation_text`); the base class turns it into tokens:
+raw text for the tiny model (not a chat model), a chat user turn for a subclass that sets
+`use_chat_template` (rl_core.envs.base.BaseEnv.observe).
 
 Does not own: the multi-turn rollout loop (rl_core.rollout.group) or masking of
 observation tokens (the loop marks them 0 in the sample's completion mask).
@@ -37,10 +38,10 @@ class ChainAdditionEnv(BaseEnv):
         super().__init__(config, tokenizer)
         self.max_turns = int(config.max_turns)
 
-    def observe(self, example: dict[str, Any], turn: int, completion: Completion) -> list[int] | None:
+    def observation_text(self, example: dict[str, Any], turn: int, completion: Completion) -> str | None:
         if turn >= self.max_turns - 1:
             return None
-        return list(self.tokenizer.encode(f"+{third_operand(example):02d}=", add_special_tokens=False))
+        return f"+{third_operand(example):02d}="
 
     def _expected(self, example: dict[str, Any], turn: int) -> str:
         a, b = int(example["a"]), int(example["b"])

@@ -100,9 +100,12 @@ def build_parts(cfg: RecipeConfig, policy_dir: str | Path, *, trainer_state: dic
     # a completion ends on the environment's end tokens (`<|im_end|>` too for chat environments) or eos
     stop_ids = tuple(dict.fromkeys(i for i in (*env.end_token_ids, tokenizer.eos_token_id) if i is not None))
 
+    from rl_core.controller.train_pump import needs_prev_logprobs, needs_reference_logprobs
+
     def make_trainer():  # trainer.backend: torch | fsdp2 | megatron (rl_core.train registry)
+        # the frozen reference is kept exactly when the train pump's gate says its logprobs are needed
         return make_backend_trainer(cfg, policy_dir, device=device, version=weight_version,
-                                    trainer_state=trainer_state)
+                                    trainer_state=trainer_state, keep_reference=needs_reference_logprobs(cfg))
 
     # generation (per generation.backend/placement) sets up in a thread while the trainer builds
     backend, trainer, setup = build_overlapped(cfg, policy_dir, tokenizer=tokenizer, device=device,
@@ -117,8 +120,6 @@ def build_parts(cfg: RecipeConfig, policy_dir: str | Path, *, trainer_state: dic
                         device=device, dtype=cfg.model.dtype, version=weight_version)
         if saved is not None:
             critic.load_state(saved)
-    from rl_core.controller.train_pump import needs_prev_logprobs
-
     return Parts(tokenizer=tokenizer, env=env, source=source, backend=backend, trainer=trainer,
                  loss=make_loss(cfg.loss, multi_update=needs_prev_logprobs(cfg)), sampler=make_sampler(cfg),
                  val_examples=val_examples, stop_token_ids=stop_ids, pad_id=pad, setup=setup, critic=critic)

@@ -7,7 +7,8 @@ into engine `SamplingParams`, fanning the N samples of a group out to a backend 
 sample; each sample takes a generation place while it generates: generation-level
 backpressure), multi-turn rollouts (generate -> environment observation -> generate ...,
 with observation tokens masked out of the loss), per-generation and per-environment
-deadlines, and scoring each finished sample with the environment.
+deadlines, each sample's generated tokens per generation worker (`info["worker_tokens"]`,
+from `GenerationResult.worker`), and scoring each finished sample with the environment.
 
 Does not own: when groups are dispatched (rollout pump), the buffer, or retries.
 """
@@ -18,7 +19,7 @@ import asyncio
 import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rl_core.config.schema import SamplingParamsConfig
@@ -139,6 +140,13 @@ class GroupOptions:
 class SampleTimings:
     generate_s: float = 0.0
     env_s: float = 0.0
+    worker_tokens: dict[str, int] = field(default_factory=dict)  # generated tokens per generation worker
+
+    def count(self, res: GenerationResult) -> GenerationResult:
+        """Count `res`'s generated tokens for the worker that produced it."""
+        w = res.worker or "local"
+        self.worker_tokens[w] = self.worker_tokens.get(w, 0) + len(res.token_ids)
+        return res
 
 
 def _decode(tokenizer, ids: list[int]) -> str:
@@ -186,7 +194,8 @@ async def generate_sample(backend: GenerationBackend, env: Environment, tokenize
     max_turns = int(env.max_turns)
     t0 = time.monotonic()
     if max_turns <= 1:
-        res = await _generate(backend, GenerationRequest(request_id, list(prompt_ids), params), opts, ticket)
+        res = timings.count(await _generate(backend, GenerationRequest(request_id, list(prompt_ids), params), opts,
+                                            ticket))
         timings.generate_s = time.monotonic() - t0
         text = _decode(tokenizer, res.token_ids)
         scored = await _score(env, example, res.token_ids, text, res.finish_reason, opts, timings)
@@ -204,8 +213,9 @@ async def generate_sample(backend: GenerationBackend, env: Environment, tokenize
     finish = "stop"
     for turn in range(max_turns):
         p = replace(params, seed=None if params.seed is None else derive_seed(params.seed, turn))
-        res = await _generate(backend, GenerationRequest(f"{request_id}/t{turn}", list(prompt_ids) + completion, p),
-                              opts, ticket if turn == 0 else None)
+        res = timings.count(await _generate(backend, GenerationRequest(f"{request_id}/t{turn}",
+                                                                       list(prompt_ids) + completion, p),
+                                            opts, ticket if turn == 0 else None))
         start_version = res.start_version if start_version is None else start_version
         end_version, finish = res.end_version, res.finish_reason
         starts.append(len(completion))
@@ -248,7 +258,7 @@ async def generate_episode(backend: GenerationBackend, env: Environment, tokeniz
 
     async def generate(request: GenerationRequest) -> GenerationResult:
         held, first[0] = first[0], None  # the episode's first call takes its group's queued place
-        return await _generate(backend, request, opts, held)
+        return timings.count(await _generate(backend, request, opts, held))
 
     def seed_for(k: int) -> int | None:
         return None if params.seed is None else derive_seed(params.seed, k)
@@ -277,7 +287,8 @@ async def generate_episode(backend: GenerationBackend, env: Environment, tokeniz
 def _sample(prompt_ids, completion, logprobs, mask, finish, v0, v1, token_versions, text, scored,
             opts: GroupOptions, timings: SampleTimings, num_turns: int, routes=None) -> Sample:
     info = dict(scored.info)
-    info.update(text=text, generate_s=timings.generate_s, env_s=timings.env_s, turns=num_turns)
+    info.update(text=text, generate_s=timings.generate_s, env_s=timings.env_s, turns=num_turns,
+                worker_tokens=dict(timings.worker_tokens))
     if token_versions is not None:
         info["token_versions"] = token_versions
     return Sample(prompt_ids=prompt_ids, completion_ids=completion, gen_logprobs=logprobs,
@@ -360,6 +371,8 @@ async def _generate_group_at_once(backend: GenerationBackend, env: Environment, 
     score = env.score
     if opts.env_timeout_s is not None:  # scored in the environment pool, concurrently as before
         timings = [SampleTimings(generate_s) for _ in results]
+        for tm, r in zip(timings, results):
+            tm.count(r)
         texts = [decode(r.token_ids, skip_special_tokens=True) for r in results]
         scores = await asyncio.gather(*(_score(env, example, r.token_ids, text, r.finish_reason, opts, tm)
                                         for r, text, tm in zip(results, texts, timings)))
@@ -375,7 +388,8 @@ async def _generate_group_at_once(backend: GenerationBackend, env: Environment, 
         scored = score(example, r.token_ids, text, r.finish_reason)
         env_s = time.monotonic() - t1
         info = dict(scored.info)
-        info.update(text=text, generate_s=generate_s, env_s=env_s, turns=1)
+        info.update(text=text, generate_s=generate_s, env_s=env_s, turns=1,
+                    worker_tokens={r.worker or "local": len(r.token_ids)})
         if r.token_versions is not None:
             info["token_versions"] = r.token_versions
         samples.append(Sample(r.prompt_ids if r.prompt_ids is prompt else list(r.prompt_ids), r.token_ids,

@@ -64,17 +64,22 @@ def start_trainer_group(cfg, device: str | None = None) -> bool:
 
 
 def make_trainer(cfg, policy_dir: str | Path, *, device: str | None = None, version: int = 0,
-                 trainer_state: dict[str, Any] | None = None, reference_dir: str | Path | None = None):
+                 trainer_state: dict[str, Any] | None = None, reference_dir: str | Path | None = None,
+                 keep_reference: bool | None = None):
     """The recipe's trainer backend over the HF policy directory `policy_dir` (rank 0 / driver).
 
     The frozen reference of the KL terms (kept when `loss.kl_coef` or
     `advantage.kl_in_reward_coef` > 0) is the run's *initial* policy: `reference_dir`, which a
     resumed run takes from its checkpoint (`trainer_state["reference_dir"]`), else `policy_dir`.
     For fsdp2 and megatron the process group must exist (`start_trainer_group`); with one
-    process it is created here."""
+    process it is created here. `keep_reference`: the training run's gate
+    (`rl_core.controller.train_pump.needs_reference_logprobs`, passed by
+    `rl_core.launch.train.build_parts`); None (stand-alone callers) = the recipe's
+    `needs_reference_policy`, which that gate returns."""
     device = device or trainer_device(cfg)
     gen = cfg.generation
-    keep_reference = cfg.needs_reference_policy
+    if keep_reference is None:
+        keep_reference = cfg.needs_reference_policy
     trainer_state = dict(trainer_state) if trainer_state is not None else None
     saved_ref = trainer_state.pop("reference_dir", None) if trainer_state is not None else None
     reference_dir = resolve_reference_dir(reference_dir or saved_ref or policy_dir) if keep_reference else None

@@ -159,7 +159,8 @@ class DataParallelTrainer(abc.ABC):
         for mb in self._my_microbatches(chunk):
             dummy = mb is None
             mb = (self._dummy(chunk) if dummy else mb).to(self.device)
-            if self._loss.needs_reference_logprobs and mb.ref_logprobs is None:
+            ref_pass = self._loss.needs_reference_logprobs and mb.ref_logprobs is None
+            if ref_pass:
                 with torch.no_grad():
                     mb.ref_logprobs = self._model_logprobs(mb, reference=True)
             lp = self._model_logprobs(mb, reference=False)
@@ -174,6 +175,8 @@ class DataParallelTrainer(abc.ABC):
             self._loss_sum += float(out.loss_sum.detach().item())
             merge_metrics(self._metric_sums, out.metrics)
             self._flops_counter().add_train(mb)
+            if ref_pass:  # the KL term's reference pass above, counted as TorchTrainer counts it
+                self._flops_counter().add_forward(mb)
             self._num_samples += mb.num_samples
             self._num_tokens += mb.num_valid_tokens()
         self._t_compute += time.perf_counter() - t0
@@ -233,6 +236,13 @@ class DataParallelTrainer(abc.ABC):
 
     @torch.no_grad()
     def _spmd_logprobs(self, chunk: TrainChunk, reference: bool) -> torch.Tensor:
+        t0 = time.perf_counter()
+        try:
+            return self._spmd_logprobs_timed(chunk, reference)
+        finally:  # forward-only passes count in the step's FLOPs, so their time counts in its MFU too
+            self._rl_compute_s += time.perf_counter() - t0
+
+    def _spmd_logprobs_timed(self, chunk: TrainChunk, reference: bool) -> torch.Tensor:
         width = chunk.input_ids.shape[1]
         per_rank = math.ceil(chunk.num_samples / self.dp_size)
         rows = []

@@ -86,6 +86,7 @@ class TorchTrainer(LocalStep):
         # FLOPs and compute time summed over every optimizer step of one RL step (PPO mini-steps too)
         self.flops = FlopsCounter(FlopsSpec.from_model(self.model))
         self._rl_compute_s = 0.0
+        self._in_train = False  # inside train_microbatches (its reference passes are timed there)
         self._reset_step()
 
     # ------------------------------------------------------------------ split step API
@@ -116,6 +117,14 @@ class TorchTrainer(LocalStep):
     def train_microbatches(self, chunk: TrainChunk) -> None:
         self._require_open("train_microbatches")
         t0 = time.perf_counter()
+        self._in_train = True
+        try:
+            self._train_microbatches(chunk)
+        finally:
+            self._in_train = False
+            self._t_compute += time.perf_counter() - t0
+
+    def _train_microbatches(self, chunk: TrainChunk) -> None:
         for mb in local_microbatches(chunk, self.cfg.microbatch_size, self.device, on_skip=self._skipped):
             if self._loss.needs_reference_logprobs and mb.ref_logprobs is None:
                 mb.ref_logprobs = self.logprobs(mb, reference=True)
@@ -130,7 +139,6 @@ class TorchTrainer(LocalStep):
             self.flops.add_train(mb)
             self._num_samples += mb.num_samples
             self._num_tokens += mb.num_valid_tokens()
-        self._t_compute += time.perf_counter() - t0
 
     def _skipped(self, mb: TrainChunk) -> None:
         self._normalizer += self._loss.skipped_normalizer(mb)
@@ -166,8 +174,19 @@ class TorchTrainer(LocalStep):
 
     # ------------------------------------------------------------------ inference / export / state
 
-    @torch.no_grad()
     def logprobs(self, chunk: TrainChunk, reference: bool = False) -> torch.Tensor:
+        """Per-token logprobs of `chunk` under the policy (or the frozen reference), no gradient.
+        A pass outside a training microbatch (previous-policy / reward-KL reference logprobs)
+        adds its time to the RL step's compute time: its FLOPs count in the step's MFU."""
+        t0 = time.perf_counter()
+        try:
+            return self._logprobs(chunk, reference)
+        finally:
+            if not self._in_train:  # inside train_microbatches the time is in `_t_compute` already
+                self._rl_compute_s += time.perf_counter() - t0
+
+    @torch.no_grad()
+    def _logprobs(self, chunk: TrainChunk, reference: bool = False) -> torch.Tensor:
         model = self.reference if reference else self.model
         if model is None:
             raise RuntimeError("reference logprobs requested but no reference model is kept (loss.kl_coef == 0)")

@@ -160,3 +160,16 @@ def test_a_step_admitted_under_another_bound_is_no_evidence_about_the_current_on
     assert r.update({KEY: LOW}, trained_bound=0) == 1 and r.low_streak == 0  # widening not yet in training
     assert r.update({KEY: LOW}, trained_bound=1) == 1 and r.low_streak == 1
     assert r.update({KEY: HIGH}, trained_bound=0) == 0  # high even under a narrower bound: narrow
+
+
+def test_default_range_floor_is_the_default_fixed_bound():
+    # defaults: range [1, 4] (one-step-off is the floor: never synchronous unless min is set to 0)
+    cfg = validate_dict({"async_rl": {"sampler": {"type": "in_order", "adaptive": {"enabled": True}}}})
+    ad = cfg.async_rl.sampler.adaptive
+    assert (ad.min_lookahead_versions, ad.max_lookahead_versions) == (1, 4)
+    assert cfg.async_rl.sampler.max_lookahead_versions == 1  # the starting bound lies in the range
+    s = make_sampler(cfg)
+    assert _bounds(s, [HIGH] * 3 + [LOW] * 5 + [HIGH] * 3) == [1, 1, 1, 1, 1, 1, 1, 2, 1, 1, 1]
+    with pytest.raises(RecipeError, match=r"async_rl\.sampler\.max_lookahead_versions.*starting bound"):
+        validate_dict({"async_rl": {"sampler": {"type": "in_order", "max_lookahead_versions": 0,
+                                                "adaptive": {"enabled": True}}}})

@@ -232,6 +232,11 @@ CASES = {
     "int_as_bool": (_recipe("data:\n  shuffle: 1\n"), ["data.shuffle", "true or false"]),
     "float_infinite": (_recipe("trainer:\n  lr: .inf\n"), ["trainer.lr", "finite"]),
     "float_nan": (_override("loss.kl_coef=.nan"), ["loss.kl_coef", "finite"]),
+    # the PPO critic is not sharded: refused beside the distributed trainers, naming the backend and the fix
+    "critic_beside_fsdp2": (_override("trainer.backend=fsdp2", "critic.enabled=true", "advantage.estimator=gae"),
+                            ["`critic.enabled`", "trainer.backend 'fsdp2'", "not shard the critic", "Fix:"]),
+    "critic_beside_megatron": (_override("trainer.backend=megatron", "critic.enabled=true", "advantage.estimator=gae"),
+                               ["`critic.enabled`", "trainer.backend 'megatron'", "trainer.backend: torch"]),
     "seed_too_large": (_recipe(f"grpo:\n  seed: {2**70}\n"), ["grpo.seed"]),
     "seed_negative": (_recipe("grpo:\n  seed: -1\n"), ["grpo.seed"]),
     "float16_on_cpu": (_recipe("runtime: {device: cpu}\nmodel: {dtype: float16}\n"), ["model.dtype", "float32"]),

@@ -29,12 +29,26 @@ def _logprobs(result) -> torch.Tensor:
     return torch.tensor(result["logprobs"])
 
 
+def assert_forward_pass_in_mfu(result) -> None:
+    """check_step takes the batch's logprobs (a forward-only pass) before its first RL step: that
+    step counts the pass's FLOPs (a third of one training pass over the same batch) and its
+    seconds (MFU's time: FLOPs / flops/per_s, more than the step's own compute_s); the second
+    step has no such pass."""
+    s0, s1 = result["steps"]
+    assert s0["flops_train"] == pytest.approx(s1["flops_train"], rel=1e-12)
+    assert s0["flops_total"] - s1["flops_total"] == pytest.approx(s1["flops_train"] / 3, rel=1e-9)
+    assert s0["flops_total"] / s0["flops_per_s"] > s0["compute_s"]
+    assert s1["flops_total"] / s1["flops_per_s"] == pytest.approx(s1["compute_s"], rel=1e-9)
+
+
 def test_two_process_fsdp2_step_matches_one_process_torch(models, tmp_path):
     ref, w_ref = run_check(models["untied"], tmp_path, "torch")
     got, w_got = run_check(models["untied"], tmp_path, "fsdp2", 2)
     assert got["world_size"] == 2 and got["source"] == "torchrun" and got["version"] == 2
     assert_same_step(ref, got, REL)
     assert_same_flops(ref, got)  # FLOPs/MFU metrics: both ranks' microbatches, counted once
+    assert_forward_pass_in_mfu(ref)
+    assert_forward_pass_in_mfu(got)
     assert ref["steps"][0]["loss"] != ref["steps"][1]["loss"]  # the first step changed the weights
     assert (_logprobs(ref) - _logprobs(got)).abs().max().item() < ABS
     assert max_weight_diff(w_ref, w_got) < ABS
@@ -48,6 +62,7 @@ def test_fsdp2_hsdp_tied_kl_and_uneven_microbatches(models, tmp_path):
     got, w_got = run_check(models["tied"], tmp_path, "fsdp2", 2, *sets,
                            "trainer.fsdp.data_parallel_replicate_size=2", num_samples=6)
     assert_same_step(ref, got, REL)
+    assert_same_flops(ref, got)  # the KL term's reference passes counted as the torch trainer counts them
     assert "lm_head.weight" in w_got and "model.embed_tokens.weight" in w_got
     assert torch.equal(w_got["lm_head.weight"], w_got["model.embed_tokens.weight"])
     assert max_weight_diff(w_ref, w_got) < ABS

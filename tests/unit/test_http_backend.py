@@ -97,6 +97,24 @@ def test_results_equal_the_engine_and_load_is_spread(servers, model_dir):
     assert metrics["servers_tokens_generated"] >= 32 * 12
 
 
+def test_each_result_names_the_server_that_generated_it(servers):
+    # the rollout metrics count generated tokens per worker (rollout/worker_gen_tokens/<url>) from this
+    reqs = sampled(16, prefix="w")
+
+    async def main():
+        backend = HttpBackend(servers, health_check_interval_s=0.5)
+        await backend.start()
+        results = await asyncio.gather(*(backend.generate(r) for r in reqs))
+        per_server = {ep.url: ep.requests for ep in backend.endpoints}
+        await backend.shutdown()
+        return results, per_server
+
+    results, per_server = run(main())
+    assert set(per_server) == set(servers)
+    by_worker = {url: sum(1 for r in results if r.worker == url) for url in servers}
+    assert by_worker == per_server and sum(by_worker.values()) == len(reqs)
+
+
 def test_least_outstanding_picks_the_idlest_routable_server():
     async def main():
         fleet = HttpBackend(["http://a:1", "http://b:1", "http://c:1"]).fleet

@@ -261,7 +261,7 @@ class HttpBackend:
             request_id=request.request_id, prompt_ids=list(request.prompt_ids), token_ids=tokens, logprobs=logprobs,
             finish_reason=choice.get("finish_reason") or "stop",
             start_version=int(choice.get("start_version", version)), end_version=int(choice.get("end_version", version)),
-            token_versions=[int(v) for v in versions], started_at=started, finished_at=time.monotonic())
+            token_versions=[int(v) for v in versions], started_at=started, finished_at=time.monotonic(), worker=ep.url)
 
     def _aborted_result(self, request: GenerationRequest, started: float) -> GenerationResult:
         return GenerationResult(request.request_id, list(request.prompt_ids), [], [], "abort", self._version,

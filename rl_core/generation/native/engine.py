@@ -471,7 +471,7 @@ class NativeEngine:
             request_id=request.request_id, prompt_ids=list(request.prompt_ids), token_ids=seq.tokens,
             logprobs=seq.logprobs, finish_reason=reason, start_version=seq.start_version, end_version=self.version,
             token_versions=seq.versions, started_at=seq.started_at, finished_at=time.monotonic(),
-            top_logprobs=seq.top, routed_experts=seq.routes,
+            top_logprobs=seq.top, routed_experts=seq.routes, worker="native",
         )
 
     def _validate(self, request: GenerationRequest) -> None:

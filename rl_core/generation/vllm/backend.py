@@ -177,7 +177,7 @@ class VLLMBackend:
             request_id=request.request_id, prompt_ids=list(request.prompt_ids), token_ids=tokens, logprobs=logprobs,
             finish_reason=reason, start_version=start_version, end_version=self._version,
             token_versions=token_versions_from_spans(getattr(out, "weight_versions", None), len(tokens), start_version),
-            started_at=started, finished_at=time.monotonic(), **extra)
+            started_at=started, finished_at=time.monotonic(), worker="vllm", **extra)
 
     async def abort(self, request_id: str) -> None:
         """Stop one request; returns once it has ended (its `generate()` returns finish_reason

@@ -218,7 +218,7 @@ class VLLMServerBackend:
             request_id=rid, prompt_ids=list(request.prompt_ids), token_ids=tokens, logprobs=logprobs,
             finish_reason=reason, start_version=start_version, end_version=self._version,
             token_versions=token_versions_from_spans(choice.get("weight_versions"), len(tokens), start_version),
-            started_at=started, finished_at=time.monotonic(), **extra)
+            started_at=started, finished_at=time.monotonic(), worker=self.url, **extra)
 
     async def abort(self, request_id: str) -> None:
         """Stop one request; returns once its `generate()` has returned ("abort")."""
