@@ -59,7 +59,7 @@ def estimate_advantages(cfg: AdvantageConfig, chunk: TrainChunk, rewards: Sequen
     """
     mask32 = chunk.loss_mask
     # the float64 [B, T] mask only where the token-level paths need it (the sequence-level path
-    # broadcasts [B] advantages without materialising it: `_broadcast`)
+    # broadcasts [B] advantages without materialising it: `broadcast_sequence_advantages`)
     token_level = cfg.kl_in_reward_coef > 0 or cfg.estimator == "gae"
     mask = mask32.to(torch.float64) if token_level else mask32
     B = mask.shape[0]
@@ -111,10 +111,10 @@ def estimate_advantages(cfg: AdvantageConfig, chunk: TrainChunk, rewards: Sequen
     if components is not None:
         comps = dict(components) if isinstance(components, Mapping) else stack_components(components)
     seq_adv = sequence_advantages(cfg, r, gid, comps, ok)
-    return AdvantageEstimate(_broadcast(seq_adv, mask32), seq_adv.to(torch.float32), None, pairs_to_floats(metrics))
+    return AdvantageEstimate(broadcast_sequence_advantages(seq_adv, mask32), seq_adv.to(torch.float32), None, pairs_to_floats(metrics))
 
 
-def _broadcast(seq_adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def broadcast_sequence_advantages(seq_adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """(seq_adv[:, None] * mask in float64).to(float32), [B, T]: on the CPU in one NumPy pass
     (float64 products rounded into the float32 output, no [B, T] float64 temporaries; the same
     bits), elsewhere with torch."""

@@ -264,16 +264,16 @@ def test_make_train_chunk_packs_arrays_and_lists_alike():
 
 
 def test_sequence_advantages_broadcast_with_the_same_bits():
-    """estimate._broadcast (one NumPy pass) == (adv[:, None] * mask in float64).to(float32), also
+    """estimate.broadcast_sequence_advantages (one NumPy pass) == (adv[:, None] * mask in float64).to(float32), also
     for negative advantages (signed zeros) and masks that are not 0/1."""
-    from rl_core.algorithms.estimate import _broadcast
+    from rl_core.algorithms.estimate import broadcast_sequence_advantages
 
     g = torch.Generator().manual_seed(5)
     adv = torch.randn(64, generator=g, dtype=torch.float64) * 3
     adv[::7] = 0.0
     for mask in ((torch.rand(64, 33, generator=g) > 0.4).float(), torch.rand(64, 33, generator=g) * 2 - 0.5):
         ref = (adv[:, None] * mask.to(torch.float64)).to(torch.float32)
-        got = _broadcast(adv, mask)
+        got = broadcast_sequence_advantages(adv, mask)
         assert got.dtype == torch.float32
         assert torch.equal(got.view(torch.int32), ref.view(torch.int32))  # bit for bit, signed zeros too
 
