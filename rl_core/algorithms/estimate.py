@@ -111,7 +111,8 @@ def estimate_advantages(cfg: AdvantageConfig, chunk: TrainChunk, rewards: Sequen
     if components is not None:
         comps = dict(components) if isinstance(components, Mapping) else stack_components(components)
     seq_adv = sequence_advantages(cfg, r, gid, comps, ok)
-    return AdvantageEstimate(broadcast_sequence_advantages(seq_adv, mask32), seq_adv.to(torch.float32), None, pairs_to_floats(metrics))
+    return AdvantageEstimate(broadcast_sequence_advantages(seq_adv, mask32), seq_adv.to(torch.float32), None,
+                             pairs_to_floats(metrics))
 
 
 def broadcast_sequence_advantages(seq_adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
