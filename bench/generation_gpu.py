@@ -4,6 +4,7 @@ Run on a CUDA machine (one GPU):
 
     .venv/bin/python bench/generation_gpu.py                       # batch 64 and 256, all paths
     .venv/bin/python bench/generation_gpu.py --batch-sizes 64 --paths graph --skip-hf
+    .venv/bin/python bench/generation_gpu.py --paths graph --compile --overlap --fused   # + the fused attention kernel
 
 Model: Qwen2.5-0.5B shapes (hidden 896, 24 layers, 14 query / 2 KV heads, MLP 4864, vocab
 151,936, tied embeddings), random init, bf16. Workload per batch size B: B prompts of
@@ -74,22 +75,24 @@ def best_of(fn, repeats: int, warm: bool = True) -> tuple[float, int]:
     return best, count
 
 
-def make_engine(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, compile: bool, overlap: bool = False):
+def make_engine(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, compile: bool, overlap: bool = False,
+                attention: str = "torch"):
     from rl_core.generation import EngineOptions, NativeEngine
 
     batch, prompt_len = prompts.shape
     return NativeEngine(cfg, model.state_dict(), EngineOptions(
         device="cuda", dtype=torch.bfloat16, max_batch_size=batch, max_seq_len=prompt_len + new_tokens + 8,
-        eos_token_ids=[], decode_path=path, kv_cache_dtype=kv_dtype, decode_compile=compile, overlap_steps=overlap))
+        eos_token_ids=[], decode_path=path, kv_cache_dtype=kv_dtype, decode_compile=compile, overlap_steps=overlap,
+        decode_attention=attention))
 
 
 def run_native(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, compile: bool, overlap: bool,
-               repeats: int) -> dict:
+               repeats: int, attention: str = "torch") -> dict:
     from rl_core.types import GenerationRequest, SamplingParams
 
     batch = prompts.shape[0]
     built = time.perf_counter()
-    engine = make_engine(model, cfg, prompts, new_tokens, path, kv_dtype, compile, overlap)
+    engine = make_engine(model, cfg, prompts, new_tokens, path, kv_dtype, compile, overlap, attention)
     rows = prompts.tolist()
     params = SamplingParams(temperature=1.0, max_tokens=new_tokens)
 
@@ -116,7 +119,8 @@ def run_native(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, c
     return out
 
 
-def profile_decode(model, cfg, prompts, new_tokens: int, path: str, compile: bool, out_dir: str | None) -> dict:
+def profile_decode(model, cfg, prompts, new_tokens: int, path: str, compile: bool, out_dir: str | None,
+                   attention: str = "torch") -> dict:
     """Where a decode step's time goes: the whole `engine.step()`, the graph replay alone
     (CUDA events), sampling alone (the sampling graph's replay when plain rows sample inside
     the step, else the engine's sampler: parameters + kernels + the host copy), and the rest
@@ -128,7 +132,7 @@ def profile_decode(model, cfg, prompts, new_tokens: int, path: str, compile: boo
     from rl_core.types import GenerationRequest, SamplingParams
 
     batch = prompts.shape[0]
-    engine = make_engine(model, cfg, prompts, new_tokens, path, "auto", compile)
+    engine = make_engine(model, cfg, prompts, new_tokens, path, "auto", compile, attention=attention)
     params = SamplingParams(temperature=1.0, max_tokens=new_tokens)
     for i, p in enumerate(prompts.tolist()):
         engine.add_request(GenerationRequest(str(i), p, params))
@@ -181,7 +185,7 @@ def profile_decode(model, cfg, prompts, new_tokens: int, path: str, compile: boo
     cpu_table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
     if out_dir:
         import os
-        name = f"profile_b{batch}_{path}{'_compiled' if compile else ''}"
+        name = f"profile_b{batch}_{path}{'_compiled' if compile else ''}{'_fused' if attention == 'fused' else ''}"
         with open(os.path.join(out_dir, name + ".txt"), "w") as f:
             f.write(table + "\n\n" + cpu_table)
         prof.export_chrome_trace(os.path.join(out_dir, name + ".json"))
@@ -219,6 +223,11 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also run each path with decode_compile (torch.compile)")
     parser.add_argument("--overlap", action="store_true",
                         help="also run the graph path with decode_compile (if --compile) and overlap_steps")
+    parser.add_argument("--fused", action="store_true",
+                        help="also run each graph/static configuration (model-dtype KV cache) with decode_attention "
+                             "fused (the Triton RoPE + cache-write + attention kernel)")
+    parser.add_argument("--only-fastest", action="store_true",
+                        help="with --compile --overlap: run only graph+compile+overlap (and its fused twin)")
     parser.add_argument("--profile", action="store_true",
                         help="at the first batch size, break one decode step down (replay / sampling / host) and "
                              "print a torch.profiler table")
@@ -241,7 +250,12 @@ def main() -> None:
     configs = [(p, "auto", False, False) for p in args.paths]
     configs += [(p, "auto", True, False) for p in args.paths if args.compile and p != "eager"]
     configs += [("graph", "auto", args.compile, True)] if args.overlap else []
+    if args.only_fastest:
+        configs = [c for c in configs if c[3]]
     configs += [("graph", "fp8_e4m3", args.compile, False)] if args.fp8 else []
+    configs = [c + ("torch",) for c in configs]
+    if args.fused:
+        configs += [c[:4] + ("fused",) for c in configs if c[0] != "eager" and c[1] == "auto"]
     for batch in args.batch_sizes:
         gen = torch.Generator(device="cuda").manual_seed(batch)
         prompts = torch.randint(0, cfg.vocab_size, (batch, args.prompt_len), device="cuda", generator=gen)
@@ -255,17 +269,19 @@ def main() -> None:
         print("  weight-read roofline: " + ", ".join(f"{k} {v:,.0f} tok/s" for k, v in roofs.items()))
         if hf is not None:
             print(f"  transformers generate(): {hf['tok_s']:>10,.0f} tok/s ({hf['seconds']:.2f} s)")
-        for path, kv, compiled, overlap in configs:
-            m = run_native(model, cfg, prompts, args.new_tokens, path, kv, compiled, overlap, args.repeats)
+        for path, kv, compiled, overlap, attention in configs:
+            m = run_native(model, cfg, prompts, args.new_tokens, path, kv, compiled, overlap, args.repeats, attention)
             ratio = f", {m['tok_s'] / hf['tok_s']:.1f}x generate()" if hf is not None else ""
             frac = ", ".join(f"{m['decode_tok_s'] / v:.1%} of {k}" for k, v in roofs.items())
-            name = path + ("+compile" if compiled else "") + ("+overlap" if overlap else "")
-            print(f"  native {name:<22} kv {kv:<8}: {m['tok_s']:>10,.0f} tok/s end to end{ratio}; decode step "
+            name = (path + ("+compile" if compiled else "") + ("+overlap" if overlap else "")
+                    + ("+fused" if attention == "fused" else ""))
+            print(f"  native {name:<28} kv {kv:<8}: {m['tok_s']:>10,.0f} tok/s end to end{ratio}; decode step "
                   f"{m['step_ms']:.2f} ms = {m['decode_tok_s']:,.0f} tok/s ({frac}); graphs {m['graphs']}, "
                   f"KV cache {m['kv_gib']:.2f} GiB; build {m['build_s']:.1f} s, first run {m['warmup_s']:.1f} s",
                   flush=True)
-            if args.profile and path == "graph" and kv == "auto" and not overlap and batch == args.batch_sizes[0]:
-                b = profile_decode(model, cfg, prompts, args.new_tokens, path, compiled, args.out)
+            if (args.profile and path == "graph" and kv == "auto" and (not overlap or args.only_fastest)
+                    and batch == args.batch_sizes[0]):  # profiled without overlap (its own engine)
+                b = profile_decode(model, cfg, prompts, args.new_tokens, path, compiled, args.out, attention)
                 print(f"    step breakdown at bucket {b['bucket']}: step {b['step_ms']:.3f} ms = graph replay "
                       f"{b['replay_ms']:.3f} + sampling {b['sample_ms']:.3f} + host/other {b['host_ms']:.3f} ms",
                       flush=True)

@@ -242,6 +242,19 @@ class RecipeConfig(Section):
                       f"a static or graph decode path (decode_path is {gen.native.decode_path!r}"
                       + (" and resolves to eager on runtime.device 'cpu')" if gen.native.decode_path == "auto" else ")"),
                       f"set generation.native.decode_path: static (or graph on CUDA), or {knob}: false.")
+        if gen.native.decode_attention == "fused":
+            if self.runtime.device == "cpu":
+                fail("generation.native.decode_attention", "fused",
+                      "a CUDA runtime.device (the fused decode-attention kernel is a Triton GPU kernel; "
+                      "runtime.device is 'cpu')", "set generation.native.decode_attention: torch.")
+            if gen.native.decode_path == "eager":
+                fail("generation.native.decode_attention", "fused",
+                      "a static or graph decode path (decode_path is 'eager')",
+                      "set generation.native.decode_path: auto or graph, or decode_attention: torch.")
+            if gen.native.kv_cache_dtype == "fp8_e4m3":
+                fail("generation.native.decode_attention", "fused",
+                      "kv_cache_dtype 'auto' (the fused kernel reads a cache in the model dtype; it is 'fp8_e4m3')",
+                      "set generation.native.kv_cache_dtype: auto, or decode_attention: torch.")
         tiny = self.model.tiny if self.model.source == "tiny" else None
         if tiny is not None and gen.native.max_seq_len is not None and gen.native.max_seq_len > tiny.max_position_embeddings:
             fail("generation.native.max_seq_len", gen.native.max_seq_len,
@@ -376,6 +389,10 @@ def check_moe_rules(cfg: RecipeConfig, hf: tuple[str, bool] | None) -> None:
             fail(f"generation.native.{knob}", True,
                   f"false with an MoE policy (model.tiny.architecture 'mixtral' decodes eagerly; {knob} needs the "
                   "dense static/graph decode step)", f"set generation.native.{knob}: false.")
+    if moe and cfg.generation.native.decode_attention == "fused":
+        fail("generation.native.decode_attention", "fused",
+              "'torch' with an MoE policy (it decodes eagerly; the fused kernel serves the dense static/graph step)",
+              "set generation.native.decode_attention: torch.")
     if not cfg.trainer.router_replay.enabled:
         return
     if cfg.model.source == "tiny" and not moe:

@@ -83,6 +83,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="compile the static/graph decode step's layers with torch.compile")
     p.add_argument("--overlap-steps", action="store_true",
                    help="launch each plain decode step before the previous step's tokens are read back")
+    p.add_argument("--decode-attention", choices=["torch", "fused"], default="torch",
+                   help="fused: RoPE, cache write and attention of the static/graph decode step in one Triton "
+                        "kernel (CUDA)")
     p.add_argument("--seed", type=int, default=0, help="seed of requests sent without one")
     p.add_argument("--weight-version", type=int, default=0, help="weight version of MODEL_DIR's weights")
     p.add_argument("--torch-num-threads", type=int, default=None, help="intra-op CPU threads")

@@ -68,6 +68,8 @@ class EngineArgs:
             out.append("--decode-compile")
         if o.overlap_steps:
             out.append("--overlap-steps")
+        if o.decode_attention != "torch":
+            out += ["--decode-attention", o.decode_attention]
         return out + list(self.extra)
 
 

@@ -17,12 +17,14 @@ See docs/generation.md, "Decode paths and CUDA graphs", for what each path runs 
 from __future__ import annotations
 
 import bisect
+import functools
 from typing import Sequence
 
 import torch
 
 from rl_core.generation.native.kv_cache import KVCache
-from rl_core.generation.native.model import CausalLM, decode_layer
+from rl_core.generation.native.model import (CausalLM, attention_input, attention_output_mlp, decode_layer,
+                                             decode_layer_fused)
 from rl_core.generation.native.sampling import sample_plain
 
 DEFAULT_KEY_BUCKET_MIN = 64
@@ -60,6 +62,23 @@ def pick_bucket(buckets: Sequence[int], need: int) -> int:
     return buckets[i]
 
 
+def _compiled(fn, fullgraph: bool = True):
+    """`fn` through torch.compile with dynamic shapes (one compilation for every bucket),
+    keeping the eager code's low-precision roundings (`emulate_precision_casts`)."""
+    return torch.compile(fn, fullgraph=fullgraph, dynamic=True, options={"emulate_precision_casts": True})
+
+
+def _layer_function(compile: bool, fused_attention: bool):
+    """What `decode_slots` runs per layer: None (eager `decode_layer`), the compiled
+    `decode_layer`, or `decode_layer_fused` with eager or compiled projections around its kernel."""
+    if not fused_attention:
+        return _compiled(decode_layer) if compile else None
+    if not compile:
+        return decode_layer_fused
+    return functools.partial(decode_layer_fused, before=_compiled(attention_input),
+                             after=_compiled(attention_output_mlp))
+
+
 class DecodeRunner:
     """Runs single-token steps over a slot range with static shapes (graphs on CUDA).
 
@@ -91,19 +110,26 @@ class DecodeRunner:
     `torch.compile` with dynamic shapes, so one compilation serves every layer and every
     bucket (sizes 0/1 get their own); it happens in the warm-up of the first capture.
     `emulate_precision_casts` keeps the bf16 roundings where the eager code has them, so
-    compiled and eager steps agree to float rounding of the kernels."""
+    compiled and eager steps agree to float rounding of the kernels. The in-step sampling
+    (`sample_plain`) is compiled too: its passes over the [S, vocab] logits fuse into a few
+    reductions.
+
+    Fused attention (`fused_attention=True`): layers run `model.decode_layer_fused`, whose
+    RoPE, cache write and attention are one Triton kernel (decode_attention.py) reading each
+    slot's keys up to its own position; with `compile`, the projections before and after it
+    are the compiled parts."""
 
     def __init__(self, model: CausalLM, cache: KVCache, use_graphs: bool,
                  slot_sizes: Sequence[int] | None = None, key_sizes: Sequence[int] | None = None,
-                 compile: bool = False):
+                 compile: bool = False, fused_attention: bool = False):
         device = cache.k.device
         if use_graphs and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device; the cache is on {device}. "
                              "Use the eager or static decode path on this device.")
         self.model, self.cache, self.use_graphs, self.device = model, cache, use_graphs, device
-        self.compiled = compile
-        self._layer_fn = (torch.compile(decode_layer, fullgraph=True, dynamic=True,
-                                        options={"emulate_precision_casts": True}) if compile else None)
+        self.compiled, self.fused_attention = compile, fused_attention
+        self._layer_fn = _layer_function(compile, fused_attention)
+        self._sample_plain = _compiled(sample_plain, fullgraph=False) if compile else sample_plain
         self.slot_sizes = sorted(slot_sizes) if slot_sizes else slot_buckets(cache.num_slots)
         self.key_sizes = sorted(key_sizes) if key_sizes else key_buckets(cache.max_seq_len)
         if self.slot_sizes[-1] < cache.num_slots or self.key_sizes[-1] < cache.max_seq_len:
@@ -202,7 +228,7 @@ class DecodeRunner:
 
     def _sample(self, logits: torch.Tensor, s: int) -> torch.Tensor:
         params = self.sample_in[:, :s]
-        tokens, logprobs = sample_plain(logits, params[0].float(), params[1] > 0.5, params[2])
+        tokens, logprobs = self._sample_plain(logits, params[0].float(), params[1] > 0.5, params[2])
         return torch.stack((tokens.double(), logprobs.double()))
 
     def _capture_sampler(self, s: int, k: int, logits: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:

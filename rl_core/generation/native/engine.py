@@ -29,6 +29,7 @@ from typing import Any, Mapping
 import torch
 
 from rl_core.errors import EngineOptionsError
+from rl_core.generation.native.decode_attention import check_supported
 from rl_core.generation.native.decode_graph import DecodeRunner
 from rl_core.generation.native.engine_state import EngineStats, StepRecord, LaunchedStep, EngineSequence
 from rl_core.generation.native.kv_cache import KV_STORAGE, KVCache, StepLayout
@@ -53,8 +54,9 @@ class NativeEngine:
     the scales over the calibration maximum). `decode_path`: "auto" | "eager" | "static" |
     "graph" (see the module docstring); `decode_compile`: run the static/graph decode step's
     layers through `torch.compile` (decode_graph.py); `overlap_steps`: launch the next decode
-    step before reading this one's tokens (see `step`). Checked here, against the model and
-    device: `max_seq_len` within the model's context, static/graph decode only for dense
+    step before reading this one's tokens (see `step`); `decode_attention` "fused": RoPE, cache
+    write and attention of that step in one Triton kernel (decode_attention.py). Checked here,
+    against the model and device: `max_seq_len` within the model's context, static/graph decode only for dense
     models, CUDA graphs only on CUDA, and `decode_compile`/`overlap_steps` only where
     `decode_path` does not resolve to "eager" (`EngineOptionsError` naming the option).
     """
@@ -109,8 +111,16 @@ class NativeEngine:
         self._drained: list[GenerationResult] = []  # finished by a drained step, returned by the next step()
         self._last_done = 0.0
         self.decode_path = decode_path
+        if options.decode_attention == "fused":
+            why = check_supported(self.device, self.dtype, self.spec.head_dim, self.cache.fp8)
+            if decode_path == "eager" or why is not None:
+                raise EngineOptionsError(
+                    "decode_attention", "fused", "'torch' here: the fused decode-attention kernel cannot run, "
+                    + (why or f"decode_path resolves to 'eager' ({self.device.type} device)"),
+                    "use decode_attention 'torch'.")
         self.decoder = None if decode_path == "eager" else DecodeRunner(
-            self.model, self.cache, use_graphs=decode_path == "graph", compile=options.decode_compile)
+            self.model, self.cache, use_graphs=decode_path == "graph", compile=options.decode_compile,
+            fused_attention=options.decode_attention == "fused")
         self.generator = new_generator(options.seed)
         self.version = options.weight_version
         self._waiting: deque[EngineSequence] = deque()

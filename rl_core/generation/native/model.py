@@ -224,7 +224,7 @@ def decode_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: t
     """
     ln1, qkv_w, qkv_b, o_w, o_b, ln2, gate_up_w, gate_up_b, down_w, down_b = weights
     n, dim = x.shape[0], cos.shape[-1]
-    qkv = F.linear(_rms_norm(x, ln1, eps), qkv_w, qkv_b).view(n, heads + 2 * kv_heads, dim)
+    qkv = attention_input(x, ln1, qkv_w, qkv_b, eps).view(n, heads + 2 * kv_heads, dim)
     qk = qkv[:, :heads + kv_heads]
     qk = qk * cos + qk.roll(dim // 2, dims=-1) * sin  # RoPE, as in Attention.forward
     q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]
@@ -237,9 +237,43 @@ def decode_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: t
     scores = torch.matmul(q, keys.transpose(-1, -2)).float() * dim ** -0.5  # [S, kv, G, K]
     probs = scores.masked_fill_(hidden[:, None, None, :], float("-inf")).softmax(dim=-1)
     out = torch.matmul(probs.to(values.dtype), values).reshape(n, heads * dim)
+    return attention_output_mlp(x, out, weights, eps)
+
+
+def attention_input(x: torch.Tensor, ln1: torch.Tensor, qkv_w: torch.Tensor, qkv_b: torch.Tensor | None,
+                    eps: float) -> torch.Tensor:
+    """The fused QKV projection of the normed input [S, hidden] -> [S, (heads + 2 kv_heads) * D]."""
+    return F.linear(_rms_norm(x, ln1, eps), qkv_w, qkv_b)
+
+
+def attention_output_mlp(x: torch.Tensor, out: torch.Tensor, weights: tuple[torch.Tensor | None, ...],
+                         eps: float) -> torch.Tensor:
+    """The rest of a decode layer after attention: x + o_proj(out), then x + mlp(norm(x))."""
+    _, _, _, o_w, o_b, ln2, gate_up_w, gate_up_b, down_w, down_b = weights
     x = x + F.linear(out, o_w, o_b)
     gate, up = F.linear(_rms_norm(x, ln2, eps), gate_up_w, gate_up_b).chunk(2, dim=-1)
     return x + F.linear(F.silu(gate) * up, down_w, down_b)
+
+
+def decode_layer_fused(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
+                       positions: torch.Tensor, hidden: torch.Tensor, weights: tuple[torch.Tensor | None, ...],
+                       k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None,
+                       v_scale: torch.Tensor | None, *, heads: int, kv_heads: int, eps: float,
+                       before: Callable[..., torch.Tensor] = attention_input,
+                       after: Callable[..., torch.Tensor] = attention_output_mlp) -> torch.Tensor:
+    """`decode_layer` with RoPE, the cache write and attention in one Triton kernel
+    (decode_attention.py): same arguments and result up to float rounding. Row s must be
+    slot s (what `decode_slots` passes); keys are read up to each row's own position, so
+    `hidden` is not used; the cache must be in the model dtype (no FP8 scales). `before` /
+    `after` run the projections around the kernel (the decode runner passes compiled ones)."""
+    from rl_core.generation.native.decode_attention import rope_store_attend
+
+    if k_scale is not None or v_scale is not None:
+        raise ValueError("decode_layer_fused reads a cache in the model dtype; this cache is FP8-encoded")
+    n, dim = x.shape[0], cos.shape[-1]
+    qkv = before(x, weights[0], weights[1], weights[2], eps).view(n, heads + 2 * kv_heads, dim)
+    out = rope_store_attend(qkv, cos, sin, positions, k_cache, v_cache, heads, kv_heads)
+    return after(x, out, weights, eps)
 
 
 class MLP(nn.Module):

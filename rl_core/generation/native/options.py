@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable
 from rl_core.errors import ArgumentError, EngineOptionsError, RecipeError
 
 DECODE_PATHS = ("auto", "eager", "static", "graph")
+DECODE_ATTENTIONS = ("torch", "fused")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 
@@ -30,7 +31,7 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")
 RECIPE_FIELDS = {"dtype": "model.dtype", "max_batch_size": "generation.max_batch_size", "seed": "grpo.seed",
                  **{f: f"generation.native.{f}" for f in ("max_seq_len", "max_num_kv_tokens", "kv_cache_dtype",
                                                           "kv_scale_margin", "decode_path", "decode_compile",
-                                                          "overlap_steps")}}
+                                                          "overlap_steps", "decode_attention")}}
 
 
 def _is_int(value: Any) -> bool:
@@ -63,6 +64,7 @@ class EngineOptions:
     decode_path: str = "auto"
     decode_compile: bool = False
     overlap_steps: bool = False
+    decode_attention: str = "torch"
 
     def __post_init__(self) -> None:
         if self.eos_token_ids is not None and not isinstance(self.eos_token_ids, tuple):
@@ -112,6 +114,15 @@ class EngineOptions:
             if getattr(self, flag) and self.decode_path == "eager":
                 raise bad(flag, "false with decode_path 'eager' (it needs the static-shape decode step)",
                           f"use decode_path 'static' or 'graph' (dense models), or turn {flag} off.")
+        if self.decode_attention not in DECODE_ATTENTIONS:
+            raise bad("decode_attention", f"one of {', '.join(DECODE_ATTENTIONS)}",
+                      "use 'torch' (the default) or 'fused' (one Triton kernel, CUDA).")
+        if self.decode_attention == "fused" and self.decode_path == "eager":
+            raise bad("decode_attention", "'torch' with decode_path 'eager' (the fused kernel serves the "
+                      "static-shape decode step)", "use decode_path 'auto' or 'graph' on CUDA, or 'torch'.")
+        if self.decode_attention == "fused" and self.kv_cache_dtype == "fp8_e4m3":
+            raise bad("decode_attention", "'torch' with kv_cache_dtype 'fp8_e4m3' (the fused kernel reads a cache "
+                      "in the model dtype)", "use kv_cache_dtype 'auto', or decode_attention 'torch'.")
 
     def replace(self, **changes: Any) -> EngineOptions:
         """A copy with `changes`, validated again."""
@@ -128,7 +139,8 @@ class EngineOptions:
                        seed=cfg.grpo.seed, weight_version=weight_version, max_seq_len=n.max_seq_len,
                        max_num_kv_tokens=n.max_num_kv_tokens, kv_cache_dtype=n.kv_cache_dtype,
                        kv_scale_margin=n.kv_scale_margin, decode_path=n.decode_path,
-                       decode_compile=n.decode_compile, overlap_steps=n.overlap_steps)
+                       decode_compile=n.decode_compile, overlap_steps=n.overlap_steps,
+                       decode_attention=n.decode_attention)
         except EngineOptionsError as exc:
             raise recipe_error(exc) from None
 
@@ -137,14 +149,15 @@ class EngineOptions:
                         decode: Callable[[list[int]], str] | None = None) -> EngineOptions:
         """The engine of `rl-core serve` from its parsed flags (`--max-batch-size`, `--max-seq-len`,
         `--max-num-kv-tokens`, `--kv-cache-dtype`, `--kv-scale-margin`, `--decode-path`,
-        `--decode-compile`, `--overlap-steps`, `--seed`, `--weight-version`); the device and dtype
+        `--decode-compile`, `--overlap-steps`, `--decode-attention`, `--seed`, `--weight-version`); the device and dtype
         as resolved from `--device`/`--dtype`. An invalid value raises `ArgumentError` naming the flag."""
         try:
             return cls(device=device, dtype=dtype, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
                        eos_token_ids=eos_token_ids, seed=args.seed, decode=decode, weight_version=args.weight_version,
                        max_num_kv_tokens=args.max_num_kv_tokens, kv_cache_dtype=args.kv_cache_dtype,
                        kv_scale_margin=args.kv_scale_margin, decode_path=args.decode_path,
-                       decode_compile=args.decode_compile, overlap_steps=args.overlap_steps)
+                       decode_compile=args.decode_compile, overlap_steps=args.overlap_steps,
+                       decode_attention=args.decode_attention)
         except EngineOptionsError as exc:
             raise flag_error(exc) from None
 

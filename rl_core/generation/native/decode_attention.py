@@ -1,0 +1,170 @@
+"""A fused decode-attention step for the static/graph decode path: RoPE, cache write and
+attention of one new token per slot in one Triton kernel.
+
+Owns: `rope_store_attend(qkv, cos, sin, positions, k_cache, v_cache, heads, kv_heads)`,
+which for every slot s in 0..S-1 (one query token at `positions[s]`):
+
+1. rotates the token's query heads and its key head by RoPE (Su et al. 2021, "RoFormer"),
+   in the layout of `model.decode_layer` (rotate_half as a roll by D/2, the sign folded
+   into the `sin` table);
+2. writes the rotated key and the value into this layer's cache at (slot s, positions[s]);
+3. attends over keys 0..positions[s] of slot s: the cached keys 0..positions[s]-1 and
+   the new key itself, kept in registers (so nothing reads what the same kernel writes),
+   with an online softmax in float32 ("FlashAttention", Dao et al. 2022; the decode
+   form with one query row per head group, as in "Flash-Decoding", Dao et al. 2023),
+   grouped-query heads sharing one read of their key/value head (Ainslie et al. 2023).
+
+It replaces what `decode_layer` runs between the QKV projection and the output projection:
+the RoPE and cache-write kernels, the key/value range read, the two batched matmuls, the
+mask and the softmax. Keys are read only up to each slot's own position (not up to the
+step's key bucket). Results equal the unfused step up to float rounding: scores are
+accumulated in float32 from the cache dtype (the unfused bf16 step rounds them to bf16
+first), so in bf16 the two paths agree within bf16 tolerance and in float32 to ~1e-6.
+
+Limits (the engine checks them before building; `check_supported` says why not): a CUDA
+device (or Triton's interpreter, `TRITON_INTERPRET=1`, which the CPU tests use when
+triton is installed), a power-of-two head_dim of at least 16, the cache in the model
+dtype (not FP8: the FP8 cache keeps the unfused path), float32/bfloat16/float16, and the
+static step's slot layout (row s is slot s).
+
+Does not own: the projections, norms and MLP (model.py), the cache storage (kv_cache.py),
+or when the fused step is used (decode_graph.py, from `generation.native.decode_attention`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:  # triton ships with CUDA builds of torch; the CPU build has none
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the install
+    triton = None
+    tl = None
+
+BLOCK_KEYS = 64  # cached keys per inner step of a program
+
+
+def triton_available() -> bool:
+    return triton is not None
+
+
+def _interpreting() -> bool:
+    """Triton's CPU interpreter (TRITON_INTERPRET=1) computes bf16/fp16 dots wrongly (triton
+    3.9), so there the dots run in float32 from the same rounded inputs: the same products
+    (exact in float32) accumulated in float32, as the tensor cores do."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def check_supported(device: torch.device, dtype: torch.dtype, head_dim: int, fp8_cache: bool) -> str | None:
+    """None when the fused kernel can run this model and cache; else why not (one sentence)."""
+    if triton is None:
+        return "the triton package is not installed (it comes with CUDA builds of torch)"
+    if device.type != "cuda" and not _interpreting():
+        return f"it runs on a CUDA device (the cache is on {device})"
+    if fp8_cache:
+        return "it reads the cache in the model dtype (kv_cache_dtype is fp8_e4m3)"
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return f"it runs float32, bfloat16 or float16 models (this one is {dtype})"
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        return f"it needs a power-of-two head_dim of at least 16 (this model's is {head_dim})"
+    return None
+
+
+if triton is not None:
+
+    @triton.jit
+    def _rope_store_attend_kernel(qkv, cos, sin, positions, k_cache, v_cache, out,
+                                  stride_qkv_row, stride_qkv_head, stride_rope_row,
+                                  stride_cache_slot, stride_cache_head, stride_cache_pos, stride_out_row,
+                                  scale,
+                                  HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
+                                  BLOCK_GROUP: tl.constexpr, DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                                  IEEE: tl.constexpr):
+        slot = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        pos = tl.load(positions + slot)
+        d = tl.arange(0, DIM)
+        d_rot = (d + DIM // 2) % DIM  # roll by D/2: rotate_half up to the sign held by `sin`
+        g = tl.arange(0, BLOCK_GROUP)
+        in_group = g < GROUP
+        cos_row = tl.load(cos + slot * stride_rope_row + d).to(tl.float32)
+        sin_row = tl.load(sin + slot * stride_rope_row + d).to(tl.float32)
+        row = qkv + slot * stride_qkv_row
+        # Query heads kv_head*GROUP .. +GROUP-1 (HF's repeat_kv order), rotated.
+        q_ptr = row + (kv_head * GROUP + g)[:, None] * stride_qkv_head
+        q = tl.load(q_ptr + d[None, :], mask=in_group[:, None], other=0.0).to(tl.float32)
+        q_half = tl.load(q_ptr + d_rot[None, :], mask=in_group[:, None], other=0.0).to(tl.float32)
+        q = (q * cos_row[None, :] + q_half * sin_row[None, :]).to(k_cache.dtype.element_ty)
+        k_ptr = row + (HEADS + kv_head) * stride_qkv_head
+        k_new = tl.load(k_ptr + d).to(tl.float32) * cos_row + tl.load(k_ptr + d_rot).to(tl.float32) * sin_row
+        k_new = k_new.to(k_cache.dtype.element_ty)
+        v_new = tl.load(row + (HEADS + KV_HEADS + kv_head) * stride_qkv_head + d).to(v_cache.dtype.element_ty)
+        base = slot * stride_cache_slot + kv_head * stride_cache_head
+        tl.store(k_cache + base + pos * stride_cache_pos + d, k_new)
+        tl.store(v_cache + base + pos * stride_cache_pos + d, v_new)
+
+        m_i = tl.full([BLOCK_GROUP], -1.0e30, tl.float32)  # running max (finite: no inf - inf)
+        l_i = tl.zeros([BLOCK_GROUP], tl.float32)  # running sum of exp(score - m_i)
+        acc = tl.zeros([BLOCK_GROUP, DIM], tl.float32)
+        for start in range(0, pos, BLOCK_N):  # the cached keys 0..pos-1
+            n = start + tl.arange(0, BLOCK_N)
+            valid = n < pos
+            offs = base + n[:, None] * stride_cache_pos + d[None, :]
+            k = tl.load(k_cache + offs, mask=valid[:, None], other=0.0)
+            v = tl.load(v_cache + offs, mask=valid[:, None], other=0.0)
+            if IEEE:
+                s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            s = tl.where(valid[None, :], s * scale, -1.0e30)
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            if IEEE:
+                pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+        # The new token's own key and value (position pos), from registers.
+        s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], axis=1) * scale
+        m_new = tl.maximum(m_i, s_new)
+        alpha = tl.exp(m_i - m_new)
+        p_new = tl.exp(s_new - m_new)
+        l_i = l_i * alpha + p_new
+        acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(tl.float32)[None, :]
+        result = acc / l_i[:, None]
+        o_ptr = out + slot * stride_out_row + (kv_head * GROUP + g)[:, None] * DIM + d[None, :]
+        tl.store(o_ptr, result.to(out.dtype.element_ty), mask=in_group[:, None])
+
+
+def rope_store_attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                      k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
+    """qkv [S, heads + 2 kv_heads, D] (the QKV projection of one token per slot, biases
+    added), cos/sin [S, 1, D] or [S, D] (RoPE rows of each slot's position, `sin` signed as
+    in `CausalLM._rope_tables`), positions [S] long, one layer's k/v cache [slots >= S,
+    kv_heads, L, D] (updated in place at (s, positions[s])). Returns the attention output
+    [S, heads * D] in qkv's dtype."""
+    rows, _, dim = qkv.shape
+    group = heads // kv_heads
+    qkv = qkv.contiguous()
+    cos, sin = cos.reshape(rows, dim), sin.reshape(rows, dim)
+    if cos.stride(-1) != 1 or sin.stride(-1) != 1 or sin.stride(0) != cos.stride(0):
+        cos, sin = cos.contiguous(), sin.contiguous()
+    if k_cache.stride(-1) != 1 or k_cache.stride() != v_cache.stride():
+        raise ValueError("rope_store_attend needs key and value caches of one layout, contiguous in head_dim")
+    out = qkv.new_empty(rows, heads * dim)
+    if rows == 0:
+        return out
+    _rope_store_attend_kernel[(rows, kv_heads)](
+        qkv, cos, sin, positions, k_cache, v_cache, out,
+        qkv.stride(0), qkv.stride(1), cos.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0),
+        dim ** -0.5,
+        HEADS=heads, KV_HEADS=kv_heads, GROUP=group, BLOCK_GROUP=max(16, triton.next_power_of_2(group)),
+        DIM=dim, BLOCK_N=BLOCK_KEYS, IEEE=qkv.dtype == torch.float32 or _interpreting(), num_warps=4)
+    return out

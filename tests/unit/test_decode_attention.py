@@ -1,0 +1,72 @@
+"""The fused decode-attention kernel (generation/native/decode_attention.py) against the torch
+decode layer, in Triton's CPU interpreter (skipped where triton is not installed: CPU builds
+of torch ship none; the same comparison runs on CUDA in tests/gpu/test_decode_attention_gpu.py),
+and the option's errors, which need no triton."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rl_core.config import validate_dict
+from rl_core.errors import EngineOptionsError, RecipeError
+from rl_core.generation import EngineOptions
+from rl_core.generation.native import decode_attention
+
+from tests.helpers.decode_attention_check import check_gaps
+from tests.helpers.engine_models import make_engine, tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _triton_importable() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _triton_importable(), reason="triton is not installed (CPU torch ships none)")
+def test_fused_decode_layer_equals_the_torch_layer_in_the_interpreter():
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)  # read when the kernel is defined
+    proc = subprocess.run([sys.executable, "-m", "tests.helpers.decode_attention_check", "cpu"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check_gaps([json.loads(line) for line in proc.stdout.splitlines()])
+
+
+def test_decode_attention_option_errors_name_the_field_and_the_fix():
+    with pytest.raises(EngineOptionsError, match="`decode_attention` got 'flash'.*one of torch, fused"):
+        EngineOptions(decode_attention="flash")
+    with pytest.raises(EngineOptionsError, match="`decode_attention`.*decode_path 'eager'"):
+        EngineOptions(decode_attention="fused", decode_path="eager")
+    with pytest.raises(EngineOptionsError, match="`decode_attention`.*fp8_e4m3"):
+        EngineOptions(decode_attention="fused", decode_path="graph", kv_cache_dtype="fp8_e4m3")
+    assert EngineOptions(decode_attention="fused", decode_path="static").decode_attention == "fused"
+
+
+def test_the_engine_refuses_the_fused_kernel_where_it_cannot_run():
+    model = tiny_model("qwen2", 0, 0.1, max_positions=64)
+    why = "triton package is not installed" if decode_attention.triton is None else "runs on a CUDA device"
+    if decode_attention.triton is not None and os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the interpreter runs the kernel on the CPU")
+    with pytest.raises(EngineOptionsError, match=f"`decode_attention` got 'fused'.*{why}.*use decode_attention"):
+        make_engine(model, decode_path="static", decode_attention="fused")
+
+
+@pytest.mark.parametrize("native, device, match", [
+    ({"decode_attention": "fused"}, "cpu", "a CUDA runtime.device"),
+    ({"decode_attention": "fused", "decode_path": "eager"}, "cuda", "decode_path is 'eager'"),
+    ({"decode_attention": "fused", "kv_cache_dtype": "fp8_e4m3"}, "cuda", "kv_cache_dtype 'auto'"),
+    ({"decode_attention": "fast"}, "cuda", "decode_attention"),
+])
+def test_recipe_errors_of_decode_attention(native, device, match):
+    with pytest.raises(RecipeError, match=f"generation.native.decode_attention.*{match}"):
+        validate_dict({"runtime": {"device": device}, "generation": {"native": native}})
