@@ -79,7 +79,7 @@ class NativeEngineConfig(Section):
     overlap_steps: bool = False
     """Launch each plain decode step (greedy or temperature sampling, no top-k/top-p/top logprobs) before the previous step's tokens are read back, so the host's per-step work overlaps the device's; same tokens for greedy and seeded requests; needs decode_path `graph` or `static` (or `auto` on CUDA) and a dense model."""
     decode_compile: bool = False
-    """Compile the layers of the static/graph decode step and its in-step sampling with torch.compile (TorchInductor fuses each layer's elementwise work; the graphs then replay the compiled kernels). Costs a compilation of about a minute at start-up; needs decode_path `graph` or `static` (or `auto` on CUDA) and a dense model."""
+    """Compile the layers of the static/graph decode step with torch.compile (TorchInductor fuses each layer's elementwise work; the graphs then replay the compiled kernels), and fuse its in-step sampling (two Triton kernels on CUDA, compiled torch ops on CPU). Costs a compilation of about a minute at start-up; needs decode_path `graph` or `static` (or `auto` on CUDA) and a dense model."""
     decode_attention: Literal["torch", "fused"] = "torch"
     """Attention of the static/graph decode step. `torch`: RoPE, the cache write and attention as separate torch ops over the step's key bucket; `fused`: one Triton kernel per layer doing RoPE, the cache write and an online-softmax attention over each sequence's own keys (CUDA, a cache in the model dtype, a power-of-two head_dim >= 16, the triton package that CUDA builds of torch ship). Same results up to float rounding."""
 

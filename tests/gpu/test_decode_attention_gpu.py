@@ -1,6 +1,6 @@
 """The fused decode-attention kernel on CUDA (marked `gpu`): one decode layer equals the torch
 layer (float32 to rounding, bf16 within bf16 tolerance, positions across several key
-blocks), and engines with `decode_attention: fused` (CUDA graphs, with and without
+blocks); the fused sampling kernels give `sample_plain`'s tokens and logprobs; and engines with `decode_attention: fused` (CUDA graphs, with and without
 `decode_compile`, with `overlap_steps`) give the tokens and logprobs of the torch attention."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from rl_core.types import GenerationRequest, SamplingParams
 
 from tests.helpers.decode_attention_check import check_gaps, compare
 from tests.helpers.engine_models import make_engine, prompts, run, tiny_model
+from tests.helpers.fused_sampling_check import CASES, check, compare as compare_sampling
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -20,6 +21,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def test_fused_decode_layer_equals_the_torch_layer(heads, kv_heads, head_dim):
     positions = (0, 1, 63, 64, 65, 130, 199, 255)
     check_gaps([compare("cuda", dt, heads, kv_heads, head_dim, positions) for dt in (torch.float32, torch.bfloat16)])
+
+
+def test_fused_sampling_equals_sample_plain():
+    check([compare_sampling("cuda", dt, v, n) for dt, v, n in CASES + ((torch.bfloat16, 151936, 64),)])
 
 
 @pytest.mark.parametrize("compile, overlap", [(False, False), (True, False), (True, True)],

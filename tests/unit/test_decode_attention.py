@@ -1,6 +1,7 @@
 """The fused decode-attention kernel (generation/native/decode_attention.py) against the torch
-decode layer, in Triton's CPU interpreter (skipped where triton is not installed: CPU builds
-of torch ship none; the same comparison runs on CUDA in tests/gpu/test_decode_attention_gpu.py),
+decode layer, and the fused sampling kernels (fused_sampling.py) against `sample_plain`, in
+Triton's CPU interpreter (skipped where triton is not installed: CPU builds
+of torch ship none; the same comparisons run on CUDA in tests/gpu/test_decode_attention_gpu.py),
 and the option's errors, which need no triton."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from rl_core.generation import EngineOptions
 from rl_core.generation.native import decode_attention
 
 from tests.helpers.decode_attention_check import check_gaps
+from tests.helpers.fused_sampling_check import check as check_sampling
 from tests.helpers.engine_models import make_engine, tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,6 +42,16 @@ def test_fused_decode_layer_equals_the_torch_layer_in_the_interpreter():
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_gaps([json.loads(line) for line in proc.stdout.splitlines()])
+
+
+@pytest.mark.skipif(not _triton_importable(), reason="triton is not installed (CPU torch ships none)")
+def test_fused_sampling_equals_sample_plain_in_the_interpreter():
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
+    proc = subprocess.run([sys.executable, "-m", "tests.helpers.fused_sampling_check", "cpu"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check_sampling([json.loads(line) for line in proc.stdout.splitlines()])
 
 
 def test_decode_attention_option_errors_name_the_field_and_the_fix():

@@ -22,6 +22,8 @@ from typing import Sequence
 
 import torch
 
+from rl_core.generation.native import fused_sampling
+from rl_core.generation.native.fused_sampling import sample_plain_fused
 from rl_core.generation.native.kv_cache import KVCache
 from rl_core.generation.native.model import (CausalLM, attention_input, attention_output_mlp, decode_layer,
                                              decode_layer_fused)
@@ -111,8 +113,8 @@ class DecodeRunner:
     bucket (sizes 0/1 get their own); it happens in the warm-up of the first capture.
     `emulate_precision_casts` keeps the bf16 roundings where the eager code has them, so
     compiled and eager steps agree to float rounding of the kernels. The in-step sampling
-    (`sample_plain`) is compiled too: its passes over the [S, vocab] logits fuse into a few
-    reductions.
+    runs fused too: on CUDA as the two Triton kernels of fused_sampling.py (the logits read
+    about once), elsewhere as `sample_plain` through torch.compile.
 
     Fused attention (`fused_attention=True`): layers run `model.decode_layer_fused`, whose
     RoPE, cache write and attention are one Triton kernel (decode_attention.py) reading each
@@ -129,7 +131,11 @@ class DecodeRunner:
         self.model, self.cache, self.use_graphs, self.device = model, cache, use_graphs, device
         self.compiled, self.fused_attention = compile, fused_attention
         self._layer_fn = _layer_function(compile, fused_attention)
-        self._sample_plain = _compiled(sample_plain, fullgraph=False) if compile else sample_plain
+        if compile:  # Triton kernels on CUDA (fused_sampling.py); compiled torch ops elsewhere
+            self._sample_plain = sample_plain_fused if fused_sampling.available(device) else _compiled(
+                sample_plain, fullgraph=False)
+        else:
+            self._sample_plain = sample_plain
         self.slot_sizes = sorted(slot_sizes) if slot_sizes else slot_buckets(cache.num_slots)
         self.key_sizes = sorted(key_sizes) if key_sizes else key_buckets(cache.max_seq_len)
         if self.slot_sizes[-1] < cache.num_slots or self.key_sizes[-1] < cache.max_seq_len:

@@ -36,7 +36,7 @@ from rl_core.generation.native.kv_cache import KV_STORAGE, KVCache, StepLayout
 from rl_core.generation.native.kv_calibration import KVScaleSync
 from rl_core.generation.native.model import CausalLM, ModelSpec, load_safetensors_dir, read_config
 from rl_core.generation.native.options import EngineOptions
-from rl_core.generation.native.sampling import SamplingBatch, draw_uniforms, is_plain, new_generator, sample_tokens
+from rl_core.generation.native.sampling import SamplingBatch, draw_uniforms, new_generator, sample_tokens
 from rl_core.types import GenerationRequest, GenerationResult
 
 DEFAULT_MAX_SEQ_LEN_CAP = 4096  # max_seq_len=None: the model's context, at most this (bounds the cache)
@@ -155,7 +155,8 @@ class NativeEngine:
         """Tokens in the KV cache now (filled positions of running sequences): never above
         `max_num_kv_tokens`, because each step first preempts until every running
         sequence's cache length + pending tokens fits."""
-        return sum(self.cache.lengths[s.slot] for s in self._running.values())
+        lengths = self.cache.lengths
+        return sum([lengths[s.slot] for s in self._running.values()])
 
     def progress(self, request_id: str) -> tuple[list[int], list[float], list | None] | None:
         """(token ids, logprobs, top logprobs or None) generated so far by a waiting or
@@ -173,7 +174,8 @@ class NativeEngine:
         self._validate(request)
         params = request.params
         stop_ids = self.eos_token_ids.union(params.stop_token_ids)
-        self._waiting.append(EngineSequence(request, stop_ids, self.version, record_routes=self.spec.is_moe))
+        self._waiting.append(EngineSequence(request, stop_ids, self.version, record_routes=self.spec.is_moe,
+                                            max_seq_len=self.max_seq_len))
         self._ids.add(request.request_id)
         self.stats.requests_added += 1
 
@@ -299,12 +301,12 @@ class NativeEngine:
 
     def _plain_inputs(self, sampling: list[EngineSequence]):
         """(temperature, greedy, uniform) of each sampling row when all are plain, else None."""
-        params = [s.request.params for s in sampling]
-        if not sampling or not is_plain(params):
+        plain = [s.plain for s in sampling]
+        if not sampling or None in plain:
             return None
-        draws = draw_uniforms(params, [s.generator for s in sampling], self.generator)
-        return ([p.logprob_temperature for p in params], [p.is_greedy for p in params],
-                [0.0] * len(params) if draws is None else draws.tolist())
+        draws = draw_uniforms([s.request.params for s in sampling], [s.generator for s in sampling], self.generator)
+        temperature, greedy = zip(*plain)
+        return temperature, greedy, [0.0] * len(plain) if draws is None else draws.tolist()
 
     def _launch_ahead(self, cur: LaunchedStep) -> LaunchedStep | None:
         """Launch the step after `cur` before reading `cur`'s tokens, when that step is
@@ -316,9 +318,7 @@ class NativeEngine:
         it wrote is overwritten before anything attends to it)."""
         if not cur.packed or len(cur.sampling) != len(self._running) or (self._waiting and self.cache.num_free):
             return None
-        rows = [s for s in cur.sampling
-                if len(s.tokens) + 1 < s.request.params.max_tokens
-                and len(s.request.prompt_ids) + len(s.tokens) + 1 < self.max_seq_len]
+        rows = [s for s in cur.sampling if len(s.tokens) + 1 < s.length_limit]
         if not rows or self.kv_tokens + len(rows) > self.max_num_kv_tokens:
             return None
         started = time.monotonic()
@@ -361,22 +361,25 @@ class NativeEngine:
                     top = list(zip(out.top_ids.tolist(), out.top_logprobs.tolist()))
                 # one device-to-host copy for both (float64 holds token ids and float32 logprobs exactly)
                 tokens, logprobs = torch.stack((out.tokens.double(), out.logprobs.double())).tolist()
+            version = cur.version
             for i, (seq, token, logprob) in enumerate(zip(sampling, map(int, tokens), logprobs)):
                 if seq.slot < 0:  # ended (stop token of the step before) while this step ran ahead
                     continue
                 applied += 1
                 seq.tokens.append(token)
                 seq.logprobs.append(logprob)
-                seq.versions.append(cur.version)
+                seq.versions.append(version)
                 if seq.top is not None:
                     k = seq.request.params.top_logprobs
                     seq.top.append(list(zip(top[i][0][:k], top[i][1][:k])))
                 # fed already when the next step was launched ahead with it
                 seq.pending = [] if seq.fed_ahead else [token]
                 seq.fed_ahead = False
-                reason = self._stop_reason(seq, token)
-                if reason is not None:
-                    finished.append(self._finish(seq, reason))
+                if (token in seq.stop_ids or len(seq.tokens) >= seq.length_limit
+                        or seq.request.params.stop_strings):  # the common case skips the call
+                    reason = self._stop_reason(seq, token)
+                    if reason is not None:
+                        finished.append(self._finish(seq, reason))
         now = time.monotonic()
         duration = now - max(cur.started, self._last_done)  # this step's share of the wall time
         self._last_done = now
@@ -458,9 +461,7 @@ class NativeEngine:
             text = self.decode(seq.tokens[-window:])
             if any(s in text for s in params.stop_strings):
                 return "stop"
-        if len(seq.tokens) >= params.max_tokens:
-            return "length"
-        if len(seq.request.prompt_ids) + len(seq.tokens) >= self.max_seq_len:
+        if len(seq.tokens) >= seq.length_limit:  # max_tokens, or the sequence at max_seq_len
             return "length"
         return None
 

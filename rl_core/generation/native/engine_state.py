@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from rl_core.generation.native.kv_cache import KVCache
-from rl_core.generation.native.sampling import new_generator
+from rl_core.generation.native.sampling import is_plain, new_generator
 from rl_core.types import GenerationRequest
 
 
@@ -73,10 +73,10 @@ class EngineSequence:
     """A request inside the engine."""
 
     __slots__ = ("request", "slot", "pending", "tokens", "logprobs", "versions", "generator",
-                 "stop_ids", "start_version", "started_at", "top", "routes", "fed_ahead")
+                 "stop_ids", "start_version", "started_at", "top", "routes", "fed_ahead", "length_limit", "plain")
 
     def __init__(self, request: GenerationRequest, stop_ids: frozenset[int], version: int,
-                 record_routes: bool = False):
+                 record_routes: bool = False, max_seq_len: int | None = None):
         self.request = request
         self.slot = -1  # -1: waiting for a slot
         self.pending = list(request.prompt_ids)
@@ -91,6 +91,13 @@ class EngineSequence:
         self.top: list[list[tuple[int, float]]] | None = [] if request.params.top_logprobs else None
         self.routes: list[list[int]] | None = [] if record_routes else None  # per position: layers x k ids
         self.fed_ahead = False  # a step launched ahead already feeds the token still to be read
+        # Read once here, per step by the engine: the completion length that ends it ("length":
+        # max_tokens, or the sequence reaching max_seq_len), and (logprob temperature, greedy)
+        # when the request samples plainly (`sampling.is_plain`), else None.
+        params = request.params
+        room = params.max_tokens if max_seq_len is None else max_seq_len - len(request.prompt_ids)
+        self.length_limit = min(params.max_tokens, room)
+        self.plain = (params.logprob_temperature, params.is_greedy) if is_plain([params]) else None
 
     def held(self, cache: KVCache) -> int:
         """KV tokens this running sequence holds once its pending tokens are fed."""

@@ -1,0 +1,149 @@
+"""Plain sampling (greedy or temperature, no top-k/top-p) of a decode step in two Triton kernels.
+
+Owns: `sample_plain_fused(logits, temperature, greedy, uniform)`, the same contract as
+`sampling.sample_plain` (tokens [R] long, reported logprobs [R] float32, no host sync), for
+the CUDA-graph decode step. The unfused `sample_plain` makes several full passes over the
+[R, vocab] logits in float32 (log-softmax, its exponent, block sums); here the logits are
+read about once:
+
+1. `_block_stats_kernel`, grid (rows, splits): for every block of `sampling.CDF_BLOCK`
+   tokens, the block's maximum of x / T and the sum of exp(x / T - that maximum), plus
+   each split's arg-max of the raw logits (first index on ties), into small scratch
+   tensors.
+2. `_select_kernel`, grid (rows,): the row's log-partition log Z = m + log(sum over blocks
+   of sum_b * exp(max_b - m)) (the usual max-shifted log-sum-exp, combined blockwise),
+   the block probabilities sum_b * exp(max_b - log Z), their cumulative sum in float64,
+   the block holding u * total, then the token inside that block from its 128 logits
+   (the two-level inverse CDF of `sampling.inverse_cdf`, with its guards: u capped at
+   1 - 2^-40, never a zero-probability token), or the arg-max for greedy rows; and the
+   reported logprob (x_token / T - m) - log(sum): `log_softmax(logits.float() / T)` at
+   the token, as sampling.py defines it.
+
+The values equal `sample_plain`'s up to float32 rounding of the sums (a sampled token can
+differ only when its uniform lies within that rounding of a CDF boundary; greedy tokens
+are the same).
+
+Does not own: when it runs (decode_graph.py, under `decode_compile` on CUDA) or the
+definition of a generation logprob (sampling.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rl_core.generation.native.decode_attention import _interpreting, triton, tl
+from rl_core.generation.native.sampling import CDF_BLOCK
+
+SPLITS = 8  # programs per row in the first pass
+CHUNK_BLOCKS = 8  # CDF blocks per inner step of the first pass
+
+
+def available(device: torch.device) -> bool:
+    return triton is not None and (device.type == "cuda" or _interpreting())
+
+
+if triton is not None:
+
+    @triton.jit
+    def _block_stats_kernel(logits, stride_row, temperature, block_max, block_sum, split_max, split_arg,
+                            vocab, num_blocks, blocks_per_split,
+                            BLOCK: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr):
+        row = tl.program_id(0)
+        split = tl.program_id(1)
+        t = tl.load(temperature + row)
+        first = split * blocks_per_split
+        last = tl.minimum(first + blocks_per_split, num_blocks)
+        lanes = tl.arange(0, BLOCK)
+        best = tl.full([1], float("-inf"), tl.float32)
+        best_arg = tl.zeros([1], tl.int32)
+        for start in range(first, last, CHUNK):
+            b = start + tl.arange(0, CHUNK)
+            in_range = b < last
+            idx = b[:, None] * BLOCK + lanes[None, :]
+            valid = in_range[:, None] & (idx < vocab)
+            x = tl.load(logits + row * stride_row + idx, mask=valid, other=float("-inf")).to(tl.float32)
+            y = x / t
+            m = tl.max(y, axis=1)
+            m_safe = tl.where(m == float("-inf"), 0.0, m)
+            s = tl.sum(tl.exp(y - m_safe[:, None]), axis=1)
+            tl.store(block_max + row * num_blocks + b, m, mask=in_range)
+            tl.store(block_sum + row * num_blocks + b, s, mask=in_range)
+            flat = tl.reshape(x, [CHUNK * BLOCK])
+            chunk_best = tl.max(flat, axis=0)
+            chunk_arg = tl.argmax(flat, axis=0, tie_break_left=True) + start * BLOCK
+            take = chunk_best > best  # strictly: an earlier chunk keeps a tie
+            best_arg = tl.where(take, chunk_arg, best_arg)
+            best = tl.where(take, chunk_best, best)
+        one = tl.arange(0, 1)
+        tl.store(split_max + row * SPLITS + split + one, best)
+        tl.store(split_arg + row * SPLITS + split + one, best_arg)
+
+    @triton.jit
+    def _select_kernel(logits, stride_row, temperature, greedy, uniform, block_max, block_sum, split_max, split_arg,
+                       tokens, logprobs, vocab, num_blocks,
+                       BLOCK: tl.constexpr, BLOCKS_PAD: tl.constexpr, SPLITS: tl.constexpr):
+        row = tl.program_id(0)
+        t = tl.load(temperature + row)
+        is_greedy = tl.load(greedy + row) != 0
+        u = tl.load(uniform + row)
+        j = tl.arange(0, BLOCKS_PAD)
+        has = j < num_blocks
+        bmax = tl.load(block_max + row * num_blocks + j, mask=has, other=float("-inf"))
+        bsum = tl.load(block_sum + row * num_blocks + j, mask=has, other=0.0)
+        m = tl.max(bmax, axis=0)
+        scaled = tl.where(bmax == float("-inf"), 0.0, bsum * tl.exp(bmax - m))
+        log_sum = tl.log(tl.sum(scaled, axis=0))
+        log_z = m + log_sum
+        probs = tl.where(bmax == float("-inf"), 0.0, bsum * tl.exp(bmax - log_z)).to(tl.float64)
+        cdf = tl.cumsum(probs, axis=0)
+        target = u * tl.sum(probs, axis=0)  # u is capped at 1 - 2^-40 by the caller
+        chosen = tl.minimum(tl.sum((cdf <= target).to(tl.int32), axis=0), num_blocks - 1)
+        before = tl.sum(tl.where(j < chosen, probs, 0.0), axis=0)
+        lanes = tl.arange(0, BLOCK)
+        idx = chosen * BLOCK + lanes
+        x = tl.load(logits + row * stride_row + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32)
+        p = tl.exp(x / t - log_z)
+        inner = tl.cumsum(p.to(tl.float64), axis=0) + before
+        i = tl.sum((inner <= target).to(tl.int32), axis=0)
+        last = tl.max(tl.where(p > 0, lanes, -1), axis=0)
+        sampled = chosen * BLOCK + tl.minimum(i, last)
+        s = tl.arange(0, SPLITS)
+        smax = tl.load(split_max + row * SPLITS + s)
+        sarg = tl.load(split_arg + row * SPLITS + s)
+        top = tl.max(smax, axis=0)
+        arg = tl.min(tl.where(smax == top, sarg, 2147483647), axis=0)  # first index among equal maxima
+        token = tl.where(is_greedy, arg, sampled)
+        x_token = tl.load(logits + row * stride_row + token).to(tl.float32)
+        tl.store(tokens + row, token.to(tl.int64))
+        tl.store(logprobs + row, (x_token / t - m) - log_sum)
+
+
+def sample_plain_fused(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tensor,
+                       uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sampling.sample_plain` in two kernels: logits [R, V] (any float dtype, unit stride
+    in V), temperature [R] float32, greedy [R] bool, uniform [R] float64 -> (tokens [R]
+    long, logprobs [R] float32)."""
+    rows, vocab = logits.shape
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    num_blocks = triton.cdiv(vocab, CDF_BLOCK)
+    per_split = triton.cdiv(num_blocks, SPLITS)
+    dev = logits.device
+    block_max = torch.empty(rows, num_blocks, dtype=torch.float32, device=dev)
+    block_sum = torch.empty(rows, num_blocks, dtype=torch.float32, device=dev)
+    split_max = torch.empty(rows, SPLITS, dtype=torch.float32, device=dev)
+    split_arg = torch.empty(rows, SPLITS, dtype=torch.int32, device=dev)
+    tokens = torch.empty(rows, dtype=torch.long, device=dev)
+    logprobs = torch.empty(rows, dtype=torch.float32, device=dev)
+    if rows == 0:
+        return tokens, logprobs
+    temperature = temperature.to(torch.float32).contiguous()
+    _block_stats_kernel[(rows, SPLITS)](logits, logits.stride(0), temperature, block_max, block_sum, split_max,
+                                        split_arg, vocab, num_blocks, per_split,
+                                        BLOCK=CDF_BLOCK, CHUNK=CHUNK_BLOCKS, SPLITS=SPLITS, num_warps=4)
+    _select_kernel[(rows,)](logits, logits.stride(0), temperature, greedy.to(torch.int8).contiguous(),
+                            uniform.to(torch.float64).clamp(max=1.0 - 2.0**-40), block_max, block_sum, split_max, split_arg,
+                            tokens, logprobs, vocab, num_blocks,
+                            BLOCK=CDF_BLOCK, BLOCKS_PAD=triton.next_power_of_2(num_blocks), SPLITS=SPLITS,
+                            num_warps=8)
+    return tokens, logprobs
