@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import json
 import random
 import re
@@ -92,6 +93,12 @@ class SlotEngine(FakeBackend):
         self.ticks = 0
         self.tokens = 0
         self.t_first = self.t_last = None
+        # phases (measurement only): the busy integral after each loop turn, the first time every
+        # slot was busy (the pipeline is filled) and the last time a request took a slot (from then
+        # on nothing new starts: the run's final drain)
+        self.trace: list[tuple[float, float, int, float]] = []  # (turn start, turn end, running, busy after)
+        self.t_full = None
+        self.t_last_start = None
         self._credit = 0.0  # decode ticks owed to the running sequences (fraction of a tick)
         self._wake = asyncio.Event()
         self._loop_task = None
@@ -123,6 +130,14 @@ class SlotEngine(FakeBackend):
                     q.remove(entry)
         return GenerationResult(request.request_id, request.prompt_ids, [5] * n, [-0.5] * n, "stop", v0, self.version)
 
+    def busy_at(self, t: float) -> float:
+        """The busy integral (slot-seconds) up to time `t` (constant while the engine is idle)."""
+        i = bisect.bisect_left(self.trace, t, key=lambda r: r[1])
+        if i >= len(self.trace):
+            return self.busy
+        t0, t1, running, after = self.trace[i]
+        return after - running * (t1 - max(t0, t)) if t > t0 else after - running * (t1 - t0)
+
     async def _loop(self):
         last = time.monotonic()
         while True:
@@ -130,6 +145,9 @@ class SlotEngine(FakeBackend):
                 e = self.waiting.pop(0)
                 e.append(e[1])  # total length, returned when done
                 self.running.append(e)
+                self.t_last_start = time.monotonic()
+            if self.t_full is None and len(self.running) >= self.slots:
+                self.t_full = time.monotonic()
             if not self.running:
                 self._wake.clear()
                 await self._wake.wait()
@@ -141,6 +159,7 @@ class SlotEngine(FakeBackend):
             dt = now - last
             last = now
             self.busy += len(self.running) * dt
+            self.trace.append((now - dt, now, len(self.running), self.busy))
             self.t_first = self.t_first if self.t_first is not None else now - dt
             self.t_last = now
             # decode ticks done in dt: the fraction of a tick left over carries to the next turn, so
@@ -227,6 +246,7 @@ def run_one(name: str, steps: int, tick_s: float, train_s: float, tmp: Path, ove
     span = (engine.t_last - engine.t_first) if engine.t_first is not None else 0.0
     util_pumps = engine.busy / (SLOTS * summary["pumps_s"]) if summary["pumps_s"] > 0 else 0.0
     rs = ctl.rollout.stats
+    phases = run_phases(engine, ctl, summary["pumps_s"])
     return {"name": name, "wall_s": wall, "pumps_s": summary["pumps_s"], "step_s": summary["pumps_s"] / steps,
             "slot_utilisation": util_pumps, "slot_utilisation_while_decoding": engine.busy / (SLOTS * span) if span else 0,
             # the engine's decode rate in wall time against its nominal one tick per tick_s (the
@@ -239,7 +259,28 @@ def run_one(name: str, steps: int, tick_s: float, train_s: float, tmp: Path, ove
             "generated_samples": engine.calls, "wasted_samples": rs.wasted_samples,
             "max_staleness": summary["max_staleness"], "staleness_bound": staleness_bound(cfg),
             "mean_staleness": sum(ctl.train.staleness_log) / max(1, len(ctl.train.staleness_log)),
-            "carried_groups": summary["carried_groups"]}
+            "carried_groups": summary["carried_groups"], **phases}
+
+
+def run_phases(engine: SlotEngine, ctl: Controller, pumps_s: float) -> dict:
+    """Split the pumps' time into the fill (until every slot is first busy), the steady state and
+    the final drain (from the last time a request took a slot: nothing new starts after it, the
+    last stragglers finish, then the last step trains and refits), with slot utilisation in each."""
+    t0 = ctl._t_pumps
+    end = t0 + pumps_s
+    refits = ctl.timeline.of("refit")
+    last_step_end = ctl.timeline.t0 + max(s.end for s in refits) if refits else end
+    fill_end = min(engine.t_full, end) if engine.t_full is not None else t0
+    drain_start = max(fill_end, min(engine.t_last_start, end)) if engine.t_last_start is not None else end
+    gen_end = min(engine.t_last, end) if engine.t_last is not None else drain_start
+
+    def util(a: float, b: float) -> float:
+        return (engine.busy_at(b) - engine.busy_at(a)) / (SLOTS * (b - a)) if b > a else 0.0
+
+    return {"fill_s": fill_end - t0, "steady_s": drain_start - fill_end, "drain_s": end - drain_start,
+            "drain_generating_s": max(0.0, gen_end - drain_start), "drain_after_generation_s": end - max(gen_end, drain_start),
+            "fill_utilisation": util(t0, fill_end), "steady_utilisation": util(fill_end, drain_start),
+            "drain_utilisation": util(drain_start, end), "after_last_step_s": max(0.0, end - last_step_end)}
 
 
 def staleness_bound(cfg) -> int:
@@ -278,7 +319,9 @@ def main():
                   f"wasted {r['wasted_samples']:3d}/{r['generated_samples']} samples  staleness max "
                   f"{r['max_staleness']} (bound {r['staleness_bound']}) mean {r['mean_staleness']:.2f}  "
                   f"carried {r['carried_groups']}  engine rate {r['engine_rate']:.2f}  nominal-rate utilisation "
-                  f"{r['nominal_rate_utilisation']:.2f}", flush=True)
+                  f"{r['nominal_rate_utilisation']:.2f}  steady-state utilisation {r['steady_utilisation']:.2f}  "
+                  f"fill {r['fill_s']:.2f}s drain {r['drain_s']:.2f}s ({r['drain_generating_s']:.2f}s generating at "
+                  f"{r['drain_utilisation']:.2f}, {r['drain_after_generation_s']:.2f}s after; pumps ran {r['after_last_step_s']:.2f}s past the last step)", flush=True)
     print(json.dumps(rows, indent=1))
     over = [r["name"] for r in rows if r["max_staleness"] > r["staleness_bound"]]
     print("staleness: every trained group within its arm's bound" if not over

@@ -317,7 +317,8 @@ class Controller:
             watch_task.cancel()
             await asyncio.gather(watch_task, return_exceptions=True)
             # the rollout pump stops by itself at its dispatch limit; groups it ran ahead for the
-            # next steps are already committed (they were in the final checkpoint)
+            # next steps are already committed (they were in the final checkpoint); groups still
+            # generating now no step will train (over-sampling, or no final checkpoint): aborted
             await self.rollout.stop()
             await rollout_task
             pump_s = time.monotonic() - t_pumps
