@@ -35,7 +35,7 @@ Configurations, all for the same number of RL steps:
 
 Prints per configuration: wall time, time per step, speed-up over sync, generation-slot
 utilisation (time-weighted mean of running sequences / slots while the pumps run), wasted
-samples, the largest trained staleness with the arm's bound (checked), the mean trained
+samples (the controller's count, and every sample generated but never trained), the largest trained staleness with the arm's bound (checked), the mean trained
 staleness and the carried groups, and the run's phases: the fill (until every slot is
 first busy), the final drain (from the last time a request took a slot: the last stragglers
 finish with nothing left to start, then the last step trains) and the steady-state
@@ -263,6 +263,9 @@ def run_one(name: str, steps: int, tick_s: float, train_s: float, tmp: Path, ove
             "engine_rate": engine.ticks * tick_s / span if span else 0.0,
             "nominal_rate_utilisation": engine.tokens * tick_s / (SLOTS * summary["pumps_s"]) if summary["pumps_s"] else 0.0,
             "generated_samples": engine.calls, "wasted_samples": rs.wasted_samples,
+            # generated (or started) but never trained: the wasted ones plus groups still ready in the
+            # buffer when the run ended (the controller does not count those as wasted)
+            "untrained_samples": engine.calls - N * len(ctl.train.staleness_log),
             "max_staleness": summary["max_staleness"], "staleness_bound": staleness_bound(cfg),
             "mean_staleness": sum(ctl.train.staleness_log) / max(1, len(ctl.train.staleness_log)),
             "carried_groups": summary["carried_groups"], **phases}
@@ -322,7 +325,8 @@ def main():
             r = rows[-1]
             print(f"  {name:30s} wall {r['wall_s']:6.2f}s  step {r['step_s']:.3f}s  "
                   f"speed-up {rows[0]['pumps_s'] / r['pumps_s']:.2f}x  slot utilisation {r['slot_utilisation']:.2f}  "
-                  f"wasted {r['wasted_samples']:3d}/{r['generated_samples']} samples  staleness max "
+                  f"wasted {r['wasted_samples']:3d}/{r['generated_samples']} samples ({r['untrained_samples']} never "
+                  f"trained)  staleness max "
                   f"{r['max_staleness']} (bound {r['staleness_bound']}) mean {r['mean_staleness']:.2f}  "
                   f"carried {r['carried_groups']}  engine rate {r['engine_rate']:.2f}  nominal-rate utilisation "
                   f"{r['nominal_rate_utilisation']:.2f}  steady-state utilisation {r['steady_utilisation']:.2f}  "
