@@ -42,9 +42,10 @@ finish with nothing left to start, then the last step trains) and the steady-sta
 utilisation between them; then the targets' verdicts, judged on the whole-run utilisation.
 
 The drain is a fixed cost per run (about one straggler's length plus one optimizer step,
-~0.9 s here), so whole-run utilisation grows with --steps: the default, 16 steps, makes it
-an eighth of the run of the arms that meet the target; at 8 steps it is over a fifth
-(docs/controller.md has both). A real run of hundreds of steps pays it once.
+~0.9 s here), so whole-run utilisation grows with --steps: at the default, 16 steps, it is
+14-15% of the run of the arms that meet the target without waste; at 8 steps 22-23%, which
+keeps them at 0.76-0.79 whole-run with the same steady state (docs/controller.md has both).
+A real run of hundreds of steps pays it once.
 
 Run: nice -n 5 .venv/bin/python bench/async_overlap.py [--steps 16] [--tick-ms 2] [--only ARM ...]
 """
