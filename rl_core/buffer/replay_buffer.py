@@ -204,7 +204,7 @@ class ReplayBuffer:
             "ready": [
                 {"group_id": s.group_id, "dispatch_index": s.dispatch_index, "prompt_index": s.prompt_index,
                  "epoch": s.epoch, "start_version": s.start_version, "end_version": s.end_version,
-                 "target_step": s.target_step, "group": s.group}
+                 "target_step": s.target_step, "carried": s.carried, "group": s.group}
                 for s in self.ready()
             ],
         }
@@ -217,6 +217,7 @@ class ReplayBuffer:
         self.counts = dict(state["counts"])
         for r in state["ready"]:
             slot = Slot(r["group_id"], r["dispatch_index"], r["prompt_index"], r["epoch"], r["start_version"],
-                        r["target_step"], SlotState.READY, r["end_version"], r["group"])
+                        r["target_step"], SlotState.READY, r["end_version"], r["group"],
+                        carried=int(r.get("carried", 0)))  # absent in checkpoints before partial rollouts kept it
             self._slots[slot.group_id] = slot
             self._index_ready(slot)

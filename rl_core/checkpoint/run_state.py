@@ -3,7 +3,7 @@
 Owns: what goes into a run checkpoint (trainer weights as an HF directory, optimizer
 state, RNG states, the controller's quiescent state: versions, counters, dataloader
 position, prompts drawn but not dispatched, sampler state, and the ready prompt groups
-with their payloads; an RL step open between PPO mini-steps, `rl_core.types.OpenStep`, as
+with their payloads and partial-rollout marks (`Slot.carried`: older checkpoints without it load as never carried); an RL step open between PPO mini-steps, `rl_core.types.OpenStep`, as
 JSON plus its batch's tensors) and turning it back into the objects the controller runs with.
 
 Does not own: the directory format and its verification (store.py), or deciding when a
@@ -89,7 +89,7 @@ def save_run_checkpoint(path: str | Path, *, trainer, tokenizer, controller_stat
 
 def _slot_json(slot) -> dict[str, Any]:
     return {k: getattr(slot, k) for k in ("group_id", "dispatch_index", "prompt_index", "epoch", "start_version",
-                                          "target_step", "end_version")}
+                                          "target_step", "end_version", "carried")}
 
 
 @dataclasses.dataclass

@@ -127,6 +127,7 @@ class Controller:
             "sampler": self.p.sampler.state_dict(),
             "rollout": self.rollout.state_dict(),
             "buffer": self.buffer.state_dict(),
+            "train": {"carried_groups": self.train.carried_groups},  # partial rollouts: moves in the whole run
             # earlier validations (before RL, periodic), so a resumed run's summary keeps them
             "validations": [{k: v for k, v in r.items() if k != "examples"} for r in self.validations],
         }
@@ -137,6 +138,7 @@ class Controller:
         self.p.sampler.load_state_dict(st["sampler"])
         self.rollout.load_state_dict(st["rollout"])
         self.buffer.load_state_dict(st["buffer"])
+        self.train.carried_groups = int((st.get("train") or {}).get("carried_groups", 0))  # older checkpoints: none
         self.validations = [dict(r) for r in st.get("validations") or []]  # checkpoints before this field: none
         if st.get("open_step") is not None:
             self.train.resume_open_step = st["open_step"]
@@ -317,7 +319,8 @@ class Controller:
             watch_task.cancel()
             await asyncio.gather(watch_task, return_exceptions=True)
             # the rollout pump stops by itself at its dispatch limit; groups it ran ahead for the
-            # next steps are already committed (they were in the final checkpoint)
+            # next steps are already committed (they were in the final checkpoint); groups still
+            # generating now no step will train (over-sampling, or no final checkpoint): aborted
             await self.rollout.stop()
             await rollout_task
             pump_s = time.monotonic() - t_pumps

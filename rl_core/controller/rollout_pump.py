@@ -7,7 +7,7 @@ over-sampling bound (unstamped samplers) and the dispatch gate closed by refit d
 checkpoints and (optionally) validation; one task per prompt group with retries under
 separate infra/data budgets, exponential backoff and deadlines; the drop budget (shrink a
 step, or replace the dropped group with a fresh prompt); aborting in-flight groups the
-sampler declares stale; committing finished groups with their start/end weight versions
+sampler declares stale, and at the run's end (`stop`) those no step will train; committing finished groups with their start/end weight versions
 (and the target step the train pump may have moved them to: partial rollouts); its
 resumable state; and what it is waiting on (watchdog, progress).
 
@@ -159,6 +159,8 @@ class RolloutPump:
             self.inflight_targets[group_id] = target
 
     async def stop(self) -> None:
+        """The train pump is done: dispatch ends, and groups still in flight are aborted (no step
+        will train them) rather than waited for."""
         self._stop = True
         await notify(self.cond)
 
@@ -269,14 +271,27 @@ class RolloutPump:
                 target = self.sampler.admit(self.clock.version)
                 self._dispatch(*prompt, target)
             self.waiting_on = "in-flight groups to finish"
-            await wait_until(self.cond, lambda: not self.inflight or self._failure is not None)
+            await wait_until(self.cond, lambda: not self.inflight or self._stop or self._failure is not None)
             self._raise_failed()
+            if self.inflight:  # stopped: the trainer has trained its last step, no step will train these
+                await self._abort_leftovers()
         finally:
             for task in self.inflight.values():
                 task.cancel()
             self.exhausted = True
             self.waiting_on = "done"
             await notify(self.cond)
+
+    async def _abort_leftovers(self) -> None:
+        """The end of the run: abort the groups still generating (counted as aborted and wasted)
+        instead of generating them to completion for no step. They exist only where nothing will
+        consume them: over-sampled groups of an unstamped sampler, or groups run ahead past
+        `stop_step` with no final checkpoint (a checkpoint waits for every in-flight group first)."""
+        self.waiting_on = "aborting groups no step will train"
+        tasks = list(self.inflight.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def _raise_failed(self) -> None:
         if self._failure is not None:

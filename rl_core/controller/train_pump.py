@@ -195,10 +195,7 @@ class TrainPump:
     def _carry_over(self, step: int, need: int) -> None:
         """Partial rollouts: swap the target steps of the stragglers of `step` and the ready groups
         of later steps the sampler pairs them with, so the step trains those instead of waiting."""
-        carry = getattr(self.sampler, "carry_over", None)  # optional sampler member
-        if carry is None:
-            return
-        for straggler, sub in carry(self.buffer, step, need):
+        for straggler, sub in self.sampler.carry_over(self.buffer, step, need):
             later = sub.target_step
             self.buffer.restamp(sub.group_id, step)
             self.buffer.restamp(straggler.group_id, later)
@@ -348,7 +345,7 @@ class TrainPump:
         metrics = step_metrics(self, step, trained, train_metrics, refit_metrics, t_step0, batch.idle)
         # in_order: async/* bounds; adaptive: decides the bound of versions > step
         metrics.update(self.sampler.observe(step, metrics))
-        if getattr(self.sampler, "carry_bound", None) is not None:  # partial rollouts
+        if self.sampler.carry_bound is not None:  # partial rollouts
             metrics["async/carried_groups"] = float(sum(1 for t in trained if t.slot.carried))
             metrics["async/carried_groups_total"] = float(self.carried_groups)
         if self.on_step is not None:

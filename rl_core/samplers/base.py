@@ -6,8 +6,9 @@ admission gate shared by the gated samplers, and version-window helpers.
 
 A sampler decides, for the controller: whether the rollout pump may dispatch now
 (`can_admit` / `admit`, which may stamp a target step), which ready groups train now
-(`select`), which ready groups can never train and must go (`evict`), and which in-flight
-groups are already too old to be worth finishing (`should_abort_inflight`). It owns its
+(`select`), which ready groups can never train and must go (`evict`), which in-flight
+groups are already too old to be worth finishing (`should_abort_inflight`), and, with partial
+rollouts, which straggler trades its step with a ready later group (`carry_over`). It owns its
 staleness rule and its `state_dict`. It reads the buffer; it never changes it.
 
 Does not own: waiting (the pumps wait on its answers), the buffer, or the trainer.
@@ -26,6 +27,7 @@ class Sampler(Protocol):
     stamps: bool  # True: admit() returns a target step and select() trains exactly that step's groups
     staleness_bound: int | None  # largest trainer_version - start_version of a trained group (None = unbounded)
     window: int | None  # admission gate: batch b dispatches once trainer_version >= b - window (None: no gate)
+    carry_bound: int | None  # partial rollouts: largest staleness of a carried group (None: carry_over never pairs)
 
     def lookahead_at(self, version: int) -> int | None:
         """The staleness bound that applies while the trainer holds `version` (the admission
@@ -42,6 +44,13 @@ class Sampler(Protocol):
     def evict(self, buffer: ReplayBuffer, trainer_version: int) -> list[Slot]: ...
     def should_abort_inflight(self, slot: Slot, trainer_version: int) -> bool: ...
     def required_capacity(self) -> int: ...
+
+    def carry_over(self, buffer: ReplayBuffer, step: int, need: int) -> list[tuple[Slot, Slot]]:
+        """Partial rollouts (stamped samplers): pairs (straggler of `step` still generating, ready
+        group of a later step) whose target steps the train pump swaps so that step `step` need not
+        wait for the straggler; `need` is how many groups the step still waits for. Samplers that
+        never carry return [] (and have `carry_bound` None)."""
+
     def state_dict(self) -> dict: ...
     def load_state_dict(self, state: dict) -> None: ...
 
@@ -52,6 +61,7 @@ class BaseSampler:
     name = "base"
     stamps = False
     window: int | None = None  # set per instance in __init__ (declared here so the class has every member)
+    carry_bound: int | None = None  # partial rollouts off: carry_over pairs nothing
 
     def __init__(self, num_prompts_per_step: int, window: int | None):
         self.groups_per_step = num_prompts_per_step
@@ -95,9 +105,7 @@ class BaseSampler:
         return False
 
     def carry_over(self, buffer: ReplayBuffer, step: int, need: int) -> list[tuple[Slot, Slot]]:
-        """Partial rollouts (optional member; stamped samplers only): pairs (straggler of `step`
-        still generating, ready group of a later step) whose target steps the train pump swaps so
-        that step `step` need not wait. None by default."""
+        """Partial rollouts (see `Sampler.carry_over`): none by default."""
         return []
 
     def required_capacity(self) -> int:

@@ -15,8 +15,8 @@ from rl_core.plugins import load_target
 from rl_core.samplers.base import Sampler
 
 PROTOCOL_METHODS = ("next_target_step", "can_admit", "admit", "select", "evict", "should_abort_inflight",
-                    "required_capacity", "state_dict", "load_state_dict", "lookahead_at", "observe")
-PROTOCOL_ATTRIBUTES = ("name", "stamps", "staleness_bound", "window")
+                    "required_capacity", "state_dict", "load_state_dict", "lookahead_at", "observe", "carry_over")
+PROTOCOL_ATTRIBUTES = ("name", "stamps", "staleness_bound", "window", "carry_bound")
 
 
 def load_custom_class(target: str):

@@ -103,3 +103,38 @@ def test_train_chunk_masks_observation_tokens():
     c = make_train_chunk([s], [1.0])
     assert c.loss_mask[0].tolist() == [0, 0, 1, 1, 0, 0, 1]
     assert c.num_valid_tokens() == 3
+
+
+class LaterGroupsHangBackend(FakeBackend):
+    """Groups dispatched after the first `fast` answer at once; later ones generate for an hour."""
+
+    def __init__(self, fast: int):
+        super().__init__(seed=0, max_latency_s=0.0)
+        self.fast = fast
+
+    async def generate(self, request):
+        dispatch_index = int(request.request_id.split("/")[0].rsplit("-d", 1)[1])
+        if dispatch_index >= self.fast:
+            await asyncio.sleep(3600)
+        return await super().generate(request)
+
+
+def test_run_end_aborts_groups_no_step_will_train(tmp_path):
+    # over-sampling dispatches more groups than the two steps train; the run ends when the last
+    # step has trained, aborting those still generating instead of waiting for them (an hour here)
+    cfg = controller_recipe(grpo={"max_num_steps": 2},
+                            async_rl={"sampler": {"type": "windowed", "max_staleness_versions": 4},
+                                      "over_sampling_ratio": 2.0, "max_buffered_groups": 24,
+                                      "max_inflight_groups": 24})
+    parts = make_parts(cfg, backend=LaterGroupsHangBackend(fast=8))
+    ctl = Controller(cfg, parts, tmp_path, total_steps=2)
+
+    async def run():
+        return await asyncio.wait_for(ctl.run(), timeout=20)
+
+    summary = asyncio.run(run())
+    assert summary["rl_steps"] == 2
+    stats = ctl.rollout.stats
+    assert stats.dispatched_groups > 8 and stats.aborted_groups == stats.dispatched_groups - stats.committed_groups > 0
+    assert stats.wasted_samples >= 2 * stats.aborted_groups and not ctl.rollout.inflight
+    assert ctl.rollout.waiting_on == "done"

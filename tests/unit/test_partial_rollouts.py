@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +16,7 @@ from rl_core.errors import RecipeError
 from rl_core.samplers import make_sampler
 from rl_core.types import GenerationResult, PromptGroup
 
-from tests.helpers.fakes import FakeBackend, make_parts
+from tests.helpers.fakes import FakeBackend, FakeTrainer, make_parts
 from tests.helpers.recipes import controller_recipe
 
 _ID = re.compile(r"-p(\d+)-.*/(\d+)$")
@@ -194,3 +195,64 @@ def test_a_carried_straggler_that_is_dropped_shrinks_the_step_it_was_carried_to(
     (dropped_step,) = [s for s, n in ctl.rollout.dropped_per_step.items() if n]
     assert dropped_step > original, "the dropped straggler had not been carried"
     assert [len(r.trained) for r in records] == [3 if r.step == dropped_step else 4 for r in records]
+
+
+class CheckpointableTrainer(FakeTrainer):
+    """A fake trainer whose saved model directory passes the checkpoint's structure check."""
+
+    def save_pretrained(self, out_dir):
+        super().save_pretrained(out_dir)
+        (Path(out_dir) / "config.json").write_text("{}")
+
+
+def test_carried_marks_and_total_survive_a_checkpoint(tmp_path):
+    from rl_core.checkpoint import load_run_checkpoint, save_run_checkpoint
+
+    steps, stop = 8, 4
+    cfg = _cfg(True, bound=3, steps=steps)
+    parts = make_parts(cfg, backend=StragglerBackend(), trainer=CheckpointableTrainer(), num_examples=4 * (steps + 4))
+    saved = {}
+
+    def checkpoint_fn(version, state):
+        saved["state"] = state
+        saved["marks"] = {r["group_id"]: r["carried"] for r in state["buffer"]["ready"]}
+        save_run_checkpoint(tmp_path / "ck", trainer=parts.trainer, tokenizer=parts.tokenizer,
+                            controller_state=state, resolved_config={})
+
+    first = Controller(cfg, parts, tmp_path / "a", total_steps=steps, stop_step=stop, checkpoint_fn=checkpoint_fn)
+    asyncio.run(asyncio.wait_for(first.run(), timeout=60))
+    assert first.train.carried_groups > 0 and saved["state"]["train"]["carried_groups"] == first.train.carried_groups
+
+    loaded = load_run_checkpoint(tmp_path / "ck", restore_rng=False)
+    assert {r["group_id"]: r["carried"] for r in loaded.controller_state["buffer"]["ready"]} == saved["marks"]
+    # resume: the total continues from the checkpoint, and restored ready groups keep their mark
+    parts2 = make_parts(cfg, backend=StragglerBackend(), trainer=CheckpointableTrainer(), num_examples=4 * (steps + 4))
+    parts2.trainer.load_state_dict(loaded.trainer_state)
+    records = []
+    second = Controller(cfg, parts2, tmp_path / "b", total_steps=steps, restore=loaded.controller_state)
+    second.setup()
+    assert {s.group_id: s.carried for s in second.buffer.ready()} == saved["marks"]
+    assert second.train.carried_groups == first.train.carried_groups
+    second.step_observers.append(records.append)
+    asyncio.run(asyncio.wait_for(second.run(), timeout=60))
+    assert [r.step for r in records] == list(range(stop, steps))
+    moved_after = second.train.carried_groups - first.train.carried_groups
+    assert moved_after >= 0 and records[-1].metrics["async/carried_groups_total"] == second.train.carried_groups
+    restored_carried = {g for g, n in saved["marks"].items() if n}
+    trained_carried = {t.slot.group_id for r in records for t in r.trained if t.slot.carried}
+    assert restored_carried <= trained_carried  # counted in async/carried_groups of the step that trains them
+    assert sum(r.metrics["async/carried_groups"] for r in records) == len(trained_carried)
+
+
+def test_a_checkpoint_without_carried_marks_still_loads():
+    # buffer state and controller state written before the marks were kept: never carried, total 0
+    buf = ReplayBuffer(8)
+    _slot(buf, "g", 0, 0, 1, ready=True).carried = 2
+    state = buf.state_dict()
+    assert state["ready"][0]["carried"] == 2
+    old = {**state, "ready": [{k: v for k, v in r.items() if k != "carried"} for r in state["ready"]]}
+    again = ReplayBuffer(8)
+    again.load_state_dict(old)
+    assert again.get("g").carried == 0 and again.ready_for_target(1)[0].group_id == "g"
+    again.load_state_dict(state)
+    assert again.get("g").carried == 2

@@ -104,6 +104,7 @@ class GoodSampler:
     stamps = False
     staleness_bound = 0
     window = None
+    carry_bound = None
 
     def __init__(self, num_prompts_per_step, bias=0):
         self.p, self.bias, self.n = num_prompts_per_step, bias, 0
@@ -119,6 +120,7 @@ class GoodSampler:
     def load_state_dict(self, st): self.n = st["n"]
     def lookahead_at(self, v): return self.staleness_bound
     def observe(self, step, metrics): return {}
+    def carry_over(self, buffer, step, need): return []
 
 
 class BadSampler:
@@ -142,3 +144,15 @@ def test_custom_sampler_is_imported_and_checked():
 def test_ready_first_requires_importance_sampling():
     with pytest.raises(RecipeError, match="loss.importance_sampling.enabled"):
         validate_dict({"async_rl": {"sampler": {"type": "ready_first"}}, "loss": {"importance_sampling": {"enabled": False}}})
+
+
+def test_custom_sampler_without_the_partial_rollout_members_is_refused():
+    # carry_over / carry_bound are protocol members the train pump calls on every sampler
+    members = {k: v for k, v in vars(GoodSampler).items() if k not in ("carry_over", "__dict__", "__weakref__")}
+    mod = types.ModuleType("my_old_samplers")
+    mod.NoCarry = type("NoCarry", (), members)
+    sys.modules["my_old_samplers"] = mod
+    with pytest.raises(RecipeError, match="carry_over"):
+        make_sampler(_cfg({"type": "custom", "target": "my_old_samplers:NoCarry"}))
+    assert make_sampler(_cfg({"type": "in_order", "max_lookahead_versions": 1})).carry_bound is None
+    assert make_sampler(_cfg({"type": "windowed"})).carry_over(None, 0, 4) == []
