@@ -7,7 +7,8 @@ over-sampling bound (unstamped samplers) and the dispatch gate closed by refit d
 checkpoints and (optionally) validation; one task per prompt group with retries under
 separate infra/data budgets, exponential backoff and deadlines; the drop budget (shrink a
 step, or replace the dropped group with a fresh prompt); aborting in-flight groups the
-sampler declares stale, and at the run's end (`stop`) those no step will train; committing finished groups with their start/end weight versions
+sampler declares stale, and at the run's end (`stop`) those no step will train; committing
+finished groups with their start/end weight versions
 (and the target step the train pump may have moved them to: partial rollouts); its
 resumable state; and what it is waiting on (watchdog, progress).
 
