@@ -30,14 +30,15 @@ def compare(device: str, dtype: torch.dtype, vocab: int, rows: int, seed: int = 
     args = [t.to(device) for t in (logits, temperature, greedy, uniform)]
     want, got = sample_plain(*args), sample_plain_fused(*args)
     return {"case": f"{dtype} V={vocab}", "tokens": want[0].tolist(), "fused_tokens": got[0].tolist(),
-            "logprob_gap": (want[1] - got[1]).abs().max().item()}
+            "logprob_gap": (want[1] - got[1]).abs().max().item(), "logprob_scale": want[1].abs().max().item()}
 
 
 def check(rows: list[dict]) -> None:
-    """Same tokens (greedy, ties, both ends of u included) and logprobs to float32 rounding."""
+    """Same tokens (greedy, ties, both ends of u included) and logprobs to float32 rounding
+    (a few ulps of the largest |logprob|: sums over the vocabulary in another order)."""
     for r in rows:
         assert r["tokens"] == r["fused_tokens"], r
-        assert r["logprob_gap"] < 1e-5, r
+        assert r["logprob_gap"] < 1e-6 * max(1.0, r["logprob_scale"]), r
 
 
 if __name__ == "__main__":

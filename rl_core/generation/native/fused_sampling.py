@@ -68,9 +68,15 @@ if triton is not None:
             s = tl.sum(tl.exp(y - m_safe[:, None]), axis=1)
             tl.store(block_max + row * num_blocks + b, m, mask=in_range)
             tl.store(block_sum + row * num_blocks + b, s, mask=in_range)
-            flat = tl.reshape(x, [CHUNK * BLOCK])
-            chunk_best = tl.max(flat, axis=0)
-            chunk_arg = tl.argmax(flat, axis=0, tie_break_left=True) + start * BLOCK
+            # Arg-max of the chunk without a reshape: the first block holding the chunk's maximum,
+            # then the first index inside it.
+            row_best = tl.max(x, axis=1)
+            row_arg = tl.argmax(x, axis=1, tie_break_left=True)
+            chunk_best = tl.max(row_best, axis=0)
+            first_block = tl.argmax(row_best, axis=0, tie_break_left=True)
+            lane = tl.arange(0, CHUNK)
+            inside = tl.sum(tl.where(lane == first_block, row_arg, 0), axis=0)
+            chunk_arg = (start + first_block) * BLOCK + inside
             take = chunk_best > best  # strictly: an earlier chunk keeps a tie
             best_arg = tl.where(take, chunk_arg, best_arg)
             best = tl.where(take, chunk_best, best)
