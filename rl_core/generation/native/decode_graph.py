@@ -66,7 +66,13 @@ def pick_bucket(buckets: Sequence[int], need: int) -> int:
 
 def _compiled(fn, fullgraph: bool = True):
     """`fn` through torch.compile with dynamic shapes (one compilation for every bucket),
-    keeping the eager code's low-precision roundings (`emulate_precision_casts`)."""
+    keeping the eager code's low-precision roundings (`emulate_precision_casts`).
+
+    Dynamo keeps its compilations per code object, shared by every engine of the process:
+    each dtype, KV storage (FP8 scales or none) and size-0/1 specialisation adds one, so a
+    process that builds several engines (tests, evaluation jobs) passes the default limit
+    of 8 and, under fullgraph, fails. The limit is raised to 64 here."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     return torch.compile(fn, fullgraph=fullgraph, dynamic=True, options={"emulate_precision_casts": True})
 
 
