@@ -1,8 +1,11 @@
 """Plain records passed between the parts: requests, samples, prompt groups, train chunks.
 
 Owns: the data shapes every seam agrees on (the train pump and the checkpoint share
-`TrainedGroup` and `OpenStep` through here), and the one function that packs samples into
-padded training tensors (`make_train_chunk`). Does not own: behaviour (protocols.py) or
+`TrainedGroup` and `OpenStep` through here), the column-wise record of a single-turn
+group's samples (`GroupSamples`: a sequence of `Sample`s built on first access; the
+controller's hot path reads its columns), `scored_sample` (the one place a scored
+completion becomes a `Sample`), and the functions that pack samples into padded training
+tensors (`make_train_chunk`, `make_group_chunk`). Does not own: behaviour (protocols.py) or
 any policy about what to train (samplers, algorithms).
 
 Token alignment used everywhere: a sequence is `prompt_ids + completion_ids`; per-token
@@ -19,6 +22,7 @@ same layer-major order) with -1 where missing.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -113,6 +117,96 @@ class Sample:
         return self.finish_reason == "length"
 
 
+def scored_sample(prompt_ids, completion, logprobs, mask, finish: str, v0: int, v1: int, token_versions,
+                  text: str, reward: float, rewards: dict[str, float], env_mask: bool, info: dict[str, Any],
+                  generate_s: float, env_s: float, worker_tokens: dict[str, int], num_turns: int,
+                  routes=None) -> Sample:
+    """A scored completion as a `Sample` (the one place where they are built). `info`: a copy of
+    the environment's info that the sample owns; text, timings, turns, the generated tokens per
+    worker and the per-token weight versions are added to it, in that order."""
+    info.update(text=text, generate_s=generate_s, env_s=env_s, turns=num_turns, worker_tokens=worker_tokens)
+    if token_versions is not None:
+        info["token_versions"] = token_versions
+    return Sample(prompt_ids, completion, logprobs, reward, finish, v0, v1, rewards, env_mask, info, mask, routes)
+
+
+class GroupSamples(Sequence):
+    """The N samples of one single-turn group, column-wise: what `rollout.group` builds from a
+    group's generation results and scores. As a sequence it is the group's `Sample`s, built all
+    at once on first access (`scored_sample`, the same records as the per-sample path) and kept;
+    before that the controller's hot path (rollout pump, packing, advantages, step metrics)
+    reads the columns and never builds them. Once built, the `Sample`s are the truth (code may
+    modify them) and the hot path reads them instead (`columns_of`)."""
+
+    __slots__ = ("prompt_ids", "completion_ids", "gen_logprobs", "completion_lens", "finish_reasons", "rewards",
+                 "components", "env_mask", "start_versions", "end_versions", "infos", "texts", "generate_s",
+                 "env_s", "workers", "token_versions", "routed_experts", "_samples")
+
+    def __init__(self, prompt_ids: list[int], results: list, texts: list[str], scored: list, generate_s: float,
+                 env_s: list[float], mask_flagged: bool):
+        """`results`: the group's `GenerationResult`s in sample order; `scored`: their `EnvResult`s."""
+        self.prompt_ids = prompt_ids
+        self.completion_ids = [r.token_ids for r in results]
+        self.gen_logprobs = [r.logprobs for r in results]
+        self.completion_lens = list(map(len, self.completion_ids))
+        self.finish_reasons = [r.finish_reason for r in results]
+        self.start_versions = [r.start_version for r in results]
+        self.end_versions = [r.end_version for r in results]
+        self.token_versions = [r.token_versions for r in results]
+        self.workers = [r.worker or "local" for r in results]
+        routes = [r.routed_experts for r in results]
+        self.routed_experts = routes if any(x is not None for x in routes) else None
+        self.rewards = [float(s.reward) for s in scored]
+        self.components = [dict(s.rewards) for s in scored]
+        self.env_mask = [bool(s.mask) and mask_flagged for s in scored]
+        self.infos = [dict(s.info) for s in scored]  # the samples' info dicts, completed when they are built
+        self.texts = texts
+        self.generate_s = generate_s
+        self.env_s = env_s
+        self._samples: list[Sample] | None = None
+
+    @property
+    def built(self) -> bool:
+        """Whether the `Sample` records exist (then they, not the columns, are the truth)."""
+        return self._samples is not None
+
+    def samples(self) -> list[Sample]:
+        if self._samples is None:
+            p, gen_s = self.prompt_ids, self.generate_s
+            routes = self.routed_experts or [None] * len(self.rewards)
+            self._samples = [
+                scored_sample(p, ids, lps, None, fin, v0, v1, tv, text, r, comp, m, info, gen_s, es, {w: c}, 1, rt)
+                for ids, lps, fin, v0, v1, tv, text, r, comp, m, info, es, w, c, rt in zip(
+                    self.completion_ids, self.gen_logprobs, self.finish_reasons, self.start_versions,
+                    self.end_versions, self.token_versions, self.texts, self.rewards, self.components,
+                    self.env_mask, self.infos, self.env_s, self.workers, self.completion_lens, routes)]
+        return self._samples
+
+    def __len__(self) -> int:
+        return len(self.rewards)
+
+    def __getitem__(self, i):
+        return self.samples()[i]
+
+    def __iter__(self):
+        return iter(self.samples())
+
+    def __eq__(self, other):
+        if isinstance(other, (list, GroupSamples)):
+            return self.samples() == list(other)
+        return NotImplemented
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"GroupSamples({self.samples()!r})"
+
+
+def columns_of(samples) -> GroupSamples | None:
+    """`samples` as columns when it is a `GroupSamples` whose `Sample`s were never built, else None."""
+    return samples if type(samples) is GroupSamples and samples._samples is None else None
+
+
 @dataclass
 class PromptGroup:
     """All N samples of one prompt: the unit of dispatch, buffering, sampling and eviction."""
@@ -121,7 +215,7 @@ class PromptGroup:
     prompt_index: int  # index of the example in the training file
     epoch: int
     example: dict[str, Any]
-    samples: list[Sample]
+    samples: list[Sample]  # or a GroupSamples (the same records, column-wise)
     start_version: int  # weight version served when the group was dispatched
     end_version: int  # weight version served when its last sample finished
     target_step: int | None = None
@@ -131,7 +225,8 @@ class PromptGroup:
 
     @property
     def rewards(self) -> list[float]:
-        return [s.reward for s in self.samples]
+        cols = columns_of(self.samples)
+        return list(cols.rewards) if cols is not None else [s.reward for s in self.samples]
 
 
 @dataclass
@@ -243,17 +338,49 @@ def make_train_chunk(samples: list[Sample], advantages: list[float] | torch.Tens
     None: zeros, for the caller to fill in (the advantage stage). Routed experts are packed
     when any sample has them; `require_routes` (router replay) raises ValueError for a sample
     without any. Token ids and logprobs may be Python lists or 1-D NumPy arrays
-    (`token_array`, `logprob_array`): arrays are copied row by row (memory copies), lists
-    converted once per field."""
+    (`token_array`, `logprob_array`): arrays are concatenated in the padded layout (memory
+    copies), lists converted once per field."""
+    masks = [s.completion_mask for s in samples]
+    return _pack([s.prompt_ids for s in samples], [s.completion_ids for s in samples],
+                 [s.gen_logprobs for s in samples], None if all(m is None for m in masks) else masks,
+                 [s.env_mask for s in samples], [s.start_version for s in samples], advantages, pad_id,
+                 token_advantages, lambda: samples, require_routes)
+
+
+def make_group_chunk(groups: Sequence[Sequence[Sample]], pad_id: int = 0, require_routes: bool = False) -> TrainChunk:
+    """`make_train_chunk([s for g in groups for s in g], None, ...)` (zeros for the advantages:
+    the advantage stage fills them in), the same tensors, reading the columns of groups held as
+    `GroupSamples` instead of building their `Sample`s."""
+    if any(columns_of(g) is None or g.routed_experts is not None for g in groups):
+        return make_train_chunk([s for g in groups for s in g], None, pad_id=pad_id, require_routes=require_routes)
+    prompts: list = []
+    completions: list = []
+    logprobs: list = []
+    env_mask: list = []
+    versions: list = []
+    for g in groups:
+        prompts += [g.prompt_ids] * len(g.rewards)
+        completions += g.completion_ids
+        logprobs += g.gen_logprobs
+        env_mask += g.env_mask
+        versions += g.start_versions
+    # no group has routes: the samples are needed only to say which one lacks them (router replay)
+    return _pack(prompts, completions, logprobs, None, env_mask, versions, None, pad_id, None,
+                 (lambda: [s for g in groups for s in g]) if require_routes else None, require_routes)
+
+
+def _pack(prompts: list, completions: list, logprobs: list, masks: list | None, env_mask: list, versions: list,
+          advantages, pad_id: int, token_advantages, samples, require_routes: bool) -> TrainChunk:
+    """make_train_chunk over columns (one entry per sample); `samples()` gives the `Sample`s
+    (only asked for when a sample may carry routed experts or `require_routes` is set)."""
     # Python lists: every field is gathered into one flat list, converted once and scattered
     # into the padded [B, T] layout with a boolean mask (row-major order of the mask =
-    # concatenation order); per-sample tensor construction cost ~10x more. NumPy arrays: copied
-    # row by row. The [B, T] arrays are NumPy's (its large allocations get transparent huge
-    # pages where the kernel allows: fewer page faults than torch's).
-    B = len(samples)
-    prompts = [s.prompt_ids for s in samples]
-    completions = [s.completion_ids for s in samples]
-    logprobs = [s.gen_logprobs for s in samples]
+    # concatenation order); per-sample tensor construction cost ~10x more. NumPy arrays: each
+    # row is [prompt, completion, padding] and the rows are one `np.concatenate` of these
+    # pieces, reshaped to [B, T] (no mask, no row-by-row copies). The [B, T] arrays are
+    # NumPy's (its large allocations get transparent huge pages where the kernel allows:
+    # fewer page faults than torch's).
+    B = len(completions)
     plens = list(map(len, prompts))
     clens = list(map(len, completions))
     lplens = list(map(len, logprobs))
@@ -267,31 +394,25 @@ def make_train_chunk(samples: list[Sample], advantages: list[float] | torch.Tens
     real = pos[None, :] < lengths[:, None]  # [B, T] prompt + completion
     comp = pos[None, :] >= plen[:, None]
     comp &= real  # [B, T] completion
-    input_ids = np.full((B, T), pad_id, dtype=np.int64)
-    gen_lp = np.zeros((B, T), dtype=np.float32)
-    if {type(c) for c in completions} | {type(lp) for lp in logprobs} == {np.ndarray}:
-        # arrays from the backend: each row copied in place (half the cost of one flat
-        # concatenation per field scattered by a mask: no intermediate arrays)
-        for i, (prompt, ids, lps, p, c) in enumerate(zip(prompts, completions, logprobs, plens, clens)):
-            row = input_ids[i]
-            row[:p] = prompt
-            row[p:p + c] = ids
-            gen_lp[i, p:p + c] = lps
+    if B and {type(c) for c in completions} | {type(lp) for lp in logprobs} == {np.ndarray}:
+        input_ids, gen_lp = _rows_by_concatenation(prompts, completions, logprobs, plens, clens, T, pad_id)
     else:
+        input_ids = np.full((B, T), pad_id, dtype=np.int64)
+        gen_lp = np.zeros((B, T), dtype=np.float32)
         input_ids[real & ~comp] = _concat(prompts, np.int64)
         input_ids[comp] = _concat(completions, np.int64)
         gen_lp[comp] = _concat(logprobs, np.float32)
-    if all(s.completion_mask is None for s in samples):
+    if masks is None:
         loss_mask = comp.astype(np.float32)
     else:
         mask_pieces: list = []
-        for s, c in zip(samples, clens):
-            if s.completion_mask is None:
+        for m, c in zip(masks, clens):
+            if m is None:
                 mask_pieces.append(np.ones(c, dtype=np.float32))
-            elif len(s.completion_mask) != c:
-                raise ValueError(f"a completion_mask of {len(s.completion_mask)} entries for {c} completion tokens")
+            elif len(m) != c:
+                raise ValueError(f"a completion_mask of {len(m)} entries for {c} completion tokens")
             else:
-                mask_pieces.append(s.completion_mask)
+                mask_pieces.append(m)
         loss_mask = np.zeros((B, T), dtype=np.float32)
         loss_mask[comp] = _concat(mask_pieces, np.float32)
     if token_advantages is not None:
@@ -308,13 +429,36 @@ def make_train_chunk(samples: list[Sample], advantages: list[float] | torch.Tens
         if per.size != B:
             raise ValueError(f"{per.size} advantages for {B} samples")
         adv = np.where(comp, per[:, None], np.float32(0.0))
-    sample_mask = torch.tensor([0.0 if s.env_mask else 1.0 for s in samples], dtype=torch.float32)
-    versions = torch.tensor([s.start_version for s in samples], dtype=torch.long)
+    sample_mask = torch.tensor([0.0 if m else 1.0 for m in env_mask], dtype=torch.float32)
+    start_versions = torch.tensor(versions, dtype=torch.long)
     chunk = TrainChunk(torch.from_numpy(input_ids), torch.from_numpy(real.astype(np.int64)),
                        torch.from_numpy(loss_mask), torch.from_numpy(gen_lp), torch.from_numpy(adv), sample_mask,
-                       versions)
-    chunk.routed_experts = _pack_routes(samples, T, require_routes)
+                       start_versions)
+    chunk.routed_experts = _pack_routes(samples(), T, require_routes) if samples is not None else None
     return chunk
+
+
+def _rows_by_concatenation(prompts: list, completions: list, logprobs: list, plens: list[int], clens: list[int],
+                           T: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """input_ids and gen_logprobs [B, T] of samples whose completions and logprobs are arrays:
+    per row [prompt, completion, padding] (logprobs: [zeros, logprobs, zeros]), all rows in one
+    concatenation. Each distinct prompt list is converted once."""
+    pad = np.full(T, pad_id, dtype=np.int64)
+    zero = np.zeros(T, dtype=np.float32)
+    converted: dict[int, np.ndarray] = {}  # id() of a prompt -> its array (`prompts` keeps each alive)
+    ids_pieces: list = []
+    lp_pieces: list = []
+    for prompt, ids, lps, p, c in zip(prompts, completions, logprobs, plens, clens):
+        pa = converted.get(id(prompt))
+        if pa is None:
+            pa = converted[id(prompt)] = np.asarray(prompt, dtype=np.int64)
+        tail = T - p - c
+        ids_pieces += (pa, ids, pad[:tail])
+        lp_pieces += (zero[:p], lps, zero[:tail])
+    B = len(completions)
+    input_ids = np.concatenate(ids_pieces, dtype=np.int64, casting="unsafe").reshape(B, T)
+    gen_lp = np.concatenate(lp_pieces, dtype=np.float32, casting="unsafe").reshape(B, T)
+    return input_ids, gen_lp
 
 
 def token_array(ids) -> np.ndarray:

@@ -19,6 +19,7 @@ import statistics
 import time
 
 from rl_core.algorithms.metrics import finalize_metrics
+from rl_core.types import columns_of
 
 
 def _pct(s: list[float], q: float) -> float:
@@ -30,14 +31,14 @@ def _pct(s: list[float], q: float) -> float:
 
 def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: dict, t_step0: float,
                  idle: float) -> dict:
-    samples = [smp for t in trained for smp in t.group.samples]
     advs = [a for t in trained for a in t.advantages]
     stal = [t.staleness for t in trained]
     now = time.monotonic()
     # waited in the buffer: commit -> selection (a group restored from a checkpoint has no commit time)
     ages = [t.slot.selected_at - t.slot.ready_at for t in trained
             if t.slot.ready_at is not None and t.slot.selected_at is not None]
-    # one pass over the samples (16,000 per step at 1,000 groups x 16)
+    # per sample (16,000 per step at 1,000 groups x 16): a group held column-wise
+    # (types.GroupSamples) is read from its columns, other groups in one pass over their samples
     rewards: list[float] = []
     gen_len: list[int] = []
     in_len: list[int] = []
@@ -46,21 +47,48 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
     gen_s: list[float] = []
     turns: list[int] = []
     correct = truncated = breaks = 0
-    for smp in samples:
-        info = smp.info
-        rewards.append(smp.reward)
-        p, c = len(smp.prompt_ids), len(smp.completion_ids)
-        gen_len.append(c if smp.completion_mask is None else sum(smp.completion_mask))
-        in_len.append(p)
-        tot_len.append(p + c)
-        env_s.append(info.get("env_s", 0.0))
-        gen_s.append(info.get("generate_s", 0.0))
-        ok = info.get("correct")  # is_correct, inlined
-        correct += bool(ok) if ok is not None else smp.reward > 0
-        truncated += smp.finish_reason == "length"
-        turns.append(info.get("turns", 1))
-        breaks += info.get("segments", 1) - 1
-    n = len(samples)
+    workers: dict[str, int] = {}
+    comps: list[dict] = []  # named reward components, one dict per sample
+    for t in trained:
+        cols = columns_of(t.group.samples)
+        if cols is not None:  # single-turn samples: turns 1, no completion mask; info is the env's plus ours
+            k = len(cols.rewards)
+            rewards += cols.rewards
+            clens = cols.completion_lens
+            p = len(cols.prompt_ids)
+            gen_len += clens
+            in_len += [p] * k
+            tot_len += [p + c for c in clens]
+            env_s += cols.env_s
+            gen_s += [cols.generate_s] * k
+            for info, r in zip(cols.infos, cols.rewards):
+                ok = info.get("correct")  # is_correct, inlined
+                correct += bool(ok) if ok is not None else r > 0
+                breaks += info.get("segments", 1) - 1
+            truncated += cols.finish_reasons.count("length")
+            turns += [1] * k
+            for w, c in zip(cols.workers, clens):
+                workers[w] = workers.get(w, 0) + c
+            comps += cols.components
+            continue
+        for smp in t.group.samples:
+            info = smp.info
+            rewards.append(smp.reward)
+            p, c = len(smp.prompt_ids), len(smp.completion_ids)
+            gen_len.append(c if smp.completion_mask is None else sum(smp.completion_mask))
+            in_len.append(p)
+            tot_len.append(p + c)
+            env_s.append(info.get("env_s", 0.0))
+            gen_s.append(info.get("generate_s", 0.0))
+            ok = info.get("correct")  # is_correct, inlined
+            correct += bool(ok) if ok is not None else smp.reward > 0
+            truncated += smp.finish_reason == "length"
+            turns.append(info.get("turns", 1))
+            breaks += info.get("segments", 1) - 1
+            for w, c in info.get("worker_tokens", {}).items():
+                workers[w] = workers.get(w, 0) + c
+            comps.append(smp.rewards)
+    n = len(rewards)
     gen_sorted = sorted(gen_len)
     step_s = now - t_step0
     rs = pump.rollout.stats
@@ -116,14 +144,10 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
     m["train/policy_frozen"] = float(pump.policy_frozen)
     for k, v in finalize_metrics(pump.step_pairs).items():  # advantage, shaping, dynamic sampling
         m[k if k.startswith(("shaping/", "dynamic_sampling/")) else f"train/{k}"] = v
-    workers: dict[str, int] = {}
-    for s in samples:
-        for w, n in s.info.get("worker_tokens", {}).items():
-            workers[w] = workers.get(w, 0) + n
     for w, n in sorted(workers.items()):
         m[f"rollout/worker_gen_tokens/{w}"] = float(n)
-    for name in {k for s in samples for k in s.rewards}:  # named reward components (multi-reward)
-        m[f"reward/{name}"] = statistics.fmean([s.rewards.get(name, 0.0) for s in samples])
+    for name in {k for c in comps for k in c}:  # named reward components (multi-reward)
+        m[f"reward/{name}"] = statistics.fmean([c.get(name, 0.0) for c in comps])
     for k, v in train_metrics.items():
         m[k if k.startswith(("critic/", "flops/", "perf/")) else f"train/{k}"] = v
     for k, v in refit_metrics.items():

@@ -25,7 +25,8 @@ from typing import Any
 from rl_core.config.schema import SamplingParamsConfig
 from rl_core.resilience import with_deadline
 from rl_core.protocols import Environment, GenerationBackend
-from rl_core.types import GenerationRequest, GenerationResult, Sample, SamplingParams, plain
+from rl_core.types import (GenerationRequest, GenerationResult, GroupSamples, Sample, SamplingParams, plain,
+                           scored_sample)
 
 _MASK64 = (1 << 64) - 1
 
@@ -286,15 +287,12 @@ async def generate_episode(backend: GenerationBackend, env: Environment, tokeniz
 
 def _sample(prompt_ids, completion, logprobs, mask, finish, v0, v1, token_versions, text, scored,
             opts: GroupOptions, timings: SampleTimings, num_turns: int, routes=None) -> Sample:
-    info = dict(scored.info)
-    info.update(text=text, generate_s=timings.generate_s, env_s=timings.env_s, turns=num_turns,
-                worker_tokens=dict(timings.worker_tokens))
-    if token_versions is not None:
-        info["token_versions"] = token_versions
-    return Sample(prompt_ids=prompt_ids, completion_ids=completion, gen_logprobs=logprobs,
-                  reward=float(scored.reward), finish_reason=finish, start_version=v0, end_version=v1,
-                  rewards=dict(scored.rewards), env_mask=bool(scored.mask) and opts.mask_flagged_samples,
-                  info=info, completion_mask=mask, routed_experts=routes)
+    """A multi-turn sample or an agent episode as a `Sample` (`types.scored_sample`, which
+    single-turn groups use too, through `GroupSamples`)."""
+    return scored_sample(prompt_ids, completion, logprobs, mask, finish, v0, v1, token_versions, text,
+                         float(scored.reward), dict(scored.rewards), bool(scored.mask) and opts.mask_flagged_samples,
+                         dict(scored.info), timings.generate_s, timings.env_s, dict(timings.worker_tokens),
+                         num_turns, routes)
 
 
 async def generate_group(backend: GenerationBackend, env: Environment, tokenizer, example: dict[str, Any],
@@ -354,11 +352,11 @@ def _has_own_group_call(backend) -> bool:
 
 async def _generate_group_at_once(backend: GenerationBackend, env: Environment, tokenizer, example: dict[str, Any],
                                   prompt_ids: list[int], n: int, params: SamplingParams, key: str, prefix: int,
-                                  opts: GroupOptions) -> list[Sample]:
+                                  opts: GroupOptions) -> GroupSamples:
     """The group's N requests (the same ids and seeds as one call per sample) in one
     `generate_many` call, then each result scored in order: the same samples as the
-    per-sample path, without a task per sample. The requests share one prompt list (and the
-    samples too, when the backend hands that list back)."""
+    per-sample path (as a `GroupSamples`: columns, the `Sample`s built on first access),
+    without a task per sample. The requests share one prompt list, and so do the samples."""
     prompt = list(prompt_ids)
     requests = [GenerationRequest(f"{key}/{i}", prompt, with_seed(params, seed_last(prefix, i))) for i in range(n)]
     t0 = time.monotonic()
@@ -368,35 +366,28 @@ async def _generate_group_at_once(backend: GenerationBackend, env: Environment, 
         raise RuntimeError(f"{type(backend).__name__}.generate_many returned {len(results)} results for {n} requests")
     generate_s = time.monotonic() - t0
     decode = tokenizer.decode
-    score = env.score
-    if opts.env_timeout_s is not None:  # scored in the environment pool, concurrently as before
-        timings = [SampleTimings(generate_s) for _ in results]
-        for tm, r in zip(timings, results):
-            tm.count(r)
-        texts = [decode(r.token_ids, skip_special_tokens=True) for r in results]
+    texts = [decode(r.token_ids, skip_special_tokens=True) for r in results]
+    if opts.env_timeout_s is not None:  # scored in the environment pool, concurrently
+        timings = [SampleTimings() for _ in results]
         scores = await asyncio.gather(*(_score(env, example, r.token_ids, text, r.finish_reason, opts, tm)
                                         for r, text, tm in zip(results, texts, timings)))
-        return [_sample(r.prompt_ids if r.prompt_ids is prompt else list(r.prompt_ids), r.token_ids, r.logprobs,
-                        None, r.finish_reason, r.start_version, r.end_version, r.token_versions, text, scored, opts,
-                        tm, 1, routes=r.routed_experts)
-                for r, text, scored, tm in zip(results, texts, scores, timings)]
-    samples = []
-    mask_flagged = opts.mask_flagged_samples
-    for r in results:
-        text = decode(r.token_ids, skip_special_tokens=True)
-        t1 = time.monotonic()
-        scored = score(example, r.token_ids, text, r.finish_reason)
-        env_s = time.monotonic() - t1
-        info = dict(scored.info)
-        info.update(text=text, generate_s=generate_s, env_s=env_s, turns=1,
-                    worker_tokens={r.worker or "local": len(r.token_ids)})
-        if r.token_versions is not None:
-            info["token_versions"] = r.token_versions
-        samples.append(Sample(r.prompt_ids if r.prompt_ids is prompt else list(r.prompt_ids), r.token_ids,
-                              r.logprobs, float(scored.reward), r.finish_reason, r.start_version, r.end_version,
-                              dict(scored.rewards), bool(scored.mask) and mask_flagged, info, None,
-                              r.routed_experts))
-    return samples
+        env_s = [tm.env_s for tm in timings]
+    else:  # cheap environments score on the event loop, in order
+        score, clock = env.score, time.monotonic
+        scores, env_s = [], []
+        for r, text in zip(results, texts):
+            t1 = clock()
+            scores.append(score(example, r.token_ids, text, r.finish_reason))
+            env_s.append(clock() - t1)
+    group = GroupSamples(prompt, results, texts, scores, generate_s, env_s, opts.mask_flagged_samples)
+    # the samples share the request's prompt list, unless the backend handed another prompt back
+    if any(r.prompt_ids is not prompt and list(r.prompt_ids) != prompt for r in results):
+        samples = group.samples()
+        for smp, r in zip(samples, results):
+            if r.prompt_ids is not prompt:
+                smp.prompt_ids = list(r.prompt_ids)
+        return samples
+    return group
 
 
 def is_correct(sample: Sample) -> bool:
