@@ -21,6 +21,8 @@ same layer-major order) with -1 where missing.
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -377,9 +379,8 @@ def _pack(prompts: list, completions: list, logprobs: list, masks: list | None, 
     # into the padded [B, T] layout with a boolean mask (row-major order of the mask =
     # concatenation order); per-sample tensor construction cost ~10x more. NumPy arrays: each
     # row is [prompt, completion, padding] and the rows are one `np.concatenate` of these
-    # pieces, reshaped to [B, T] (no mask, no row-by-row copies). The [B, T] arrays are
-    # NumPy's (its large allocations get transparent huge pages where the kernel allows:
-    # fewer page faults than torch's).
+    # pieces, written into [B, T] (no mask, no row-by-row copies). The [B, T] arrays come from
+    # `ARENA`: memory of earlier chunks that nothing refers to any more (no page faults).
     B = len(completions)
     plens = list(map(len, prompts))
     clens = list(map(len, completions))
@@ -391,19 +392,20 @@ def _pack(prompts: list, completions: list, logprobs: list, masks: list | None, 
     lengths = plen + np.array(clens, dtype=np.int64)
     T = int(lengths.max()) if B else 0
     pos = np.arange(T)
-    real = pos[None, :] < lengths[:, None]  # [B, T] prompt + completion
-    comp = pos[None, :] >= plen[:, None]
+    real = np.less(pos[None, :], lengths[:, None], out=ARENA.empty((B, T), np.bool_))  # [B, T] prompt + completion
+    comp = np.greater_equal(pos[None, :], plen[:, None], out=ARENA.empty((B, T), np.bool_))
     comp &= real  # [B, T] completion
     if B and {type(c) for c in completions} | {type(lp) for lp in logprobs} == {np.ndarray}:
         input_ids, gen_lp = _rows_by_concatenation(prompts, completions, logprobs, plens, clens, T, pad_id)
     else:
-        input_ids = np.full((B, T), pad_id, dtype=np.int64)
-        gen_lp = np.zeros((B, T), dtype=np.float32)
+        input_ids = ARENA.full((B, T), pad_id, np.int64)
+        gen_lp = ARENA.full((B, T), 0.0, np.float32)
         input_ids[real & ~comp] = _concat(prompts, np.int64)
         input_ids[comp] = _concat(completions, np.int64)
         gen_lp[comp] = _concat(logprobs, np.float32)
     if masks is None:
-        loss_mask = comp.astype(np.float32)
+        loss_mask = ARENA.empty((B, T), np.float32)
+        np.copyto(loss_mask, comp)
     else:
         mask_pieces: list = []
         for m, c in zip(masks, clens):
@@ -413,16 +415,16 @@ def _pack(prompts: list, completions: list, logprobs: list, masks: list | None, 
                 raise ValueError(f"a completion_mask of {len(m)} entries for {c} completion tokens")
             else:
                 mask_pieces.append(m)
-        loss_mask = np.zeros((B, T), dtype=np.float32)
+        loss_mask = ARENA.full((B, T), 0.0, np.float32)
         loss_mask[comp] = _concat(mask_pieces, np.float32)
     if token_advantages is not None:
         for i, c in enumerate(clens):
             if len(token_advantages[i]) != c:
                 raise ValueError(f"sample {i}: {len(token_advantages[i])} token advantages for {c} completion tokens")
-        adv = np.zeros((B, T), dtype=np.float32)
+        adv = ARENA.full((B, T), 0.0, np.float32)
         adv[comp] = _concat(list(token_advantages), np.float32)
     elif advantages is None:
-        adv = np.zeros((B, T), dtype=np.float32)
+        adv = ARENA.full((B, T), 0.0, np.float32)
     else:
         per = advantages.detach().cpu().to(torch.float32).reshape(-1).numpy() \
             if isinstance(advantages, torch.Tensor) else np.array([float(a) for a in advantages], dtype=np.float32)
@@ -431,7 +433,9 @@ def _pack(prompts: list, completions: list, logprobs: list, masks: list | None, 
         adv = np.where(comp, per[:, None], np.float32(0.0))
     sample_mask = torch.tensor([0.0 if m else 1.0 for m in env_mask], dtype=torch.float32)
     start_versions = torch.tensor(versions, dtype=torch.long)
-    chunk = TrainChunk(torch.from_numpy(input_ids), torch.from_numpy(real.astype(np.int64)),
+    attention = ARENA.empty((B, T), np.int64)
+    np.copyto(attention, real)
+    chunk = TrainChunk(torch.from_numpy(input_ids), torch.from_numpy(attention),
                        torch.from_numpy(loss_mask), torch.from_numpy(gen_lp), torch.from_numpy(adv), sample_mask,
                        start_versions)
     chunk.routed_experts = _pack_routes(samples(), T, require_routes) if samples is not None else None
@@ -440,25 +444,95 @@ def _pack(prompts: list, completions: list, logprobs: list, masks: list | None, 
 
 def _rows_by_concatenation(prompts: list, completions: list, logprobs: list, plens: list[int], clens: list[int],
                            T: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """input_ids and gen_logprobs [B, T] of samples whose completions and logprobs are arrays:
-    per row [prompt, completion, padding] (logprobs: [zeros, logprobs, zeros]), all rows in one
-    concatenation. Each distinct prompt list is converted once."""
-    pad = np.full(T, pad_id, dtype=np.int64)
-    zero = np.zeros(T, dtype=np.float32)
-    converted: dict[int, np.ndarray] = {}  # id() of a prompt -> its array (`prompts` keeps each alive)
-    ids_pieces: list = []
-    lp_pieces: list = []
-    for prompt, ids, lps, p, c in zip(prompts, completions, logprobs, plens, clens):
-        pa = converted.get(id(prompt))
-        if pa is None:
-            pa = converted[id(prompt)] = np.asarray(prompt, dtype=np.int64)
-        tail = T - p - c
-        ids_pieces += (pa, ids, pad[:tail])
-        lp_pieces += (zero[:p], lps, zero[:tail])
+    """input_ids and gen_logprobs [B, T] of samples whose completions and logprobs are arrays,
+    each written by one concatenation of two pieces per row. Row i is [prompt_i, completion_i,
+    padding_i]; the pieces are prompt_0, then per row completion_i and [padding_i,
+    prompt_(i+1)] (one slice of a [pad_id x T, prompt_(i+1)] array, made once per distinct
+    prompt list); logprobs likewise: zeros, then per row logprobs_i and zeros."""
     B = len(completions)
-    input_ids = np.concatenate(ids_pieces, dtype=np.int64, casting="unsafe").reshape(B, T)
-    gen_lp = np.concatenate(lp_pieces, dtype=np.float32, casting="unsafe").reshape(B, T)
+    pad = np.full(T, pad_id, dtype=np.int64)
+    zero = np.zeros(2 * T, dtype=np.float32)
+    joined: dict[int, np.ndarray] = {}  # id() of a prompt -> [pad x T, prompt] (`prompts` keeps each alive)
+    last, last_joined = None, None
+    ids_pieces: list = [np.asarray(prompts[0], dtype=np.int64)]
+    lp_pieces: list = [zero[:plens[0]]]
+    for i in range(B - 1):
+        prompt = prompts[i + 1]
+        if prompt is not last:
+            last_joined = joined.get(id(prompt))
+            if last_joined is None:
+                last_joined = joined[id(prompt)] = np.concatenate([pad, np.asarray(prompt, dtype=np.int64)])
+            last = prompt
+        tail = T - plens[i] - clens[i]
+        ids_pieces += (completions[i], last_joined[T - tail:])
+        lp_pieces += (logprobs[i], zero[:tail + plens[i + 1]])
+    tail = T - plens[-1] - clens[-1]
+    ids_pieces += (completions[-1], pad[:tail])
+    lp_pieces += (logprobs[-1], zero[:tail])
+    input_ids = ARENA.empty((B, T), np.int64)
+    gen_lp = ARENA.empty((B, T), np.float32)
+    np.concatenate(ids_pieces, out=input_ids.reshape(-1), casting="unsafe")
+    np.concatenate(lp_pieces, out=gen_lp.reshape(-1), casting="unsafe")
     return input_ids, gen_lp
+
+
+class _Arena:
+    """Reused memory for the [B, T] arrays of packed chunks. A chunk of 16,000 x 259 tokens
+    writes ~115 MB of arrays; fresh memory for them costs a page fault per 4 KiB page on first
+    touch (the kernel zeroes each page), which at 1,000 groups x 16 samples per RL step cost
+    more than the copies themselves (on the development VM, up to ~4 ms per MB). A buffer is
+    reused only when nothing refers to it any more: every array handed out is a view of a
+    pooled buffer, and a tensor made from it (`torch.from_numpy`) keeps that view, hence the
+    buffer, referenced until the last tensor or slice sharing its memory is gone. Buffers are
+    sized 1/8 above the request (the step's width varies; untouched pages cost nothing), and
+    at most `keep` are held (the least recently used idle one goes first)."""
+
+    def __init__(self, keep: int = 16, min_bytes: int = 1 << 20):
+        self.keep = keep
+        self.min_bytes = min_bytes  # smaller arrays come from the allocator's own free lists
+        self._bufs: list[np.ndarray] = []
+        self._lock = threading.Lock()
+        self.fresh_bytes = 0  # allocated so far (the bytes that were not reused)
+
+    def empty(self, shape: tuple[int, ...], dtype) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if n < self.min_bytes:
+            return np.empty(shape, dtype=dtype)
+        with self._lock:
+            bufs = self._bufs
+            best = None
+            for i in range(len(bufs)):
+                if bufs[i].nbytes >= n and self._idle(i) and (best is None or bufs[i].nbytes < bufs[best].nbytes):
+                    best = i
+            if best is not None:
+                buf = bufs.pop(best)
+            else:
+                buf = np.empty(n + n // 8, dtype=np.uint8)
+                self.fresh_bytes += buf.nbytes
+                if len(bufs) >= self.keep:
+                    idle = next((i for i in range(len(bufs)) if self._idle(i)), None)
+                    if idle is not None:
+                        del bufs[idle]
+            bufs.append(buf)  # most recently used last
+            return buf[:n].view(dtype).reshape(shape)
+
+    def _idle(self, i: int) -> bool:
+        """Nothing but the pool refers to buffer i (the list and getrefcount's argument): no
+        array or tensor made from it is alive."""
+        return sys.getrefcount(self._bufs[i]) == 2
+
+    def full(self, shape: tuple[int, ...], value, dtype) -> np.ndarray:
+        out = self.empty(shape, dtype)
+        out.fill(value)
+        return out
+
+    def clear(self) -> None:
+        with self._lock:
+            self._bufs.clear()
+
+
+ARENA = _Arena()
 
 
 def token_array(ids) -> np.ndarray:

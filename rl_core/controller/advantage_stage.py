@@ -54,6 +54,8 @@ class AdvantageStage:
     async def build(self, groups: list[PromptGroup]) -> Stage:
         chunk = make_group_chunk([g.samples for g in groups], pad_id=self.pad_id,
                                  require_routes=self.cfg.trainer.router_replay.enabled)
+        # single-turn groups held as columns have no completion masks: a 0/1 loss mask
+        binary = all(columns_of(g.samples) is not None for g in groups)
         # per sample, in chunk order: read from a group's columns (GroupSamples) or its Samples
         rewards: list[float] = []
         valid: list[bool] = []
@@ -86,7 +88,7 @@ class AdvantageStage:
                 values = await self.run_pass("critic values", self.critic.values, chunk)
         est = estimate_advantages(
             adv_cfg, chunk, rewards, [len(g.samples) for g in groups], components=components, ref_logprobs=ref,
-            values=values, valid=valid, truncated=truncated, final_values=final)
+            values=values, valid=valid, truncated=truncated, final_values=final, binary_loss_mask=binary)
         chunk.advantages = est.advantages
         chunk.values = values
         chunk.returns = est.returns

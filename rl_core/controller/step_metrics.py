@@ -15,8 +15,11 @@ Does not own: where metrics go (metrics.logger) or how they are computed upstrea
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
+from collections import Counter
+from fractions import Fraction
 
 from rl_core.algorithms.metrics import finalize_metrics
 from rl_core.types import columns_of
@@ -27,6 +30,24 @@ def _pct(s: list[float], q: float) -> float:
     if not s:
         return 0.0
     return float(s[min(len(s) - 1, int(round(q * (len(s) - 1))))])
+
+
+def pstdev(values: list[float]) -> float:
+    """`statistics.pstdev(values)` (the same float: the correctly rounded square root of the
+    exact population variance), computed over the distinct values with their counts: group
+    advantages take few distinct values (two per group for 0/1 rewards), so the exact
+    fractions are summed once per value, not once per sample. Falls back to
+    `statistics.pstdev` when most values are distinct, for non-floats and non-finite values."""
+    n = len(values)
+    counts = Counter(values)
+    sqrt_of_frac = getattr(statistics, "_float_sqrt_of_frac", None)  # CPython >= 3.11 (correctly rounded)
+    if n == 0 or 4 * len(counts) > n or sqrt_of_frac is None or \
+            not all(type(x) is float and math.isfinite(x) for x in counts):
+        return statistics.pstdev(values)
+    sx = sum(Fraction(x) * c for x, c in counts.items())
+    sxx = sum(Fraction(x) ** 2 * c for x, c in counts.items())
+    mss = (n * sxx - sx * sx) / n / n  # exact: the sum of squared deviations over n, over n
+    return sqrt_of_frac(mss.numerator, mss.denominator)
 
 
 def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: dict, t_step0: float,
@@ -61,14 +82,20 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
             tot_len += [p + c for c in clens]
             env_s += cols.env_s
             gen_s += [cols.generate_s] * k
-            for info, r in zip(cols.infos, cols.rewards):
-                ok = info.get("correct")  # is_correct, inlined
-                correct += bool(ok) if ok is not None else r > 0
-                breaks += info.get("segments", 1) - 1
+            oks = [info.get("correct") for info in cols.infos]  # is_correct, inlined
+            if None in oks:
+                correct += sum(bool(ok) if ok is not None else r > 0 for ok, r in zip(oks, cols.rewards))
+            else:
+                correct += sum(map(bool, oks))
+            breaks += sum([info["segments"] - 1 for info in cols.infos if "segments" in info])
             truncated += cols.finish_reasons.count("length")
             turns += [1] * k
-            for w, c in zip(cols.workers, clens):
-                workers[w] = workers.get(w, 0) + c
+            ws = cols.workers
+            if ws.count(ws[0]) == k:  # one worker generated the whole group
+                workers[ws[0]] = workers.get(ws[0], 0) + sum(clens)
+            else:
+                for w, c in zip(ws, clens):
+                    workers[w] = workers.get(w, 0) + c
             comps += cols.components
             continue
         for smp in t.group.samples:
@@ -97,7 +124,7 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
         "train/accuracy": correct / n,  # == fmean of 0/1 values
         "train/advantage_mean": statistics.fmean(advs),
         "train/advantage_abs_mean": statistics.fmean([abs(a) for a in advs]),
-        "train/advantage_std": statistics.pstdev(advs),
+        "train/advantage_std": pstdev(advs),
         "train/zero_variance_groups": sum(1 for t in trained if len(set(t.group.rewards)) == 1) / len(trained),
         "train/num_groups": float(len(trained)),
         "train/completion_len_mean": statistics.fmean(gen_len),
@@ -146,7 +173,7 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
         m[k if k.startswith(("shaping/", "dynamic_sampling/")) else f"train/{k}"] = v
     for w, n in sorted(workers.items()):
         m[f"rollout/worker_gen_tokens/{w}"] = float(n)
-    for name in {k for c in comps for k in c}:  # named reward components (multi-reward)
+    for name in set().union(*comps):  # named reward components (multi-reward)
         m[f"reward/{name}"] = statistics.fmean([c.get(name, 0.0) for c in comps])
     for k, v in train_metrics.items():
         m[k if k.startswith(("critic/", "flops/", "perf/")) else f"train/{k}"] = v

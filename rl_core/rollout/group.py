@@ -22,6 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from rl_core.config.schema import SamplingParamsConfig
 from rl_core.resilience import with_deadline
 from rl_core.protocols import Environment, GenerationBackend
@@ -55,6 +57,18 @@ def seed_prefix(*parts: int) -> int:
 def seed_last(prefix: int, last: int) -> int:
     """derive_seed(*parts, last) from seed_prefix(*parts): the group's samples share the prefix."""
     return _splitmix64(prefix ^ (int(last) & _MASK64)) >> 1
+
+
+def group_seeds(prefix: int, n: int) -> list[int]:
+    """[seed_last(prefix, i) for i in range(n)], the splitmix64 rounds done on a uint64 array
+    (NumPy's uint64 arithmetic wraps modulo 2**64 like the masked Python ints)."""
+    with np.errstate(over="ignore"):
+        x = np.arange(n, dtype=np.uint64) ^ np.uint64(prefix)
+        x += np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+        return (x >> np.uint64(1)).tolist()
 
 
 def with_seed(params: SamplingParams, seed: int) -> SamplingParams:
@@ -358,7 +372,13 @@ async def _generate_group_at_once(backend: GenerationBackend, env: Environment, 
     per-sample path (as a `GroupSamples`: columns, the `Sample`s built on first access),
     without a task per sample. The requests share one prompt list, and so do the samples."""
     prompt = list(prompt_ids)
-    requests = [GenerationRequest(f"{key}/{i}", prompt, with_seed(params, seed_last(prefix, i))) for i in range(n)]
+    cls, fields = type(params), params.__dict__
+    requests = []
+    for i, seed in enumerate(group_seeds(prefix, n)):  # with_seed, inlined
+        p = object.__new__(cls)
+        p.__dict__.update(fields)
+        p.seed = seed
+        requests.append(GenerationRequest(f"{key}/{i}", prompt, p))
     t0 = time.monotonic()
     results = await with_deadline(backend.generate_many(requests), opts.generation_timeout_s,
                                   f"generation of {key}/0..{n - 1}")
