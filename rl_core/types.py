@@ -157,11 +157,13 @@ class GroupSamples(Sequence):
         self.token_versions = [r.token_versions for r in results]
         self.workers = [r.worker or "local" for r in results]
         routes = [r.routed_experts for r in results]
-        self.routed_experts = routes if any(x is not None for x in routes) else None
+        self.routed_experts = routes if routes.count(None) != len(routes) else None
         self.rewards = [float(s.reward) for s in scored]
-        self.components = [dict(s.rewards) for s in scored]
+        # copies the samples own (dict.copy: a dict(...) call costs several times more)
+        self.components = [c.copy() if type(c) is dict else dict(c) for c in [s.rewards for s in scored]]
         self.env_mask = [bool(s.mask) and mask_flagged for s in scored]
-        self.infos = [dict(s.info) for s in scored]  # the samples' info dicts, completed when they are built
+        # the samples' info dicts, completed when they are built
+        self.infos = [i.copy() if type(i) is dict else dict(i) for i in [s.info for s in scored]]
         self.texts = texts
         self.generate_s = generate_s
         self.env_s = env_s
@@ -423,8 +425,8 @@ def _pack(prompts: list, completions: list, logprobs: list, masks: list | None, 
                 raise ValueError(f"sample {i}: {len(token_advantages[i])} token advantages for {c} completion tokens")
         adv = ARENA.full((B, T), 0.0, np.float32)
         adv[comp] = _concat(list(token_advantages), np.float32)
-    elif advantages is None:
-        adv = ARENA.full((B, T), 0.0, np.float32)
+    elif advantages is None:  # a placeholder the caller replaces: fresh zero pages cost nothing until written
+        adv = np.zeros((B, T), dtype=np.float32)
     else:
         per = advantages.detach().cpu().to(torch.float32).reshape(-1).numpy() \
             if isinstance(advantages, torch.Tensor) else np.array([float(a) for a in advantages], dtype=np.float32)

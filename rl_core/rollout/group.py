@@ -22,8 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
-
 from rl_core.config.schema import SamplingParamsConfig
 from rl_core.resilience import with_deadline
 from rl_core.protocols import Environment, GenerationBackend
@@ -57,18 +55,6 @@ def seed_prefix(*parts: int) -> int:
 def seed_last(prefix: int, last: int) -> int:
     """derive_seed(*parts, last) from seed_prefix(*parts): the group's samples share the prefix."""
     return _splitmix64(prefix ^ (int(last) & _MASK64)) >> 1
-
-
-def group_seeds(prefix: int, n: int) -> list[int]:
-    """[seed_last(prefix, i) for i in range(n)], the splitmix64 rounds done on a uint64 array
-    (NumPy's uint64 arithmetic wraps modulo 2**64 like the masked Python ints)."""
-    with np.errstate(over="ignore"):
-        x = np.arange(n, dtype=np.uint64) ^ np.uint64(prefix)
-        x += np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(31)
-        return (x >> np.uint64(1)).tolist()
 
 
 def with_seed(params: SamplingParams, seed: int) -> SamplingParams:
@@ -374,10 +360,10 @@ async def _generate_group_at_once(backend: GenerationBackend, env: Environment, 
     prompt = list(prompt_ids)
     cls, fields = type(params), params.__dict__
     requests = []
-    for i, seed in enumerate(group_seeds(prefix, n)):  # with_seed, inlined
+    for i in range(n):  # with_seed(params, seed_last(prefix, i)), inlined
         p = object.__new__(cls)
         p.__dict__.update(fields)
-        p.seed = seed
+        p.seed = seed_last(prefix, i)
         requests.append(GenerationRequest(f"{key}/{i}", prompt, p))
     t0 = time.monotonic()
     results = await with_deadline(backend.generate_many(requests), opts.generation_timeout_s,
