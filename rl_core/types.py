@@ -202,8 +202,12 @@ class GroupSamples(Sequence):
 
     __hash__ = None
 
-    def __repr__(self) -> str:
-        return f"GroupSamples({self.samples()!r})"
+    def __repr__(self) -> str:  # never builds the Samples (asyncio and loggers repr results)
+        if self._samples is not None:
+            return f"GroupSamples({self._samples!r})"
+        return (f"GroupSamples(<{len(self)} samples, columns>, prompt_ids={self.prompt_ids!r}, "
+                f"rewards={self.rewards!r}, completion_lens={self.completion_lens!r}, "
+                f"finish_reasons={self.finish_reasons!r})")
 
 
 def columns_of(samples) -> GroupSamples | None:
@@ -354,23 +358,37 @@ def make_train_chunk(samples: list[Sample], advantages: list[float] | torch.Tens
 def make_group_chunk(groups: Sequence[Sequence[Sample]], pad_id: int = 0, require_routes: bool = False) -> TrainChunk:
     """`make_train_chunk([s for g in groups for s in g], None, ...)` (zeros for the advantages:
     the advantage stage fills them in), the same tensors, reading the columns of groups held as
-    `GroupSamples` instead of building their `Sample`s."""
-    if any(columns_of(g) is None or g.routed_experts is not None for g in groups):
-        return make_train_chunk([s for g in groups for s in g], None, pad_id=pad_id, require_routes=require_routes)
+    `GroupSamples` instead of building their `Sample`s (other groups: their samples' fields)."""
     prompts: list = []
     completions: list = []
     logprobs: list = []
+    masks: list = []
     env_mask: list = []
     versions: list = []
+    routes = require_routes
     for g in groups:
-        prompts += [g.prompt_ids] * len(g.rewards)
-        completions += g.completion_ids
-        logprobs += g.gen_logprobs
-        env_mask += g.env_mask
-        versions += g.start_versions
-    # no group has routes: the samples are needed only to say which one lacks them (router replay)
-    return _pack(prompts, completions, logprobs, None, env_mask, versions, None, pad_id, None,
-                 (lambda: [s for g in groups for s in g]) if require_routes else None, require_routes)
+        cols = columns_of(g)
+        if cols is not None:
+            k = len(cols.rewards)
+            prompts += [cols.prompt_ids] * k
+            completions += cols.completion_ids
+            logprobs += cols.gen_logprobs
+            masks += [None] * k
+            env_mask += cols.env_mask
+            versions += cols.start_versions
+            routes = routes or cols.routed_experts is not None
+        else:
+            prompts += [s.prompt_ids for s in g]
+            completions += [s.completion_ids for s in g]
+            logprobs += [s.gen_logprobs for s in g]
+            masks += [s.completion_mask for s in g]
+            env_mask += [s.env_mask for s in g]
+            versions += [s.start_version for s in g]
+            routes = routes or any(s.routed_experts for s in g)
+    # the Samples only when some carry routes (or router replay must say which lacks them)
+    return _pack(prompts, completions, logprobs, None if masks.count(None) == len(masks) else masks, env_mask,
+                 versions, None, pad_id, None, (lambda: [s for g in groups for s in g]) if routes else None,
+                 require_routes)
 
 
 def _pack(prompts: list, completions: list, logprobs: list, masks: list | None, env_mask: list, versions: list,

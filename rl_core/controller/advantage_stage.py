@@ -54,8 +54,9 @@ class AdvantageStage:
     async def build(self, groups: list[PromptGroup]) -> Stage:
         chunk = make_group_chunk([g.samples for g in groups], pad_id=self.pad_id,
                                  require_routes=self.cfg.trainer.router_replay.enabled)
-        # single-turn groups held as columns have no completion masks: a 0/1 loss mask
-        binary = all(columns_of(g.samples) is not None for g in groups)
+        # no completion masks (single-turn groups held as columns have none): a 0/1 loss mask
+        binary = all(columns_of(g.samples) is not None or all(s.completion_mask is None for s in g.samples)
+                     for g in groups)
         # per sample, in chunk order: read from a group's columns (GroupSamples) or its Samples
         rewards: list[float] = []
         valid: list[bool] = []
