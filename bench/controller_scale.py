@@ -289,7 +289,7 @@ def main():
                       "B/completion token)", flush=True)
                 if prof:
                     s = io.StringIO()
-                    pstats.Stats(prof, stream=s).sort_stats(*(__import__("os").environ.get("PSORT","tottime").split(","))).print_stats(int(__import__("os").environ.get("PN","30")))
+                    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(30)
                     print(s.getvalue())
             per_group = [r["steady_s"] / r["groups"] for r in rows]
             lo, hi = min(per_group), max(per_group)

@@ -8,7 +8,10 @@ sample; each sample takes a generation place while it generates: generation-leve
 backpressure), multi-turn rollouts (generate -> environment observation -> generate ...,
 with observation tokens masked out of the loss), per-generation and per-environment
 deadlines, each sample's generated tokens per generation worker (`info["worker_tokens"]`,
-from `GenerationResult.worker`), and scoring each finished sample with the environment.
+from `GenerationResult.worker`), and scoring each finished sample with the environment. A
+single-turn group generated in one `generate_many` call comes back column-wise
+(`types.GroupSamples`: the same `Sample`s, built on first access); every other path returns
+a list of `Sample`s, built by the same `types.scored_sample`.
 
 Does not own: when groups are dispatched (rollout pump), the buffer, or retries.
 """
@@ -297,14 +300,16 @@ def _sample(prompt_ids, completion, logprobs, mask, finish, v0, v1, token_versio
 
 async def generate_group(backend: GenerationBackend, env: Environment, tokenizer, example: dict[str, Any],
                          prompt_ids: list[int], n: int, params: SamplingParams, key: str,
-                         seed_parts: tuple[int, ...], opts: GroupOptions | None = None) -> list[Sample]:
+                         seed_parts: tuple[int, ...], opts: GroupOptions | None = None
+                         ) -> list[Sample] | GroupSamples:
     """N samples of one prompt, generated concurrently, each with its own derived seed.
     If one sample fails, the others are cancelled and the error propagates.
 
     A backend with `generate_many` (see `rl_core.protocols.GenerationBackend`) gets the
     group's N requests in one call when the environment is single-turn and no
-    generation-level backpressure counts samples one by one; otherwise (the default) each
-    sample is a task with its own `generate` call."""
+    generation-level backpressure counts samples one by one (the samples then come as a
+    `GroupSamples`, a sequence of the same `Sample`s); otherwise (the default) each sample is
+    a task with its own `generate` call."""
     opts = opts or GroupOptions()
     prefix = seed_prefix(*seed_parts)  # derive_seed(*seed_parts, i) == seed_last(prefix, i)
     if group_call_ok(backend, env, opts):

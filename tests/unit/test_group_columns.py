@@ -270,6 +270,7 @@ def test_pstdev_over_distinct_values_equals_statistics_pstdev():
             assert got == want or (np.isnan(got) and np.isnan(want))
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the float64 pass over inf and NaN
 def test_sequence_advantages_broadcast_in_float32_over_a_binary_mask_with_the_same_bits():
     from rl_core.algorithms.estimate import broadcast_sequence_advantages
 
