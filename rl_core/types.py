@@ -356,9 +356,10 @@ def make_train_chunk(samples: list[Sample], advantages: list[float] | torch.Tens
 
 
 def make_group_chunk(groups: Sequence[Sequence[Sample]], pad_id: int = 0, require_routes: bool = False) -> TrainChunk:
-    """`make_train_chunk([s for g in groups for s in g], None, ...)` (zeros for the advantages:
-    the advantage stage fills them in), the same tensors, reading the columns of groups held as
-    `GroupSamples` instead of building their `Sample`s (other groups: their samples' fields)."""
+    """`make_train_chunk([s for g in groups for s in g], None, ...)`, the same tensors, reading
+    the columns of groups held as `GroupSamples` instead of building their `Sample`s (other
+    groups: their samples' fields). The advantages are a read-only placeholder of zeros (one
+    zero expanded to [B, T], no memory): the advantage stage replaces the tensor."""
     prompts: list = []
     completions: list = []
     logprobs: list = []
@@ -388,13 +389,15 @@ def make_group_chunk(groups: Sequence[Sequence[Sample]], pad_id: int = 0, requir
     # the Samples only when some carry routes (or router replay must say which lacks them)
     return _pack(prompts, completions, logprobs, None if masks.count(None) == len(masks) else masks, env_mask,
                  versions, None, pad_id, None, (lambda: [s for g in groups for s in g]) if routes else None,
-                 require_routes)
+                 require_routes, placeholder=True)
 
 
 def _pack(prompts: list, completions: list, logprobs: list, masks: list | None, env_mask: list, versions: list,
-          advantages, pad_id: int, token_advantages, samples, require_routes: bool) -> TrainChunk:
+          advantages, pad_id: int, token_advantages, samples, require_routes: bool,
+          placeholder: bool = False) -> TrainChunk:
     """make_train_chunk over columns (one entry per sample); `samples()` gives the `Sample`s
-    (only asked for when a sample may carry routed experts or `require_routes` is set)."""
+    (only asked for when a sample may carry routed experts or `require_routes` is set).
+    `placeholder` (with `advantages` None): zero advantages as one expanded zero."""
     # Python lists: every field is gathered into one flat list, converted once and scattered
     # into the padded [B, T] layout with a boolean mask (row-major order of the mask =
     # concatenation order); per-sample tensor construction cost ~10x more. NumPy arrays: each
@@ -443,8 +446,8 @@ def _pack(prompts: list, completions: list, logprobs: list, masks: list | None, 
                 raise ValueError(f"sample {i}: {len(token_advantages[i])} token advantages for {c} completion tokens")
         adv = ARENA.full((B, T), 0.0, np.float32)
         adv[comp] = _concat(list(token_advantages), np.float32)
-    elif advantages is None:  # a placeholder the caller replaces: fresh zero pages cost nothing until written
-        adv = np.zeros((B, T), dtype=np.float32)
+    elif advantages is None:
+        adv = None if placeholder else np.zeros((B, T), dtype=np.float32)
     else:
         per = advantages.detach().cpu().to(torch.float32).reshape(-1).numpy() \
             if isinstance(advantages, torch.Tensor) else np.array([float(a) for a in advantages], dtype=np.float32)
@@ -455,9 +458,10 @@ def _pack(prompts: list, completions: list, logprobs: list, masks: list | None, 
     start_versions = torch.tensor(versions, dtype=torch.long)
     attention = ARENA.empty((B, T), np.int64)
     np.copyto(attention, real)
-    chunk = TrainChunk(torch.from_numpy(input_ids), torch.from_numpy(attention),
-                       torch.from_numpy(loss_mask), torch.from_numpy(gen_lp), torch.from_numpy(adv), sample_mask,
-                       start_versions)
+    chunk = TrainChunk(torch.from_numpy(input_ids), torch.from_numpy(attention), torch.from_numpy(loss_mask),
+                       torch.from_numpy(gen_lp),
+                       torch.zeros((), dtype=torch.float32).expand(B, T) if adv is None else torch.from_numpy(adv),
+                       sample_mask, start_versions)
     chunk.routed_experts = _pack_routes(samples(), T, require_routes) if samples is not None else None
     return chunk
 

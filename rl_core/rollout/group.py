@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -348,7 +349,13 @@ def _has_own_group_call(backend) -> bool:
     `generate`, gets a `generate` call per sample: its `generate` is never bypassed."""
     if getattr(backend, "generate_many", None) is None:
         return False
-    mro = type(backend).__mro__
+    return _class_has_own_group_call(type(backend))
+
+
+@functools.lru_cache(maxsize=64)
+def _class_has_own_group_call(cls: type) -> bool:
+    """The class part of `_has_own_group_call` (once per class, not once per group)."""
+    mro = cls.__mro__
     owner = {name: next((i for i, c in enumerate(mro) if name in vars(c)), None)
              for name in ("generate", "generate_many")}
     return owner["generate_many"] is not None and owner["generate"] is not None and \
