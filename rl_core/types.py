@@ -476,20 +476,26 @@ def _rows_by_concatenation(prompts: list, completions: list, logprobs: list, ple
     B = len(completions)
     pad = np.full(T, pad_id, dtype=np.int64)
     zero = np.zeros(2 * T, dtype=np.float32)
-    joined: dict[int, np.ndarray] = {}  # id() of a prompt -> [pad x T, prompt] (`prompts` keeps each alive)
-    last, last_joined = None, None
+    joined: dict[int, dict] = {}  # id() of a prompt -> {padding: [pad x padding, prompt]} (`prompts` keeps it alive)
+    zeros: dict[int, np.ndarray] = {}  # length -> zeros (views of `zero`, made once per length)
+    last, cuts = None, None
     ids_pieces: list = [np.asarray(prompts[0], dtype=np.int64)]
     lp_pieces: list = [zero[:plens[0]]]
-    for i in range(B - 1):
-        prompt = prompts[i + 1]
+    for ids, lps, p, c, prompt, p_next in zip(completions, logprobs, plens, clens, prompts[1:], plens[1:]):
         if prompt is not last:
-            last_joined = joined.get(id(prompt))
-            if last_joined is None:
-                last_joined = joined[id(prompt)] = np.concatenate([pad, np.asarray(prompt, dtype=np.int64)])
+            cuts = joined.get(id(prompt))
+            if cuts is None:
+                cuts = joined[id(prompt)] = {"": np.concatenate([pad, np.asarray(prompt, dtype=np.int64)])}
             last = prompt
-        tail = T - plens[i] - clens[i]
-        ids_pieces += (completions[i], last_joined[T - tail:])
-        lp_pieces += (logprobs[i], zero[:tail + plens[i + 1]])
+        tail = T - p - c
+        piece = cuts.get(tail)
+        if piece is None:
+            piece = cuts[tail] = cuts[""][T - tail:]
+        z = zeros.get(tail + p_next)
+        if z is None:
+            z = zeros[tail + p_next] = zero[:tail + p_next]
+        ids_pieces += (ids, piece)
+        lp_pieces += (lps, z)
     tail = T - plens[-1] - clens[-1]
     ids_pieces += (completions[-1], pad[:tail])
     lp_pieces += (logprobs[-1], zero[:tail])
@@ -508,12 +514,15 @@ class _Arena:
     reused only when nothing refers to it any more: every array handed out is a view of a
     pooled buffer, and a tensor made from it (`torch.from_numpy`) keeps that view, hence the
     buffer, referenced until the last tensor or slice sharing its memory is gone. Buffers are
-    sized 1/8 above the request (the step's width varies; untouched pages cost nothing), and
-    at most `keep` are held (the least recently used idle one goes first)."""
+    sized 1/8 above the request (the step's width varies; untouched pages cost nothing). At
+    most `keep` buffers and `max_bytes` are held (idle ones beyond that are dropped, least
+    recently used first); buffers still in use are never dropped from under their arrays,
+    only forgotten by the pool once released."""
 
-    def __init__(self, keep: int = 16, min_bytes: int = 1 << 20):
+    def __init__(self, keep: int = 16, min_bytes: int = 1 << 20, max_bytes: int = 2 << 30):
         self.keep = keep
         self.min_bytes = min_bytes  # smaller arrays come from the allocator's own free lists
+        self.max_bytes = max_bytes
         self._bufs: list[np.ndarray] = []
         self._lock = threading.Lock()
         self.fresh_bytes = 0  # allocated so far (the bytes that were not reused)
@@ -534,11 +543,13 @@ class _Arena:
             else:
                 buf = np.empty(n + n // 8, dtype=np.uint8)
                 self.fresh_bytes += buf.nbytes
-                if len(bufs) >= self.keep:
-                    idle = next((i for i in range(len(bufs)) if self._idle(i)), None)
-                    if idle is not None:
-                        del bufs[idle]
             bufs.append(buf)  # most recently used last
+            i = 0
+            while i < len(bufs) - 1 and (len(bufs) > self.keep or sum(b.nbytes for b in bufs) > self.max_bytes):
+                if self._idle(i):
+                    del bufs[i]  # the least recently used idle buffer
+                else:
+                    i += 1
             return buf[:n].view(dtype).reshape(shape)
 
     def _idle(self, i: int) -> bool:

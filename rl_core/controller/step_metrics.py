@@ -16,6 +16,7 @@ Does not own: where metrics go (metrics.logger) or how they are computed upstrea
 from __future__ import annotations
 
 import math
+import operator
 import statistics
 import time
 from collections import Counter
@@ -23,6 +24,10 @@ from fractions import Fraction
 
 from rl_core.algorithms.metrics import finalize_metrics
 from rl_core.types import columns_of
+
+
+_CORRECT = operator.methodcaller("get", "correct")  # info.get("correct"), mapped in C
+_HAS_SEGMENTS = operator.methodcaller("__contains__", "segments")
 
 
 def _pct(s: list[float], q: float) -> float:
@@ -79,15 +84,16 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
             p = len(cols.prompt_ids)
             gen_len += clens
             in_len += [p] * k
-            tot_len += [p + c for c in clens]
+            tot_len += map(p.__add__, clens)
             env_s += cols.env_s
             gen_s += [cols.generate_s] * k
-            oks = [info.get("correct") for info in cols.infos]  # is_correct, inlined
+            oks = list(map(_CORRECT, cols.infos))  # is_correct, inlined
             if None in oks:
                 correct += sum(bool(ok) if ok is not None else r > 0 for ok, r in zip(oks, cols.rewards))
             else:
                 correct += sum(map(bool, oks))
-            breaks += sum([info["segments"] - 1 for info in cols.infos if "segments" in info])
+            if any(map(_HAS_SEGMENTS, cols.infos)):
+                breaks += sum([info["segments"] - 1 for info in cols.infos if "segments" in info])
             truncated += cols.finish_reasons.count("length")
             turns += [1] * k
             ws = cols.workers
@@ -123,7 +129,7 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
         "train/reward_mean": statistics.fmean(rewards),
         "train/accuracy": correct / n,  # == fmean of 0/1 values
         "train/advantage_mean": statistics.fmean(advs),
-        "train/advantage_abs_mean": statistics.fmean([abs(a) for a in advs]),
+        "train/advantage_abs_mean": statistics.fmean(list(map(abs, advs))),
         "train/advantage_std": pstdev(advs),
         "train/zero_variance_groups": sum(1 for t in trained if len(set(t.group.rewards)) == 1) / len(trained),
         "train/num_groups": float(len(trained)),
@@ -174,7 +180,7 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
     for w, n in sorted(workers.items()):
         m[f"rollout/worker_gen_tokens/{w}"] = float(n)
     for name in set().union(*comps):  # named reward components (multi-reward)
-        m[f"reward/{name}"] = statistics.fmean([c.get(name, 0.0) for c in comps])
+        m[f"reward/{name}"] = statistics.fmean(list(map(operator.methodcaller("get", name, 0.0), comps)))
     for k, v in train_metrics.items():
         m[k if k.startswith(("critic/", "flops/", "perf/")) else f"train/{k}"] = v
     for k, v in refit_metrics.items():

@@ -245,6 +245,15 @@ def test_the_arena_reuses_memory_only_when_nothing_refers_to_it():
     assert arena.fresh_bytes == fresh and len(arena._bufs) <= 3
     held = [arena.empty((100, 50), np.int64) for _ in range(5)]  # all alive: more than `keep` exist, none reused
     assert len({h.ctypes.data for h in held}) == 5 and len(arena._bufs) >= 3
+    del held
+    arena.empty((100, 50), np.int64)  # released: the pool is trimmed back to `keep`
+    assert len(arena._bufs) <= 3
+    capped = _Arena(keep=10, min_bytes=1024, max_bytes=100_000)  # at most ~2 buffers of 45 KB
+    for _ in range(4):
+        capped.empty((100, 50), np.int64)
+    assert sum(b.nbytes for b in capped._bufs) <= 100_000
+    kept = [capped.empty((100, 50), np.int64) for _ in range(4)]  # in use: never dropped from under an array
+    assert len(capped._bufs) == 4 and len({k.ctypes.data for k in kept}) == 4
     small = arena.empty((4,), np.int64)  # below min_bytes: not pooled
     assert small.base is None or small.base.nbytes < 1024
     assert ARENA.keep >= 8
