@@ -293,3 +293,22 @@ def test_sequence_advantages_broadcast_in_float32_over_a_binary_mask_with_the_sa
         ref = (adv[:, None] * mask.to(torch.float64)).to(torch.float32)
         got = broadcast_sequence_advantages(adv, mask, binary=True)
         assert torch.equal(got.view(torch.int32), ref.view(torch.int32))
+
+
+def test_dynamic_sampling_reads_columns_as_it_reads_samples():
+    from rl_core.algorithms.shaping import dynamic_sampling_filter
+
+    class Constant(InfoEnv):  # every fourth group: one reward for all its samples
+        def score(self, example, completion_ids, completion_text, finish_reason):
+            if int(example["id"]) % 4 == 0:
+                return EnvResult(reward=1.0, rewards={"r": 1.0, "odd": 0.0}, info={"correct": True})
+            return super().score(example, completion_ids, completion_text, finish_reason)
+
+    cols = [PromptGroup(f"g{i}", i, 0, {}, g, 0, 3) for i, g in enumerate(_groups(SeededBackend(True), 9,
+                                                                                  env=Constant()))]
+    plain = [PromptGroup(f"g{i}", i, 0, {}, list(g), 0, 3) for i, g in enumerate(_groups(SeededBackend(True), 9,
+                                                                                         env=Constant()))]
+    for use_components in (False, True):
+        a, b = dynamic_sampling_filter(cols, use_components), dynamic_sampling_filter(plain, use_components)
+        assert a == b and a[0].count(False) >= 3
+    assert not any(g.samples.built for g in cols)
