@@ -24,7 +24,7 @@ import torch
 
 from rl_core.algorithms.metrics import Pair
 from rl_core.config.schema import DynamicSamplingConfig, OverlongPenaltyConfig, RewardShapingConfig
-from rl_core.types import PromptGroup, Sample, columns_of
+from rl_core.types import DictColumns, PromptGroup, Sample, columns_of
 
 UNSHAPED = "unshaped_reward"
 PENALTY_COMPONENT = "overlong_penalty"
@@ -115,9 +115,8 @@ def is_zero_variance_group(samples: Sequence[Sample], use_components: bool = Fal
     (use_components, for gdpo) every named reward component is constant across the group."""
     if use_components:
         cols = columns_of(samples)
-        comps = cols.components if cols is not None else [s.rewards for s in samples]
-        names = sorted({k for c in comps for k in c})
-        return all(_constant([c.get(k, 0.0) for c in comps]) for k in names)
+        comps = cols.component_columns if cols is not None else DictColumns([s.rewards for s in samples])
+        return all(_constant(comps.column(k, 0.0)) for k in sorted(comps.names()))
     return _constant(_unshaped(samples))
 
 
@@ -125,7 +124,9 @@ def _unshaped(samples: Sequence[Sample]) -> list[float]:
     """The samples' rewards before shaping (read from the columns of a `GroupSamples`)."""
     cols = columns_of(samples)
     if cols is not None:  # the environment's info, before the keys a built Sample adds
-        return [float(i.get(UNSHAPED, r)) for i, r in zip(cols.infos, cols.rewards)]
+        missing = object()
+        return [float(r if u is missing else u)
+                for u, r in zip(cols.info_columns.column(UNSHAPED, missing), cols.rewards)]
     return [float(s.info.get(UNSHAPED, s.reward)) for s in samples]
 
 

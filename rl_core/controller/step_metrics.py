@@ -16,18 +16,13 @@ Does not own: where metrics go (metrics.logger) or how they are computed upstrea
 from __future__ import annotations
 
 import math
-import operator
 import statistics
 import time
 from collections import Counter
 from fractions import Fraction
 
 from rl_core.algorithms.metrics import finalize_metrics
-from rl_core.types import columns_of
-
-
-_CORRECT = operator.methodcaller("get", "correct")  # info.get("correct"), mapped in C
-_HAS_SEGMENTS = operator.methodcaller("__contains__", "segments")
+from rl_core.types import DictColumns, columns_of
 
 
 def _pct(s: list[float], q: float) -> float:
@@ -74,7 +69,8 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
     turns: list[int] = []
     correct = truncated = breaks = 0
     workers: dict[str, int] = {}
-    comps: list[dict] = []  # named reward components, one dict per sample
+    comps: list[dict] = []  # named reward components of the samples of a group of Samples
+    comp_groups: list[DictColumns] = []  # the named reward components of each group, in order
     for t in trained:
         cols = columns_of(t.group.samples)
         if cols is not None:  # single-turn samples: turns 1, no completion mask; info is the env's plus ours
@@ -87,13 +83,14 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
             tot_len += map(p.__add__, clens)
             env_s += cols.env_s
             gen_s += [cols.generate_s] * k
-            oks = list(map(_CORRECT, cols.infos))  # is_correct, inlined
+            info = cols.info_columns
+            oks = info.column("correct")  # is_correct, inlined
             if None in oks:
                 correct += sum(bool(ok) if ok is not None else r > 0 for ok, r in zip(oks, cols.rewards))
             else:
                 correct += sum(map(bool, oks))
-            if any(map(_HAS_SEGMENTS, cols.infos)):
-                breaks += sum([info["segments"] - 1 for info in cols.infos if "segments" in info])
+            if info.has("segments"):
+                breaks += sum(v - 1 for v in info.column("segments", 1))
             truncated += cols.finish_reasons.count("length")
             turns += [1] * k
             ws = cols.workers
@@ -102,7 +99,7 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
             else:
                 for w, c in zip(ws, clens):
                     workers[w] = workers.get(w, 0) + c
-            comps += cols.components
+            comp_groups.append(cols.component_columns)
             continue
         for smp in t.group.samples:
             info = smp.info
@@ -121,6 +118,8 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
             for w, c in info.get("worker_tokens", {}).items():
                 workers[w] = workers.get(w, 0) + c
             comps.append(smp.rewards)
+        comp_groups.append(DictColumns(comps))
+        comps = []
     n = len(rewards)
     gen_sorted = sorted(gen_len)
     step_s = now - t_step0
@@ -179,8 +178,11 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
         m[k if k.startswith(("shaping/", "dynamic_sampling/")) else f"train/{k}"] = v
     for w, n in sorted(workers.items()):
         m[f"rollout/worker_gen_tokens/{w}"] = float(n)
-    for name in set().union(*comps):  # named reward components (multi-reward)
-        m[f"reward/{name}"] = statistics.fmean(list(map(operator.methodcaller("get", name, 0.0), comps)))
+    for name in set().union(*(c.names() for c in comp_groups)):  # named reward components (multi-reward)
+        values: list[float] = []
+        for c in comp_groups:  # in sample order, 0.0 where a sample lacks the component
+            values += c.column(name, 0.0)
+        m[f"reward/{name}"] = statistics.fmean(values)
     for k, v in train_metrics.items():
         m[k if k.startswith(("critic/", "flops/", "perf/")) else f"train/{k}"] = v
     for k, v in refit_metrics.items():

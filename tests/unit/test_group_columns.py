@@ -312,3 +312,43 @@ def test_dynamic_sampling_reads_columns_as_it_reads_samples():
         a, b = dynamic_sampling_filter(cols, use_components), dynamic_sampling_filter(plain, use_components)
         assert a == b and a[0].count(False) >= 3
     assert not any(g.samples.built for g in cols)
+
+
+def test_dict_columns_hold_what_the_dicts_hold():
+    from rl_core.types import DictColumns
+
+    uniform = [{"a": i, "b": -i} for i in range(5)]
+    ragged = [{"a": 1}, {"b": 2, "a": 3}, {}, {"c": [4]}]
+    for dicts in (uniform, ragged, [], [{}, {}]):
+        c = DictColumns(dicts)
+        rows = c.rows()
+        assert rows == dicts and all(r is not d for r, d in zip(rows, dicts))
+        assert [list(r) for r in rows] == [list(d) for d in dicts]  # key order kept
+        assert c.rows() is not rows and c.rows() == rows  # new dicts each time
+        for key in ("a", "b", "c", "z"):
+            assert c.column(key, 0.0) == [d.get(key, 0.0) for d in dicts]
+            assert c.has(key) == any(key in d for d in dicts)
+        assert c.names() == {k for d in dicts for k in d}
+    assert DictColumns(uniform).dicts is None and DictColumns(ragged).dicts is not None
+    src = [{"a": [1]}, {"a": [2]}]
+    c = DictColumns(src)
+    src[0]["a"] = "changed"  # the caller's dict changed later: the columns keep what was given
+    assert c.column("a") == [[1], [2]]
+
+
+def test_environments_whose_infos_differ_per_sample_give_the_same_samples():
+    class Ragged(InfoEnv):  # info and reward keys differ between samples
+        def score(self, example, completion_ids, completion_text, finish_reason):
+            res = super().score(example, completion_ids, completion_text, finish_reason)
+            if len(completion_ids) % 2:
+                res.info = {"n": len(completion_ids), "segments": 2}
+                res.rewards = {"odd": 1.0}
+            return res
+
+    per_sample = _groups(SeededBackend(True, group_calls=False), env=Ragged())
+    columns = _groups(SeededBackend(True), env=Ragged())
+    for ref, g in zip(per_sample, columns):
+        assert type(g) is GroupSamples and g.info_columns.dicts is not None
+        assert g.info_columns.column("segments", 1) == [s.info.get("segments", 1) for s in ref]
+        for a, b in zip(g, ref):
+            _same_sample(a, b)
