@@ -368,7 +368,8 @@ async def _generate_group_at_once(backend: GenerationBackend, env: Environment, 
     """The group's N requests (the same ids and seeds as one call per sample) in one
     `generate_many` call, then each result scored in order: the same samples as the
     per-sample path (as a `GroupSamples`: columns, the `Sample`s built on first access),
-    without a task per sample. The requests share one prompt list, and so do the samples."""
+    without a task per sample. The requests share one prompt list, and so do the samples
+    (a backend that hands back a different prompt gets a list of `Sample`s with its prompts)."""
     prompt = list(prompt_ids)
     cls, fields = type(params), params.__dict__
     requests = []
