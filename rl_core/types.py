@@ -21,6 +21,7 @@ same layer-major order) with -1 where missing.
 
 from __future__ import annotations
 
+import operator
 import sys
 import threading
 import time
@@ -177,6 +178,12 @@ class DictColumns:
         return set(self.keys) if self.dicts is None else set().union(*self.dicts)
 
 
+_TOKEN_IDS, _LOGPROBS, _FINISH, _START, _END, _TOKEN_VERSIONS, _WORKER, _ROUTES = map(operator.attrgetter, (
+    "token_ids", "logprobs", "finish_reason", "start_version", "end_version", "token_versions", "worker",
+    "routed_experts"))
+_REWARDS, _INFO = operator.attrgetter("rewards"), operator.attrgetter("info")
+
+
 class GroupSamples(Sequence):
     """The N samples of one single-turn group, column-wise: what `rollout.group` builds from a
     group's generation results and scores. As a sequence it is the group's `Sample`s, built all
@@ -193,20 +200,20 @@ class GroupSamples(Sequence):
                  env_s: list[float], mask_flagged: bool):
         """`results`: the group's `GenerationResult`s in sample order; `scored`: their `EnvResult`s."""
         self.prompt_ids = prompt_ids
-        self.completion_ids = [r.token_ids for r in results]
-        self.gen_logprobs = [r.logprobs for r in results]
+        self.completion_ids = list(map(_TOKEN_IDS, results))  # attribute columns read in C (attrgetter)
+        self.gen_logprobs = list(map(_LOGPROBS, results))
         self.completion_lens = list(map(len, self.completion_ids))
-        self.finish_reasons = [r.finish_reason for r in results]
-        self.start_versions = [r.start_version for r in results]
-        self.end_versions = [r.end_version for r in results]
-        self.token_versions = [r.token_versions for r in results]
-        self.workers = [r.worker or "local" for r in results]
-        routes = [r.routed_experts for r in results]
+        self.finish_reasons = list(map(_FINISH, results))
+        self.start_versions = list(map(_START, results))
+        self.end_versions = list(map(_END, results))
+        self.token_versions = list(map(_TOKEN_VERSIONS, results))
+        self.workers = [w or "local" for w in map(_WORKER, results)]
+        routes = list(map(_ROUTES, results))
         self.routed_experts = routes if routes.count(None) != len(routes) else None
         self.rewards = [float(s.reward) for s in scored]
-        self.component_columns = DictColumns([s.rewards for s in scored])  # named rewards
+        self.component_columns = DictColumns(list(map(_REWARDS, scored)))  # named rewards
         self.env_mask = [bool(s.mask) and mask_flagged for s in scored]
-        self.info_columns = DictColumns([s.info for s in scored])  # the environment's info
+        self.info_columns = DictColumns(list(map(_INFO, scored)))  # the environment's info
         self.texts = texts
         self.generate_s = generate_s
         self.env_s = env_s
