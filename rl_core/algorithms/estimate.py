@@ -29,7 +29,7 @@ from rl_core.algorithms.gae import compute_gae, token_rewards
 from rl_core.algorithms.kl import kl_reward_penalty
 from rl_core.algorithms.metrics import Pair, masked_sum_pair, pairs_to_floats
 from rl_core.config.schema import AdvantageConfig
-from rl_core.types import TrainChunk
+from rl_core.types import ARENA, TrainChunk
 
 
 @dataclass
@@ -47,7 +47,8 @@ def estimate_advantages(cfg: AdvantageConfig, chunk: TrainChunk, rewards: Sequen
                         values: torch.Tensor | None = None,
                         valid: Sequence[bool] | torch.Tensor | None = None,
                         truncated: Sequence[bool] | torch.Tensor | None = None,
-                        final_values: torch.Tensor | None = None) -> AdvantageEstimate:
+                        final_values: torch.Tensor | None = None,
+                        binary_loss_mask: bool = False) -> AdvantageEstimate:
     """Advantages for the B samples of `chunk`, which hold consecutive groups of `group_sizes`.
 
     rewards: [B] (shaped) scalar rewards. components: the samples' named rewards (gdpo).
@@ -56,6 +57,8 @@ def estimate_advantages(cfg: AdvantageConfig, chunk: TrainChunk, rewards: Sequen
     valid: [B] samples that enter the statistics when `exclude_invalid_from_stats` (default:
     `chunk.sample_mask > 0`). truncated, final_values: [B] finish reason `length`, and the
     critic's value after each sample's last token (`bootstrap_truncated`, gae).
+    binary_loss_mask: the caller knows every `chunk.loss_mask` entry is 0 or 1 (packing without
+    completion masks): sequence advantages are then broadcast in float32 (the same bits).
     """
     mask32 = chunk.loss_mask
     # the float64 [B, T] mask only where the token-level paths need it (the sequence-level path
@@ -111,17 +114,26 @@ def estimate_advantages(cfg: AdvantageConfig, chunk: TrainChunk, rewards: Sequen
     if components is not None:
         comps = dict(components) if isinstance(components, Mapping) else stack_components(components)
     seq_adv = sequence_advantages(cfg, r, gid, comps, ok)
-    return AdvantageEstimate(broadcast_sequence_advantages(seq_adv, mask32), seq_adv.to(torch.float32), None,
+    return AdvantageEstimate(broadcast_sequence_advantages(seq_adv, mask32, binary_loss_mask),
+                             seq_adv.to(torch.float32), None,
                              pairs_to_floats(metrics))
 
 
-def broadcast_sequence_advantages(seq_adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def broadcast_sequence_advantages(seq_adv: torch.Tensor, mask: torch.Tensor, binary: bool = False) -> torch.Tensor:
     """(seq_adv[:, None] * mask in float64).to(float32), [B, T]: on the CPU in one NumPy pass
     (float64 products rounded into the float32 output, no [B, T] float64 temporaries; the same
-    bits), elsewhere with torch."""
+    bits), elsewhere with torch. `binary`: every mask entry is 0 or 1; the product is then
+    taken in float32 from the rounded advantages: a * 1 rounds to float32(a) either way, and
+    a * 0 is a zero with a's sign either way (rounding keeps the sign), so the bits are the
+    same without a float64-to-float32 cast per element (advantages that are not finite in
+    float32 take the float64 pass)."""
     if seq_adv.device.type == "cpu" and mask.device.type == "cpu" and mask.dtype == torch.float32:
-        out = np.empty(tuple(mask.shape), dtype=np.float32)
-        np.multiply(seq_adv.to(torch.float64).numpy()[:, None], mask.numpy(), out=out, casting="same_kind")
+        out = ARENA.empty(tuple(mask.shape), np.float32)  # reused memory (see types._Arena)
+        a32 = seq_adv.to(torch.float32) if binary else None
+        if a32 is not None and bool(torch.isfinite(a32).all()):  # else (overflow, inf, NaN) in float64
+            np.multiply(a32.numpy()[:, None], mask.numpy(), out=out)
+        else:
+            np.multiply(seq_adv.to(torch.float64).numpy()[:, None], mask.numpy(), out=out, casting="same_kind")
         return torch.from_numpy(out)
     return (seq_adv[:, None] * mask.to(torch.float64)).to(torch.float32)
 

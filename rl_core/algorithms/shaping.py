@@ -24,7 +24,7 @@ import torch
 
 from rl_core.algorithms.metrics import Pair
 from rl_core.config.schema import DynamicSamplingConfig, OverlongPenaltyConfig, RewardShapingConfig
-from rl_core.types import PromptGroup, Sample
+from rl_core.types import DictColumns, PromptGroup, Sample, columns_of
 
 UNSHAPED = "unshaped_reward"
 PENALTY_COMPONENT = "overlong_penalty"
@@ -114,9 +114,20 @@ def is_zero_variance_group(samples: Sequence[Sample], use_components: bool = Fal
     """True when the group carries no learning signal: its unshaped rewards are all equal, or
     (use_components, for gdpo) every named reward component is constant across the group."""
     if use_components:
-        names = sorted({k for s in samples for k in s.rewards})
-        return all(_constant([s.rewards.get(k, 0.0) for s in samples]) for k in names)
-    return _constant([float(s.info.get(UNSHAPED, s.reward)) for s in samples])
+        cols = columns_of(samples)
+        comps = cols.component_columns if cols is not None else DictColumns([s.rewards for s in samples])
+        return all(_constant(comps.column(k, 0.0)) for k in sorted(comps.names()))
+    return _constant(_unshaped(samples))
+
+
+def _unshaped(samples: Sequence[Sample]) -> list[float]:
+    """The samples' rewards before shaping (read from the columns of a `GroupSamples`)."""
+    cols = columns_of(samples)
+    if cols is not None:  # the environment's info, before the keys a built Sample adds
+        missing = object()
+        return [float(r if u is missing else u)
+                for u, r in zip(cols.info_columns.column(UNSHAPED, missing), cols.rewards)]
+    return [float(s.info.get(UNSHAPED, s.reward)) for s in samples]
 
 
 def dynamic_sampling_filter(groups: Sequence[PromptGroup], use_components: bool = False) -> tuple[list[bool], dict[str, Pair]]:
@@ -129,7 +140,7 @@ def dynamic_sampling_filter(groups: Sequence[PromptGroup], use_components: bool 
         keep.append(not zero)
         if zero:
             dropped += 1
-            vals = [float(s.info.get(UNSHAPED, s.reward)) for s in g.samples]
+            vals = _unshaped(g.samples)
             dropped_reward += sum(vals) / max(len(vals), 1)
     return keep, {"zero_variance_frac": (float(dropped), float(len(groups))),
                   "zero_variance_reward_mean": (dropped_reward, float(dropped))}

@@ -22,6 +22,8 @@ from rl_core.types import OpenStep, PromptGroup, Sample, TrainChunk, TrainedGrou
 
 
 def group_to_json(g: PromptGroup) -> dict[str, Any]:
+    if not isinstance(g.samples, list):  # a GroupSamples (column-wise): its Sample records
+        g = dataclasses.replace(g, samples=list(g.samples))
     d = dataclasses.asdict(g)
     for s in d["samples"]:  # token ids / logprobs a backend handed over as arrays: JSON lists
         for k in ("prompt_ids", "completion_ids", "gen_logprobs"):

@@ -15,10 +15,14 @@ Does not own: where metrics go (metrics.logger) or how they are computed upstrea
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
+from collections import Counter
+from fractions import Fraction
 
 from rl_core.algorithms.metrics import finalize_metrics
+from rl_core.types import DictColumns, columns_of
 
 
 def _pct(s: list[float], q: float) -> float:
@@ -28,16 +32,34 @@ def _pct(s: list[float], q: float) -> float:
     return float(s[min(len(s) - 1, int(round(q * (len(s) - 1))))])
 
 
+def pstdev(values: list[float]) -> float:
+    """`statistics.pstdev(values)` (the same float: the correctly rounded square root of the
+    exact population variance), computed over the distinct values with their counts: group
+    advantages take few distinct values (two per group for 0/1 rewards), so the exact
+    fractions are summed once per value, not once per sample. Falls back to
+    `statistics.pstdev` when most values are distinct, for non-floats and non-finite values."""
+    n = len(values)
+    counts = Counter(values)
+    sqrt_of_frac = getattr(statistics, "_float_sqrt_of_frac", None)  # CPython >= 3.11 (correctly rounded)
+    if n == 0 or 4 * len(counts) > n or sqrt_of_frac is None or \
+            not all(type(x) is float and math.isfinite(x) for x in counts):
+        return statistics.pstdev(values)
+    sx = sum(Fraction(x) * c for x, c in counts.items())
+    sxx = sum(Fraction(x) ** 2 * c for x, c in counts.items())
+    mss = (n * sxx - sx * sx) / n / n  # exact: the sum of squared deviations over n, over n
+    return sqrt_of_frac(mss.numerator, mss.denominator)
+
+
 def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: dict, t_step0: float,
                  idle: float) -> dict:
-    samples = [smp for t in trained for smp in t.group.samples]
     advs = [a for t in trained for a in t.advantages]
     stal = [t.staleness for t in trained]
     now = time.monotonic()
     # waited in the buffer: commit -> selection (a group restored from a checkpoint has no commit time)
     ages = [t.slot.selected_at - t.slot.ready_at for t in trained
             if t.slot.ready_at is not None and t.slot.selected_at is not None]
-    # one pass over the samples (16,000 per step at 1,000 groups x 16)
+    # per sample (16,000 per step at 1,000 groups x 16): a group held column-wise
+    # (types.GroupSamples) is read from its columns, other groups in one pass over their samples
     rewards: list[float] = []
     gen_len: list[int] = []
     in_len: list[int] = []
@@ -46,21 +68,59 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
     gen_s: list[float] = []
     turns: list[int] = []
     correct = truncated = breaks = 0
-    for smp in samples:
-        info = smp.info
-        rewards.append(smp.reward)
-        p, c = len(smp.prompt_ids), len(smp.completion_ids)
-        gen_len.append(c if smp.completion_mask is None else sum(smp.completion_mask))
-        in_len.append(p)
-        tot_len.append(p + c)
-        env_s.append(info.get("env_s", 0.0))
-        gen_s.append(info.get("generate_s", 0.0))
-        ok = info.get("correct")  # is_correct, inlined
-        correct += bool(ok) if ok is not None else smp.reward > 0
-        truncated += smp.finish_reason == "length"
-        turns.append(info.get("turns", 1))
-        breaks += info.get("segments", 1) - 1
-    n = len(samples)
+    workers: dict[str, int] = {}
+    comps: list[dict] = []  # named reward components of the samples of a group of Samples
+    comp_groups: list[DictColumns] = []  # the named reward components of each group, in order
+    for t in trained:
+        cols = columns_of(t.group.samples)
+        if cols is not None:  # single-turn samples: turns 1, no completion mask; info is the env's plus ours
+            k = len(cols.rewards)
+            rewards += cols.rewards
+            clens = cols.completion_lens
+            p = len(cols.prompt_ids)
+            gen_len += clens
+            in_len += [p] * k
+            tot_len += map(p.__add__, clens)
+            env_s += cols.env_s
+            gen_s += [cols.generate_s] * k
+            info = cols.info_columns
+            oks = info.column("correct")  # is_correct, inlined
+            if None in oks:
+                correct += sum(bool(ok) if ok is not None else r > 0 for ok, r in zip(oks, cols.rewards))
+            else:
+                correct += sum(map(bool, oks))
+            if info.has("segments"):
+                breaks += sum(v - 1 for v in info.column("segments", 1))
+            truncated += cols.finish_reasons.count("length")
+            turns += [1] * k
+            ws = cols.workers
+            if ws.count(ws[0]) == k:  # one worker generated the whole group
+                workers[ws[0]] = workers.get(ws[0], 0) + sum(clens)
+            else:
+                for w, c in zip(ws, clens):
+                    workers[w] = workers.get(w, 0) + c
+            comp_groups.append(cols.component_columns)
+            continue
+        for smp in t.group.samples:
+            info = smp.info
+            rewards.append(smp.reward)
+            p, c = len(smp.prompt_ids), len(smp.completion_ids)
+            gen_len.append(c if smp.completion_mask is None else sum(smp.completion_mask))
+            in_len.append(p)
+            tot_len.append(p + c)
+            env_s.append(info.get("env_s", 0.0))
+            gen_s.append(info.get("generate_s", 0.0))
+            ok = info.get("correct")  # is_correct, inlined
+            correct += bool(ok) if ok is not None else smp.reward > 0
+            truncated += smp.finish_reason == "length"
+            turns.append(info.get("turns", 1))
+            breaks += info.get("segments", 1) - 1
+            for w, c in info.get("worker_tokens", {}).items():
+                workers[w] = workers.get(w, 0) + c
+            comps.append(smp.rewards)
+        comp_groups.append(DictColumns(comps))
+        comps = []
+    n = len(rewards)
     gen_sorted = sorted(gen_len)
     step_s = now - t_step0
     rs = pump.rollout.stats
@@ -68,8 +128,8 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
         "train/reward_mean": statistics.fmean(rewards),
         "train/accuracy": correct / n,  # == fmean of 0/1 values
         "train/advantage_mean": statistics.fmean(advs),
-        "train/advantage_abs_mean": statistics.fmean([abs(a) for a in advs]),
-        "train/advantage_std": statistics.pstdev(advs),
+        "train/advantage_abs_mean": statistics.fmean(list(map(abs, advs))),
+        "train/advantage_std": pstdev(advs),
         "train/zero_variance_groups": sum(1 for t in trained if len(set(t.group.rewards)) == 1) / len(trained),
         "train/num_groups": float(len(trained)),
         "train/completion_len_mean": statistics.fmean(gen_len),
@@ -116,14 +176,13 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
     m["train/policy_frozen"] = float(pump.policy_frozen)
     for k, v in finalize_metrics(pump.step_pairs).items():  # advantage, shaping, dynamic sampling
         m[k if k.startswith(("shaping/", "dynamic_sampling/")) else f"train/{k}"] = v
-    workers: dict[str, int] = {}
-    for s in samples:
-        for w, n in s.info.get("worker_tokens", {}).items():
-            workers[w] = workers.get(w, 0) + n
     for w, n in sorted(workers.items()):
         m[f"rollout/worker_gen_tokens/{w}"] = float(n)
-    for name in {k for s in samples for k in s.rewards}:  # named reward components (multi-reward)
-        m[f"reward/{name}"] = statistics.fmean([s.rewards.get(name, 0.0) for s in samples])
+    for name in set().union(*(c.names() for c in comp_groups)):  # named reward components (multi-reward)
+        values: list[float] = []
+        for c in comp_groups:  # in sample order, 0.0 where a sample lacks the component
+            values += c.column(name, 0.0)
+        m[f"reward/{name}"] = statistics.fmean(values)
     for k, v in train_metrics.items():
         m[k if k.startswith(("critic/", "flops/", "perf/")) else f"train/{k}"] = v
     for k, v in refit_metrics.items():

@@ -8,7 +8,10 @@ sample; each sample takes a generation place while it generates: generation-leve
 backpressure), multi-turn rollouts (generate -> environment observation -> generate ...,
 with observation tokens masked out of the loss), per-generation and per-environment
 deadlines, each sample's generated tokens per generation worker (`info["worker_tokens"]`,
-from `GenerationResult.worker`), and scoring each finished sample with the environment.
+from `GenerationResult.worker`), and scoring each finished sample with the environment. A
+single-turn group generated in one `generate_many` call comes back column-wise
+(`types.GroupSamples`: the same `Sample`s, built on first access); every other path returns
+a list of `Sample`s, built by the same `types.scored_sample`.
 
 Does not own: when groups are dispatched (rollout pump), the buffer, or retries.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -25,7 +29,8 @@ from typing import Any
 from rl_core.config.schema import SamplingParamsConfig
 from rl_core.resilience import with_deadline
 from rl_core.protocols import Environment, GenerationBackend
-from rl_core.types import GenerationRequest, GenerationResult, Sample, SamplingParams, plain
+from rl_core.types import (GenerationRequest, GenerationResult, GroupSamples, Sample, SamplingParams, plain,
+                           scored_sample)
 
 _MASK64 = (1 << 64) - 1
 
@@ -286,27 +291,26 @@ async def generate_episode(backend: GenerationBackend, env: Environment, tokeniz
 
 def _sample(prompt_ids, completion, logprobs, mask, finish, v0, v1, token_versions, text, scored,
             opts: GroupOptions, timings: SampleTimings, num_turns: int, routes=None) -> Sample:
-    info = dict(scored.info)
-    info.update(text=text, generate_s=timings.generate_s, env_s=timings.env_s, turns=num_turns,
-                worker_tokens=dict(timings.worker_tokens))
-    if token_versions is not None:
-        info["token_versions"] = token_versions
-    return Sample(prompt_ids=prompt_ids, completion_ids=completion, gen_logprobs=logprobs,
-                  reward=float(scored.reward), finish_reason=finish, start_version=v0, end_version=v1,
-                  rewards=dict(scored.rewards), env_mask=bool(scored.mask) and opts.mask_flagged_samples,
-                  info=info, completion_mask=mask, routed_experts=routes)
+    """A multi-turn sample or an agent episode as a `Sample` (`types.scored_sample`, which
+    single-turn groups use too, through `GroupSamples`)."""
+    return scored_sample(prompt_ids, completion, logprobs, mask, finish, v0, v1, token_versions, text,
+                         float(scored.reward), dict(scored.rewards), bool(scored.mask) and opts.mask_flagged_samples,
+                         dict(scored.info), timings.generate_s, timings.env_s, dict(timings.worker_tokens),
+                         num_turns, routes)
 
 
 async def generate_group(backend: GenerationBackend, env: Environment, tokenizer, example: dict[str, Any],
                          prompt_ids: list[int], n: int, params: SamplingParams, key: str,
-                         seed_parts: tuple[int, ...], opts: GroupOptions | None = None) -> list[Sample]:
+                         seed_parts: tuple[int, ...], opts: GroupOptions | None = None
+                         ) -> list[Sample] | GroupSamples:
     """N samples of one prompt, generated concurrently, each with its own derived seed.
     If one sample fails, the others are cancelled and the error propagates.
 
     A backend with `generate_many` (see `rl_core.protocols.GenerationBackend`) gets the
     group's N requests in one call when the environment is single-turn and no
-    generation-level backpressure counts samples one by one; otherwise (the default) each
-    sample is a task with its own `generate` call."""
+    generation-level backpressure counts samples one by one (the samples then come as a
+    `GroupSamples`, a sequence of the same `Sample`s); otherwise (the default) each sample is
+    a task with its own `generate` call."""
     opts = opts or GroupOptions()
     prefix = seed_prefix(*seed_parts)  # derive_seed(*seed_parts, i) == seed_last(prefix, i)
     if group_call_ok(backend, env, opts):
@@ -345,7 +349,13 @@ def _has_own_group_call(backend) -> bool:
     `generate`, gets a `generate` call per sample: its `generate` is never bypassed."""
     if getattr(backend, "generate_many", None) is None:
         return False
-    mro = type(backend).__mro__
+    return _class_has_own_group_call(type(backend))
+
+
+@functools.lru_cache(maxsize=64)
+def _class_has_own_group_call(cls: type) -> bool:
+    """The class part of `_has_own_group_call` (once per class, not once per group)."""
+    mro = cls.__mro__
     owner = {name: next((i for i, c in enumerate(mro) if name in vars(c)), None)
              for name in ("generate", "generate_many")}
     return owner["generate_many"] is not None and owner["generate"] is not None and \
@@ -354,13 +364,20 @@ def _has_own_group_call(backend) -> bool:
 
 async def _generate_group_at_once(backend: GenerationBackend, env: Environment, tokenizer, example: dict[str, Any],
                                   prompt_ids: list[int], n: int, params: SamplingParams, key: str, prefix: int,
-                                  opts: GroupOptions) -> list[Sample]:
+                                  opts: GroupOptions) -> GroupSamples:
     """The group's N requests (the same ids and seeds as one call per sample) in one
     `generate_many` call, then each result scored in order: the same samples as the
-    per-sample path, without a task per sample. The requests share one prompt list (and the
-    samples too, when the backend hands that list back)."""
+    per-sample path (as a `GroupSamples`: columns, the `Sample`s built on first access),
+    without a task per sample. The requests share one prompt list, and so do the samples
+    (a backend that hands back a different prompt gets a list of `Sample`s with its prompts)."""
     prompt = list(prompt_ids)
-    requests = [GenerationRequest(f"{key}/{i}", prompt, with_seed(params, seed_last(prefix, i))) for i in range(n)]
+    cls, fields = type(params), params.__dict__
+    requests = []
+    for i in range(n):  # with_seed(params, seed_last(prefix, i)), inlined
+        p = object.__new__(cls)
+        p.__dict__.update(fields)
+        p.seed = seed_last(prefix, i)
+        requests.append(GenerationRequest(f"{key}/{i}", prompt, p))
     t0 = time.monotonic()
     results = await with_deadline(backend.generate_many(requests), opts.generation_timeout_s,
                                   f"generation of {key}/0..{n - 1}")
@@ -368,35 +385,28 @@ async def _generate_group_at_once(backend: GenerationBackend, env: Environment, 
         raise RuntimeError(f"{type(backend).__name__}.generate_many returned {len(results)} results for {n} requests")
     generate_s = time.monotonic() - t0
     decode = tokenizer.decode
-    score = env.score
-    if opts.env_timeout_s is not None:  # scored in the environment pool, concurrently as before
-        timings = [SampleTimings(generate_s) for _ in results]
-        for tm, r in zip(timings, results):
-            tm.count(r)
-        texts = [decode(r.token_ids, skip_special_tokens=True) for r in results]
+    texts = [decode(r.token_ids, skip_special_tokens=True) for r in results]
+    if opts.env_timeout_s is not None:  # scored in the environment pool, concurrently
+        timings = [SampleTimings() for _ in results]
         scores = await asyncio.gather(*(_score(env, example, r.token_ids, text, r.finish_reason, opts, tm)
                                         for r, text, tm in zip(results, texts, timings)))
-        return [_sample(r.prompt_ids if r.prompt_ids is prompt else list(r.prompt_ids), r.token_ids, r.logprobs,
-                        None, r.finish_reason, r.start_version, r.end_version, r.token_versions, text, scored, opts,
-                        tm, 1, routes=r.routed_experts)
-                for r, text, scored, tm in zip(results, texts, scores, timings)]
-    samples = []
-    mask_flagged = opts.mask_flagged_samples
-    for r in results:
-        text = decode(r.token_ids, skip_special_tokens=True)
-        t1 = time.monotonic()
-        scored = score(example, r.token_ids, text, r.finish_reason)
-        env_s = time.monotonic() - t1
-        info = dict(scored.info)
-        info.update(text=text, generate_s=generate_s, env_s=env_s, turns=1,
-                    worker_tokens={r.worker or "local": len(r.token_ids)})
-        if r.token_versions is not None:
-            info["token_versions"] = r.token_versions
-        samples.append(Sample(r.prompt_ids if r.prompt_ids is prompt else list(r.prompt_ids), r.token_ids,
-                              r.logprobs, float(scored.reward), r.finish_reason, r.start_version, r.end_version,
-                              dict(scored.rewards), bool(scored.mask) and mask_flagged, info, None,
-                              r.routed_experts))
-    return samples
+        env_s = [tm.env_s for tm in timings]
+    else:  # cheap environments score on the event loop, in order
+        score, clock = env.score, time.monotonic
+        scores, env_s = [], []
+        for r, text in zip(results, texts):
+            t1 = clock()
+            scores.append(score(example, r.token_ids, text, r.finish_reason))
+            env_s.append(clock() - t1)
+    group = GroupSamples(prompt, results, texts, scores, generate_s, env_s, opts.mask_flagged_samples)
+    # the samples share the request's prompt list, unless the backend handed another prompt back
+    if any(r.prompt_ids is not prompt and list(r.prompt_ids) != prompt for r in results):
+        samples = group.samples()
+        for smp, r in zip(samples, results):
+            if r.prompt_ids is not prompt:
+                smp.prompt_ids = list(r.prompt_ids)
+        return samples
+    return group
 
 
 def is_correct(sample: Sample) -> bool:
