@@ -272,7 +272,7 @@ class GroupSamples(Sequence):
 
 def columns_of(samples) -> GroupSamples | None:
     """`samples` as columns when it is a `GroupSamples` whose `Sample`s were never built, else None."""
-    return samples if type(samples) is GroupSamples and samples._samples is None else None
+    return samples if type(samples) is GroupSamples and not samples.built else None
 
 
 @dataclass
@@ -566,7 +566,7 @@ def _rows_by_concatenation(prompts: list, completions: list, logprobs: list, ple
     return input_ids, gen_lp
 
 
-class _Arena:
+class Arena:
     """Reused memory for the [B, T] arrays of packed chunks. A chunk of 16,000 x 259 tokens
     writes ~115 MB of arrays; fresh memory for them costs a page fault per 4 KiB page on first
     touch (the kernel zeroes each page), which at 1,000 groups x 16 samples per RL step cost
@@ -627,7 +627,7 @@ class _Arena:
             self._bufs.clear()
 
 
-ARENA = _Arena()
+ARENA = Arena()
 
 
 def token_array(ids) -> np.ndarray:

@@ -128,7 +128,7 @@ def broadcast_sequence_advantages(seq_adv: torch.Tensor, mask: torch.Tensor, bin
     same without a float64-to-float32 cast per element (advantages that are not finite in
     float32 take the float64 pass)."""
     if seq_adv.device.type == "cpu" and mask.device.type == "cpu" and mask.dtype == torch.float32:
-        out = ARENA.empty(tuple(mask.shape), np.float32)  # reused memory (see types._Arena)
+        out = ARENA.empty(tuple(mask.shape), np.float32)  # reused memory (see types.Arena)
         a32 = seq_adv.to(torch.float32) if binary else None
         if a32 is not None and bool(torch.isfinite(a32).all()):  # else (overflow, inf, NaN) in float64
             np.multiply(a32.numpy()[:, None], mask.numpy(), out=out)

@@ -150,6 +150,8 @@ THIRD_PARTY_PRIVATE = {
     ("rl_core/train/spmd.py", "distributed_c10d._get_default_group"),
     ("rl_core/train/spmd.py", "distributed_c10d._get_default_store"),
     ("rl_core/weights/broadcast.py", "opts._timeout"),  # ProcessGroupNCCL.Options has no public timeout setter
+    # Dynamo's recompile limit has no public setter; torch's own error message points to it
+    ("rl_core/generation/native/decode_graph.py", "torch._dynamo"),
 }
 
 

@@ -22,7 +22,7 @@ from rl_core.controller.advantage_stage import AdvantageStage
 from rl_core.controller.step_metrics import pstdev, step_metrics
 from rl_core.rollout.group import GroupOptions, generate_group
 from rl_core.types import (ARENA, EnvResult, GenerationResult, GroupSamples, PromptGroup, SamplingParams,
-                           _Arena, columns_of, make_group_chunk, make_train_chunk)
+                           Arena, columns_of, make_group_chunk, make_train_chunk)
 from tests.helpers.fakes import FakeEnv, FakeTokenizer
 
 FIELDS = ("input_ids", "attention_mask", "loss_mask", "gen_logprobs", "advantages", "sample_mask", "start_versions")
@@ -226,7 +226,7 @@ def test_a_column_group_goes_into_checkpoint_json_as_its_samples():
 
 
 def test_the_arena_reuses_memory_only_when_nothing_refers_to_it():
-    arena = _Arena(keep=3, min_bytes=1024)
+    arena = Arena(keep=3, min_bytes=1024)
     a = arena.empty((100, 50), np.int64)
     t = torch.from_numpy(a)[10:20]  # a slice of a tensor made from it keeps the memory
     del a
@@ -248,7 +248,7 @@ def test_the_arena_reuses_memory_only_when_nothing_refers_to_it():
     del held
     arena.empty((100, 50), np.int64)  # released: the pool is trimmed back to `keep`
     assert len(arena._bufs) <= 3
-    capped = _Arena(keep=10, min_bytes=1024, max_bytes=100_000)  # at most ~2 buffers of 45 KB
+    capped = Arena(keep=10, min_bytes=1024, max_bytes=100_000)  # at most ~2 buffers of 45 KB
     for _ in range(4):
         capped.empty((100, 50), np.int64)
     assert sum(b.nbytes for b in capped._bufs) <= 100_000

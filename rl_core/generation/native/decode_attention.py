@@ -51,7 +51,7 @@ def triton_available() -> bool:
     return triton is not None
 
 
-def _interpreting() -> bool:
+def interpreting() -> bool:
     """Triton's CPU interpreter (TRITON_INTERPRET=1) computes bf16/fp16 dots wrongly (triton
     3.9), so there the dots run in float32 from the same rounded inputs: the same products
     (exact in float32) accumulated in float32, as the tensor cores do."""
@@ -62,7 +62,7 @@ def check_supported(device: torch.device, dtype: torch.dtype, head_dim: int, fp8
     """None when the fused kernel can run this model and cache; else why not (one sentence)."""
     if triton is None:
         return "the triton package is not installed (it comes with CUDA builds of torch)"
-    if device.type != "cuda" and not _interpreting():
+    if device.type != "cuda" and not interpreting():
         return f"it runs on a CUDA device (the cache is on {device})"
     if fp8_cache:
         return "it reads the cache in the model dtype (kv_cache_dtype is fp8_e4m3)"
@@ -166,5 +166,5 @@ def rope_store_attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, p
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0),
         dim ** -0.5,
         HEADS=heads, KV_HEADS=kv_heads, GROUP=group, BLOCK_GROUP=max(16, triton.next_power_of_2(group)),
-        DIM=dim, BLOCK_N=BLOCK_KEYS, IEEE=qkv.dtype == torch.float32 or _interpreting(), num_warps=4)
+        DIM=dim, BLOCK_N=BLOCK_KEYS, IEEE=qkv.dtype == torch.float32 or interpreting(), num_warps=4)
     return out

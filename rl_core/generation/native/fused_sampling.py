@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_core.generation.native.decode_attention import _interpreting, triton, tl
+from rl_core.generation.native.decode_attention import interpreting, triton, tl
 from rl_core.generation.native.sampling import CDF_BLOCK
 
 SPLITS = 8  # programs per row in the first pass
@@ -39,7 +39,7 @@ CHUNK_BLOCKS = 8  # CDF blocks per inner step of the first pass
 
 
 def available(device: torch.device) -> bool:
-    return triton is not None and (device.type == "cuda" or _interpreting())
+    return triton is not None and (device.type == "cuda" or interpreting())
 
 
 if triton is not None:
