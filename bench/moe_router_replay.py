@@ -29,7 +29,8 @@ from rl_core.algorithms.losses import make_loss  # noqa: E402
 from rl_core.config.schema import LossConfig, TrainerConfig  # noqa: E402
 from rl_core.generation import EngineOptions, NativeEngine  # noqa: E402
 from rl_core.train.torch_trainer import TorchTrainer  # noqa: E402
-from rl_core.types import GenerationRequest, Sample, SamplingParams, make_train_chunk  # noqa: E402
+from rl_core.packing import make_train_chunk  # noqa: E402
+from rl_core.types import GenerationRequest, Sample, SamplingParams  # noqa: E402
 from tests.unit.test_router_replay import mismatch  # noqa: E402
 
 SHAPES = {

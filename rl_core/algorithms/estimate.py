@@ -1,7 +1,7 @@
 """Advantages for one training chunk: every estimator, KL in the reward, and GAE on critic values.
 
 Owns: `estimate_advantages`, the one call the train pump makes per chunk once its samples
-are packed (`types.make_train_chunk`), and the order of operations: (1) KL in the reward
+are packed (`packing.make_train_chunk`), and the order of operations: (1) KL in the reward
 (`kl.kl_reward_penalty`, per sequence or per token), then (2) `gae` on token rewards and
 the critic's values (`gae.py`), or (3) `reinforce_pp` with token-level KL as a return to
 go (Hu 2025, eq. 5), or (4) one advantage per sample (`advantages.sequence_advantages`)
@@ -29,7 +29,8 @@ from rl_core.algorithms.gae import compute_gae, token_rewards
 from rl_core.algorithms.kl import kl_reward_penalty
 from rl_core.algorithms.metrics import Pair, masked_sum_pair, pairs_to_floats
 from rl_core.config.schema import AdvantageConfig
-from rl_core.types import ARENA, TrainChunk
+from rl_core.packing import ARENA
+from rl_core.types import TrainChunk
 
 
 @dataclass
@@ -128,7 +129,7 @@ def broadcast_sequence_advantages(seq_adv: torch.Tensor, mask: torch.Tensor, bin
     same without a float64-to-float32 cast per element (advantages that are not finite in
     float32 take the float64 pass)."""
     if seq_adv.device.type == "cpu" and mask.device.type == "cpu" and mask.dtype == torch.float32:
-        out = ARENA.empty(tuple(mask.shape), np.float32)  # reused memory (see types.Arena)
+        out = ARENA.empty(tuple(mask.shape), np.float32)  # reused memory (see packing.Arena)
         a32 = seq_adv.to(torch.float32) if binary else None
         if a32 is not None and bool(torch.isfinite(a32).all()):  # else (overflow, inf, NaN) in float64
             np.multiply(a32.numpy()[:, None], mask.numpy(), out=out)

@@ -2,7 +2,7 @@
 
 Owns, per chunk of selected groups, in this order: the dynamic-sampling group filter
 (zero-variance groups are set aside so the step can be refilled), packing the samples
-(`types.make_group_chunk`: groups held column-wise, `types.GroupSamples`, are read as
+(`packing.make_group_chunk`: groups held column-wise, `types.GroupSamples`, are read as
 columns), reference-policy logprobs when the reward carries a KL term, the critic's values
 (PPO) (both passes run through the pump's `run_pass`, which retries them),
 `algorithms.estimate.estimate_advantages` for every estimator, and the per-sample
@@ -22,7 +22,8 @@ import torch
 
 from rl_core.algorithms.estimate import estimate_advantages
 from rl_core.algorithms.shaping import dynamic_sampling_filter
-from rl_core.types import PromptGroup, TrainChunk, columns_of, make_group_chunk
+from rl_core.packing import make_group_chunk
+from rl_core.types import PromptGroup, TrainChunk, columns_of
 
 
 @dataclass

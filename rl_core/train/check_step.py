@@ -32,7 +32,8 @@ def synthetic_chunk(vocab_size: int, num_samples: int = 12, seed: int = 0, max_p
                     max_completion: int = 8, mask_every: int = 0):
     """A fixed batch of `num_samples` samples of mixed lengths (right padded), with advantages;
     `mask_every` k > 0 excludes every k-th sample from the loss (env_mask, sample_mask 0)."""
-    from rl_core.types import Sample, make_train_chunk
+    from rl_core.packing import make_train_chunk
+    from rl_core.types import Sample
 
     g = torch.Generator().manual_seed(seed)
     samples, advs = [], []

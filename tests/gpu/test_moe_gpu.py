@@ -12,7 +12,7 @@ import torch
 from rl_core.config.schema import TrainerConfig
 from rl_core.generation import EngineOptions, NativeEngine
 from rl_core.train.torch_trainer import TorchTrainer
-from rl_core.types import make_train_chunk
+from rl_core.packing import make_train_chunk
 from tests.unit.test_moe_engine import hf_routes, tiny_moe
 from tests.unit.test_router_replay import generate, mismatch, moe_dir  # noqa: F401  (fixture)
 

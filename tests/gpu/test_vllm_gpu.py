@@ -16,7 +16,8 @@ import importlib.util
 import pytest
 import torch
 
-from rl_core.types import GenerationRequest, Sample, SamplingParams, make_train_chunk
+from rl_core.packing import make_train_chunk
+from rl_core.types import GenerationRequest, Sample, SamplingParams
 
 pytestmark = [
     pytest.mark.gpu, pytest.mark.vllm,

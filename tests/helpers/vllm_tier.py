@@ -6,7 +6,8 @@ import asyncio
 
 import torch
 
-from rl_core.types import Sample, make_train_chunk
+from rl_core.packing import make_train_chunk
+from rl_core.types import Sample
 
 from tests.helpers.paths import ROOT, TINY_RECIPE as RECIPE  # noqa: F401  (the tier's modules import both from here)
 

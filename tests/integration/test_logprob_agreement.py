@@ -12,7 +12,8 @@ from rl_core.config.schema import TrainerConfig
 from rl_core.generation.native.backend import NativeBackend
 from rl_core.generation.native.engine import NativeEngine
 from rl_core.train.torch_trainer import TorchTrainer
-from rl_core.types import GenerationRequest, SamplingParams, Sample, make_train_chunk
+from rl_core.packing import make_train_chunk
+from rl_core.types import GenerationRequest, SamplingParams, Sample
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

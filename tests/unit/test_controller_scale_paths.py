@@ -13,7 +13,8 @@ import torch
 
 from rl_core.buffer.replay_buffer import ReplayBuffer, SlotState
 from rl_core.rollout.group import seed_last, seed_prefix, with_seed, derive_seed
-from rl_core.types import PromptGroup, Sample, SamplingParams, make_train_chunk
+from rl_core.packing import make_train_chunk
+from rl_core.types import PromptGroup, Sample, SamplingParams
 
 
 def _reference_chunk(samples, advantages, pad_id, token_advantages=None):

@@ -10,7 +10,8 @@ import pytest
 from rl_core.controller.controller import Controller
 from rl_core.controller.train_pump import needs_prev_logprobs, needs_reference_logprobs
 from rl_core.errors import StallError
-from rl_core.types import Sample, make_train_chunk
+from rl_core.packing import make_train_chunk
+from rl_core.types import Sample
 
 from tests.helpers.fakes import FakeBackend, make_parts
 from tests.helpers.recipes import controller_recipe

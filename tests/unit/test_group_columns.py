@@ -2,7 +2,7 @@
 group as its `Sample`s: the records built on first access equal the per-sample path's, and
 every consumer that reads the columns instead (packing, the advantage stage, step metrics,
 the rollout pump's sums, the checkpoint JSON) gives what it gives for the `Sample`s. Also the
-pieces the columnar path rests on: the reused chunk memory (`types.ARENA`), the exact
+pieces the columnar path rests on: the reused chunk memory (`packing.ARENA`), the exact
 `pstdev` over distinct values and the float32 broadcast of sequence advantages."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from rl_core.config import validate_dict
 from rl_core.controller.advantage_stage import AdvantageStage
 from rl_core.controller.step_metrics import pstdev, step_metrics
 from rl_core.rollout.group import GroupOptions, generate_group
-from rl_core.types import (ARENA, EnvResult, GenerationResult, GroupSamples, PromptGroup, SamplingParams,
-                           Arena, columns_of, make_group_chunk, make_train_chunk)
+from rl_core.packing import ARENA, Arena, make_group_chunk, make_train_chunk
+from rl_core.types import EnvResult, GenerationResult, GroupSamples, PromptGroup, SamplingParams, columns_of
 from tests.helpers.fakes import FakeEnv, FakeTokenizer
 
 FIELDS = ("input_ids", "attention_mask", "loss_mask", "gen_logprobs", "advantages", "sample_mask", "start_versions")

@@ -17,7 +17,8 @@ from rl_core.errors import RecipeError
 from rl_core.generation import EngineOptions, NativeEngine
 from rl_core.train.router_replay import find_routers
 from rl_core.train.torch_trainer import TorchTrainer
-from rl_core.types import GenerationRequest, Sample, SamplingParams, TrainChunk, make_train_chunk
+from rl_core.packing import make_train_chunk
+from rl_core.types import GenerationRequest, Sample, SamplingParams, TrainChunk
 
 VOCAB, LAYERS, EXPERTS, TOP_K = 100, 4, 8, 2
 REPLAY = TrainerConfig(router_replay={"enabled": True}, microbatch_size=16)
