@@ -5,6 +5,8 @@ Run on a CUDA machine (one GPU):
     .venv/bin/python bench/generation_gpu.py                       # batch 64 and 256, all paths
     .venv/bin/python bench/generation_gpu.py --batch-sizes 64 --paths graph --skip-hf
     .venv/bin/python bench/generation_gpu.py --paths graph --compile --overlap --fused   # + the fused attention kernel
+    .venv/bin/python bench/generation_gpu.py --paths graph --compile --overlap --fused --fused-mlp --only-fastest
+                                                                   # + the fused gate/up + SiLU kernel
 
 Model: Qwen2.5-0.5B shapes (hidden 896, 24 layers, 14 query / 2 KV heads, MLP 4864, vocab
 151,936, tied embeddings), random init, bf16. Workload per batch size B: B prompts of
@@ -83,7 +85,8 @@ def make_engine(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, 
     return NativeEngine(cfg, model.state_dict(), EngineOptions(
         device="cuda", dtype=torch.bfloat16, max_batch_size=batch, max_seq_len=prompt_len + new_tokens + 8,
         eos_token_ids=[], decode_path=path, kv_cache_dtype=kv_dtype, decode_compile=compile, overlap_steps=overlap,
-        decode_attention=attention))
+        decode_attention="fused" if attention.startswith("fused") else attention,
+        decode_mlp="fused" if attention == "fused+mlp" else "torch"))
 
 
 def run_native(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, compile: bool, overlap: bool,
@@ -185,7 +188,7 @@ def profile_decode(model, cfg, prompts, new_tokens: int, path: str, compile: boo
     cpu_table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
     if out_dir:
         import os
-        name = f"profile_b{batch}_{path}{'_compiled' if compile else ''}{'_fused' if attention == 'fused' else ''}"
+        name = f"profile_b{batch}_{path}{'_compiled' if compile else ''}{'' if attention == 'torch' else '_' + attention}"
         with open(os.path.join(out_dir, name + ".txt"), "w") as f:
             f.write(table + "\n\n" + cpu_table)
         prof.export_chrome_trace(os.path.join(out_dir, name + ".json"))
@@ -226,6 +229,9 @@ def main() -> None:
     parser.add_argument("--fused", action="store_true",
                         help="also run each graph/static configuration (model-dtype KV cache) with decode_attention "
                              "fused (the Triton RoPE + cache-write + attention kernel)")
+    parser.add_argument("--fused-mlp", action="store_true",
+                        help="with --fused: also run each fused configuration with decode_mlp fused (the gate/up "
+                             "projection and SiLU gate in one Triton kernel)")
     parser.add_argument("--only-fastest", action="store_true",
                         help="with --compile --overlap: run only graph+compile+overlap (and its fused twin)")
     parser.add_argument("--profile", action="store_true",
@@ -256,6 +262,8 @@ def main() -> None:
     configs = [c + ("torch",) for c in configs]
     if args.fused:
         configs += [c[:4] + ("fused",) for c in configs if c[0] != "eager" and c[1] == "auto"]
+        if args.fused_mlp:
+            configs += [c[:4] + ("fused+mlp",) for c in configs if c[4] == "fused"]
     for batch in args.batch_sizes:
         gen = torch.Generator(device="cuda").manual_seed(batch)
         prompts = torch.randint(0, cfg.vocab_size, (batch, args.prompt_len), device="cuda", generator=gen)
@@ -274,7 +282,7 @@ def main() -> None:
             ratio = f", {m['tok_s'] / hf['tok_s']:.1f}x generate()" if hf is not None else ""
             frac = ", ".join(f"{m['decode_tok_s'] / v:.1%} of {k}" for k, v in roofs.items())
             name = (path + ("+compile" if compiled else "") + ("+overlap" if overlap else "")
-                    + ("+fused" if attention == "fused" else ""))
+                    + ("" if attention == "torch" else "+" + attention))
             print(f"  native {name:<28} kv {kv:<8}: {m['tok_s']:>10,.0f} tok/s end to end{ratio}; decode step "
                   f"{m['step_ms']:.2f} ms = {m['decode_tok_s']:,.0f} tok/s ({frac}); graphs {m['graphs']}, "
                   f"KV cache {m['kv_gib']:.2f} GiB; build {m['build_s']:.1f} s, first run {m['warmup_s']:.1f} s",

@@ -12,6 +12,7 @@ from rl_core.types import GenerationRequest, SamplingParams
 
 from tests.helpers.decode_attention_check import check_gaps, compare
 from tests.helpers.engine_models import make_engine, prompts, run, tiny_model
+from tests.helpers.fused_mlp_check import CASES as MLP_CASES, QWEN, check as check_mlp, compare as compare_mlp
 from tests.helpers.fused_sampling_check import CASES, check, compare as compare_sampling
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -27,10 +28,17 @@ def test_fused_sampling_equals_sample_plain():
     check([compare_sampling("cuda", dt, v, n) for dt, v, n in CASES + ((torch.bfloat16, 151936, 64),)])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_gate_up_silu_equals_the_eager_mlp(dtype):
+    for case in MLP_CASES + (QWEN,):
+        check_mlp(dtype, compare_mlp("cuda", dtype, *case))
+
+
+@pytest.mark.parametrize("mlp", ["torch", "fused"])
 @pytest.mark.parametrize("compile, overlap", [(False, False), (True, False), (True, True)],
                          ids=["graphs", "compiled-graphs", "compiled-graphs-overlap"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_engines_with_the_fused_kernel_match_torch_attention(dtype, compile, overlap):
+def test_engines_with_the_fused_kernel_match_torch_attention(dtype, compile, overlap, mlp):
     model = tiny_model("qwen2", 0, 0.3, max_positions=64).to("cuda", dtype)
     ps = prompts(12, seed=5)
     reqs = [GenerationRequest(str(i), p, SamplingParams(greedy=True, max_tokens=5 + i % 9) if i % 2 else
@@ -40,9 +48,10 @@ def test_engines_with_the_fused_kernel_match_torch_attention(dtype, compile, ove
     kw = dict(device="cuda", dtype=dtype, decode_path="graph", max_batch_size=5, decode_compile=compile,
               overlap_steps=overlap)
     ref = run(make_engine(model, **kw), reqs, arrivals)
-    engine = make_engine(model, decode_attention="fused", **kw)
+    engine = make_engine(model, decode_attention="fused", decode_mlp=mlp, **kw)
     got = run(engine, reqs, arrivals)
-    assert engine.decoder.fused_attention and engine.decoder.replays > 0
+    assert engine.decoder.fused_attention and engine.decoder.fused_mlp == (mlp == "fused")
+    assert engine.decoder.replays > 0
     shared = total = 0
     gaps = []
     for req in reqs:
@@ -54,7 +63,7 @@ def test_engines_with_the_fused_kernel_match_torch_attention(dtype, compile, ove
         shared, total = shared + n, total + len(b.token_ids)
         gaps.append((torch.tensor(a.logprobs[:n]) - torch.tensor(b.logprobs[:n])).abs())
     gaps = torch.cat(gaps)
-    print(f"{dtype} compile={compile} overlap={overlap}: {shared}/{total} tokens shared, logprob gap "
+    print(f"{dtype} compile={compile} overlap={overlap} mlp={mlp}: {shared}/{total} tokens shared, logprob gap "
           f"mean {gaps.mean().item():.2e} max {gaps.max().item():.2e}")
     if dtype == torch.float32:
         assert gaps.max().item() < 1e-4

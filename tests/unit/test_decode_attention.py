@@ -20,6 +20,7 @@ from rl_core.generation import EngineOptions
 from rl_core.generation.native import decode_attention
 
 from tests.helpers.decode_attention_check import check_gaps
+from tests.helpers.fused_mlp_check import check as check_mlp
 from tests.helpers.fused_sampling_check import check as check_sampling
 from tests.helpers.engine_models import make_engine, tiny_model
 
@@ -52,6 +53,30 @@ def test_fused_sampling_equals_sample_plain_in_the_interpreter():
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_sampling([json.loads(line) for line in proc.stdout.splitlines()])
+
+
+@pytest.mark.skipif(not _triton_importable(), reason="triton is not installed (CPU torch ships none)")
+def test_fused_gate_up_silu_equals_the_eager_mlp_in_the_interpreter():
+    import torch
+
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
+    proc = subprocess.run([sys.executable, "-m", "tests.helpers.fused_mlp_check", "cpu"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    for line in lines[:-1]:
+        check_mlp(getattr(torch, line["dtype"]), tuple(line["gaps"]))
+    engine = lines[-1]["engine"]
+    assert len(lines) == 7 and engine["same_tokens"] and engine["logprob_gap"] < 1e-4, lines
+
+
+def test_decode_mlp_option_errors_name_the_field_and_the_fix():
+    with pytest.raises(EngineOptionsError, match="`decode_mlp` got 'triton'.*one of torch, fused"):
+        EngineOptions(decode_mlp="triton")
+    with pytest.raises(EngineOptionsError, match="`decode_mlp`.*unless decode_attention is 'fused'"):
+        EngineOptions(decode_mlp="fused", decode_path="static")
+    assert EngineOptions(decode_attention="fused", decode_mlp="fused", decode_path="static").decode_mlp == "fused"
 
 
 def test_decode_attention_option_errors_name_the_field_and_the_fix():

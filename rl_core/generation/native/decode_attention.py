@@ -27,35 +27,17 @@ triton is installed), a power-of-two head_dim of at least 16, the cache in the m
 dtype (not FP8: the FP8 cache keeps the unfused path), float32/bfloat16/float16, and the
 static step's slot layout (row s is slot s).
 
-Does not own: the projections, norms and MLP (model.py), the cache storage (kv_cache.py),
+Does not own: the projections, norms and MLP (model.py), Triton's import (triton_support.py), the cache storage (kv_cache.py),
 or when the fused step is used (decode_graph.py, from `generation.native.decode_attention`).
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-try:  # triton ships with CUDA builds of torch; the CPU build has none
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - depends on the install
-    triton = None
-    tl = None
+from rl_core.generation.native.triton_support import interpreting, tl, triton
 
 BLOCK_KEYS = 64  # cached keys per inner step of a program
-
-
-def triton_available() -> bool:
-    return triton is not None
-
-
-def interpreting() -> bool:
-    """Triton's CPU interpreter (TRITON_INTERPRET=1) computes bf16/fp16 dots wrongly (triton
-    3.9), so there the dots run in float32 from the same rounded inputs: the same products
-    (exact in float32) accumulated in float32, as the tensor cores do."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def check_supported(device: torch.device, dtype: torch.dtype, head_dim: int, fp8_cache: bool) -> str | None:

@@ -25,8 +25,8 @@ import torch
 from rl_core.generation.native import fused_sampling
 from rl_core.generation.native.fused_sampling import sample_plain_fused
 from rl_core.generation.native.kv_cache import KVCache
-from rl_core.generation.native.model import (CausalLM, attention_input, attention_output_mlp, decode_layer,
-                                             decode_layer_fused)
+from rl_core.generation.native.model import (CausalLM, attention_input, attention_output_mlp, attention_output_norm,
+                                             decode_layer, decode_layer_fused, fused_mlp_after, mlp_down)
 from rl_core.generation.native.sampling import sample_plain
 
 DEFAULT_KEY_BUCKET_MIN = 64
@@ -76,15 +76,19 @@ def _compiled(fn, fullgraph: bool = True):
     return torch.compile(fn, fullgraph=fullgraph, dynamic=True, options={"emulate_precision_casts": True})
 
 
-def _layer_function(compile: bool, fused_attention: bool):
+def _layer_function(compile: bool, fused_attention: bool, fused_mlp: bool = False):
     """What `decode_slots` runs per layer: None (eager `decode_layer`), the compiled
-    `decode_layer`, or `decode_layer_fused` with eager or compiled projections around its kernel."""
+    `decode_layer`, or `decode_layer_fused` with eager or compiled projections around its
+    kernel (and, with `fused_mlp`, the gate/up kernel of fused_mlp.py between them)."""
     if not fused_attention:
         return _compiled(decode_layer) if compile else None
-    if not compile:
-        return decode_layer_fused
-    return functools.partial(decode_layer_fused, before=_compiled(attention_input),
-                             after=_compiled(attention_output_mlp))
+    if fused_mlp:
+        after = (fused_mlp_after(_compiled(attention_output_norm), _compiled(mlp_down)) if compile
+                 else fused_mlp_after())
+    else:
+        after = _compiled(attention_output_mlp) if compile else attention_output_mlp
+    return functools.partial(decode_layer_fused, before=_compiled(attention_input) if compile else attention_input,
+                             after=after)
 
 
 class DecodeRunner:
@@ -129,14 +133,16 @@ class DecodeRunner:
 
     def __init__(self, model: CausalLM, cache: KVCache, use_graphs: bool,
                  slot_sizes: Sequence[int] | None = None, key_sizes: Sequence[int] | None = None,
-                 compile: bool = False, fused_attention: bool = False):
+                 compile: bool = False, fused_attention: bool = False, fused_mlp: bool = False):
         device = cache.k.device
         if use_graphs and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device; the cache is on {device}. "
                              "Use the eager or static decode path on this device.")
         self.model, self.cache, self.use_graphs, self.device = model, cache, use_graphs, device
-        self.compiled, self.fused_attention = compile, fused_attention
-        self._layer_fn = _layer_function(compile, fused_attention)
+        if fused_mlp and not fused_attention:
+            raise ValueError("fused_mlp runs inside the fused-attention layer; pass fused_attention=True too")
+        self.compiled, self.fused_attention, self.fused_mlp = compile, fused_attention, fused_mlp
+        self._layer_fn = _layer_function(compile, fused_attention, fused_mlp)
         if compile:  # Triton kernels on CUDA (fused_sampling.py); compiled torch ops elsewhere
             self._sample_plain = sample_plain_fused if fused_sampling.available(device) else _compiled(
                 sample_plain, fullgraph=False)

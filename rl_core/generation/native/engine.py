@@ -120,7 +120,7 @@ class NativeEngine:
                     "use decode_attention 'torch'.")
         self.decoder = None if decode_path == "eager" else DecodeRunner(
             self.model, self.cache, use_graphs=decode_path == "graph", compile=options.decode_compile,
-            fused_attention=options.decode_attention == "fused")
+            fused_attention=options.decode_attention == "fused", fused_mlp=options.decode_mlp == "fused")
         self.generator = new_generator(options.seed)
         self.version = options.weight_version
         self._waiting: deque[EngineSequence] = deque()

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_core.generation.native.decode_attention import interpreting, triton, tl
+from rl_core.generation.native.triton_support import interpreting, tl, triton
 from rl_core.generation.native.sampling import CDF_BLOCK
 
 SPLITS = 8  # programs per row in the first pass

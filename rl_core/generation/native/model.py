@@ -250,9 +250,37 @@ def attention_output_mlp(x: torch.Tensor, out: torch.Tensor, weights: tuple[torc
                          eps: float) -> torch.Tensor:
     """The rest of a decode layer after attention: x + o_proj(out), then x + mlp(norm(x))."""
     _, _, _, o_w, o_b, ln2, gate_up_w, gate_up_b, down_w, down_b = weights
+    x, normed = attention_output_norm(x, out, o_w, o_b, ln2, eps)
+    gate, up = F.linear(normed, gate_up_w, gate_up_b).chunk(2, dim=-1)
+    return mlp_down(x, F.silu(gate) * up, down_w, down_b)
+
+
+def attention_output_norm(x: torch.Tensor, out: torch.Tensor, o_w: torch.Tensor, o_b: torch.Tensor | None,
+                          ln2: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """x + o_proj(out), and that normed for the MLP."""
     x = x + F.linear(out, o_w, o_b)
-    gate, up = F.linear(_rms_norm(x, ln2, eps), gate_up_w, gate_up_b).chunk(2, dim=-1)
-    return x + F.linear(F.silu(gate) * up, down_w, down_b)
+    return x, _rms_norm(x, ln2, eps)
+
+
+def mlp_down(x: torch.Tensor, gated: torch.Tensor, down_w: torch.Tensor, down_b: torch.Tensor | None) -> torch.Tensor:
+    """x + down_proj(silu(gate) * up)."""
+    return x + F.linear(gated, down_w, down_b)
+
+
+def fused_mlp_after(output_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]] = attention_output_norm,
+                    down: Callable[..., torch.Tensor] = mlp_down) -> Callable[..., torch.Tensor]:
+    """An `attention_output_mlp` whose gate/up projection and SiLU gate are the one Triton
+    kernel of fused_mlp.py; `output_norm` and `down` run the rest (the decode runner passes
+    compiled ones)."""
+    from rl_core.generation.native.fused_mlp import gate_up_silu
+
+    def after(x: torch.Tensor, out: torch.Tensor, weights: tuple[torch.Tensor | None, ...],
+              eps: float) -> torch.Tensor:
+        _, _, _, o_w, o_b, ln2, gate_up_w, gate_up_b, down_w, down_b = weights
+        x, normed = output_norm(x, out, o_w, o_b, ln2, eps)
+        return down(x, gate_up_silu(normed, gate_up_w, gate_up_b), down_w, down_b)
+
+    return after
 
 
 def decode_layer_fused(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,

@@ -65,6 +65,7 @@ class EngineOptions:
     decode_compile: bool = False
     overlap_steps: bool = False
     decode_attention: str = "torch"
+    decode_mlp: str = "torch"
 
     def __post_init__(self) -> None:
         if self.eos_token_ids is not None and not isinstance(self.eos_token_ids, tuple):
@@ -123,6 +124,14 @@ class EngineOptions:
         if self.decode_attention == "fused" and self.kv_cache_dtype == "fp8_e4m3":
             raise bad("decode_attention", "'torch' with kv_cache_dtype 'fp8_e4m3' (the fused kernel reads a cache "
                       "in the model dtype)", "use kv_cache_dtype 'auto', or decode_attention 'torch'.")
+
+        if self.decode_mlp not in DECODE_ATTENTIONS:
+            raise bad("decode_mlp", f"one of {', '.join(DECODE_ATTENTIONS)}",
+                      "use 'torch' (the default) or 'fused' (the gate/up projection and SiLU gate in one Triton "
+                      "kernel, CUDA).")
+        if self.decode_mlp == "fused" and self.decode_attention != "fused":
+            raise bad("decode_mlp", "'torch' unless decode_attention is 'fused' (the fused MLP kernel runs in the "
+                      "fused decode layer)", "set decode_attention 'fused' too, or decode_mlp 'torch'.")
 
     def replace(self, **changes: Any) -> EngineOptions:
         """A copy with `changes`, validated again."""

@@ -1,0 +1,118 @@
+"""The SwiGLU MLP's first half as one Triton kernel for the static/graph decode step.
+
+Owns: `gate_up_silu(x, gate_up_weight, gate_up_bias)` = silu(x @ Wg^T + bg) * (x @ Wu^T + bu)
+for x [S, hidden] and the fused [2 m, hidden] gate/up weight of `model.MLP` (gate rows
+first): one kernel computes both projections of an output tile (one pass over x, each
+weight row read once per row block) and applies SiLU and the product in its epilogue, so
+the [S, 2 m] projection never goes to memory and the separate SiLU-gate kernel is gone
+(SwiGLU: Shazeer 2020, "GLU Variants Improve Transformer"). The roundings are the eager
+step's: each projection rounded to the model dtype (bias added first), SiLU computed in
+float32 and rounded, the product rounded; the projections themselves are accumulated in
+float32 in a different order than cuBLAS, so results equal `model.attention_output_mlp`'s
+to float rounding (bit-exact in float32 up to summation order).
+
+Where it runs: `generation.native.decode_mlp: fused` (CUDA, or Triton's CPU interpreter
+in the tests; the same limits as `decode_attention.check_supported` for device and dtype).
+
+Does not own: the down projection and residual adds (model.py, compiled by the decode
+runner), when the kernel is used (decode_graph.py), Triton's import (triton_support.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rl_core.generation.native.triton_support import interpreting, tl, triton
+
+# Tile sizes tried on CUDA (autotuned per (rows, m, hidden) on the first call, i.e. in the
+# decode runner's warm-up before a graph is captured).
+_CUDA_CONFIGS = [
+    (bm, bn, bk, warps, stages)
+    for bm, bn, bk, warps, stages in [
+        (64, 32, 128, 4, 3), (64, 64, 64, 4, 4), (64, 64, 128, 4, 3), (128, 32, 128, 4, 3),
+        (128, 64, 64, 8, 3), (128, 64, 128, 8, 3), (32, 64, 128, 4, 3), (16, 64, 128, 4, 4),
+    ]
+]
+
+if triton is not None:
+
+    @triton.jit
+    def _gate_up_silu_kernel(x, w, bias, out, rows, m, hidden, stride_x, stride_w, stride_out,
+                             HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BF16_BITS: tl.constexpr,
+                             BLOCK_M: tl.constexpr,
+                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+        r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        kk = tl.arange(0, BLOCK_K)
+        row_ok = r < rows
+        col_ok = c < m
+        acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in range(0, hidden, BLOCK_K):
+            k = k0 + kk
+            k_ok = k < hidden
+            a = tl.load(x + r[:, None] * stride_x + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            wmask = k_ok[:, None] & col_ok[None, :]
+            wg = tl.load(w + c[None, :] * stride_w + k[:, None], mask=wmask, other=0.0)  # [K, N]: gate rows
+            wu = tl.load(w + (c + m)[None, :] * stride_w + k[:, None], mask=wmask, other=0.0)  # up rows
+            if IEEE:
+                acc_g += tl.dot(a.to(tl.float32), wg.to(tl.float32), input_precision="ieee")
+                acc_u += tl.dot(a.to(tl.float32), wu.to(tl.float32), input_precision="ieee")
+            else:
+                acc_g = tl.dot(a, wg, acc_g)
+                acc_u = tl.dot(a, wu, acc_u)
+        if HAS_BIAS:
+            acc_g += tl.load(bias + c, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            acc_u += tl.load(bias + m + c, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        dtype = out.dtype.element_ty
+        g = _rounded(acc_g, dtype, BF16_BITS)
+        u = _rounded(acc_u, dtype, BF16_BITS)
+        s = _rounded(g / (1.0 + tl.exp(-g)), dtype, BF16_BITS)  # F.silu: float32 inside, rounded
+        tl.store(out + r[:, None] * stride_out + c[None, :], _rounded(s * u, dtype, BF16_BITS).to(dtype),
+                 mask=row_ok[:, None] & col_ok[None, :])
+
+    @triton.jit
+    def _rounded(x, dtype: tl.constexpr, BF16_BITS: tl.constexpr):
+        """x (float32) rounded to `dtype`, as float32. BF16_BITS: round to nearest even by
+        integer arithmetic (Triton's CPU interpreter truncates float32 -> bfloat16 casts)."""
+        if BF16_BITS:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            return bits.to(tl.float32, bitcast=True)
+        else:
+            return x.to(dtype).to(tl.float32)
+
+    _gate_up_silu_tuned = triton.autotune(
+        configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=warps, num_stages=stages)
+                 for bm, bn, bk, warps, stages in _CUDA_CONFIGS],
+        key=["rows", "m", "hidden"])(_gate_up_silu_kernel)
+
+
+def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [S, hidden], weight [2 m, hidden] (gate rows, then up rows), bias [2 m] or None;
+    returns silu(gate) * up [S, m] in x's dtype, the roundings of the eager MLP."""
+    rows, hidden = x.shape
+    m = weight.shape[0] // 2
+    if weight.shape[1] != hidden or weight.stride(-1) != 1:
+        raise ValueError(f"gate_up_silu needs a [2 m, {hidden}] weight contiguous in its last dimension; "
+                         f"got {tuple(weight.shape)} with strides {weight.stride()}")
+    x = x.contiguous()
+    out = x.new_empty(rows, m)
+    if rows == 0:
+        return out
+    ieee = x.dtype == torch.float32 or interpreting()
+    flags = dict(HAS_BIAS=bias is not None, IEEE=ieee, BF16_BITS=interpreting() and x.dtype == torch.bfloat16)
+    args = (x, weight, bias if bias is not None else x, out, rows, m, hidden, x.stride(0), weight.stride(0),
+            out.stride(0))
+    if interpreting() or x.device.type != "cuda":
+        block = (16, 32, 32)
+        grid = (triton.cdiv(m, block[1]), triton.cdiv(rows, block[0]))
+        _gate_up_silu_kernel[grid](*args, **flags, BLOCK_M=block[0], BLOCK_N=block[1], BLOCK_K=block[2])
+    else:
+        def grid(meta):
+            return triton.cdiv(m, meta["BLOCK_N"]), triton.cdiv(rows, meta["BLOCK_M"])
+
+        _gate_up_silu_tuned[grid](*args, **flags)
+    return out

@@ -1,0 +1,69 @@
+"""The fused gate/up + SiLU kernel (fused_mlp.gate_up_silu) against the eager MLP's first half,
+on any device the kernel runs on (CUDA, or the CPU under TRITON_INTERPRET=1): shared by the
+unit and GPU tests."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# (rows, hidden, m, bias): ragged tiles, a bias, one row, and (GPU) the Qwen2.5-0.5B shape
+CASES = ((5, 64, 96, False), (33, 40, 50, True), (1, 32, 32, False))
+QWEN = (256, 896, 4864, False)
+
+
+def compare(device: str, dtype: torch.dtype, rows: int, hidden: int, m: int, bias: bool) -> tuple[float, float]:
+    """(largest gap relative to the largest output, mean gap relative to the mean output) of
+    gate_up_silu against F.silu(gate) * up from F.linear, same inputs."""
+    from rl_core.generation.native.fused_mlp import gate_up_silu
+
+    gen = torch.Generator().manual_seed(rows * 7 + m)
+    x = torch.randn(rows, hidden, generator=gen).to(device, dtype)
+    w = (torch.randn(2 * m, hidden, generator=gen) / hidden ** 0.5).to(device, dtype)
+    b = torch.randn(2 * m, generator=gen).to(device, dtype) if bias else None
+    gate, up = F.linear(x, w, b).chunk(2, dim=-1)
+    ref = (F.silu(gate) * up).float()
+    got = gate_up_silu(x, w, b)
+    assert got.shape == (rows, m) and got.dtype == dtype
+    gap = (got.float() - ref).abs()
+    return gap.max().item() / ref.abs().max().item(), gap.mean().item() / ref.abs().mean().item()
+
+
+def check(dtype: torch.dtype, gaps: tuple[float, float]) -> None:
+    """float32: the same sums in another order; bf16/fp16: a few units in the last place of
+    the rounded projections (the products are rounded to the dtype twice on each path)."""
+    worst, mean = gaps
+    if dtype == torch.float32:
+        assert worst < 1e-5 and mean < 1e-6, gaps
+    else:
+        assert worst < 2 ** -5 and mean < 2 ** -8, gaps
+
+
+def engine_gap(device: str) -> dict:
+    """Greedy tokens and logprobs of two static-path engines with the fused attention kernel,
+    one with the fused MLP kernel: whether the tokens agree, and the largest logprob gap."""
+    from tests.helpers.engine_models import make_engine, prompts, run, tiny_model
+    from rl_core.types import GenerationRequest, SamplingParams
+
+    model = tiny_model("qwen2", 0, 0.3, max_positions=64).to(device)
+    reqs = [GenerationRequest(str(i), p, SamplingParams(greedy=True, max_tokens=6 + i)) for i, p in
+            enumerate(prompts(5, seed=3))]
+    kw = dict(device=device, decode_path="static", decode_attention="fused", max_batch_size=4)
+    ref = run(make_engine(model, **kw), reqs)
+    engine = make_engine(model, decode_mlp="fused", **kw)
+    got = run(engine, reqs)
+    assert engine.decoder.fused_mlp
+    same = all(got[r.request_id].token_ids == ref[r.request_id].token_ids for r in reqs)
+    gap = max(abs(a - b) for r in reqs for a, b in zip(got[r.request_id].logprobs, ref[r.request_id].logprobs))
+    return {"same_tokens": same, "logprob_gap": gap}
+
+
+if __name__ == "__main__":  # one JSON line per comparison (the unit test runs this under TRITON_INTERPRET=1)
+    import json
+    import sys
+
+    where = sys.argv[1] if len(sys.argv) > 1 else "cpu"
+    for dt in (torch.float32, torch.bfloat16):
+        for case in CASES:
+            print(json.dumps({"dtype": str(dt).removeprefix("torch."), "gaps": compare(where, dt, *case)}))
+    print(json.dumps({"engine": engine_gap(where)}))
