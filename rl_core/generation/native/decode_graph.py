@@ -64,16 +64,24 @@ def pick_bucket(buckets: Sequence[int], need: int) -> int:
     return buckets[i]
 
 
-def _compiled(fn, fullgraph: bool = True):
+def _compiled(fn, fullgraph: bool = True, unfused_residual: bool = False):
     """`fn` through torch.compile with dynamic shapes (one compilation for every bucket),
     keeping the eager code's low-precision roundings (`emulate_precision_casts`).
 
     Dynamo keeps its compilations per code object, shared by every engine of the process:
     each dtype, KV storage (FP8 scales or none) and size-0/1 specialisation adds one, so a
     process that builds several engines (tests, evaluation jobs) passes the default limit
-    of 8 and, under fullgraph, fails. The limit is raised to 64 here."""
+    of 8 and, under fullgraph, fails. The limit is raised to 64 here.
+
+    `unfused_residual`: no pattern rewriting (Inductor's `pattern_matcher` off), so that a
+    residual add after a matmul is not turned into a cuBLAS beta-add (`addmm`, which first
+    copies the residual into the output: one device copy per add) but fused into the
+    element-wise kernel that follows (the RMSNorm), as the eager code rounds it."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    return torch.compile(fn, fullgraph=fullgraph, dynamic=True, options={"emulate_precision_casts": True})
+    options = {"emulate_precision_casts": True}
+    if unfused_residual:
+        options["pattern_matcher"] = False
+    return torch.compile(fn, fullgraph=fullgraph, dynamic=True, options=options)
 
 
 def _layer_function(compile: bool, fused_attention: bool, fused_mlp: bool = False):
@@ -83,7 +91,7 @@ def _layer_function(compile: bool, fused_attention: bool, fused_mlp: bool = Fals
     if not fused_attention:
         return _compiled(decode_layer) if compile else None
     if fused_mlp:
-        after = (fused_mlp_after(_compiled(attention_output_norm), _compiled(mlp_down)) if compile
+        after = (fused_mlp_after(_compiled(attention_output_norm, unfused_residual=True), _compiled(mlp_down)) if compile
                  else fused_mlp_after())
     else:
         after = _compiled(attention_output_mlp) if compile else attention_output_mlp
@@ -203,7 +211,7 @@ class DecodeRunner:
         self._turn ^= 1
         host = self._hosts[self._turn]
         # Rows not in the step feed at their first unfilled position (see module doc).
-        host[1, :s] = torch.tensor([min(x, self.cache.max_seq_len - 1) for x in lengths[:s]], dtype=torch.long)
+        host[1, :s] = torch.tensor(lengths[:s], dtype=torch.long).clamp_(max=self.cache.max_seq_len - 1)
         if tokens is None:
             width = min(s, tokens_from.shape[1])
             self.input_ids[:width].copy_(tokens_from[0, :width])  # float64 token ids, exact
@@ -215,11 +223,14 @@ class DecodeRunner:
         rows = len(logit_slots)
         dense = list(logit_slots) == list(range(s))  # every slot of the range, in order: no selection
         if plain is not None:
-            values = [[1.0] * s, [1.0] * s, [0.0] * s]  # idle slots: greedy at temperature 1
-            for slot, t, g, u in zip(logit_slots, *plain):
-                values[0][slot], values[1][slot], values[2][slot] = t, float(g), u
             staged = self._host_samples[self._turn]
-            staged[:, :s] = torch.tensor(values, dtype=torch.float64)
+            values = torch.tensor(plain, dtype=torch.float64)  # [3, rows]: temperature, greedy, uniform
+            if dense:
+                staged[:, :s] = values
+            else:  # idle slots: greedy at temperature 1
+                staged[:2, :s] = 1.0
+                staged[2, :s] = 0.0
+                staged[:, :s].index_copy_(1, torch.tensor(logit_slots, dtype=torch.long), values)
             self.sample_in[:, :s].copy_(staged[:, :s], non_blocking=True)
         elif not dense:
             host[2, :rows] = torch.tensor(logit_slots, dtype=torch.long)

@@ -155,8 +155,7 @@ class NativeEngine:
         """Tokens in the KV cache now (filled positions of running sequences): never above
         `max_num_kv_tokens`, because each step first preempts until every running
         sequence's cache length + pending tokens fits."""
-        lengths = self.cache.lengths
-        return sum([lengths[s.slot] for s in self._running.values()])
+        return sum(self.cache.lengths)  # a slot that no running sequence holds has length 0 (KVCache.free)
 
     def progress(self, request_id: str) -> tuple[list[int], list[float], list | None] | None:
         """(token ids, logprobs, top logprobs or None) generated so far by a waiting or
@@ -304,8 +303,10 @@ class NativeEngine:
         plain = [s.plain for s in sampling]
         if not sampling or None in plain:
             return None
-        draws = draw_uniforms([s.request.params for s in sampling], [s.generator for s in sampling], self.generator)
         temperature, greedy = zip(*plain)
+        if not any(greedy) and all(s.generator is None for s in sampling):  # draw_uniforms' common case, direct
+            return temperature, greedy, torch.rand(len(plain), generator=self.generator, dtype=torch.float64).tolist()
+        draws = draw_uniforms([s.request.params for s in sampling], [s.generator for s in sampling], self.generator)
         return temperature, greedy, [0.0] * len(plain) if draws is None else draws.tolist()
 
     def _launch_ahead(self, cur: LaunchedStep) -> LaunchedStep | None:
@@ -362,21 +363,29 @@ class NativeEngine:
                 # one device-to-host copy for both (float64 holds token ids and float32 logprobs exactly)
                 tokens, logprobs = torch.stack((out.tokens.double(), out.logprobs.double())).tolist()
             version = cur.version
+            # The per-token loop of every step at every batch size: attribute reads kept to the
+            # minimum (weight versions are recorded where they change, see EngineSequence).
             for i, (seq, token, logprob) in enumerate(zip(sampling, map(int, tokens), logprobs)):
                 if seq.slot < 0:  # ended (stop token of the step before) while this step ran ahead
                     continue
                 applied += 1
-                seq.tokens.append(token)
+                seq_tokens = seq.tokens
+                seq_tokens.append(token)
                 seq.logprobs.append(logprob)
-                seq.versions.append(version)
+                if seq.version != version:
+                    seq.version_marks.append((len(seq_tokens) - 1, version))
+                    seq.version = version
                 if seq.top is not None:
                     k = seq.request.params.top_logprobs
                     seq.top.append(list(zip(top[i][0][:k], top[i][1][:k])))
                 # fed already when the next step was launched ahead with it
-                seq.pending = [] if seq.fed_ahead else [token]
-                seq.fed_ahead = False
-                if (token in seq.stop_ids or len(seq.tokens) >= seq.length_limit
-                        or seq.request.params.stop_strings):  # the common case skips the call
+                if seq.fed_ahead:
+                    seq.pending = []
+                    seq.fed_ahead = False
+                else:
+                    seq.pending = [token]
+                if (token in seq.stop_ids or len(seq_tokens) >= seq.length_limit
+                        or seq.stop_strings):  # the common case skips the call
                     reason = self._stop_reason(seq, token)
                     if reason is not None:
                         finished.append(self._finish(seq, reason))
@@ -481,7 +490,7 @@ class NativeEngine:
         return GenerationResult(
             request_id=request.request_id, prompt_ids=list(request.prompt_ids), token_ids=seq.tokens,
             logprobs=seq.logprobs, finish_reason=reason, start_version=seq.start_version, end_version=self.version,
-            token_versions=seq.versions, started_at=seq.started_at, finished_at=time.monotonic(),
+            token_versions=seq.token_versions(), started_at=seq.started_at, finished_at=time.monotonic(),
             top_logprobs=seq.top, routed_experts=seq.routes, worker="native",
         )
 

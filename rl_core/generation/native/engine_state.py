@@ -72,8 +72,9 @@ class LaunchedStep:
 class EngineSequence:
     """A request inside the engine."""
 
-    __slots__ = ("request", "slot", "pending", "tokens", "logprobs", "versions", "generator",
-                 "stop_ids", "start_version", "started_at", "top", "routes", "fed_ahead", "length_limit", "plain")
+    __slots__ = ("request", "slot", "pending", "tokens", "logprobs", "version", "version_marks", "generator",
+                 "stop_ids", "start_version", "started_at", "top", "routes", "fed_ahead", "length_limit", "plain",
+                 "stop_strings")
 
     def __init__(self, request: GenerationRequest, stop_ids: frozenset[int], version: int,
                  record_routes: bool = False, max_seq_len: int | None = None):
@@ -82,7 +83,10 @@ class EngineSequence:
         self.pending = list(request.prompt_ids)
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
-        self.versions: list[int] = []
+        # The weight version of each token, recorded where it changes: (token index, version)
+        # marks, expanded by `token_versions()`; `version` is the last token's (-1: none yet).
+        self.version = -1
+        self.version_marks: list[tuple[int, int]] = []
         seed = request.params.seed
         self.generator = None if seed is None else new_generator(seed)
         self.stop_ids = stop_ids
@@ -98,6 +102,16 @@ class EngineSequence:
         room = params.max_tokens if max_seq_len is None else max_seq_len - len(request.prompt_ids)
         self.length_limit = min(params.max_tokens, room)
         self.plain = (params.logprob_temperature, params.is_greedy) if is_plain([params]) else None
+        self.stop_strings = bool(params.stop_strings)
+
+    def token_versions(self) -> list[int]:
+        """The weight version each generated token was sampled with."""
+        out: list[int] = []
+        marks = self.version_marks
+        for j, (start, version) in enumerate(marks):
+            end = marks[j + 1][0] if j + 1 < len(marks) else len(self.tokens)
+            out += [version] * (end - start)
+        return out
 
     def held(self, cache: KVCache) -> int:
         """KV tokens this running sequence holds once its pending tokens are fed."""
