@@ -82,6 +82,8 @@ class NativeEngineConfig(Section):
     """Compile the layers of the static/graph decode step with torch.compile (TorchInductor fuses each layer's elementwise work; the graphs then replay the compiled kernels), and fuse its in-step sampling (two Triton kernels on CUDA, compiled torch ops on CPU). Costs a compilation of about a minute at start-up; needs decode_path `graph` or `static` (or `auto` on CUDA) and a dense model."""
     decode_attention: Literal["torch", "fused"] = "torch"
     """Attention of the static/graph decode step. `torch`: RoPE, the cache write and attention as separate torch ops over the step's key bucket; `fused`: one Triton kernel per layer doing RoPE, the cache write and an online-softmax attention over each sequence's own keys (CUDA, a cache in the model dtype, a power-of-two head_dim >= 16, the triton package that CUDA builds of torch ship). Same results up to float rounding."""
+    decode_mlp: Literal["torch", "fused"] = "torch"
+    """MLP of the static/graph decode step. `torch`: the fused gate/up projection, then the SiLU gate as separate kernels; `fused`: one Triton kernel computing both projections of a tile and the SiLU gate in its epilogue, with the eager step's bf16 roundings (needs decode_attention `fused`; CUDA). Same results up to float rounding."""
 
 
 class HttpBackendConfig(Section):

@@ -255,6 +255,11 @@ class RecipeConfig(Section):
                 fail("generation.native.decode_attention", "fused",
                       "kv_cache_dtype 'auto' (the fused kernel reads a cache in the model dtype; it is 'fp8_e4m3')",
                       "set generation.native.kv_cache_dtype: auto, or decode_attention: torch.")
+        if gen.native.decode_mlp == "fused" and gen.native.decode_attention != "fused":
+            fail("generation.native.decode_mlp", "fused",
+                  "decode_attention 'fused' (the fused MLP kernel runs in the fused decode layer; it is "
+                  f"{gen.native.decode_attention!r})",
+                  "set generation.native.decode_attention: fused too, or decode_mlp: torch.")
         tiny = self.model.tiny if self.model.source == "tiny" else None
         if tiny is not None and gen.native.max_seq_len is not None and gen.native.max_seq_len > tiny.max_position_embeddings:
             fail("generation.native.max_seq_len", gen.native.max_seq_len,

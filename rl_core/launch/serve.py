@@ -86,6 +86,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-attention", choices=["torch", "fused"], default="torch",
                    help="fused: RoPE, cache write and attention of the static/graph decode step in one Triton "
                         "kernel (CUDA)")
+    p.add_argument("--decode-mlp", choices=["torch", "fused"], default="torch",
+                   help="fused: the gate/up projection and SiLU gate of the static/graph decode step in one Triton "
+                        "kernel (CUDA; needs --decode-attention fused)")
     p.add_argument("--seed", type=int, default=0, help="seed of requests sent without one")
     p.add_argument("--weight-version", type=int, default=0, help="weight version of MODEL_DIR's weights")
     p.add_argument("--torch-num-threads", type=int, default=None, help="intra-op CPU threads")

@@ -107,3 +107,17 @@ def test_the_engine_refuses_the_fused_kernel_where_it_cannot_run():
 def test_recipe_errors_of_decode_attention(native, device, match):
     with pytest.raises(RecipeError, match=f"generation.native.decode_attention.*{match}"):
         validate_dict({"runtime": {"device": device}, "generation": {"native": native}})
+
+
+def test_recipe_and_flags_of_decode_mlp():
+    with pytest.raises(RecipeError, match="generation.native.decode_mlp.*decode_attention 'fused'.*it is 'torch'"):
+        validate_dict({"runtime": {"device": "cuda"}, "generation": {"native": {"decode_mlp": "fused"}}})
+    cfg = validate_dict({"runtime": {"device": "cuda"},
+                         "generation": {"native": {"decode_mlp": "fused", "decode_attention": "fused"}}})
+    assert EngineOptions.from_recipe(cfg, device="cpu").decode_mlp == "fused"
+    from rl_core.generation.http.servers import EngineArgs
+    from tests.unit.test_engine_options import serve_args
+
+    opts = EngineOptions(device="cpu", decode_path="static", decode_attention="fused", decode_mlp="fused")
+    args = serve_args(*EngineArgs(opts).flags())
+    assert EngineOptions.from_serve_args(args, device=args.device, dtype=args.dtype) == opts

@@ -70,6 +70,8 @@ class EngineArgs:
             out.append("--overlap-steps")
         if o.decode_attention != "torch":
             out += ["--decode-attention", o.decode_attention]
+        if o.decode_mlp != "torch":
+            out += ["--decode-mlp", o.decode_mlp]
         return out + list(self.extra)
 
 

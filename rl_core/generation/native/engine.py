@@ -55,7 +55,8 @@ class NativeEngine:
     "graph" (see the module docstring); `decode_compile`: run the static/graph decode step's
     layers through `torch.compile` (decode_graph.py); `overlap_steps`: launch the next decode
     step before reading this one's tokens (see `step`); `decode_attention` "fused": RoPE, cache
-    write and attention of that step in one Triton kernel (decode_attention.py). Checked here,
+    write and attention of that step in one Triton kernel (decode_attention.py); `decode_mlp`
+    "fused" (with it): the gate/up projection and SiLU gate in one Triton kernel (fused_mlp.py). Checked here,
     against the model and device: `max_seq_len` within the model's context, static/graph decode only for dense
     models, CUDA graphs only on CUDA, and `decode_compile`/`overlap_steps` only where
     `decode_path` does not resolve to "eager" (`EngineOptionsError` naming the option).

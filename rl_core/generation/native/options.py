@@ -31,7 +31,8 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")
 RECIPE_FIELDS = {"dtype": "model.dtype", "max_batch_size": "generation.max_batch_size", "seed": "grpo.seed",
                  **{f: f"generation.native.{f}" for f in ("max_seq_len", "max_num_kv_tokens", "kv_cache_dtype",
                                                           "kv_scale_margin", "decode_path", "decode_compile",
-                                                          "overlap_steps", "decode_attention")}}
+                                                          "overlap_steps", "decode_attention",
+                                                          "decode_mlp")}}
 
 
 def _is_int(value: Any) -> bool:
@@ -149,7 +150,7 @@ class EngineOptions:
                        max_num_kv_tokens=n.max_num_kv_tokens, kv_cache_dtype=n.kv_cache_dtype,
                        kv_scale_margin=n.kv_scale_margin, decode_path=n.decode_path,
                        decode_compile=n.decode_compile, overlap_steps=n.overlap_steps,
-                       decode_attention=n.decode_attention)
+                       decode_attention=n.decode_attention, decode_mlp=n.decode_mlp)
         except EngineOptionsError as exc:
             raise recipe_error(exc) from None
 
@@ -158,7 +159,7 @@ class EngineOptions:
                         decode: Callable[[list[int]], str] | None = None) -> EngineOptions:
         """The engine of `rl-core serve` from its parsed flags (`--max-batch-size`, `--max-seq-len`,
         `--max-num-kv-tokens`, `--kv-cache-dtype`, `--kv-scale-margin`, `--decode-path`,
-        `--decode-compile`, `--overlap-steps`, `--decode-attention`, `--seed`, `--weight-version`); the device and dtype
+        `--decode-compile`, `--overlap-steps`, `--decode-attention`, `--decode-mlp`, `--seed`, `--weight-version`); the device and dtype
         as resolved from `--device`/`--dtype`. An invalid value raises `ArgumentError` naming the flag."""
         try:
             return cls(device=device, dtype=dtype, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
@@ -166,7 +167,7 @@ class EngineOptions:
                        max_num_kv_tokens=args.max_num_kv_tokens, kv_cache_dtype=args.kv_cache_dtype,
                        kv_scale_margin=args.kv_scale_margin, decode_path=args.decode_path,
                        decode_compile=args.decode_compile, overlap_steps=args.overlap_steps,
-                       decode_attention=args.decode_attention)
+                       decode_attention=args.decode_attention, decode_mlp=args.decode_mlp)
         except EngineOptionsError as exc:
             raise flag_error(exc) from None
 
