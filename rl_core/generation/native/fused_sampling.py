@@ -36,6 +36,7 @@ from rl_core.generation.native.sampling import CDF_BLOCK
 
 SPLITS = 8  # programs per row in the first pass
 CHUNK_BLOCKS = 8  # CDF blocks per inner step of the first pass
+STATS_WARPS = 4  # warps per program of the first pass
 
 
 def available(device: torch.device) -> bool:
@@ -146,7 +147,7 @@ def sample_plain_fused(logits: torch.Tensor, temperature: torch.Tensor, greedy: 
     temperature = temperature.to(torch.float32).contiguous()
     _block_stats_kernel[(rows, SPLITS)](logits, logits.stride(0), temperature, block_max, block_sum, split_max,
                                         split_arg, vocab, num_blocks, per_split,
-                                        BLOCK=CDF_BLOCK, CHUNK=CHUNK_BLOCKS, SPLITS=SPLITS, num_warps=4)
+                                        BLOCK=CDF_BLOCK, CHUNK=CHUNK_BLOCKS, SPLITS=SPLITS, num_warps=STATS_WARPS)
     _select_kernel[(rows,)](logits, logits.stride(0), temperature, greedy.to(torch.int8).contiguous(),
                             uniform.to(torch.float64).clamp(max=1.0 - 2.0**-40), block_max, block_sum, split_max, split_arg,
                             tokens, logprobs, vocab, num_blocks,

@@ -1,0 +1,131 @@
+"""The decode step's kernels one at a time on a GPU: the fused kernels against what they replace.
+
+Run on a CUDA machine (one GPU):
+
+    .venv/bin/python bench/decode_kernels_gpu.py [--rows 64 256]
+
+Qwen2.5-0.5B shapes (hidden 896, MLP 4864, vocab 151,936), bf16, random data. Each entry is
+the device time of one call, measured as 20 replays of a CUDA graph holding 10 calls (so
+launch overhead is not counted, as in the engine's graph replay), median of 5, in
+microseconds, with the bytes the call must move at least and the bandwidth that implies.
+Printed side by side in one run; never a test assertion.
+
+- MLP first half: cuBLAS gate/up projection alone, + the SiLU gate (eager and compiled),
+  against `fused_mlp.gate_up_silu`; the down projection + residual, compiled torch against
+  `fused_mlp.linear_residual` (the autotuned tiles printed).
+- In-step sampling: `fused_sampling.sample_plain_fused` over [rows, vocab] bf16 logits at
+  several first-pass shapes (programs per row, CDF blocks per inner step, warps), and the
+  compiled `sampling.sample_plain` for reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+HIDDEN, MLP, VOCAB = 896, 4864, 151936
+
+
+def device_us(fn, calls: int = 10, replays: int = 20, repeats: int = 5) -> float:
+    """Median device time of one call of `fn`, in microseconds (CUDA graph of `calls` calls)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / (replays * calls))
+    return statistics.median(times)
+
+
+def report(name: str, us: float, nbytes: int) -> None:
+    print(f"  {name:<58} {us:8.2f} us   {nbytes / 1e6:7.1f} MB   {nbytes / us / 1e6:5.2f} TB/s", flush=True)
+
+
+def mlp(rows: int) -> None:
+    from rl_core.generation.native import fused_mlp
+
+    x = torch.randn(rows, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2 * MLP, HIDDEN, device="cuda", dtype=torch.bfloat16) / HIDDEN ** 0.5
+    nbytes = w.numel() * 2 + x.numel() * 2 + rows * MLP * 2
+
+    def gated(y):
+        gate, up = y.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    compiled = torch.compile(gated, dynamic=False)
+    y = F.linear(x, w)
+    compiled(y)
+    print(f"MLP first half, rows {rows}: [{rows}, {HIDDEN}] x [{2 * MLP}, {HIDDEN}]^T, then silu(gate) * up")
+    report("cuBLAS gate/up projection alone", device_us(lambda: F.linear(x, w)), w.numel() * 2 + 2 * y.numel() * 2)
+    report("compiled SiLU gate alone", device_us(lambda: compiled(y)), y.numel() * 2 + rows * MLP * 2)
+    report("cuBLAS projection + eager SiLU gate", device_us(lambda: gated(F.linear(x, w))), nbytes)
+    report("cuBLAS projection + compiled SiLU gate", device_us(lambda: compiled(F.linear(x, w))), nbytes)
+    report("fused_mlp.gate_up_silu (one Triton kernel)", device_us(lambda: fused_mlp.gate_up_silu(x, w, None)), nbytes)
+    h = torch.randn(rows, MLP, device="cuda", dtype=torch.bfloat16)
+    wd = torch.randn(HIDDEN, MLP, device="cuda", dtype=torch.bfloat16) / MLP ** 0.5
+    res = torch.randn(rows, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    down_bytes = wd.numel() * 2 + h.numel() * 2 + 2 * res.numel() * 2
+    compiled_down = torch.compile(lambda r, a: r + F.linear(a, wd), dynamic=False)
+    compiled_down(res, h)
+    print(f"MLP down projection + residual, rows {rows}: [{rows}, {MLP}] x [{HIDDEN}, {MLP}]^T")
+    report("cuBLAS down projection alone", device_us(lambda: F.linear(h, wd)), down_bytes)
+    report("compiled residual + down (Inductor: copy + beta-add GEMM)", device_us(lambda: compiled_down(res, h)),
+           down_bytes)
+    report("fused_mlp.linear_residual (one Triton kernel)", device_us(lambda: fused_mlp.linear_residual(res, h, wd, None)),
+           down_bytes)
+    print(f"    autotuned tiles: {fused_mlp.tuned_configs()}")
+
+
+def sampling(rows: int) -> None:
+    from rl_core.generation.native import fused_sampling
+    from rl_core.generation.native.sampling import sample_plain
+
+    logits = torch.randn(rows, VOCAB, device="cuda", dtype=torch.bfloat16) * 3
+    t = torch.full((rows,), 0.9, device="cuda")
+    greedy = torch.zeros(rows, dtype=torch.bool, device="cuda")
+    u = torch.rand(rows, device="cuda", dtype=torch.float64)
+    nbytes = logits.numel() * 2
+    print(f"In-step sampling, rows {rows}, vocab {VOCAB} (bf16 logits read at least once)")
+    compiled = torch.compile(sample_plain, dynamic=False)
+    report("compiled sample_plain", device_us(lambda: compiled(logits, t, greedy, u)), nbytes)
+    default = (fused_sampling.SPLITS, fused_sampling.CHUNK_BLOCKS, fused_sampling.STATS_WARPS)
+    ref = fused_sampling.sample_plain_fused(logits, t, greedy, u)
+    for splits, chunk, warps in [default, (8, 16, 4), (8, 32, 8), (16, 8, 4), (16, 16, 8), (32, 8, 4), (4, 32, 8)]:
+        fused_sampling.SPLITS, fused_sampling.CHUNK_BLOCKS, fused_sampling.STATS_WARPS = splits, chunk, warps
+        got = fused_sampling.sample_plain_fused(logits, t, greedy, u)
+        same = bool((got[0] == ref[0]).all()) and float((got[1] - ref[1]).abs().max()) < 1e-4
+        us = device_us(lambda: fused_sampling.sample_plain_fused(logits, t, greedy, u))
+        report(f"fused, {splits} programs/row, {chunk} blocks/step, {warps} warps{'' if same else ' (DIFFERS)'}",
+               us, nbytes)
+    fused_sampling.SPLITS, fused_sampling.CHUNK_BLOCKS, fused_sampling.STATS_WARPS = default
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[64, 256])
+    args = parser.parse_args()
+    assert torch.cuda.is_available(), "this benchmark needs a CUDA device"
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    for rows in args.rows:
+        mlp(rows)
+        sampling(rows)
+
+
+if __name__ == "__main__":
+    main()
