@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from numpy.lib.stride_tricks import sliding_window_view
 
 from rl_core.types import Sample, SampleColumns, TrainChunk, group_columns
 
@@ -106,10 +107,14 @@ def _pack(cols, advantages, pad_id: int, token_advantages, require_routes: bool,
     plen = np.array(plens, dtype=np.int64)
     lengths = plen + np.array(clens, dtype=np.int64)
     T = int(lengths.max()) if B else 0
-    pos = np.arange(T)
-    real = np.less(pos[None, :], lengths[:, None], out=ARENA.empty((B, T), np.bool_))  # [B, T] prompt + completion
-    comp = np.greater_equal(pos[None, :], plen[:, None], out=ARENA.empty((B, T), np.bool_))
-    comp &= real  # [B, T] completion
+    # the masks as rows of one template: row L of `first` is `pos < L` (a window of [1 x T, 0 x T]),
+    # gathered per sample (a row copy: cheaper than a broadcast comparison over [B, T])
+    ones = np.zeros(2 * T, dtype=np.bool_)
+    ones[:T] = True
+    first = sliding_window_view(ones, T)[::-1]  # first[L] = pos < L, for 0 <= L <= T
+    real = np.take(first, lengths, axis=0, out=ARENA.empty((B, T), np.bool_))  # [B, T] prompt + completion
+    comp = np.take(first, plen, axis=0, out=ARENA.empty((B, T), np.bool_))  # [B, T] prompt
+    np.not_equal(comp, real, out=comp)  # [B, T] completion (the prompt lies inside `real`)
     if B and {type(c) for c in completions} | {type(lp) for lp in logprobs} == {np.ndarray}:
         runs = getattr(cols, "runs", None) or _runs(prompts)
         input_ids, gen_lp = _rows_by_concatenation(runs, completions, logprobs, clens, T, pad_id)

@@ -145,9 +145,10 @@ class DictColumns:
     def __init__(self, dicts: list):
         self.n = len(dicts)
         first = tuple(dicts[0]) if dicts else ()
-        if all(type(d) is dict and tuple(d) == first for d in dicts):
+        # every dict a dict with the same keys in the same order (maps in C: no Python loop per dict)
+        if not dicts or (set(map(type, dicts)) == {dict} and set(map(tuple, dicts)) == {first}):
             self.keys: tuple | None = first
-            self.values: dict | None = {k: [d[k] for d in dicts] for k in first}
+            self.values: dict | None = {k: list(map(operator.itemgetter(k), dicts)) for k in first}
             self.dicts: list | None = None
         else:
             self.keys, self.values = None, None
@@ -197,7 +198,7 @@ class GroupColumns:
 _TOKEN_IDS, _LOGPROBS, _FINISH, _START, _END, _TOKEN_VERSIONS, _WORKER, _ROUTES = map(operator.attrgetter, (
     "token_ids", "logprobs", "finish_reason", "start_version", "end_version", "token_versions", "worker",
     "routed_experts"))
-_REWARDS, _INFO = operator.attrgetter("rewards"), operator.attrgetter("info")
+_REWARD, _REWARDS, _MASK, _INFO = map(operator.attrgetter, ("reward", "rewards", "mask", "info"))
 
 
 class GroupSamples(Sequence, GroupColumns):
@@ -227,9 +228,9 @@ class GroupSamples(Sequence, GroupColumns):
         self.workers = [w or "local" for w in map(_WORKER, results)]
         routes = list(map(_ROUTES, results))
         self.routed_experts = routes if routes.count(None) != len(routes) else None
-        self.rewards = [float(s.reward) for s in scored]
+        self.rewards = list(map(float, map(_REWARD, scored)))
         self.component_columns = DictColumns(list(map(_REWARDS, scored)))  # named rewards
-        self.env_mask = [bool(s.mask) and mask_flagged for s in scored]
+        self.env_mask = list(map(bool, map(_MASK, scored))) if mask_flagged else [False] * len(scored)
         self.info_columns = DictColumns(list(map(_INFO, scored)))  # the environment's info
         self.texts = texts
         self.generate_s = generate_s
