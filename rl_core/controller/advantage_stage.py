@@ -63,8 +63,12 @@ class AdvantageStage:
         components: list | None = [] if self.gdpo else None
         for c in cols:
             rewards += c.rewards
-            valid += [not m and f != "abort" for m, f in zip(c.env_mask, c.finish_reasons)]
-            truncated += [f == "length" for f in c.finish_reasons]
+            fin, masked = c.finish_reasons, c.env_mask
+            if any(masked) or "abort" in fin:
+                valid += [not m and f != "abort" for m, f in zip(masked, fin)]
+            else:  # the usual case, without a loop per sample
+                valid += [True] * len(fin)
+            truncated += [f == "length" for f in fin]
             if components is not None:
                 components += c.component_columns.rows()
         ref = None
