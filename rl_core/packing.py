@@ -1,8 +1,8 @@
 """Packing samples into the padded tensors of a `TrainChunk`, and the reused memory it packs into.
 
 Owns: `make_train_chunk` (a list of `Sample`s, or of their token arrays: one row each),
-`make_group_chunk` (whole prompt groups, read column-wise when a group is a `GroupSamples`
-whose `Sample`s were never built), the padded layout (types.py's module docstring: token
+`make_group_chunk` (whole prompt groups, read through their columns: `types.group_columns`),
+the padded layout (types.py's module docstring: token
 alignment and routed experts), and `ARENA`, the pool of [B, T] buffers packed chunks reuse.
 Does not own: the records themselves (types.py) or what is trained (samplers, algorithms).
 """

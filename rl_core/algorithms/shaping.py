@@ -126,7 +126,8 @@ def _unshaped(samples: Sequence[Sample]) -> list[float]:
     return [float(r if u is missing else u) for u, r in zip(cols.info_columns.column(UNSHAPED, missing), cols.rewards)]
 
 
-def dynamic_sampling_filter(groups: Sequence[PromptGroup], use_components: bool = False) -> tuple[list[bool], dict[str, Pair]]:
+def dynamic_sampling_filter(groups: Sequence[PromptGroup],
+                            use_components: bool = False) -> tuple[list[bool], dict[str, Pair]]:
     """(keep flag per group, metrics). Metrics: `zero_variance_frac` (dropped / seen) and
     `zero_variance_reward_mean` (mean unshaped reward of the dropped groups: near 1 = too
     easy, near 0 = too hard)."""

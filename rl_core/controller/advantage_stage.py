@@ -2,10 +2,11 @@
 
 Owns, per chunk of selected groups, in this order: the dynamic-sampling group filter
 (zero-variance groups are set aside so the step can be refilled), packing the samples
-(`packing.make_group_chunk`; every group is read through its columns, `types.group_columns`), reference-policy logprobs when the reward carries a KL term, the critic's values
-(PPO) (both passes run through the pump's `run_pass`, which retries them),
-`algorithms.estimate.estimate_advantages` for every estimator, and the per-sample
-advantage summary kept for metrics and the rollout archive.
+(`packing.make_group_chunk`; every group is read through its columns, `types.group_columns`),
+reference-policy logprobs when the reward carries a KL term, the critic's values (PPO)
+(both passes run through the pump's `run_pass`, which retries them),
+`algorithms.estimate.estimate_advantages` for every estimator, and the per-sample advantage
+summary kept for metrics and the rollout archive.
 
 Does not own: the formulas (rl_core.algorithms), selection (sampler), training (trainer,
 critic), or refilling the step (the train pump asks the rollout pump).
