@@ -326,7 +326,8 @@ class GroupSamples(Sequence, GroupColumns):
 
 
 def columns_of(samples) -> GroupSamples | None:
-    """`samples` itself when it is a `GroupSamples` whose `Sample`s were never built, else None."""
+    """`samples` itself when it is a `GroupSamples` whose `Sample`s were never built, else None
+    (whether a group is still held as columns alone; consumers read `group_columns`)."""
     return samples if type(samples) is GroupSamples and not samples.built else None
 
 
