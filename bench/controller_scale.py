@@ -12,9 +12,10 @@ their own bodies (building results, scoring) is taken out
 (`FakeCalls`: calls counted in the run, cost per call calibrated after it); what is left
 is the controller's own work per RL step, including its calls into the fakes.
 
-The backend hands token ids and logprobs over as fresh Python lists (what the native, HTTP
-and vLLM backends do today) or as NumPy arrays (what a backend holding its tokens in arrays
-would do: packing is then a memory copy); `--results both` (the default) runs both.
+The backend hands token ids and logprobs over as NumPy arrays (what the native backend's
+`generate_many` does, the default backend's group call: packing is then a memory copy) or as
+fresh Python lists (what the HTTP and vLLM backends, and every backend's per-sample
+`generate`, do); `--results both` (the default) runs both.
 
 For 100, 300 and 1,000 prompt groups x 16 samples per step (10 steps each) it prints
 the controller time per step (mean over the steps after the first), that time as a
@@ -102,10 +103,10 @@ CALLS = FakeCalls()
 class InstantBackend(FakeBackend):
     """Answers every request at once with `tokens` completion tokens (no await inside).
 
-    `arrays`: the token ids and logprobs come as read-only NumPy arrays (what a backend
-    whose tokens already sit in an array hands over); else as fresh Python lists (what the
-    HTTP and vLLM backends and the native engine hand over today): building them is the
-    fake's cost, turning them into tensors the controller's. `group_calls`: the backend
+    `arrays`: the token ids and logprobs come as read-only NumPy arrays (what the native
+    backend's `generate_many` hands over); else as fresh Python lists (what the HTTP and vLLM
+    backends hand over): building them is the fake's cost, turning them into tensors the
+    controller's. `group_calls`: the backend
     answers a whole group in one `generate_many` call (else one `generate` per sample)."""
 
     def __init__(self, tokens: int, arrays: bool = False, group_calls: bool = True, fresh: bool = False):

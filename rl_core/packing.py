@@ -1,8 +1,8 @@
 """Packing samples into the padded tensors of a `TrainChunk`, and the reused memory it packs into.
 
 Owns: `make_train_chunk` (a list of `Sample`s, or of their token arrays: one row each),
-`make_group_chunk` (whole prompt groups, read column-wise when a group is a `GroupSamples`
-whose `Sample`s were never built), the padded layout (types.py's module docstring: token
+`make_group_chunk` (whole prompt groups, read through their columns: `types.group_columns`),
+the padded layout (types.py's module docstring: token
 alignment and routed experts), and `ARENA`, the pool of [B, T] buffers packed chunks reuse.
 Does not own: the records themselves (types.py) or what is trained (samplers, algorithms).
 """
@@ -15,8 +15,9 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from numpy.lib.stride_tricks import sliding_window_view
 
-from rl_core.types import Sample, TrainChunk, columns_of
+from rl_core.types import Sample, SampleColumns, TrainChunk, group_columns
 
 
 def make_train_chunk(samples: list[Sample], advantages: list[float] | torch.Tensor | None, pad_id: int = 0,
@@ -28,62 +29,74 @@ def make_train_chunk(samples: list[Sample], advantages: list[float] | torch.Tens
     without any. Token ids and logprobs may be Python lists or 1-D NumPy arrays
     (`token_array`, `logprob_array`): arrays are concatenated in the padded layout (memory
     copies), lists converted once per field."""
-    masks = [s.completion_mask for s in samples]
-    return _pack([s.prompt_ids for s in samples], [s.completion_ids for s in samples],
-                 [s.gen_logprobs for s in samples], None if all(m is None for m in masks) else masks,
-                 [s.env_mask for s in samples], [s.start_version for s in samples], advantages, pad_id,
-                 token_advantages, lambda: samples, require_routes)
+    return _pack(SampleColumns(samples), advantages, pad_id, token_advantages, require_routes)
 
 
-def make_group_chunk(groups: Sequence[Sequence[Sample]], pad_id: int = 0, require_routes: bool = False) -> TrainChunk:
-    """`make_train_chunk([s for g in groups for s in g], None, ...)`, the same tensors, reading
-    the columns of groups held as `GroupSamples` instead of building their `Sample`s (other
-    groups: their samples' fields). The advantages are a read-only placeholder of zeros (one
-    zero expanded to [B, T], no memory): the advantage stage replaces the tensor."""
-    prompts: list = []
-    completions: list = []
-    logprobs: list = []
-    masks: list = []
-    env_mask: list = []
-    versions: list = []
-    routes = require_routes
-    for g in groups:
-        cols = columns_of(g)
-        if cols is not None:
-            k = len(cols.rewards)
-            prompts += [cols.prompt_ids] * k
-            completions += cols.completion_ids
-            logprobs += cols.gen_logprobs
-            masks += [None] * k
-            env_mask += cols.env_mask
-            versions += cols.start_versions
-            routes = routes or cols.routed_experts is not None
-        else:
-            prompts += [s.prompt_ids for s in g]
-            completions += [s.completion_ids for s in g]
-            logprobs += [s.gen_logprobs for s in g]
-            masks += [s.completion_mask for s in g]
-            env_mask += [s.env_mask for s in g]
-            versions += [s.start_version for s in g]
-            routes = routes or any(s.routed_experts for s in g)
-    # the Samples only when some carry routes (or router replay must say which lacks them)
-    return _pack(prompts, completions, logprobs, None if masks.count(None) == len(masks) else masks, env_mask,
-                 versions, None, pad_id, None, (lambda: [s for g in groups for s in g]) if routes else None,
-                 require_routes, placeholder=True)
+def make_group_chunk(groups: Sequence, pad_id: int = 0, require_routes: bool = False) -> TrainChunk:
+    """`make_train_chunk([s for g in groups for s in g], None, ...)`, the same tensors, read
+    through each group's columns (`types.group_columns`: a `GroupSamples` is read without
+    building its `Sample`s; a group may also be given as its columns). The advantages are a
+    read-only placeholder of zeros (one zero expanded to [B, T], no memory): the advantage
+    stage replaces the tensor."""
+    return _pack(_Joined(list(map(group_columns, groups))), None, pad_id, None, require_routes, placeholder=True)
 
 
-def _pack(prompts: list, completions: list, logprobs: list, masks: list | None, env_mask: list, versions: list,
-          advantages, pad_id: int, token_advantages, samples, require_routes: bool,
+class _Joined:
+    """The columns `_pack` reads of several groups, end to end, and the runs of rows that share
+    one prompt list (a whole single-turn group is one run)."""
+
+    def __init__(self, cols: list):
+        self.prompts: list = []
+        self.completion_ids: list = []
+        self.gen_logprobs: list = []
+        self.env_mask: list = []
+        self.start_versions: list = []
+        masks: list = []
+        routes: list = []
+        self.runs: list = []  # (prompt list, rows)
+        any_mask = any_route = False
+        for c in cols:
+            k = len(c.rewards)
+            shared = c.shared_prompt
+            prompts = c.prompts
+            self.prompts += prompts
+            if shared is not None:
+                self.runs.append((shared, k))
+            else:
+                self.runs += [(p, 1) for p in prompts]
+            self.completion_ids += c.completion_ids
+            self.gen_logprobs += c.gen_logprobs
+            self.env_mask += c.env_mask
+            self.start_versions += c.start_versions
+            m = c.completion_masks
+            masks += [None] * k if m is None else m
+            any_mask = any_mask or m is not None
+            r = c.routed_experts
+            routes += [None] * k if r is None else r
+            any_route = any_route or r is not None
+        self.completion_masks = masks if any_mask else None
+        self.routed_experts = routes if any_route else None
+        self._cols = cols
+
+    @property
+    def end_versions(self) -> list[int]:
+        return [v for c in self._cols for v in c.end_versions]
+
+
+def _pack(cols, advantages, pad_id: int, token_advantages, require_routes: bool,
           placeholder: bool = False) -> TrainChunk:
-    """make_train_chunk over columns (one entry per sample); `samples()` gives the `Sample`s
-    (only asked for when a sample may carry routed experts or `require_routes` is set).
-    `placeholder` (with `advantages` None): zero advantages as one expanded zero."""
+    """Pack the rows of `cols` (`types.GroupColumns` members: prompts, completion ids and
+    logprobs, completion masks, environment masks, versions, routed experts; `runs`, when
+    given, the runs of rows sharing one prompt list). `placeholder` (with `advantages` None):
+    zero advantages as one expanded zero."""
     # Python lists: every field is gathered into one flat list, converted once and scattered
     # into the padded [B, T] layout with a boolean mask (row-major order of the mask =
     # concatenation order); per-sample tensor construction cost ~10x more. NumPy arrays: each
     # row is [prompt, completion, padding] and the rows are one `np.concatenate` of these
     # pieces, written into [B, T] (no mask, no row-by-row copies). The [B, T] arrays come from
     # `ARENA`: memory of earlier chunks that nothing refers to any more (no page faults).
+    prompts, completions, logprobs = cols.prompts, cols.completion_ids, cols.gen_logprobs
+    masks, env_mask, versions = cols.completion_masks, cols.env_mask, cols.start_versions
     B = len(completions)
     plens = list(map(len, prompts))
     clens = list(map(len, completions))
@@ -94,12 +107,17 @@ def _pack(prompts: list, completions: list, logprobs: list, masks: list | None, 
     plen = np.array(plens, dtype=np.int64)
     lengths = plen + np.array(clens, dtype=np.int64)
     T = int(lengths.max()) if B else 0
-    pos = np.arange(T)
-    real = np.less(pos[None, :], lengths[:, None], out=ARENA.empty((B, T), np.bool_))  # [B, T] prompt + completion
-    comp = np.greater_equal(pos[None, :], plen[:, None], out=ARENA.empty((B, T), np.bool_))
-    comp &= real  # [B, T] completion
+    # the masks as rows of one template: row L of `first` is `pos < L` (a window of [1 x T, 0 x T]),
+    # gathered per sample (a row copy: cheaper than a broadcast comparison over [B, T])
+    ones = np.zeros(2 * T, dtype=np.bool_)
+    ones[:T] = True
+    first = sliding_window_view(ones, T)[::-1]  # first[L] = pos < L, for 0 <= L <= T
+    real = np.take(first, lengths, axis=0, out=ARENA.empty((B, T), np.bool_))  # [B, T] prompt + completion
+    comp = np.take(first, plen, axis=0, out=ARENA.empty((B, T), np.bool_))  # [B, T] prompt
+    np.not_equal(comp, real, out=comp)  # [B, T] completion (the prompt lies inside `real`)
     if B and {type(c) for c in completions} | {type(lp) for lp in logprobs} == {np.ndarray}:
-        input_ids, gen_lp = _rows_by_concatenation(prompts, completions, logprobs, plens, clens, T, pad_id)
+        runs = getattr(cols, "runs", None) or _runs(prompts)
+        input_ids, gen_lp = _rows_by_concatenation(runs, completions, logprobs, clens, T, pad_id)
     else:
         input_ids = ARENA.full((B, T), pad_id, np.int64)
         gen_lp = ARENA.full((B, T), 0.0, np.float32)
@@ -142,43 +160,90 @@ def _pack(prompts: list, completions: list, logprobs: list, masks: list | None, 
                        torch.from_numpy(gen_lp),
                        torch.zeros((), dtype=torch.float32).expand(B, T) if adv is None else torch.from_numpy(adv),
                        sample_mask, start_versions)
-    chunk.routed_experts = _pack_routes(samples(), T, require_routes) if samples is not None else None
+    routes = cols.routed_experts
+    chunk.routed_experts = _pack_routes(cols, T, require_routes) if routes is not None or require_routes else None
     return chunk
 
 
-def _rows_by_concatenation(prompts: list, completions: list, logprobs: list, plens: list[int], clens: list[int],
-                           T: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+def _runs(prompts: list) -> list[tuple[list, int]]:
+    """(prompt list, rows) for each run of consecutive rows that share one prompt list."""
+    runs: list = []
+    for p in prompts:
+        if runs and runs[-1][0] is p:
+            runs[-1] = (p, runs[-1][1] + 1)
+        else:
+            runs.append((p, 1))
+    return runs
+
+
+class _Cuts(dict):
+    """completion length c -> `make(c)`, made on first use (a dict lookup per row after that)."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, c):
+        v = self[c] = self.make(c)
+        return v
+
+
+def _rows_by_concatenation(runs: list, completions: list, logprobs: list, clens: list[int], T: int,
+                           pad_id: int) -> tuple[np.ndarray, np.ndarray]:
     """input_ids and gen_logprobs [B, T] of samples whose completions and logprobs are arrays,
     each written by one concatenation of two pieces per row. Row i is [prompt_i, completion_i,
     padding_i]; the pieces are prompt_0, then per row completion_i and [padding_i,
-    prompt_(i+1)] (one slice of a [pad_id x T, prompt_(i+1)] array, made once per distinct
-    prompt list); logprobs likewise: zeros, then per row logprobs_i and zeros."""
+    prompt_(i+1)]; logprobs likewise: zeros, then per row logprobs_i and zeros. Inside a run of
+    rows sharing a prompt P (of length p) the second piece of a row depends only on its
+    completion length c: [pad x (T - p - c), P], the slice [p + c:] of [pad x T, P] (made once
+    per prompt list), and T - c zeros; so a run's pieces are lists mapped over its lengths
+    (no Python loop over rows)."""
     B = len(completions)
     pad = np.full(T, pad_id, dtype=np.int64)
     zero = np.zeros(2 * T, dtype=np.float32)
-    joined: dict[int, dict] = {}  # id() of a prompt -> {padding: [pad x padding, prompt]} (`prompts` keeps it alive)
-    zeros: dict[int, np.ndarray] = {}  # length -> zeros (views of `zero`, made once per length)
-    last, cuts = None, None
-    ids_pieces: list = [np.asarray(prompts[0], dtype=np.int64)]
-    lp_pieces: list = [zero[:plens[0]]]
-    for ids, lps, p, c, prompt, p_next in zip(completions, logprobs, plens, clens, prompts[1:], plens[1:]):
-        if prompt is not last:
-            cuts = joined.get(id(prompt))
+    zeros = _Cuts(lambda c: zero[:T - c])  # completion length -> T - c zeros
+
+    arrays: dict[int, np.ndarray] = {}  # id() of a prompt list -> [pad x T, prompt] (`runs` keeps the list alive)
+
+    def joined(prompt) -> np.ndarray:
+        a = arrays.get(id(prompt))
+        if a is None:
+            a = arrays[id(prompt)] = np.concatenate([pad, np.asarray(prompt, dtype=np.int64)])
+        return a
+
+    cuts_of: dict[int, _Cuts] = {}  # id() of a prompt list -> its pieces by completion length
+    ids_fill: list = []
+    lp_fill: list = []
+    start = 0
+    for j, (prompt, k) in enumerate(runs):
+        p = len(prompt)
+        lens = clens[start:start + k]
+        if k > 1:
+            cuts = cuts_of.get(id(prompt))
             if cuts is None:
-                cuts = joined[id(prompt)] = {"": np.concatenate([pad, np.asarray(prompt, dtype=np.int64)])}
-            last = prompt
-        tail = T - p - c
-        piece = cuts.get(tail)
-        if piece is None:
-            piece = cuts[tail] = cuts[""][T - tail:]
-        z = zeros.get(tail + p_next)
-        if z is None:
-            z = zeros[tail + p_next] = zero[:tail + p_next]
-        ids_pieces += (ids, piece)
-        lp_pieces += (lps, z)
-    tail = T - plens[-1] - clens[-1]
-    ids_pieces += (completions[-1], pad[:tail])
-    lp_pieces += (logprobs[-1], zero[:tail])
+                j_p = joined(prompt)
+                cuts = cuts_of[id(prompt)] = _Cuts(lambda c, j_p=j_p, p=p: j_p[p + c:])
+            ids_fill += map(cuts.__getitem__, lens[:-1])
+            lp_fill += map(zeros.__getitem__, lens[:-1])
+        tail = T - p - lens[-1]  # the run's last row: padding, then the next run's prompt
+        if j + 1 < len(runs):
+            nxt = runs[j + 1][0]
+            ids_fill.append(joined(nxt)[T - tail:])
+            lp_fill.append(zero[:tail + len(nxt)])
+        else:
+            ids_fill.append(pad[:tail])
+            lp_fill.append(zero[:tail])
+        start += k
+    ids_pieces: list = [None] * (2 * B + 1)
+    lp_pieces: list = [None] * (2 * B + 1)
+    ids_pieces[0] = np.asarray(runs[0][0], dtype=np.int64)
+    lp_pieces[0] = zero[:len(runs[0][0])]
+    ids_pieces[1::2] = completions
+    ids_pieces[2::2] = ids_fill
+    lp_pieces[1::2] = logprobs
+    lp_pieces[2::2] = lp_fill
     input_ids = ARENA.empty((B, T), np.int64)
     gen_lp = ARENA.empty((B, T), np.float32)
     np.concatenate(ids_pieces, out=input_ids.reshape(-1), casting="unsafe")
@@ -275,28 +340,30 @@ def _concat(pieces: list, dtype) -> np.ndarray:
     return np.concatenate(arrays).astype(dtype, copy=False)
 
 
-def _pack_routes(samples: list[Sample], width: int, required: bool) -> torch.Tensor | None:
+def _pack_routes(cols, width: int, required: bool) -> torch.Tensor | None:
     """[B, T, layers * k] expert ids (-1 where not recorded), or None when no sample has routes."""
+    routes = cols.routed_experts or [None] * len(cols.completion_ids)
     if required:
-        for i, s in enumerate(samples):
-            if not s.routed_experts or not any(s.routed_experts):
+        for i, r in enumerate(routes):
+            if not r or not any(r):
+                prompt, ends = cols.prompts[i], cols.end_versions
                 raise ValueError(
                     f"router replay is on (trainer.router_replay.enabled) but sample {i} of this batch "
-                    f"(prompt {s.prompt_ids[:8]}{'...' if len(s.prompt_ids) > 8 else ''}, {len(s.completion_ids)} "
-                    f"completion tokens, weight versions {s.start_version}..{s.end_version}) carries no routed "
+                    f"(prompt {prompt[:8]}{'...' if len(prompt) > 8 else ''}, {len(cols.completion_ids[i])} "
+                    f"completion tokens, weight versions {cols.start_versions[i]}..{ends[i]}) carries no routed "
                     "experts: "
                     "its generation backend did not record them (only generation.backend 'native' records routes, "
                     "for mixture-of-experts models). Generate with the native engine, or set "
                     "trainer.router_replay.enabled: false.")
-    per_token = next((r for s in samples for r in (s.routed_experts or ()) if r), None)
+    per_token = next((t for r in routes for t in (r or ()) if t), None)
     if per_token is None:
         return None
     n = len(per_token)
-    out = torch.full((len(samples), width, n), -1, dtype=torch.long)
+    out = torch.full((len(routes), width, n), -1, dtype=torch.long)
     missing = [-1] * n
-    for i, s in enumerate(samples):
-        rows = [r if r else missing for r in (s.routed_experts or [])[:width]]
-        bad = next((t for t, r in enumerate(rows) if len(r) != n), None)
+    for i, r in enumerate(routes):
+        rows = [t if t else missing for t in (r or [])[:width]]
+        bad = next((t for t, row in enumerate(rows) if len(row) != n), None)
         if bad is not None:
             raise ValueError(f"sample {i}, token {bad}: {len(rows[bad])} routed expert ids; other tokens have {n} "
                              "(layers x k). Routes of one batch must come from one model.")

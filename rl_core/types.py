@@ -2,8 +2,9 @@
 
 Owns: the data shapes every seam agrees on (the train pump and the checkpoint share
 `TrainedGroup` and `OpenStep` through here), the column-wise record of a single-turn
-group's samples (`GroupSamples`: a sequence of `Sample`s built on first access; the
-controller's hot path reads its columns), `scored_sample` (the one place a scored
+group's samples (`GroupSamples`: a sequence of `Sample`s built on first access), the one
+column interface every consumer of a group's samples reads (`group_columns`: a
+`GroupSamples` as it is, any other group's `Sample`s as `SampleColumns`), `scored_sample` (the one place a scored
 completion becomes a `Sample`), and the token/logprob array helpers. Does not own:
 packing samples into padded training tensors (packing.py), behaviour (protocols.py) or
 any policy about what to train (samplers, algorithms).
@@ -21,6 +22,7 @@ same layer-major order) with -1 where missing.
 
 from __future__ import annotations
 
+import functools
 import operator
 import time
 from collections.abc import Sequence
@@ -143,9 +145,10 @@ class DictColumns:
     def __init__(self, dicts: list):
         self.n = len(dicts)
         first = tuple(dicts[0]) if dicts else ()
-        if all(type(d) is dict and tuple(d) == first for d in dicts):
+        # every dict a dict with the same keys in the same order (maps in C: no Python loop per dict)
+        if not dicts or (set(map(type, dicts)) == {dict} and set(map(tuple, dicts)) == {first}):
             self.keys: tuple | None = first
-            self.values: dict | None = {k: [d[k] for d in dicts] for k in first}
+            self.values: dict | None = {k: list(map(operator.itemgetter(k), dicts)) for k in first}
             self.dicts: list | None = None
         else:
             self.keys, self.values = None, None
@@ -176,19 +179,36 @@ class DictColumns:
         return set(self.keys) if self.dicts is None else set().union(*self.dicts)
 
 
+class GroupColumns:
+    """The column interface of one group's samples: what the rollout pump, packing, the
+    advantage stage, the step metrics and reward shaping read (`group_columns` gives it for
+    any group). Per sample, in sample order: `prompts`, `prompt_lens`, `completion_ids`,
+    `gen_logprobs` (lists or 1-D arrays), `completion_lens`, `completion_masks` (None when no
+    sample has one, else one per sample, None for "every token"), `generated_lens` (tokens the
+    policy generated: the mask's sum, else the completion's length), `finish_reasons`,
+    `rewards`, `env_mask`, `start_versions`, `end_versions`, `env_s`, `generate_s_each`,
+    `turns`, `routed_experts` (None when no sample has routes); per group: `shared_prompt`
+    (the prompt list every sample shares, else None), `component_columns` (the named rewards)
+    and `info_columns` (the samples' info dicts) as `DictColumns`, and `worker_totals()`
+    (generated tokens per generation worker). Readers never modify them."""
+
+    __slots__ = ()
+
+
 _TOKEN_IDS, _LOGPROBS, _FINISH, _START, _END, _TOKEN_VERSIONS, _WORKER, _ROUTES = map(operator.attrgetter, (
     "token_ids", "logprobs", "finish_reason", "start_version", "end_version", "token_versions", "worker",
     "routed_experts"))
-_REWARDS, _INFO = operator.attrgetter("rewards"), operator.attrgetter("info")
+_REWARD, _REWARDS, _MASK, _INFO = map(operator.attrgetter, ("reward", "rewards", "mask", "info"))
 
 
-class GroupSamples(Sequence):
+class GroupSamples(Sequence, GroupColumns):
     """The N samples of one single-turn group, column-wise: what `rollout.group` builds from a
     group's generation results and scores. As a sequence it is the group's `Sample`s, built all
     at once on first access (`scored_sample`, the same records as the per-sample path) and kept;
     before that the controller's hot path (rollout pump, packing, advantages, step metrics)
     reads the columns and never builds them. Once built, the `Sample`s are the truth (code may
-    modify them) and the hot path reads them instead (`columns_of`)."""
+    modify them) and `group_columns` reads them instead (`SampleColumns`). The column members
+    (`GroupColumns`) are the same in both."""
 
     __slots__ = ("prompt_ids", "completion_ids", "gen_logprobs", "completion_lens", "finish_reasons", "rewards",
                  "component_columns", "env_mask", "start_versions", "end_versions", "info_columns", "texts",
@@ -208,9 +228,9 @@ class GroupSamples(Sequence):
         self.workers = [w or "local" for w in map(_WORKER, results)]
         routes = list(map(_ROUTES, results))
         self.routed_experts = routes if routes.count(None) != len(routes) else None
-        self.rewards = [float(s.reward) for s in scored]
+        self.rewards = list(map(float, map(_REWARD, scored)))
         self.component_columns = DictColumns(list(map(_REWARDS, scored)))  # named rewards
-        self.env_mask = [bool(s.mask) and mask_flagged for s in scored]
+        self.env_mask = list(map(bool, map(_MASK, scored))) if mask_flagged else [False] * len(scored)
         self.info_columns = DictColumns(list(map(_INFO, scored)))  # the environment's info
         self.texts = texts
         self.generate_s = generate_s
@@ -221,6 +241,43 @@ class GroupSamples(Sequence):
     def components(self) -> list[dict[str, float]]:
         """The samples' named rewards, a new dict each."""
         return self.component_columns.rows()
+
+    # the rest of the column interface (`GroupColumns`): single-turn samples share one prompt,
+    # have no completion mask, one turn, and the group's generation time
+    @property
+    def prompts(self) -> list[list[int]]:
+        return [self.prompt_ids] * len(self.rewards)
+
+    @property
+    def shared_prompt(self) -> list[int]:
+        return self.prompt_ids
+
+    @property
+    def prompt_lens(self) -> list[int]:
+        return [len(self.prompt_ids)] * len(self.rewards)
+
+    completion_masks = None
+
+    @property
+    def generated_lens(self) -> list[int]:
+        return self.completion_lens
+
+    @property
+    def generate_s_each(self) -> list[float]:
+        return [self.generate_s] * len(self.rewards)
+
+    @property
+    def turns(self) -> list[int]:
+        return [1] * len(self.rewards)
+
+    def worker_totals(self) -> dict[str, int]:
+        ws, clens = self.workers, self.completion_lens
+        if ws.count(ws[0]) == len(ws):  # one worker generated the whole group
+            return {ws[0]: sum(clens)}
+        out: dict[str, int] = {}
+        for w, c in zip(ws, clens):
+            out[w] = out.get(w, 0) + c
+        return out
 
     @property
     def infos(self) -> list[dict[str, Any]]:
@@ -269,8 +326,120 @@ class GroupSamples(Sequence):
 
 
 def columns_of(samples) -> GroupSamples | None:
-    """`samples` as columns when it is a `GroupSamples` whose `Sample`s were never built, else None."""
+    """`samples` itself when it is a `GroupSamples` whose `Sample`s were never built, else None
+    (whether a group is still held as columns alone; consumers read `group_columns`)."""
     return samples if type(samples) is GroupSamples and not samples.built else None
+
+
+class SampleColumns(GroupColumns):
+    """`GroupColumns` of a group held as `Sample` records (multi-turn, agent episodes, a
+    `GroupSamples` whose records were built, shaped or restored groups): each column read from
+    the records on first use. A view of the records as they are when read; the records stay
+    the truth."""
+
+    def __init__(self, samples):
+        self.samples = list(samples)
+
+    @functools.cached_property
+    def prompts(self) -> list:
+        return [s.prompt_ids for s in self.samples]
+
+    @functools.cached_property
+    def shared_prompt(self) -> list[int] | None:
+        ps = self.prompts
+        return ps[0] if ps and all(p is ps[0] for p in ps) else None
+
+    @functools.cached_property
+    def prompt_lens(self) -> list[int]:
+        return list(map(len, self.prompts))
+
+    @functools.cached_property
+    def completion_ids(self) -> list:
+        return [s.completion_ids for s in self.samples]
+
+    @functools.cached_property
+    def gen_logprobs(self) -> list:
+        return [s.gen_logprobs for s in self.samples]
+
+    @functools.cached_property
+    def completion_lens(self) -> list[int]:
+        return list(map(len, self.completion_ids))
+
+    @functools.cached_property
+    def completion_masks(self) -> list | None:
+        masks = [s.completion_mask for s in self.samples]
+        return None if masks.count(None) == len(masks) else masks
+
+    @functools.cached_property
+    def generated_lens(self) -> list[int]:
+        masks = self.completion_masks
+        if masks is None:
+            return self.completion_lens
+        return [c if m is None else sum(m) for m, c in zip(masks, self.completion_lens)]
+
+    @functools.cached_property
+    def finish_reasons(self) -> list[str]:
+        return [s.finish_reason for s in self.samples]
+
+    @functools.cached_property
+    def rewards(self) -> list[float]:
+        return [s.reward for s in self.samples]
+
+    @functools.cached_property
+    def env_mask(self) -> list[bool]:
+        return [s.env_mask for s in self.samples]
+
+    @functools.cached_property
+    def start_versions(self) -> list[int]:
+        return [s.start_version for s in self.samples]
+
+    @functools.cached_property
+    def end_versions(self) -> list[int]:
+        return [s.end_version for s in self.samples]
+
+    @functools.cached_property
+    def env_s(self) -> list[float]:
+        return [s.info.get("env_s", 0.0) for s in self.samples]
+
+    @functools.cached_property
+    def generate_s_each(self) -> list[float]:
+        return [s.info.get("generate_s", 0.0) for s in self.samples]
+
+    @functools.cached_property
+    def turns(self) -> list[int]:
+        return [s.info.get("turns", 1) for s in self.samples]
+
+    @functools.cached_property
+    def routed_experts(self) -> list | None:
+        routes = [s.routed_experts for s in self.samples]
+        return routes if any(routes) else None
+
+    @functools.cached_property
+    def component_columns(self) -> DictColumns:
+        return DictColumns([s.rewards for s in self.samples])
+
+    @functools.cached_property
+    def info_columns(self) -> DictColumns:
+        return DictColumns([s.info for s in self.samples])
+
+    def worker_totals(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for s in self.samples:
+            for w, c in s.info.get("worker_tokens", {}).items():
+                out[w] = out.get(w, 0) + c
+        return out
+
+
+def group_columns(samples) -> GroupColumns:
+    """The column interface (`GroupColumns`) of one group's samples: a `GroupSamples` whose
+    `Sample`s were never built as it is (no conversion), a columns object as it is, any other
+    sequence of `Sample`s as `SampleColumns` (the one conversion, where a consumer receives
+    the group)."""
+    if type(samples) is GroupSamples:
+        return SampleColumns(samples) if samples.built else samples
+    if isinstance(samples, SampleColumns):
+        return samples
+    return SampleColumns(samples)
 
 
 @dataclass
@@ -291,8 +460,7 @@ class PromptGroup:
 
     @property
     def rewards(self) -> list[float]:
-        cols = columns_of(self.samples)
-        return list(cols.rewards) if cols is not None else [s.reward for s in self.samples]
+        return list(group_columns(self.samples).rewards)
 
 
 @dataclass
@@ -363,8 +531,8 @@ class TrainChunk:
         out = TrainChunk(**{k: cut(getattr(self, k)) for k in self.__dataclass_fields__})
         # trim right padding shared by the slice
         width = int(out.attention_mask.sum(dim=1).max().item()) if out.num_samples else 0
-        for k in ("input_ids", "attention_mask", "loss_mask", "gen_logprobs", "advantages", "ref_logprobs", "prev_logprobs",
-                  "values", "returns", "routed_experts"):
+        for k in ("input_ids", "attention_mask", "loss_mask", "gen_logprobs", "advantages", "ref_logprobs",
+                  "prev_logprobs", "values", "returns", "routed_experts"):
             t = getattr(out, k)
             if t is not None:
                 setattr(out, k, t[:, :width])

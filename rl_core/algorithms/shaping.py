@@ -24,7 +24,7 @@ import torch
 
 from rl_core.algorithms.metrics import Pair
 from rl_core.config.schema import DynamicSamplingConfig, OverlongPenaltyConfig, RewardShapingConfig
-from rl_core.types import DictColumns, PromptGroup, Sample, columns_of
+from rl_core.types import PromptGroup, Sample, group_columns
 
 UNSHAPED = "unshaped_reward"
 PENALTY_COMPONENT = "overlong_penalty"
@@ -114,23 +114,20 @@ def is_zero_variance_group(samples: Sequence[Sample], use_components: bool = Fal
     """True when the group carries no learning signal: its unshaped rewards are all equal, or
     (use_components, for gdpo) every named reward component is constant across the group."""
     if use_components:
-        cols = columns_of(samples)
-        comps = cols.component_columns if cols is not None else DictColumns([s.rewards for s in samples])
+        comps = group_columns(samples).component_columns
         return all(_constant(comps.column(k, 0.0)) for k in sorted(comps.names()))
     return _constant(_unshaped(samples))
 
 
 def _unshaped(samples: Sequence[Sample]) -> list[float]:
-    """The samples' rewards before shaping (read from the columns of a `GroupSamples`)."""
-    cols = columns_of(samples)
-    if cols is not None:  # the environment's info, before the keys a built Sample adds
-        missing = object()
-        return [float(r if u is missing else u)
-                for u, r in zip(cols.info_columns.column(UNSHAPED, missing), cols.rewards)]
-    return [float(s.info.get(UNSHAPED, s.reward)) for s in samples]
+    """The samples' rewards before shaping (`info[UNSHAPED]` where shaping set it, else the reward)."""
+    cols = group_columns(samples)
+    missing = object()
+    return [float(r if u is missing else u) for u, r in zip(cols.info_columns.column(UNSHAPED, missing), cols.rewards)]
 
 
-def dynamic_sampling_filter(groups: Sequence[PromptGroup], use_components: bool = False) -> tuple[list[bool], dict[str, Pair]]:
+def dynamic_sampling_filter(groups: Sequence[PromptGroup],
+                            use_components: bool = False) -> tuple[list[bool], dict[str, Pair]]:
     """(keep flag per group, metrics). Metrics: `zero_variance_frac` (dropped / seen) and
     `zero_variance_reward_mean` (mean unshaped reward of the dropped groups: near 1 = too
     easy, near 0 = too hard)."""

@@ -2,11 +2,11 @@
 
 Owns, per chunk of selected groups, in this order: the dynamic-sampling group filter
 (zero-variance groups are set aside so the step can be refilled), packing the samples
-(`packing.make_group_chunk`: groups held column-wise, `types.GroupSamples`, are read as
-columns), reference-policy logprobs when the reward carries a KL term, the critic's values
-(PPO) (both passes run through the pump's `run_pass`, which retries them),
-`algorithms.estimate.estimate_advantages` for every estimator, and the per-sample
-advantage summary kept for metrics and the rollout archive.
+(`packing.make_group_chunk`; every group is read through its columns, `types.group_columns`),
+reference-policy logprobs when the reward carries a KL term, the critic's values (PPO)
+(both passes run through the pump's `run_pass`, which retries them),
+`algorithms.estimate.estimate_advantages` for every estimator, and the per-sample advantage
+summary kept for metrics and the rollout archive.
 
 Does not own: the formulas (rl_core.algorithms), selection (sampler), training (trainer,
 critic), or refilling the step (the train pump asks the rollout pump).
@@ -23,7 +23,7 @@ import torch
 from rl_core.algorithms.estimate import estimate_advantages
 from rl_core.algorithms.shaping import dynamic_sampling_filter
 from rl_core.packing import make_group_chunk
-from rl_core.types import PromptGroup, TrainChunk, columns_of
+from rl_core.types import PromptGroup, TrainChunk, group_columns
 
 
 @dataclass
@@ -53,30 +53,25 @@ class AdvantageStage:
         return dynamic_sampling_filter(groups, use_components=self.gdpo)
 
     async def build(self, groups: list[PromptGroup]) -> Stage:
-        chunk = make_group_chunk([g.samples for g in groups], pad_id=self.pad_id,
-                                 require_routes=self.cfg.trainer.router_replay.enabled)
-        # no completion masks (single-turn groups held as columns have none): a 0/1 loss mask
-        binary = all(columns_of(g.samples) is not None or all(s.completion_mask is None for s in g.samples)
-                     for g in groups)
-        # per sample, in chunk order: read from a group's columns (GroupSamples) or its Samples
+        cols = [group_columns(g.samples) for g in groups]  # each group's columns, read by everything below
+        chunk = make_group_chunk(cols, pad_id=self.pad_id, require_routes=self.cfg.trainer.router_replay.enabled)
+        # no completion masks: a 0/1 loss mask
+        binary = all(c.completion_masks is None for c in cols)
+        # per sample, in chunk order
         rewards: list[float] = []
         valid: list[bool] = []
         truncated: list[bool] = []
         components: list | None = [] if self.gdpo else None
-        for g in groups:
-            cols = columns_of(g.samples)
-            if cols is not None:
-                rewards += cols.rewards
-                valid += [not m and f != "abort" for m, f in zip(cols.env_mask, cols.finish_reasons)]
-                truncated += [f == "length" for f in cols.finish_reasons]
-                if components is not None:
-                    components += cols.components
-            else:
-                rewards += [s.reward for s in g.samples]
-                valid += [not s.env_mask and s.finish_reason != "abort" for s in g.samples]
-                truncated += [s.truncated for s in g.samples]
-                if components is not None:
-                    components += [s.rewards for s in g.samples]
+        for c in cols:
+            rewards += c.rewards
+            fin, masked = c.finish_reasons, c.env_mask
+            if any(masked) or "abort" in fin:
+                valid += [not m and f != "abort" for m, f in zip(masked, fin)]
+            else:  # the usual case, without a loop per sample
+                valid += [True] * len(fin)
+            truncated += [f == "length" for f in fin]
+            if components is not None:
+                components += c.component_columns.rows()
         ref = None
         if self.cfg.advantage.kl_in_reward_coef > 0:
             ref = await self.run_pass("reference logprobs", self.trainer.logprobs, chunk, True)

@@ -31,7 +31,7 @@ from rl_core.protocols import Environment, GenerationBackend
 from rl_core.algorithms.shaping import shape_group
 from rl_core.resilience import Attempts, FailureKind, GroupDropped, backoff_s
 from rl_core.rollout.group import GenerationSlots, GroupOptions, generate_group
-from rl_core.types import PromptGroup, SamplingParams, columns_of
+from rl_core.types import PromptGroup, SamplingParams, group_columns
 
 
 @dataclass
@@ -384,22 +384,17 @@ class RolloutPump:
         self._unstarted.discard(group_id)  # generate_group counts its samples as queued from here on
         samples = await generate_group(self.backend, self.env, self.tokenizer, example, prompt_ids, self.n,
                                        self.params, key, (self.seed, epoch, index), self.opts)
-        cols = columns_of(samples)  # a single-turn group's columns (GroupSamples), read without building Samples
-        if ("abort" in cols.finish_reasons) if cols is not None else any(s.finish_reason == "abort" for s in samples):
+        cols = group_columns(samples)  # a single-turn group's columns (GroupSamples), read without building Samples
+        if "abort" in cols.finish_reasons:
             raise ConnectionAbortedError(f"the backend aborted a sample of {group_id}")  # INFRA: retried
         target = self.inflight_targets.get(group_id, target)  # partial rollouts may have moved it
         metrics = {}
         if self.shaping is not None:  # scaling, DAPO overlong penalty, overlong filtering
             shaped = shape_group(self.shaping, samples, self.max_tokens)
             samples, metrics = shaped.samples, {f"shaping/{k}": v for k, v in shaped.metrics.items()}
-            cols = None
+            cols = group_columns(samples)
         t1 = time.monotonic()
-        if cols is not None:
-            end_version, ntok, env_s = max(cols.end_versions), sum(cols.completion_lens), sum(cols.env_s)
-        else:
-            end_version = max(s.end_version for s in samples)
-            ntok = sum(len(s.completion_ids) for s in samples)
-            env_s = sum(s.info.get("env_s", 0.0) for s in samples)
+        end_version, ntok, env_s = max(cols.end_versions), sum(cols.completion_lens), sum(cols.env_s)
         group = PromptGroup(group_id=group_id, prompt_index=index, epoch=epoch, example=example, samples=samples,
                             start_version=version, end_version=end_version,
                             target_step=target, dispatched_at=t0, committed_at=t1, metrics=metrics)

@@ -16,13 +16,14 @@ Does not own: where metrics go (metrics.logger) or how they are computed upstrea
 from __future__ import annotations
 
 import math
+import operator
 import statistics
 import time
 from collections import Counter
 from fractions import Fraction
 
 from rl_core.algorithms.metrics import finalize_metrics
-from rl_core.types import DictColumns, columns_of
+from rl_core.types import DictColumns, group_columns
 
 
 def _pct(s: list[float], q: float) -> float:
@@ -40,14 +41,32 @@ def pstdev(values: list[float]) -> float:
     `statistics.pstdev` when most values are distinct, for non-floats and non-finite values."""
     n = len(values)
     counts = Counter(values)
-    sqrt_of_frac = getattr(statistics, "_float_sqrt_of_frac", None)  # CPython >= 3.11 (correctly rounded)
-    if n == 0 or 4 * len(counts) > n or sqrt_of_frac is None or \
-            not all(type(x) is float and math.isfinite(x) for x in counts):
+    if n == 0 or 4 * len(counts) > n or not all(type(x) is float and math.isfinite(x) for x in counts):
         return statistics.pstdev(values)
     sx = sum(Fraction(x) * c for x, c in counts.items())
     sxx = sum(Fraction(x) ** 2 * c for x, c in counts.items())
     mss = (n * sxx - sx * sx) / n / n  # exact: the sum of squared deviations over n, over n
-    return sqrt_of_frac(mss.numerator, mss.denominator)
+    out = sqrt_of_fraction(mss.numerator, mss.denominator)
+    return out if out is not None else statistics.pstdev(values)
+
+
+def sqrt_of_fraction(num: int, den: int) -> float | None:
+    """The correctly rounded square root of num / den (num >= 0, den > 0) as a float, by integer
+    arithmetic only; None where the result would be subnormal (callers fall back). An integer
+    square root carrying at least 55 significant bits, rounded to odd (its last bit set when the
+    root is inexact), then rounded once to the 53 bits of a float: rounding to odd with two or
+    more extra bits makes the second rounding correct (Boldo & Melquiond 2008, "Emulation of
+    FMA and correctly rounded sums: proved algorithms using rounding to odd")."""
+    if num == 0:
+        return 0.0
+    k = 55 - (num.bit_length() - den.bit_length()) // 2  # 2^k * sqrt(num / den) >= 2^54
+    q, r = divmod(num << 2 * k, den) if k >= 0 else divmod(num, den << -2 * k)
+    root = math.isqrt(q)
+    if r or root * root != q:
+        root |= 1  # round to odd: the exact root lies strictly between root and root + 1
+    if root.bit_length() - k <= -1021:  # below 2^-1022: a subnormal result would round twice
+        return None
+    return math.ldexp(float(root), -k)
 
 
 def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: dict, t_step0: float,
@@ -58,8 +77,8 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
     # waited in the buffer: commit -> selection (a group restored from a checkpoint has no commit time)
     ages = [t.slot.selected_at - t.slot.ready_at for t in trained
             if t.slot.ready_at is not None and t.slot.selected_at is not None]
-    # per sample (16,000 per step at 1,000 groups x 16): a group held column-wise
-    # (types.GroupSamples) is read from its columns, other groups in one pass over their samples
+    # per sample (16,000 per step at 1,000 groups x 16), read through each group's columns
+    # (types.group_columns: a single-turn group held as a GroupSamples without building Samples)
     rewards: list[float] = []
     gen_len: list[int] = []
     in_len: list[int] = []
@@ -69,57 +88,29 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
     turns: list[int] = []
     correct = truncated = breaks = 0
     workers: dict[str, int] = {}
-    comps: list[dict] = []  # named reward components of the samples of a group of Samples
     comp_groups: list[DictColumns] = []  # the named reward components of each group, in order
     for t in trained:
-        cols = columns_of(t.group.samples)
-        if cols is not None:  # single-turn samples: turns 1, no completion mask; info is the env's plus ours
-            k = len(cols.rewards)
-            rewards += cols.rewards
-            clens = cols.completion_lens
-            p = len(cols.prompt_ids)
-            gen_len += clens
-            in_len += [p] * k
-            tot_len += map(p.__add__, clens)
-            env_s += cols.env_s
-            gen_s += [cols.generate_s] * k
-            info = cols.info_columns
-            oks = info.column("correct")  # is_correct, inlined
-            if None in oks:
-                correct += sum(bool(ok) if ok is not None else r > 0 for ok, r in zip(oks, cols.rewards))
-            else:
-                correct += sum(map(bool, oks))
-            if info.has("segments"):
-                breaks += sum(v - 1 for v in info.column("segments", 1))
-            truncated += cols.finish_reasons.count("length")
-            turns += [1] * k
-            ws = cols.workers
-            if ws.count(ws[0]) == k:  # one worker generated the whole group
-                workers[ws[0]] = workers.get(ws[0], 0) + sum(clens)
-            else:
-                for w, c in zip(ws, clens):
-                    workers[w] = workers.get(w, 0) + c
-            comp_groups.append(cols.component_columns)
-            continue
-        for smp in t.group.samples:
-            info = smp.info
-            rewards.append(smp.reward)
-            p, c = len(smp.prompt_ids), len(smp.completion_ids)
-            gen_len.append(c if smp.completion_mask is None else sum(smp.completion_mask))
-            in_len.append(p)
-            tot_len.append(p + c)
-            env_s.append(info.get("env_s", 0.0))
-            gen_s.append(info.get("generate_s", 0.0))
-            ok = info.get("correct")  # is_correct, inlined
-            correct += bool(ok) if ok is not None else smp.reward > 0
-            truncated += smp.finish_reason == "length"
-            turns.append(info.get("turns", 1))
-            breaks += info.get("segments", 1) - 1
-            for w, c in info.get("worker_tokens", {}).items():
-                workers[w] = workers.get(w, 0) + c
-            comps.append(smp.rewards)
-        comp_groups.append(DictColumns(comps))
-        comps = []
+        cols = group_columns(t.group.samples)
+        rewards += cols.rewards
+        gen_len += cols.generated_lens
+        plens = cols.prompt_lens
+        in_len += plens
+        tot_len += map(operator.add, plens, cols.completion_lens)
+        env_s += cols.env_s
+        gen_s += cols.generate_s_each
+        info = cols.info_columns
+        oks = info.column("correct")  # is_correct, inlined
+        if None in oks:
+            correct += sum(bool(ok) if ok is not None else r > 0 for ok, r in zip(oks, cols.rewards))
+        else:
+            correct += sum(map(bool, oks))
+        if info.has("segments"):
+            breaks += sum(v - 1 for v in info.column("segments", 1))
+        truncated += cols.finish_reasons.count("length")
+        turns += cols.turns
+        for w, c in cols.worker_totals().items():
+            workers[w] = workers.get(w, 0) + c
+        comp_groups.append(cols.component_columns)
     n = len(rewards)
     gen_sorted = sorted(gen_len)
     step_s = now - t_step0

@@ -33,6 +33,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from rl_core.envs import make_env, register_env, registered_envs  # noqa: F401  (the registry; also importable from here)
 from rl_core.types import EnvResult
 
@@ -192,7 +194,8 @@ class BaseEnv(ABC):
 
     def parse_completion(self, completion_ids: list[int], completion_text: str, finish_reason: str) -> Completion:
         """Strip trailing end-token strings from the text and decide whether the sample ended."""
-        ids = [int(i) for i in completion_ids]
+        # a backend may hand the ids over as a NumPy array (`types.token_array`): the same ints
+        ids = completion_ids.tolist() if isinstance(completion_ids, np.ndarray) else [int(i) for i in completion_ids]
         ended = finish_reason == "stop" and bool(ids) and ids[-1] in self.end_token_ids
         text = completion_text
         stripped = True

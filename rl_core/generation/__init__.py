@@ -50,8 +50,9 @@ def _build_native(cfg: Any, policy_dir: str | Path, *, tokenizer: Any, device: s
     from rl_core.generation.native.backend import NativeBackend
 
     engine = make_native_engine(cfg, policy_dir, tokenizer=tokenizer, device=device, weight_version=weight_version)
-    # reproducible runs: the engine's batches follow the event loop, not thread timing
-    return NativeBackend(engine, lockstep=cfg.async_rl.reproducible)
+    # reproducible runs: the engine's batches follow the event loop, not thread timing; a
+    # group's results as arrays (packed by memory copies)
+    return NativeBackend(engine, lockstep=cfg.async_rl.reproducible, group_arrays=True)
 
 
 def _build_http(cfg: Any, policy_dir: str | Path, *, tokenizer: Any, device: str,

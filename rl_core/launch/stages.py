@@ -234,7 +234,7 @@ def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json
     examples = load_examples(data_file or cfg.data.val_file, Fields.of(cfg.data))
     engine = make_native_engine(cfg, model_dir, tokenizer=tokenizer, device=trainer_device(cfg),
                                 weight_version=version)
-    backend = NativeBackend(engine)
+    backend = NativeBackend(engine, group_arrays=True)
     stop = tuple(dict.fromkeys(i for i in (*env.end_token_ids, tokenizer.eos_token_id) if i is not None))
     validator = Validator(validation or cfg.validation, env, tokenizer, examples, cfg.grpo.seed, stop)
 

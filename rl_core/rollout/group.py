@@ -61,6 +61,17 @@ def seed_last(prefix: int, last: int) -> int:
     return _splitmix64(prefix ^ (int(last) & _MASK64)) >> 1
 
 
+def seeds_last(prefix: int, n: int) -> list[int]:
+    """[seed_last(prefix, i) for i in range(n)], with `_splitmix64` inlined (one call per group)."""
+    out = []
+    for i in range(n):
+        x = ((prefix ^ i) + 0x9E3779B97F4A7C15) & _MASK64
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+        out.append((x ^ (x >> 31)) >> 1)
+    return out
+
+
 def with_seed(params: SamplingParams, seed: int) -> SamplingParams:
     """`dataclasses.replace(params, seed=seed)` without its per-call field introspection
     (`copy.copy` costs as much, through the reduce protocol)."""
@@ -373,10 +384,10 @@ async def _generate_group_at_once(backend: GenerationBackend, env: Environment, 
     prompt = list(prompt_ids)
     cls, fields = type(params), params.__dict__
     requests = []
-    for i in range(n):  # with_seed(params, seed_last(prefix, i)), inlined
-        p = object.__new__(cls)
-        p.__dict__.update(fields)
-        p.seed = seed_last(prefix, i)
+    new = object.__new__
+    for i, seed in enumerate(seeds_last(prefix, n)):  # with_seed(params, seed_last(prefix, i)), inlined
+        p = new(cls)
+        p.__dict__.update(fields, seed=seed)
         requests.append(GenerationRequest(f"{key}/{i}", prompt, p))
     t0 = time.monotonic()
     results = await with_deadline(backend.generate_many(requests), opts.generation_timeout_s,

@@ -33,7 +33,7 @@ from rl_core.generation.base import GenerationError, StreamDelta
 from rl_core.generation.native.engine import NativeEngine
 from rl_core.generation.native.options import EngineOptions
 from rl_core.generation.native.model import load_safetensors_dir
-from rl_core.types import GenerationRequest, GenerationResult
+from rl_core.types import GenerationRequest, GenerationResult, logprob_array, token_array
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,7 @@ class _Command:
     loop: asyncio.AbstractEventLoop | None
     stream: asyncio.Queue | None = None  # generate: deltas go here (streaming requests only)
     sent: int = 0  # worker side: tokens already pushed to `stream`
+    arrays: bool = False  # generate_many: the result's token ids and logprobs as NumPy arrays
 
 
 def _settle(future: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
@@ -69,12 +70,19 @@ async def _quiesce(loop: asyncio.AbstractEventLoop, max_rounds: int = 10_000) ->
 
 
 class NativeBackend:
-    """Async generation over a `NativeEngine` driven by one dedicated thread."""
+    """Async generation over a `NativeEngine` driven by one dedicated thread.
 
-    def __init__(self, engine: NativeEngine, name: str = "native", lockstep: bool = False):
+    `group_arrays`: `generate_many` hands each result's token ids and logprobs over as 1-D
+    NumPy arrays (what the controller packs by memory copies; the backends built from a recipe
+    for training and evaluation set it); off, as `generate` and `generate_stream` always do,
+    Python lists."""
+
+    def __init__(self, engine: NativeEngine, name: str = "native", lockstep: bool = False,
+                 group_arrays: bool = False):
         self.engine = engine
         self.name = name
         self.lockstep = lockstep
+        self.group_arrays = group_arrays
         self._grant: tuple[int, asyncio.Future, asyncio.AbstractEventLoop] | None = None  # lockstep
         self._kick: asyncio.Event | None = None  # lockstep: set when a command is submitted
         self._driver: asyncio.Task | None = None  # lockstep: grants the worker its steps
@@ -122,11 +130,14 @@ class NativeBackend:
     async def generate_many(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """`requests` submitted in order in one go (the commands a task per request would
         submit, in the same order), their results in that order: no task per request.
-        Cancelled, or one request failed: every request without a result is aborted."""
+        Cancelled, or one request failed: every request without a result is aborted. With
+        `group_arrays` the results' token ids and logprobs come as 1-D NumPy arrays
+        (`types.token_array`, `logprob_array`: the same values, converted once on the worker
+        thread when the request finishes), so that the controller packs them by memory copies."""
         futures: list[asyncio.Future] = []
         try:
             for request in requests:
-                futures.append(self._submit("generate", request))
+                futures.append(self._submit("generate", request, arrays=self.group_arrays))
             return list(await asyncio.gather(*futures))
         except BaseException:
             for request, future in zip(requests, futures):
@@ -234,7 +245,7 @@ class NativeBackend:
     # ------------------------------------------------------------------ loop side
 
     def _submit(self, kind: str, payload: Any, want_future: bool = True,
-                stream: asyncio.Queue | None = None) -> asyncio.Future | None:
+                stream: asyncio.Queue | None = None, arrays: bool = False) -> asyncio.Future | None:
         if self._thread is None:
             raise RuntimeError(f"{type(self).__name__}.start() must be awaited before {kind}")
         loop = asyncio.get_running_loop() if want_future else None
@@ -244,7 +255,7 @@ class NativeBackend:
                 raise GenerationError(f"the {self.name} backend's worker died: {self._dead!r}") from self._dead
             if self._stopping and want_future:
                 raise RuntimeError(f"the {self.name} backend is shut down")
-            self._commands.append(_Command(kind, payload, future, loop, stream))
+            self._commands.append(_Command(kind, payload, future, loop, stream, arrays=arrays))
             self._cond.notify()
         if self._kick is not None:
             self._kick.set()
@@ -404,4 +415,7 @@ class NativeBackend:
         if command is not None:
             if command.stream is not None:
                 self._push(command, result.token_ids, result.logprobs, result.top_logprobs)
+            if command.arrays:
+                result.token_ids = token_array(result.token_ids)
+                result.logprobs = logprob_array(result.logprobs)
             self._resolve(command, result)
