@@ -81,15 +81,12 @@ def make_engine(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, 
                 attention: str = "torch"):
     from rl_core.generation import EngineOptions, NativeEngine
 
-    from rl_core.generation.native import fused_mlp
-
     batch, prompt_len = prompts.shape
-    fused_mlp.FUSED_DOWN = attention != "fused+gateup"  # read when the engine builds its decode layers
     return NativeEngine(cfg, model.state_dict(), EngineOptions(
         device="cuda", dtype=torch.bfloat16, max_batch_size=batch, max_seq_len=prompt_len + new_tokens + 8,
         eos_token_ids=[], decode_path=path, kv_cache_dtype=kv_dtype, decode_compile=compile, overlap_steps=overlap,
         decode_attention="fused" if attention.startswith("fused") else attention,
-        decode_mlp="fused" if attention in ("fused+mlp", "fused+gateup") else "torch"))
+        decode_mlp="fused" if attention == "fused+mlp" else "torch"))
 
 
 def run_native(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, compile: bool, overlap: bool,
@@ -233,9 +230,8 @@ def main() -> None:
                         help="also run each graph/static configuration (model-dtype KV cache) with decode_attention "
                              "fused (the Triton RoPE + cache-write + attention kernel)")
     parser.add_argument("--fused-mlp", action="store_true",
-                        help="with --fused: also run each fused configuration with decode_mlp fused: the gate/up "
-                             "projection and SiLU gate in one Triton kernel, with the down projection as compiled "
-                             "torch (+gateup) and as the Triton linear_residual kernel (+mlp)")
+                        help="with --fused: also run each fused configuration with decode_mlp fused (the gate/up "
+                             "projection and SiLU gate in one Triton kernel)")
     parser.add_argument("--only-fastest", action="store_true",
                         help="with --compile --overlap: run only graph+compile+overlap (and its fused twin)")
     parser.add_argument("--profile", action="store_true",
@@ -267,7 +263,7 @@ def main() -> None:
     if args.fused:
         configs += [c[:4] + ("fused",) for c in configs if c[0] != "eager" and c[1] == "auto"]
         if args.fused_mlp:
-            configs += [c[:4] + (m,) for c in configs if c[4] == "fused" for m in ("fused+gateup", "fused+mlp")]
+            configs += [c[:4] + ("fused+mlp",) for c in configs if c[4] == "fused"]
     for batch in args.batch_sizes:
         gen = torch.Generator(device="cuda").manual_seed(batch)
         prompts = torch.randint(0, cfg.vocab_size, (batch, args.prompt_len), device="cuda", generator=gen)

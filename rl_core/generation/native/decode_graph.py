@@ -91,10 +91,7 @@ def _layer_function(compile: bool, fused_attention: bool, fused_mlp: bool = Fals
     if not fused_attention:
         return _compiled(decode_layer) if compile else None
     if fused_mlp:
-        from rl_core.generation.native import fused_mlp as kernels
-
-        down = None if kernels.FUSED_DOWN else _compiled(mlp_down)
-        after = (fused_mlp_after(_compiled(attention_output_norm, unfused_residual=True), down) if compile
+        after = (fused_mlp_after(_compiled(attention_output_norm, unfused_residual=True), _compiled(mlp_down)) if compile
                  else fused_mlp_after())
     else:
         after = _compiled(attention_output_mlp) if compile else attention_output_mlp

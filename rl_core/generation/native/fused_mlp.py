@@ -14,12 +14,10 @@ to float rounding (bit-exact in float32 up to summation order).
 Where it runs: `generation.native.decode_mlp: fused` (CUDA, or Triton's CPU interpreter
 in the tests; the same limits as `decode_attention.check_supported` for device and dtype).
 
-Also `linear_residual(residual, x, weight, bias)` = residual + x @ W^T (+ b) in one kernel
-(the linear rounded to the dtype before the add, as eager): the down projection and its
-residual add, with tiles narrow in the output so that every SM gets work without cuBLAS's
-split-K pass (and without the copy of the residual its beta-add needs).
+A down projection + residual kernel in the same style was tried and dropped: on the H200 it
+was slower than cuBLAS's split-K matmul (docs/generation.md).
 
-Does not own: the output projection and norms (model.py, compiled by the decode runner),
+Does not own: the output and down projections and the norms (model.py, compiled by the decode runner),
 when the kernels are used (decode_graph.py), Triton's import (triton_support.py).
 """
 
@@ -36,6 +34,7 @@ _CUDA_CONFIGS = [
     for bm, bn, bk, warps, stages in [
         (64, 32, 128, 4, 3), (64, 64, 64, 4, 4), (64, 64, 128, 4, 3), (128, 32, 128, 4, 3),
         (128, 64, 64, 8, 3), (128, 64, 128, 8, 3), (32, 64, 128, 4, 3), (16, 64, 128, 4, 4),
+        (256, 32, 64, 8, 3), (256, 64, 64, 8, 3), (128, 128, 64, 8, 3), (64, 128, 64, 4, 3), (128, 32, 64, 4, 4),
     ]
 ]
 
@@ -95,80 +94,6 @@ if triton is not None:
         key=["rows", "m", "hidden"])(_gate_up_silu_kernel)
 
 
-# Down projection + residual (`linear_residual`): K is the MLP width (4864 for Qwen2.5-0.5B) and N
-# the hidden size (896), so tiles are narrow in N to give every SM a program without split-K.
-_DOWN_CONFIGS = [(64, 32, 128, 4, 4), (64, 32, 64, 4, 4), (128, 32, 64, 4, 4), (32, 32, 128, 4, 4),
-                 (64, 16, 128, 4, 4), (128, 16, 128, 4, 3), (256, 16, 64, 8, 3), (64, 64, 64, 4, 4)]
-# Whether the fused decode layer also runs the down projection as `linear_residual` (else the
-# compiled torch matmul + add); a module switch for bench/decode_kernels_gpu.py to compare both.
-FUSED_DOWN = True
-
-if triton is not None:
-
-    @triton.jit
-    def _linear_residual_kernel(x, w, bias, residual, out, rows, n, k_dim, stride_x, stride_w, stride_res,
-                                stride_out, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
-                                BF16_BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                                BLOCK_K: tl.constexpr):
-        pid_n = tl.program_id(0)
-        pid_m = tl.program_id(1)
-        r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        kk = tl.arange(0, BLOCK_K)
-        row_ok = r < rows
-        col_ok = c < n
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for k0 in range(0, k_dim, BLOCK_K):
-            k = k0 + kk
-            k_ok = k < k_dim
-            a = tl.load(x + r[:, None] * stride_x + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(w + c[None, :] * stride_w + k[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-            if IEEE:
-                acc += tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-            else:
-                acc = tl.dot(a, b, acc)
-        if HAS_BIAS:
-            acc += tl.load(bias + c, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        dtype = out.dtype.element_ty
-        mask = row_ok[:, None] & col_ok[None, :]
-        res = tl.load(residual + r[:, None] * stride_res + c[None, :], mask=mask, other=0.0).to(tl.float32)
-        y = _rounded(res + _rounded(acc, dtype, BF16_BITS), dtype, BF16_BITS)  # x + linear(h), as eager rounds
-        tl.store(out + r[:, None] * stride_out + c[None, :], y.to(dtype), mask=mask)
-
-    _linear_residual_tuned = triton.autotune(
-        configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=warps, num_stages=stages)
-                 for bm, bn, bk, warps, stages in _DOWN_CONFIGS],
-        key=["rows", "n", "k_dim"])(_linear_residual_kernel)
-
-
-def linear_residual(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                    bias: torch.Tensor | None) -> torch.Tensor:
-    """residual + F.linear(x, weight, bias) for residual [S, n], x [S, k], weight [n, k]: one
-    kernel, the linear's output rounded to the dtype before the add (as the eager step)."""
-    rows, k_dim = x.shape
-    n = weight.shape[0]
-    if weight.shape[1] != k_dim or weight.stride(-1) != 1 or residual.shape != (rows, n):
-        raise ValueError(f"linear_residual: x {tuple(x.shape)}, weight {tuple(weight.shape)} (unit stride in its "
-                         f"last dimension) and residual {tuple(residual.shape)} do not fit")
-    x, residual = x.contiguous(), residual.contiguous()
-    out = residual.new_empty(rows, n)
-    if rows == 0:
-        return out
-    args = (x, weight, bias if bias is not None else x, residual, out, rows, n, k_dim, x.stride(0), weight.stride(0),
-            residual.stride(0), out.stride(0))
-    flags = dict(HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32 or interpreting(),
-                 BF16_BITS=interpreting() and x.dtype == torch.bfloat16)
-    if interpreting() or x.device.type != "cuda":
-        _linear_residual_kernel[(triton.cdiv(n, 16), triton.cdiv(rows, 16))](*args, **flags, BLOCK_M=16, BLOCK_N=16,
-                                                                            BLOCK_K=32)
-    else:
-        def grid(meta):
-            return triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(rows, meta["BLOCK_M"])
-
-        _linear_residual_tuned[grid](*args, **flags)
-    return out
-
-
 def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [S, hidden], weight [2 m, hidden] (gate rows, then up rows), bias [2 m] or None;
     returns silu(gate) * up [S, m] in x's dtype, the roundings of the eager MLP."""
@@ -197,9 +122,8 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return out
 
 
-def tuned_configs() -> dict[str, str] | None:
-    """The tiles the CUDA autotuner picked last per kernel (for benchmarks); None without triton."""
+def tuned_config() -> str | None:
+    """The tile the CUDA autotuner picked last (for benchmarks); None without triton."""
     if triton is None:
         return None
-    return {name: str(getattr(kernel, "best_config", None))
-            for name, kernel in (("gate_up_silu", _gate_up_silu_tuned), ("linear_residual", _linear_residual_tuned))}
+    return str(getattr(_gate_up_silu_tuned, "best_config", None))

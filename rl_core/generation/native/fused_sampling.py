@@ -35,7 +35,7 @@ from rl_core.generation.native.triton_support import interpreting, tl, triton
 from rl_core.generation.native.sampling import CDF_BLOCK
 
 SPLITS = 8  # programs per row in the first pass
-CHUNK_BLOCKS = 8  # CDF blocks per inner step of the first pass
+CHUNK_BLOCKS = 16  # CDF blocks per inner step of the first pass (bench/decode_kernels_gpu.py: 8 -> 16 = -7%)
 STATS_WARPS = 4  # warps per program of the first pass
 
 

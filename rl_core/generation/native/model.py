@@ -268,16 +268,11 @@ def mlp_down(x: torch.Tensor, gated: torch.Tensor, down_w: torch.Tensor, down_b:
 
 
 def fused_mlp_after(output_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]] = attention_output_norm,
-                    down: Callable[..., torch.Tensor] | None = None) -> Callable[..., torch.Tensor]:
-    """An `attention_output_mlp` whose gate/up projection and SiLU gate are one Triton kernel
-    of fused_mlp.py, and whose down projection + residual is the other (`linear_residual`,
-    unless `down` is given, or `fused_mlp.FUSED_DOWN` is off: then `mlp_down`); `output_norm`
-    runs the output projection and norm (the decode runner passes compiled ones)."""
-    from rl_core.generation.native import fused_mlp
+                    down: Callable[..., torch.Tensor] = mlp_down) -> Callable[..., torch.Tensor]:
+    """An `attention_output_mlp` whose gate/up projection and SiLU gate are the one Triton
+    kernel of fused_mlp.py; `output_norm` and `down` run the rest (the decode runner passes
+    compiled ones)."""
     from rl_core.generation.native.fused_mlp import gate_up_silu
-
-    if down is None:
-        down = fused_mlp.linear_residual if fused_mlp.FUSED_DOWN else mlp_down
 
     def after(x: torch.Tensor, out: torch.Tensor, weights: tuple[torch.Tensor | None, ...],
               eps: float) -> torch.Tensor:
