@@ -1,7 +1,7 @@
 """The FSDP2 training backend (`trainer.backend: fsdp2`): torch `fully_shard` over N processes.
 
 Owns: building a transformers causal LM sharded with FSDP2 (DTensor parameters, one
-`fully_shard` unit per decoder layer plus the root, HSDP when
+`fully_shard` unit per `trainer.fsdp.layers_per_unit` consecutive decoder layers plus the root, HSDP when
 `trainer.fsdp.data_parallel_replicate_size > 1`), mixed precision (bf16 parameters and
 compute, fp32 gradient reduction, fp32 master weights and AdamW state), gradient scaling
 and clipping over the sharded gradients, full-weight export under HF names, the
@@ -56,6 +56,13 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
         raise ValueError(f"cannot find the decoder layers of {type(model).__name__} to shard "
                          "(expected model.model.layers or modules named *DecoderLayer)")
     return found
+
+
+def layer_units(layers: list[torch.nn.Module], per_unit: int) -> list[list[torch.nn.Module]]:
+    """`trainer.fsdp.layers_per_unit`: consecutive layers grouped into FSDP units (the last may be shorter)."""
+    if per_unit < 1:
+        raise ValueError(f"trainer.fsdp.layers_per_unit must be >= 1, got {per_unit}")
+    return [layers[i:i + per_unit] for i in range(0, len(layers), per_unit)]
 
 
 def _non_persistent_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -133,10 +140,12 @@ class FSDPTrainer(DataParallelTrainer):
         kwargs: dict[str, Any] = {"mesh": self.mesh, "reshard_after_forward": self.cfg.fsdp.reshard_after_forward}
         if self.mixed_precision == "bf16":
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for layer in decoder_layers(model):
-            if self.cfg.fsdp.compile:
+        layers = decoder_layers(model)
+        if self.cfg.fsdp.compile:
+            for layer in layers:
                 layer.compile(dynamic=True)  # in place: parameter names stay those of the HF model
-            fully_shard(layer, **kwargs)
+        for unit in layer_units(layers, self.cfg.fsdp.layers_per_unit):
+            fully_shard(unit if len(unit) > 1 else unit[0], **kwargs)  # a list: one FSDP group of several layers
         fully_shard(model, **kwargs)
         model.to_empty(device=self.device)
         set_model_state_dict(model, full_sd, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
