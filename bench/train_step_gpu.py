@@ -29,9 +29,12 @@ Variants, each in its own process (fresh memory and global state), measured side
   the bf16 logits, `rl_core.train.logprobs.FusedLogprobs`);
 - ...+mb2x: the same with twice --microbatch (chunked logprobs leave the memory for it);
 - fsdp2: `FSDPTrainer` on 1 GPU, fp32 master weights, bf16 mixed precision, foreach AdamW;
-- fsdp2+fused: the same with fused AdamW (measured slower over DTensor shards: not the default);
+- fsdp2+fused: the same with fused AdamW (measured slower when it ran over the DTensors: not the default;
+  the update now runs on the local shards, `ShardLocalAdamW`);
 - fsdp2+compile: the same with `trainer.fsdp.compile` (each decoder layer compiled, fused logprobs);
 - fsdp2+compile+noreshard+mb2x: and `trainer.fsdp.reshard_after_forward: false`, twice the microbatch;
+- fsdp2+compile+noreshard+unit24+mb2x: and `trainer.fsdp.layers_per_unit: 24` (all layers one FSDP unit);
+  ...+fused+mb2x: and AdamW(fused=True) over the local shards (bench-only);
 - megatron: `MegatronTrainer`, bf16 with Megatron's optimizer (fp32 main weights), SDPA attention,
   fused logprobs (on CUDA at tensor parallel size 1); megatron+mb2x: twice the microbatch.
 `--profile` adds one profiled step per variant: device time by kernel category and the top kernels.
@@ -83,6 +86,16 @@ BACKENDS = {  # name -> recipe overrides (after --microbatch, so a variant's own
     "fsdp2+compile+noreshard+mb2x": ["trainer.backend=fsdp2", "model.dtype=float32",
                                      "trainer.fsdp.mixed_precision=bf16", "trainer.fsdp.compile=true",
                                      "trainer.fsdp.reshard_after_forward=false"],
+    # one FSDP unit for all 24 layers (trainer.fsdp.layers_per_unit): FSDP's hooks and collectives once a pass
+    "fsdp2+compile+noreshard+unit24+mb2x": ["trainer.backend=fsdp2", "model.dtype=float32",
+                                            "trainer.fsdp.mixed_precision=bf16", "trainer.fsdp.compile=true",
+                                            "trainer.fsdp.reshard_after_forward=false",
+                                            "trainer.fsdp.layers_per_unit=24"],
+    # and AdamW(fused=True), now over the local shards (bench-only, as fsdp2+fused)
+    "fsdp2+compile+noreshard+unit24+fused+mb2x": ["trainer.backend=fsdp2", "model.dtype=float32",
+                                                  "trainer.fsdp.mixed_precision=bf16", "trainer.fsdp.compile=true",
+                                                  "trainer.fsdp.reshard_after_forward=false",
+                                                  "trainer.fsdp.layers_per_unit=24"],
     "megatron": ["trainer.backend=megatron", "model.dtype=float32", "trainer.megatron.mixed_precision=bf16",
                  "trainer.megatron.optimizer=megatron"],
     "megatron+mb2x": ["trainer.backend=megatron", "model.dtype=float32", "trainer.megatron.mixed_precision=bf16",
@@ -255,15 +268,15 @@ def run_one(args) -> None:
     sets = [f"runtime.device={device}", f"trainer.microbatch_size={microbatch}"] + _table(args)[args.run]
     cfg = validate_dict(apply_overrides({}, sets))
     shape = _shape(args)
-    if args.run.endswith("+fused"):  # lever c: the same trainer with AdamW(fused=True) instead of foreach
-        adamw = torch.optim.AdamW
+    if "+fused" in args.run:  # lever c: the same trainer with AdamW(fused=True) instead of foreach
+        import rl_core.train.fsdp as fsdp_module
 
-        class FusedAdamW(adamw):
+        class FusedAdamW(fsdp_module.ShardLocalAdamW):  # the update still runs on the local shards
             def __init__(self, params, **kw):
                 kw.pop("foreach", None)
                 super().__init__(params, **{**kw, "fused": True})
 
-        torch.optim.AdamW = FusedAdamW
+        fsdp_module.ShardLocalAdamW = FusedAdamW
     c = chunk(shape["vocab_size"], args.batch, args.seq)
     t0 = time.perf_counter()
     trainer = make_trainer(cfg, args.model_dir)
