@@ -4,7 +4,8 @@ Owns: building a transformers causal LM sharded with FSDP2 (DTensor parameters, 
 `fully_shard` unit per `trainer.fsdp.layers_per_unit` consecutive decoder layers plus the root, HSDP when
 `trainer.fsdp.data_parallel_replicate_size > 1`), mixed precision (bf16 parameters and
 compute, fp32 gradient reduction, fp32 master weights and AdamW state), gradient scaling
-and clipping over the sharded gradients, full-weight export under HF names, the
+and clipping over the sharded gradients and AdamW's update, both on each rank's local shard
+tensors (`ShardLocalAdamW`: no DTensor dispatch per parameter and operator), full-weight export under HF names, the
 optimizer's full state dict for checkpoints, and sharded checkpoints with
 `torch.distributed.checkpoint` (DCP) beside an HF safetensors export (read back without
 pickle: JSON metadata and weights-only entries, `rl_core.train.dcp_io`).

@@ -7,8 +7,11 @@ ranks); Megatron's `DistributedDataParallel` over the data-parallel ranks; the o
 (Megatron's, with fp32 main weights, on GPU; torch AdamW on Megatron's gradient buffers
 on CPU or when asked); per-token logprobs through the vocabulary-parallel cross entropy
 (on CUDA at tensor parallel size 1, where one rank holds the whole vocabulary, through the
-fused path of `rl_core.train.logprobs` instead); `megatron.compile` (each TransformerLayer
-torch.compiled);
+fused path of `rl_core.train.logprobs` instead), with the LM head applied in our [b, t]
+layout (no transposed copy of the logits); the gradient norm, clipping and the fp32 main ->
+bf16 model weight copy as multi-tensor operations (Megatron's fallbacks without Transformer
+Engine or Apex go tensor by tensor, its norm with a host synchronisation per tensor);
+`megatron.compile` (each TransformerLayer torch.compiled);
 export of the full weights back in the HF layout (so refit feeds the native engine or
 vLLM) and the HF safetensors directory of checkpoints.
 
