@@ -174,20 +174,24 @@ def chunk(vocab: int, batch: int, seq: int):
 
 
 def time_steps(trainer, loss, c, warmup: int, steps: int, device: str) -> tuple[list[float], dict]:
-    """Seconds of each timed split step (after `warmup` untimed ones) and the last step's metrics."""
+    """Seconds of each timed split step (after `warmup` untimed ones) and the last step's metrics (with
+    `_cpu_steps_s`: the process's CPU seconds of each timed step, all its threads)."""
     import torch
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     times, metrics = [], {}
+    cpu: list[float] = []
     for i in range(warmup + steps):
         sync()
-        t = time.perf_counter()
+        t, p = time.perf_counter(), time.process_time()
         trainer.begin(loss)
         trainer.train_microbatches(c)
         metrics = trainer.finish()
         sync()
         if i >= warmup:
             times.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - p)
+    metrics = dict(metrics, _cpu_steps_s=cpu)
     return times, metrics
 
 
@@ -291,6 +295,7 @@ def run_one(args) -> None:
     step_s = statistics.median(times)
     flops = step_flops(shape, args.batch, args.seq)
     out = {"backend": args.run, "microbatch": microbatch, "step_s": step_s, "steps_s": times,
+           "cpu_steps_s": metrics.pop("_cpu_steps_s", None),
            "tflops": flops / step_s / 1e12, "trainer_flops_per_s": metrics.get("flops/per_s"),
            "trainer_mfu": metrics.get("perf/mfu"),
            "mfu": flops / step_s / 1e12 / PEAK_TFLOPS, "step_tflop": flops / 1e12, "build_s": build_s,
@@ -414,20 +419,23 @@ def _print_table(results: dict[str, dict], args) -> None:
 
 
 def _print_host_table(results: dict[str, dict], args) -> None:
-    """--host-overhead: CPU time per step (median, and the spread of the timed steps) and operators per step."""
+    """--host-overhead: CPU seconds of the process per step (median; robust to other processes on a
+    shared machine), wall time per step (median and min) and aten operators per step."""
     load = os.getloadavg()
-    print(f"\nhost time per split step on CPU, {args.batch} x {args.seq} tokens in one microbatch, 24 layers 32 wide "
+    print(f"\nhost work per split step on CPU, {args.batch} x {args.seq} tokens in one microbatch, 24 layers 32 wide "
           f"(compute negligible); {args.steps} steps after {args.warmup} warm-up; load average {load[0]:.2f}")
-    print(f"{'variant':<26}{'step ms':>9}{'min ms':>9}{'max ms':>9}{'vs torch':>10}{'aten ops':>10}  note")
-    base = results.get("torch", {}).get("step_s")
+    print(f"{'variant':<26}{'CPU ms':>9}{'vs torch':>10}{'wall ms':>9}{'min wall':>10}{'aten ops':>10}  note")
+    base = results.get("torch", {}).get("cpu_steps_s")
+    base = statistics.median(base) if base else None
     for name, r in results.items():
         if "step_s" not in r:
             note = r.get("skipped") or "FAILED: " + (r.get("failed", "").strip().splitlines() or [""])[-1][:90]
-            print(f"{name:<26}{'-':>9}{'-':>9}{'-':>9}{'-':>10}{'-':>10}  {note}")
+            print(f"{name:<26}{'-':>9}{'-':>10}{'-':>9}{'-':>10}{'-':>10}  {note}")
             continue
-        ratio = f"{r['step_s'] / base:.2f}x" if base else "-"
-        print(f"{name:<26}{r['step_s'] * 1e3:>9.1f}{min(r['steps_s']) * 1e3:>9.1f}{max(r['steps_s']) * 1e3:>9.1f}"
-              f"{ratio:>10}{r.get('aten_ops') or 0:>10}  loss {r['loss']:.6f}")
+        cpu = statistics.median(r["cpu_steps_s"])
+        ratio = f"{cpu / base:.2f}x" if base else "-"
+        print(f"{name:<26}{cpu * 1e3:>9.1f}{ratio:>10}{r['step_s'] * 1e3:>9.1f}{min(r['steps_s']) * 1e3:>10.1f}"
+              f"{r.get('aten_ops') or 0:>10}  loss {r['loss']:.6f}")
 
 
 def _print_profiles(results: dict[str, dict]) -> None:
