@@ -41,7 +41,8 @@ Variants, each in its own process (fresh memory and global state), measured side
 `--host-overhead` (CPU, no GPU needed): the same split step on a model of the same depth (24 layers)
 but 32 wide, 2 x 16 tokens in one microbatch, so compute is negligible and the time per step is the
 backends' own host work (Python, hooks, dispatch, optimizer loops); also the aten operators one step
-dispatches (torch.profiler, CPU). Variants `HOST_BACKENDS`, side by side in one run, one thread each.
+dispatches (torch.profiler, CPU) and the process's CPU seconds per step (min over 40 steps: the least disturbed
+by other processes). Variants `HOST_BACKENDS`, side by side in one run, one thread each.
 A backend that cannot run (e.g. megatron-core not installed) is reported as skipped. The
 'trainer MFU' column is the trainer's own `perf/mfu` metric (over the datasheet peak, 989
 TFLOP/s on an H200, and the step's compute time), a check that the metric exists and is sane.
@@ -326,7 +327,7 @@ def main() -> int:
     if args.host_overhead:
         args.batch, args.seq = args.batch or 2, args.seq or 16
         args.microbatch = args.microbatch or args.batch  # one microbatch: the step's fixed host cost
-        args.warmup, args.steps = max(args.warmup, 3), max(args.steps, 20)
+        args.warmup, args.steps = max(args.warmup, 3), max(args.steps, 40)
     args.batch = args.batch or (4 if args.smoke else 16)
     args.seq = args.seq or (64 if args.smoke else 1024)
     args.microbatch = args.microbatch or (2 if args.smoke else 8)
@@ -419,23 +420,24 @@ def _print_table(results: dict[str, dict], args) -> None:
 
 
 def _print_host_table(results: dict[str, dict], args) -> None:
-    """--host-overhead: CPU seconds of the process per step (median; robust to other processes on a
-    shared machine), wall time per step (median and min) and aten operators per step."""
+    """--host-overhead: CPU seconds of the process per step (min and median over the timed steps; the
+    min is the least disturbed by other processes on a shared machine), wall time per step (median)
+    and aten operators per step."""
     load = os.getloadavg()
     print(f"\nhost work per split step on CPU, {args.batch} x {args.seq} tokens in one microbatch, 24 layers 32 wide "
           f"(compute negligible); {args.steps} steps after {args.warmup} warm-up; load average {load[0]:.2f}")
-    print(f"{'variant':<26}{'CPU ms':>9}{'vs torch':>10}{'wall ms':>9}{'min wall':>10}{'aten ops':>10}  note")
+    print(f"{'variant':<26}{'CPU ms min':>11}{'vs torch':>10}{'CPU ms med':>11}{'wall ms':>9}{'aten ops':>10}  note")
     base = results.get("torch", {}).get("cpu_steps_s")
-    base = statistics.median(base) if base else None
+    base = min(base) if base else None
     for name, r in results.items():
         if "step_s" not in r:
             note = r.get("skipped") or "FAILED: " + (r.get("failed", "").strip().splitlines() or [""])[-1][:90]
-            print(f"{name:<26}{'-':>9}{'-':>10}{'-':>9}{'-':>10}{'-':>10}  {note}")
+            print(f"{name:<26}{'-':>11}{'-':>10}{'-':>11}{'-':>9}{'-':>10}  {note}")
             continue
-        cpu = statistics.median(r["cpu_steps_s"])
-        ratio = f"{cpu / base:.2f}x" if base else "-"
-        print(f"{name:<26}{cpu * 1e3:>9.1f}{ratio:>10}{r['step_s'] * 1e3:>9.1f}{min(r['steps_s']) * 1e3:>10.1f}"
-              f"{r.get('aten_ops') or 0:>10}  loss {r['loss']:.6f}")
+        cpu = r["cpu_steps_s"]
+        ratio = f"{min(cpu) / base:.2f}x" if base else "-"
+        print(f"{name:<26}{min(cpu) * 1e3:>11.1f}{ratio:>10}{statistics.median(cpu) * 1e3:>11.1f}"
+              f"{r['step_s'] * 1e3:>9.1f}{r.get('aten_ops') or 0:>10}  loss {r['loss']:.6f}")
 
 
 def _print_profiles(results: dict[str, dict]) -> None:
