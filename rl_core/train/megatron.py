@@ -234,8 +234,8 @@ class MegatronTrainer(DataParallelTrainer):
                                params_dtype=self.params_dtype, clip_grad=0.0, use_distributed_optimizer=False)
         optimizer = get_megatron_optimizer(ocfg, [self.model])
         for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
-            if hasattr(opt, "_get_model_and_main_params_data_float16"):  # bf16 model weights, fp32 main weights
-                opt._copy_main_params_to_model_params = _foreach_main_to_model(opt)
+            if hasattr(opt, "fp32_from_float16_groups"):  # Float16OptimizerWithFloat16Params: bf16 model, fp32 main
+                opt._copy_main_params_to_model_params = foreach_main_to_model(opt)
         return optimizer
 
     def _seed_main_params(self, shard: dict[str, torch.Tensor]) -> None:
@@ -394,15 +394,19 @@ def global_grad_norm(grads: list[torch.Tensor], group=None) -> float:
     return float(sq) ** 0.5
 
 
-def _foreach_main_to_model(opt):
-    """Megatron's Float16 optimizer's copy of the updated fp32 main weights into the bf16 model
-    weights as one multi-tensor copy. Its own copy, without Transformer Engine or Apex, runs
-    `model.copy_(main * 1.0)` tensor by tensor (a multiply, a temporary and a copy per
-    parameter); the values are the same (x * 1.0 = x, the same rounding to bf16)."""
+def foreach_main_to_model(opt):
+    """Megatron's Float16 optimizer's copy of the updated fp32 main weights (`fp32_from_float16_groups`)
+    into the bf16 model weights (`float16_groups`) as one multi-tensor copy. Its own copy, without
+    Transformer Engine or Apex, runs `model.copy_(main * 1.0)` tensor by tensor (a multiply, a
+    temporary and a copy per parameter); the values are the same (x * 1.0 = x, the same rounding
+    to bf16)."""
     def copy() -> None:
-        model_data, main_data = opt._get_model_and_main_params_data_float16()
-        if model_data:
-            torch._foreach_copy_(model_data, main_data)
+        model = [p.data for group in opt.float16_groups for p in group]
+        main = [p.data for group in opt.fp32_from_float16_groups for p in group]
+        if len(model) != len(main):
+            raise RuntimeError(f"Megatron optimizer: {len(model)} model weights but {len(main)} main weights")
+        if model:
+            torch._foreach_copy_(model, main)
 
     return copy
 

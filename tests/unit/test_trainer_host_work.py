@@ -6,8 +6,8 @@
 - megatron's gradient norm (`global_grad_norm`: multi-tensor norms, one host copy) against a
   float64 reference, and the multi-tensor main -> model weight copy against Megatron's own
   arithmetic (`model.copy_(main * 1.0)`): Megatron's Float16 optimizer needs CUDA, so the copy
-  runs here on an object holding the same two lists its `_get_model_and_main_params_data_float16`
-  returns.
+  runs here on an object holding the same two lists of parameter groups (`float16_groups`,
+  `fp32_from_float16_groups`).
 """
 
 from __future__ import annotations
@@ -49,16 +49,16 @@ def test_global_grad_norm_matches_float64():
 
 
 def test_main_to_model_copy_equals_megatrons_arithmetic():
-    from rl_core.train.megatron import _foreach_main_to_model
+    from rl_core.train.megatron import foreach_main_to_model
 
     g = torch.Generator().manual_seed(1)
     main = [torch.randn(64, 3, generator=g), torch.randn(5, generator=g) * 1e-3]
     model = [torch.zeros(64, 3, dtype=torch.bfloat16), torch.zeros(5, dtype=torch.bfloat16)]
 
-    class Holder:  # the two lists of Float16OptimizerWithFloat16Params._get_model_and_main_params_data_float16
-        def _get_model_and_main_params_data_float16(self):
-            return model, main
+    class Holder:  # Float16OptimizerWithFloat16Params's two lists of parameter groups
+        float16_groups = [[torch.nn.Parameter(t, requires_grad=False) for t in model]]
+        fp32_from_float16_groups = [[torch.nn.Parameter(t, requires_grad=False) for t in main]]
 
-    _foreach_main_to_model(Holder())()
+    foreach_main_to_model(Holder())()
     for dst, src in zip(model, main):
         assert torch.equal(dst, (src * 1.0).to(torch.bfloat16))  # Megatron's local multi_tensor_scale(1.0)
