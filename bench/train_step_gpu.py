@@ -5,6 +5,7 @@ OUT is set, or --json PATH):
 
     python bench/train_step_gpu.py            # every backend on the GPU
     python bench/train_step_gpu.py --smoke    # CPU, tiny shape: checks the code paths only
+    python bench/train_step_gpu.py --host-overhead   # CPU: host time per step of torch vs fsdp2 vs megatron
 
 Shape: Qwen2.5-0.5B (hidden 896, 24 layers, 14 query / 2 key-value heads, MLP 4864, vocabulary
 151936, tied embeddings, RoPE base 1e6), random weights, bf16 compute. One RL step = one
@@ -28,12 +29,20 @@ Variants, each in its own process (fresh memory and global state), measured side
   the bf16 logits, `rl_core.train.logprobs.FusedLogprobs`);
 - ...+mb2x: the same with twice --microbatch (chunked logprobs leave the memory for it);
 - fsdp2: `FSDPTrainer` on 1 GPU, fp32 master weights, bf16 mixed precision, foreach AdamW;
-- fsdp2+fused: the same with fused AdamW (measured slower over DTensor shards: not the default);
+- fsdp2+fused: the same with fused AdamW (measured slower when it ran over the DTensors: not the default;
+  the update now runs on the local shards, `ShardLocalAdamW`);
 - fsdp2+compile: the same with `trainer.fsdp.compile` (each decoder layer compiled, fused logprobs);
 - fsdp2+compile+noreshard+mb2x: and `trainer.fsdp.reshard_after_forward: false`, twice the microbatch;
+- fsdp2+compile+noreshard+unit24+mb2x: and `trainer.fsdp.layers_per_unit: 24` (all layers one FSDP unit);
+  ...+fused+mb2x: and AdamW(fused=True) over the local shards (bench-only);
 - megatron: `MegatronTrainer`, bf16 with Megatron's optimizer (fp32 main weights), SDPA attention,
   fused logprobs (on CUDA at tensor parallel size 1); megatron+mb2x: twice the microbatch.
 `--profile` adds one profiled step per variant: device time by kernel category and the top kernels.
+`--host-overhead` (CPU, no GPU needed): the same split step on a model of the same depth (24 layers)
+but 32 wide, 2 x 16 tokens in one microbatch, so compute is negligible and the time per step is the
+backends' own host work (Python, hooks, dispatch, optimizer loops); also the aten operators one step
+dispatches (torch.profiler, CPU) and the process's CPU seconds per step (min over 40 steps: the least disturbed
+by other processes). Variants `HOST_BACKENDS`, side by side in one run, one thread each.
 A backend that cannot run (e.g. megatron-core not installed) is reported as skipped. The
 'trainer MFU' column is the trainer's own `perf/mfu` metric (over the datasheet peak, 989
 TFLOP/s on an H200, and the step's compute time), a check that the metric exists and is sane.
@@ -78,6 +87,16 @@ BACKENDS = {  # name -> recipe overrides (after --microbatch, so a variant's own
     "fsdp2+compile+noreshard+mb2x": ["trainer.backend=fsdp2", "model.dtype=float32",
                                      "trainer.fsdp.mixed_precision=bf16", "trainer.fsdp.compile=true",
                                      "trainer.fsdp.reshard_after_forward=false"],
+    # one FSDP unit for all 24 layers (trainer.fsdp.layers_per_unit): FSDP's hooks and collectives once a pass
+    "fsdp2+compile+noreshard+unit24+mb2x": ["trainer.backend=fsdp2", "model.dtype=float32",
+                                            "trainer.fsdp.mixed_precision=bf16", "trainer.fsdp.compile=true",
+                                            "trainer.fsdp.reshard_after_forward=false",
+                                            "trainer.fsdp.layers_per_unit=24"],
+    # and AdamW(fused=True), now over the local shards (bench-only, as fsdp2+fused)
+    "fsdp2+compile+noreshard+unit24+fused+mb2x": ["trainer.backend=fsdp2", "model.dtype=float32",
+                                                  "trainer.fsdp.mixed_precision=bf16", "trainer.fsdp.compile=true",
+                                                  "trainer.fsdp.reshard_after_forward=false",
+                                                  "trainer.fsdp.layers_per_unit=24"],
     "megatron": ["trainer.backend=megatron", "model.dtype=float32", "trainer.megatron.mixed_precision=bf16",
                  "trainer.megatron.optimizer=megatron"],
     "megatron+mb2x": ["trainer.backend=megatron", "model.dtype=float32", "trainer.megatron.mixed_precision=bf16",
@@ -101,6 +120,20 @@ SMOKE_BACKENDS = {
     "fsdp2": ["trainer.backend=fsdp2"],
     "megatron": ["trainer.backend=megatron"],
     "megatron+compile": ["trainer.backend=megatron", "trainer.megatron.compile=true"],
+}
+
+# --host-overhead: the depth of the GPU shape (the per-layer hooks and launches scale with it), negligible width
+HOST_SHAPE = dict(SMOKE_SHAPE, num_hidden_layers=24, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=64, vocab_size=256)
+HOST_BACKENDS = {
+    "torch": ["trainer.backend=torch"],
+    "fsdp2": ["trainer.backend=fsdp2"],
+    "fsdp2+unit4": ["trainer.backend=fsdp2", "trainer.fsdp.layers_per_unit=4"],
+    "fsdp2+unit24": ["trainer.backend=fsdp2", "trainer.fsdp.layers_per_unit=24"],
+    "fsdp2+noreshard": ["trainer.backend=fsdp2", "trainer.fsdp.reshard_after_forward=false"],
+    "fsdp2+noreshard+unit24": ["trainer.backend=fsdp2", "trainer.fsdp.reshard_after_forward=false",
+                               "trainer.fsdp.layers_per_unit=24"],
+    "megatron": ["trainer.backend=megatron"],
 }
 
 
@@ -142,20 +175,24 @@ def chunk(vocab: int, batch: int, seq: int):
 
 
 def time_steps(trainer, loss, c, warmup: int, steps: int, device: str) -> tuple[list[float], dict]:
-    """Seconds of each timed split step (after `warmup` untimed ones) and the last step's metrics."""
+    """Seconds of each timed split step (after `warmup` untimed ones) and the last step's metrics (with
+    `_cpu_steps_s`: the process's CPU seconds of each timed step, all its threads)."""
     import torch
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     times, metrics = [], {}
+    cpu: list[float] = []
     for i in range(warmup + steps):
         sync()
-        t = time.perf_counter()
+        t, p = time.perf_counter(), time.process_time()
         trainer.begin(loss)
         trainer.train_microbatches(c)
         metrics = trainer.finish()
         sync()
         if i >= warmup:
             times.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - p)
+    metrics = dict(metrics, _cpu_steps_s=cpu)
     return times, metrics
 
 
@@ -201,6 +238,26 @@ def profile_step(trainer, loss, c, device: str, top: int = 12) -> dict:
             "top": sorted(kernels.items(), key=lambda kv: -kv[1])[:top]}
 
 
+def count_ops(trainer, loss, c) -> int:
+    """aten operators dispatched by one split step on the CPU (torch.profiler; each is at least one
+    kernel launch on a GPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        trainer.begin(loss)
+        trainer.train_microbatches(c)
+        trainer.finish()
+    return sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
+
+
+def _table(args) -> dict:
+    return HOST_BACKENDS if args.host_overhead else SMOKE_BACKENDS if args.smoke else BACKENDS
+
+
+def _shape(args) -> dict:
+    return HOST_SHAPE if args.host_overhead else SMOKE_SHAPE if args.smoke else SHAPE
+
+
 def run_one(args) -> None:
     """Child process: time one backend, write its JSON."""
     import torch
@@ -209,21 +266,22 @@ def run_one(args) -> None:
     from rl_core.config import apply_overrides, validate_dict
     from rl_core.train import close_trainer, make_trainer
 
-    device = "cpu" if args.smoke else "cuda"
+    device = "cpu" if args.smoke or args.host_overhead else "cuda"
+    if device == "cpu":
+        torch.set_num_threads(1)  # host work is single-threaded; one thread keeps the CPU numbers steadier
     microbatch = args.microbatch * (2 if args.run.endswith("+mb2x") else 1)
-    sets = [f"runtime.device={device}", f"trainer.microbatch_size={microbatch}"] + \
-        (SMOKE_BACKENDS if args.smoke else BACKENDS)[args.run]
+    sets = [f"runtime.device={device}", f"trainer.microbatch_size={microbatch}"] + _table(args)[args.run]
     cfg = validate_dict(apply_overrides({}, sets))
-    shape = SMOKE_SHAPE if args.smoke else SHAPE
-    if args.run.endswith("+fused"):  # lever c: the same trainer with AdamW(fused=True) instead of foreach
-        adamw = torch.optim.AdamW
+    shape = _shape(args)
+    if "+fused" in args.run:  # lever c: the same trainer with AdamW(fused=True) instead of foreach
+        import rl_core.train.fsdp as fsdp_module
 
-        class FusedAdamW(adamw):
+        class FusedAdamW(fsdp_module.ShardLocalAdamW):  # the update still runs on the local shards
             def __init__(self, params, **kw):
                 kw.pop("foreach", None)
                 super().__init__(params, **{**kw, "fused": True})
 
-        torch.optim.AdamW = FusedAdamW
+        fsdp_module.ShardLocalAdamW = FusedAdamW
     c = chunk(shape["vocab_size"], args.batch, args.seq)
     t0 = time.perf_counter()
     trainer = make_trainer(cfg, args.model_dir)
@@ -232,24 +290,29 @@ def run_one(args) -> None:
     try:
         times, metrics = time_steps(trainer, loss, c, args.warmup, args.steps, device)
         prof = profile_step(trainer, loss, c, device) if args.profile else None
+        ops = count_ops(trainer, loss, c) if args.host_overhead else None
     finally:
         close_trainer(trainer)
     step_s = statistics.median(times)
     flops = step_flops(shape, args.batch, args.seq)
     out = {"backend": args.run, "microbatch": microbatch, "step_s": step_s, "steps_s": times,
+           "cpu_steps_s": metrics.pop("_cpu_steps_s", None),
            "tflops": flops / step_s / 1e12, "trainer_flops_per_s": metrics.get("flops/per_s"),
            "trainer_mfu": metrics.get("perf/mfu"),
            "mfu": flops / step_s / 1e12 / PEAK_TFLOPS, "step_tflop": flops / 1e12, "build_s": build_s,
            "loss": metrics.get("loss"), "grad_norm": metrics.get("grad_norm"),
            "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None,
-           "profile": prof}
+           "profile": prof, "aten_ops": ops}
     Path(args.json).write_text(json.dumps(out))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="CPU and a tiny shape: check the code paths")
-    ap.add_argument("--backends", default=None, help="comma-separated subset of: " + ", ".join(BACKENDS))
+    ap.add_argument("--host-overhead", action="store_true",
+                    help="CPU: host time per step of each backend on a 24-layer, 32-wide model (compute negligible)")
+    ap.add_argument("--backends", default=None, help="comma-separated subset of: " + ", ".join(BACKENDS)
+                    + "; with --host-overhead: " + ", ".join(HOST_BACKENDS))
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--seq", type=int, default=None)
     ap.add_argument("--microbatch", type=int, default=None)
@@ -261,6 +324,10 @@ def main() -> int:
     ap.add_argument("--run", default=None, help=argparse.SUPPRESS)  # child mode
     ap.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.host_overhead:
+        args.batch, args.seq = args.batch or 2, args.seq or 16
+        args.microbatch = args.microbatch or args.batch  # one microbatch: the step's fixed host cost
+        args.warmup, args.steps = max(args.warmup, 3), max(args.steps, 40)
     args.batch = args.batch or (4 if args.smoke else 16)
     args.seq = args.seq or (64 if args.smoke else 1024)
     args.microbatch = args.microbatch or (2 if args.smoke else 8)
@@ -271,27 +338,30 @@ def main() -> int:
         return 0
 
     t_start = time.monotonic()
-    table = BACKENDS if not args.smoke else SMOKE_BACKENDS
+    cpu = args.smoke or args.host_overhead
+    table = _table(args)
     names = [b.strip() for b in args.backends.split(",")] if args.backends else list(table)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]) + os.pathsep +
            os.environ.get("PYTHONPATH", ""), "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="rl_core_bench_") as tmp:
-        if not args.smoke:
+        if not cpu:
             import torch
 
             if not torch.cuda.is_available():
                 print("no CUDA device: run with --smoke on a CPU", file=sys.stderr)
                 return 2
-        model_dir = build_model(Path(tmp) / "model", SMOKE_SHAPE if args.smoke else SHAPE,
-                                "cpu" if args.smoke else "cuda")
+        model_dir = build_model(Path(tmp) / "model", _shape(args), "cpu" if cpu else "cuda")
         for name in names:
             left = BUDGET_S - (time.monotonic() - t_start)
-            if name == "megatron" and importlib.util.find_spec("megatron.core") is None:
+            if name not in table:
+                results[name] = {"backend": name, "failed": f"unknown variant (known: {', '.join(table)})"}
+                continue
+            if name.startswith("megatron") and importlib.util.find_spec("megatron.core") is None:
                 results[name] = {"backend": name, "skipped": "megatron-core is not installed"}
                 continue
-            if left < 20 and not args.smoke:
+            if left < 20 and not cpu:
                 results[name] = {"backend": name, "skipped": f"time budget ({BUDGET_S:.0f}s) used up"}
                 continue
             out = Path(tmp) / f"{name}.json"
@@ -300,23 +370,29 @@ def main() -> int:
                    "--warmup", str(args.warmup + (1 if "compile" in name else 0)), "--steps", str(args.steps)]
             if args.smoke:
                 cmd.append("--smoke")
+            if args.host_overhead:
+                cmd.append("--host-overhead")
             if args.profile:
                 cmd.append("--profile")
             try:
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                                      timeout=None if args.smoke else max(20.0, left))
+                                      timeout=None if cpu else max(20.0, left))
                 if proc.returncode == 0:
                     results[name] = json.loads(out.read_text())
                 else:
                     results[name] = {"backend": name, "failed": (proc.stderr or proc.stdout)[-2000:]}
             except subprocess.TimeoutExpired:
                 results[name] = {"backend": name, "skipped": f"did not finish within the time budget ({left:.0f}s)"}
-    _print_table(results, args)
+    if args.host_overhead:
+        _print_host_table(results, args)
+    else:
+        _print_table(results, args)
     if args.profile:
         _print_profiles(results)
-    summary = {"shape": SMOKE_SHAPE if args.smoke else SHAPE, "batch": args.batch, "seq": args.seq,
+    summary = {"shape": _shape(args), "batch": args.batch, "seq": args.seq,
                "microbatch": args.microbatch, "peak_tflops": PEAK_TFLOPS, "smoke": args.smoke,
-               "step_tflop": step_flops(SMOKE_SHAPE if args.smoke else SHAPE, args.batch, args.seq) / 1e12,
+               "host_overhead": args.host_overhead, "load_average": os.getloadavg(),
+               "step_tflop": step_flops(_shape(args), args.batch, args.seq) / 1e12,
                "wall_s": time.monotonic() - t_start, "results": results}
     dest = args.json or (os.path.join(os.environ["OUT"], "train_step_gpu.json") if os.environ.get("OUT") else None)
     if dest:
@@ -341,6 +417,27 @@ def _print_table(results: dict[str, dict], args) -> None:
         tm = f"{r['trainer_mfu'] * 100:.1f}%" if r.get("trainer_mfu") is not None else "-"
         print(f"{name:<28}{r['microbatch']:>4}{r['step_s']:>9.3f}{r['tflops']:>10.1f}{r['mfu'] * 100:>8.1f}%"
               f"{ratio:>10}{mem:>8}{tm:>13}  loss {r['loss']:.4f}")
+
+
+def _print_host_table(results: dict[str, dict], args) -> None:
+    """--host-overhead: CPU seconds of the process per step (min and median over the timed steps; the
+    min is the least disturbed by other processes on a shared machine), wall time per step (median)
+    and aten operators per step."""
+    load = os.getloadavg()
+    print(f"\nhost work per split step on CPU, {args.batch} x {args.seq} tokens in one microbatch, 24 layers 32 wide "
+          f"(compute negligible); {args.steps} steps after {args.warmup} warm-up; load average {load[0]:.2f}")
+    print(f"{'variant':<26}{'CPU ms min':>11}{'vs torch':>10}{'CPU ms med':>11}{'wall ms':>9}{'aten ops':>10}  note")
+    base = results.get("torch", {}).get("cpu_steps_s")
+    base = min(base) if base else None
+    for name, r in results.items():
+        if "step_s" not in r:
+            note = r.get("skipped") or "FAILED: " + (r.get("failed", "").strip().splitlines() or [""])[-1][:90]
+            print(f"{name:<26}{'-':>11}{'-':>10}{'-':>11}{'-':>9}{'-':>10}  {note}")
+            continue
+        cpu = r["cpu_steps_s"]
+        ratio = f"{min(cpu) / base:.2f}x" if base else "-"
+        print(f"{name:<26}{min(cpu) * 1e3:>11.1f}{ratio:>10}{statistics.median(cpu) * 1e3:>11.1f}"
+              f"{r['step_s'] * 1e3:>9.1f}{r.get('aten_ops') or 0:>10}  loss {r['loss']:.6f}")
 
 
 def _print_profiles(results: dict[str, dict]) -> None:

@@ -21,6 +21,8 @@ class FSDPConfig(Section):
     """`bf16`: bf16 parameters and compute, fp32 gradient reduction, fp32 master weights and optimizer (GPU only); `none`: everything in model.dtype; `auto`: bf16 on GPU, none on CPU."""
     reshard_after_forward: bool = True
     """Free each layer's gathered parameters after its forward and gather them again in backward (ZeRO-3 memory); false keeps them until backward (less communication, more memory)."""
+    layers_per_unit: int = Field(1, ge=1)
+    """Consecutive decoder layers sharded as one FSDP unit (one all-gather, one reduce-scatter and one set of FSDP hooks per unit instead of per layer); a value at or above the layer count makes all layers one unit. Larger units cut FSDP's per-step host work (on one GPU, where nothing is really sharded, set it to the layer count) at the cost of more gathered parameters alive at once; the arithmetic is the same (docs/performance.md)."""
     data_parallel_replicate_size: int = Field(1, ge=1)
     """HSDP: number of model replicas; each shards the model over world_size / this many processes (1 = plain FSDP over all processes)."""
     compile: bool = False

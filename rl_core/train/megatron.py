@@ -7,8 +7,11 @@ ranks); Megatron's `DistributedDataParallel` over the data-parallel ranks; the o
 (Megatron's, with fp32 main weights, on GPU; torch AdamW on Megatron's gradient buffers
 on CPU or when asked); per-token logprobs through the vocabulary-parallel cross entropy
 (on CUDA at tensor parallel size 1, where one rank holds the whole vocabulary, through the
-fused path of `rl_core.train.logprobs` instead); `megatron.compile` (each TransformerLayer
-torch.compiled);
+fused path of `rl_core.train.logprobs` instead), with the LM head applied in our [b, t]
+layout (no transposed copy of the logits); the gradient norm, clipping and the fp32 main ->
+bf16 model weight copy as multi-tensor operations (Megatron's fallbacks without Transformer
+Engine or Apex go tensor by tensor, its norm with a host synchronisation per tensor);
+`megatron.compile` (each TransformerLayer torch.compiled);
 export of the full weights back in the HF layout (so refit feeds the native engine or
 vLLM) and the HF safetensors directory of checkpoints.
 
@@ -229,7 +232,11 @@ class MegatronTrainer(DataParallelTrainer):
         ocfg = OptimizerConfig(optimizer="adam", lr=cfg.lr, weight_decay=cfg.weight_decay, adam_beta1=cfg.adam_beta1,
                                adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps, bf16=self.bf16,
                                params_dtype=self.params_dtype, clip_grad=0.0, use_distributed_optimizer=False)
-        return get_megatron_optimizer(ocfg, [self.model])
+        optimizer = get_megatron_optimizer(ocfg, [self.model])
+        for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+            if hasattr(opt, "fp32_from_float16_groups"):  # Float16OptimizerWithFloat16Params: bf16 model, fp32 main
+                opt._copy_main_params_to_model_params = foreach_main_to_model(opt)
+        return optimizer
 
     def _seed_main_params(self, shard: dict[str, torch.Tensor]) -> None:
         """Start the fp32 main weights from the checkpoint's own values, not from the bf16 model weights.
@@ -262,7 +269,7 @@ class MegatronTrainer(DataParallelTrainer):
         pos = torch.arange(t, device=ids.device).unsqueeze(0).expand(b, -1)
         causal = torch.triu(torch.ones(t, t, dtype=torch.bool, device=ids.device), 1)[None, None]  # True = masked
         with cpu_workarounds(self.device):
-            logits = model(ids, pos, causal)  # [b, t, vocab / tp]
+            logits = _logits_batch_first(model, ids, pos, causal)  # [b, t, vocab / tp]
         if logits.is_cuda and self.tp == 1:  # the whole vocabulary here: the fused path (rl_core.train.logprobs)
             return fused_token_logprobs(logits, ids, self.temperature, compiled=True)
         logits = logits[:, :-1].float()
@@ -284,30 +291,26 @@ class MegatronTrainer(DataParallelTrainer):
 
     def _clip_grads(self, max_norm: float) -> float:
         if self.optimizer_kind == "megatron":
-            from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
-
-            self.optimizer.prepare_grads()
-            norm = float(self.optimizer.get_grad_norm())
+            self.optimizer.prepare_grads()  # the model's gradient buffers -> the fp32 main gradients
+            opts = getattr(self.optimizer, "chained_optimizers", [self.optimizer])
+            # the gradients Megatron's own get_grad_norm counts (no shared or tensor-parallel duplicates)
+            norm = global_grad_norm([g for opt in opts for g in opt.get_main_grads_for_grad_norm()],
+                                    self.mp_group if self.tp > 1 else None)
             if math.isfinite(norm) and math.isfinite(max_norm):
-                for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
-                    if opt.get_parameters():
-                        clip_grad_by_total_norm_fp32(opt.get_parameters(), max_norm, norm)
+                coef = max_norm / (norm + 1e-6)  # as megatron.core.optimizer.clip_grads.clip_grad_by_total_norm_fp32
+                if coef < 1.0:
+                    torch._foreach_mul_([p.grad for opt in opts for p in opt.get_parameters() if p.grad is not None],
+                                        coef)
             return norm
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
         params = self._params()
-        sq = torch.zeros((), dtype=torch.float64, device=self.device)
-        for p in params:
-            if param_is_not_tensor_parallel_duplicate(p):
-                sq += p.main_grad.double().pow(2).sum()
-        if self.tp > 1:
-            dist.all_reduce(sq, group=self.mp_group)
-        norm = float(sq.sqrt())
+        norm = global_grad_norm([p.main_grad for p in params if param_is_not_tensor_parallel_duplicate(p)],
+                                self.mp_group if self.tp > 1 else None)
         if math.isfinite(norm) and math.isfinite(max_norm):
             coef = max_norm / (norm + 1e-6)  # as torch.nn.utils.clip_grad_norm_
             if coef < 1.0:
-                for p in params:
-                    p.main_grad.mul_(coef)
+                torch._foreach_mul_([p.main_grad for p in params], coef)
         return norm
 
     def _optimizer_step(self) -> None:
@@ -373,6 +376,67 @@ class MegatronTrainer(DataParallelTrainer):
             shell.tie_weights()
             shell.save_pretrained(out_dir, safe_serialization=True)
         dist.barrier()
+
+
+def global_grad_norm(grads: list[torch.Tensor], group=None) -> float:
+    """The L2 norm of `grads` together, and over the ranks of `group` when given (each rank's
+    sum of squares all-reduced, as Megatron's get_grad_norm_fp32 does): one norm per tensor by
+    torch's multi-tensor kernel and one device-to-host copy. Megatron's own function, without
+    Transformer Engine or Apex (its local fallback), copies every tensor's norm to the host
+    separately: hundreds of synchronisations a step."""
+    if not grads:
+        return 0.0
+    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+    if group is None or dist.get_world_size(group) == 1:
+        return float(total)
+    sq = total.float() ** 2
+    dist.all_reduce(sq, group=group)
+    return float(sq) ** 0.5
+
+
+def foreach_main_to_model(opt):
+    """Megatron's Float16 optimizer's copy of the updated fp32 main weights (`fp32_from_float16_groups`)
+    into the bf16 model weights (`float16_groups`) as one multi-tensor copy. Its own copy, without
+    Transformer Engine or Apex, runs `model.copy_(main * 1.0)` tensor by tensor (a multiply, a
+    temporary and a copy per parameter); the values are the same (x * 1.0 = x, the same rounding
+    to bf16)."""
+    def copy() -> None:
+        model = [p.data for group in opt.float16_groups for p in group]
+        main = [p.data for group in opt.fp32_from_float16_groups for p in group]
+        if len(model) != len(main):
+            raise RuntimeError(f"Megatron optimizer: {len(model)} model weights but {len(main)} main weights")
+        if model:
+            torch._foreach_copy_(model, main)
+
+    return copy
+
+
+@contextlib.contextmanager
+def _hidden_states_out(gpt):
+    """GPTModel.forward returns the decoder's output (final norm applied) instead of the logits."""
+    saved = gpt.post_process
+    gpt.post_process = False
+    try:
+        yield
+    finally:
+        gpt.post_process = saved
+
+
+def _logits_batch_first(model, ids: torch.Tensor, pos: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:
+    """[b, t, vocab / tp] logits, the LM head applied to the hidden states in our [b, t] layout.
+
+    GPTModel's own path computes the logits in its [s, b] layout and returns
+    `logits.transpose(0, 1).contiguous()`: a copy of the whole [tokens, vocabulary] tensor
+    (5 GB in bf16 at 16 x 1024 tokens and Qwen2.5's 151,936 words) and another of its gradient
+    in backward. Transposing the hidden states instead moves [tokens, hidden] (170x smaller);
+    every logit is the same dot product of the same row and weight.
+    """
+    gpt = getattr(model, "module", model)  # Megatron's DistributedDataParallel wraps the GPTModel
+    with _hidden_states_out(gpt):
+        hidden = model(ids, pos, causal)  # [s, b, h]
+    weight = gpt.shared_embedding_or_output_weight() if gpt.share_embeddings_and_output_weights else None
+    logits, _ = gpt.output_layer(hidden.transpose(0, 1).contiguous(), weight=weight)
+    return logits
 
 
 def _read_hf_weights(model_dir: str | Path) -> dict[str, torch.Tensor]:

@@ -147,6 +147,11 @@ def test_tests_import_no_private_names():
 THIRD_PARTY_PRIVATE = {
     ("rl_core/launch/workflow.py", "os._exit"),  # documented public API despite the underscore
     ("rl_core/train/fsdp.py", "torch._foreach_mul_"),  # fused in-place scaling of the gradient list
+    ("rl_core/train/fsdp.py", "t._local_tensor"),  # DTensor's local shard; to_local() adds an autograd node per call
+    ("rl_core/train/megatron.py", "torch._foreach_mul_"),  # gradient clipping over the list in one multi-tensor op
+    ("rl_core/train/megatron.py", "torch._foreach_copy_"),  # fp32 main -> bf16 model weights in one multi-tensor op
+    # Megatron's Float16 optimizer calls this method inside step_with_ready_grads; no public hook replaces it
+    ("rl_core/train/megatron.py", "opt._copy_main_params_to_model_params"),
     ("rl_core/train/spmd.py", "distributed_c10d._get_default_group"),
     ("rl_core/train/spmd.py", "distributed_c10d._get_default_store"),
     ("rl_core/weights/broadcast.py", "opts._timeout"),  # ProcessGroupNCCL.Options has no public timeout setter

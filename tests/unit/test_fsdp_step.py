@@ -79,3 +79,15 @@ def test_fsdp2_counts_empty_sequences_like_the_torch_trainer(models, tmp_path):
     got, w_got = run_check(models["untied"], tmp_path, "fsdp2", 2, *sets, num_samples=6, mask_every=3)
     assert_same_step(ref, got, REL)
     assert max_weight_diff(w_ref, w_got) < ABS
+
+
+def test_fsdp2_layers_in_one_unit_match_one_process_torch(models, tmp_path):
+    """`trainer.fsdp.layers_per_unit` at the layer count (both layers one FSDP unit), clipping
+    active (`max_grad_norm` below the gradient norm): the same step as the torch trainer."""
+    sets = ("trainer.max_grad_norm=0.05",)
+    ref, w_ref = run_check(models["untied"], tmp_path, "torch", 1, *sets)
+    got, w_got = run_check(models["untied"], tmp_path, "fsdp2", 2, *sets, "trainer.fsdp.layers_per_unit=2")
+    assert all(s["grad_norm"] > 0.05 for s in ref["steps"])  # the clip scaled the gradients
+    assert_same_step(ref, got, REL)
+    assert (_logprobs(ref) - _logprobs(got)).abs().max().item() < ABS
+    assert max_weight_diff(w_ref, w_got) < ABS
