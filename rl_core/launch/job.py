@@ -272,9 +272,24 @@ def _failure(job: submitit.Job, what: str) -> JobError:
         return JobError(f"{what} (job {job.job_id}) failed: {last[-1] if last else text}. Its log: "
                         f"{job.paths.stdout}. Fix: read the log above; rerunning the same "
                         f"command resumes from the newest step checkpoint.")
+    return _no_result(job, what)
+
+
+def _no_result(job: submitit.Job, what: str) -> JobError:
     return JobError(f"{what} (job {job.job_id}) ended without a result (state {job.state}: killed, cancelled "
                     f"or out of memory). Its log: {job.paths.stdout}. Fix: rerun the same command; it resumes "
                     f"from the newest complete step checkpoint.")
+
+
+def _local_job_left_no_result(job: submitit.Job) -> bool:
+    """A finished local job whose task processes left no result file: they have exited, and each
+    writes its result (or its exception) before it exits, so none will appear. submitit waits
+    15 s for the file anyway (for a cluster's slow shared file system) in `results()` and again
+    in `exception()`; a killed local job is reported at once instead."""
+    if not isinstance(job, submitit.LocalJob):
+        return False
+    return any(not submitit.core.utils.JobPaths(job.paths.folder, job_id=job.job_id, task_id=k).result_pickle.exists()
+               for k in range(job.num_tasks))
 
 
 def wait_for_jobs(jobs: Sequence[submitit.Job], what: str, poll_interval_s: float = 2.0,
@@ -304,6 +319,8 @@ def wait_for_jobs(jobs: Sequence[submitit.Job], what: str, poll_interval_s: floa
             signal.signal(s, h)
     results = []
     for j in jobs:
+        if _local_job_left_no_result(j):  # without submitit's 15 s wait for the file, twice (results, exception)
+            raise _no_result(j, what)
         try:
             results.append(j.results()[0])  # task 0's: a multi-process trainer's rank 0 holds the summary
         except Exception:  # noqa: BLE001 - turned into one paragraph that names the job and its log
