@@ -84,6 +84,21 @@ def test_a_killed_job_says_how_to_resume(tmp_path, cluster):
         wait_for_jobs([job], "Training epoch 1", poll_interval_s=0.2)
 
 
+def test_a_killed_local_job_is_reported_at_once(tmp_path, cluster):
+    # its process has exited, so no result file will appear: no wait for one (submitit's
+    # results() and exception() would each wait 15 s for it, as on a cluster's shared file system)
+    import time
+
+    ex = make_executor("local", tmp_path, cluster.evaluation, cluster, "t")
+    job = ex.submit(signal.raise_signal, signal.SIGKILL)
+    while not job.done():
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    with pytest.raises(JobError, match="ended without a result"):
+        wait_for_jobs([job], "Training epoch 1", poll_interval_s=0.2)
+    assert time.monotonic() - t0 < 10
+
+
 def test_a_local_controller_job_stops_on_a_plain_kill(tmp_path, cluster):
     """submitit only logs "Bypassing signal SIGTERM"; the controller job's own handler stops it
     (README Recovery: `kill <pid>` of a local controller job). Not under Slurm."""
