@@ -14,17 +14,19 @@ from tests.helpers.paths import ROOT, TINY_RECIPE as RECIPE
 from rl_core.metrics.logger import read_jsonl
 
 AGENT = ["env.type=agent", "env.target=examples.agents.chain_agent:chain_agent", "generation.max_tokens=6"]
-STEPS = 60
+STEPS, PROMPTS, SAMPLES = 40, 8, 8  # RL steps; prompts per step; samples per prompt (the recipe's)
 
 
 @pytest.fixture(scope="module")
 def agent_policy(tmp_path_factory):
-    """The initial policy for the agent task: warmed up on the chat-templated first turn."""
+    """The initial policy for the agent task: warmed up on the chat-templated first turn, to 30%
+    greedy accuracy (the warm-up's accuracy jumps: 11% at its step 340, 46% at 370, ~5 s more)
+    so that sampled answers are often nearly right and RL has a strong signal to follow."""
     from rl_core.config import load_recipe
     from rl_core.launch.train import ensure_policy, setup_process
 
     out = tmp_path_factory.mktemp("agent_policy") / "init_policy"
-    cfg = load_recipe(RECIPE, AGENT)
+    cfg = load_recipe(RECIPE, [*AGENT, "model.warmup.target_accuracy=0.3"])
     setup_process(cfg)
     ensure_policy(cfg, out)
     return out
@@ -66,19 +68,22 @@ def test_agent_episodes_train_on_exactly_the_generated_tokens(tmp_path, agent_po
     seen = _engine_results(monkeypatch)
     # synchronous (lookahead 0): the trainer's weights are the generator's, so the logprob error
     # measures only the two implementations' numerical agreement over the spliced turns
-    # partial credit (share of digits right) and lr 3e-4: a dense signal that rises within the steps a test affords
+    # partial credit (share of digits right), lr 3e-4 and 8 prompts a step (steps twice as fast as 16):
+    # a dense signal that rises within the steps a test affords (lr 5e-4 and 1e-3 made it fall)
     summary, run_dir = _run(tmp_path, agent_policy, monkeypatch, STEPS, "validation.val_at_start=false",
                             "validation.val_at_end=false", "async_rl.sampler.max_lookahead_versions=0",
-                            "env.kwargs={partial_credit: true}", "trainer.lr=3e-4")
+                            "env.kwargs={partial_credit: true}", "trainer.lr=3e-4",
+                            f"grpo.num_prompts_per_step={PROMPTS}", f"grpo.num_generations_per_prompt={SAMPLES}")
     assert summary["rl_steps"] == STEPS
     train = read_jsonl(run_dir / "metrics.jsonl", kind="train")
     rewards = [r["train/reward_mean"] for r in train]
-    first, last = statistics.fmean(rewards[:20]), statistics.fmean(rewards[-20:])
-    # measured: 0.381 -> 0.392 (60 steps, lr 3e-4; the tiny model gains ~1 point per 40 steps on this task)
-    assert last > first, f"agent reward did not rise: {first:.3f} -> {last:.3f}"
+    k = STEPS // 3
+    first, last = statistics.fmean(rewards[:k]), statistics.fmean(rewards[-k:])
+    # measured (3 runs): FIRST_LAST; the reward dips over steps 5-12, then rises
+    assert last > first + 0.03, f"agent reward did not rise by 0.03: {first:.3f} -> {last:.3f}"
     assert max(r["train/gen_logprob_abs_error"] for r in train if "train/gen_logprob_abs_error" in r) < 1e-3
     # a turn that ends on eos instead of <|im_end|> is rendered differently by the template: a new segment
-    episodes = STEPS * 16 * 8
+    episodes = STEPS * PROMPTS * SAMPLES
     assert sum(r["rollout/agent_segment_breaks"] for r in train) < 0.05 * episodes
     # every model turn of every trained sample is, id for id, what the engine generated for that prompt
     checked = two_turn = 0
