@@ -27,21 +27,18 @@ import torch
 
 from rl_core.generation.native.triton_support import interpreting, tl, triton
 
-# Tile sizes tried on CUDA (autotuned per (rows, m, hidden) on the first call, i.e. in the
-# decode runner's warm-up before a graph is captured).
-_CUDA_CONFIGS = [
-    (bm, bn, bk, warps, stages)
-    for bm, bn, bk, warps, stages in [
-        (64, 32, 128, 4, 3), (64, 64, 64, 4, 4), (64, 64, 128, 4, 3), (128, 32, 128, 4, 3),
-        (128, 64, 64, 8, 3), (128, 64, 128, 8, 3), (32, 64, 128, 4, 3), (16, 64, 128, 4, 4),
-        (256, 32, 64, 8, 3), (256, 64, 64, 8, 3), (128, 128, 64, 8, 3), (64, 128, 64, 4, 3), (128, 32, 64, 4, 4),
-    ]
-]
+# Tile sizes tried on CUDA in bf16/fp16, autotuned on the first call per (row class, m, hidden),
+# i.e. in the decode runner's warm-up before a graph is captured. The H200 picked (128, 64, 64)
+# at 256 rows and (64, 64, 128) at 64 (bench/decode_kernels_gpu.py); the row class (a power of
+# two, 16..256) keeps the autotuning to a few runs instead of one per slot bucket.
+_CUDA_CONFIGS = [(128, 64, 64, 8, 3), (64, 64, 128, 4, 3), (256, 32, 64, 8, 3), (128, 128, 64, 8, 3),
+                 (32, 64, 128, 4, 3), (16, 64, 128, 4, 4)]
+_FIXED = (16, 32, 32)  # float32 (the exact path: IEEE dots) and Triton's CPU interpreter: no autotuning
 
 if triton is not None:
 
     @triton.jit
-    def _gate_up_silu_kernel(x, w, bias, out, rows, m, hidden, stride_x, stride_w, stride_out,
+    def _gate_up_silu_kernel(x, w, bias, out, rows, row_class, m, hidden, stride_x, stride_w, stride_out,
                              HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BF16_BITS: tl.constexpr,
                              BLOCK_M: tl.constexpr,
                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -91,7 +88,7 @@ if triton is not None:
     _gate_up_silu_tuned = triton.autotune(
         configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=warps, num_stages=stages)
                  for bm, bn, bk, warps, stages in _CUDA_CONFIGS],
-        key=["rows", "m", "hidden"])(_gate_up_silu_kernel)
+        key=["row_class", "m", "hidden"])(_gate_up_silu_kernel)
 
 
 def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -108,10 +105,11 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         return out
     ieee = x.dtype == torch.float32 or interpreting()
     flags = dict(HAS_BIAS=bias is not None, IEEE=ieee, BF16_BITS=interpreting() and x.dtype == torch.bfloat16)
-    args = (x, weight, bias if bias is not None else x, out, rows, m, hidden, x.stride(0), weight.stride(0),
-            out.stride(0))
-    if interpreting() or x.device.type != "cuda":
-        block = (16, 32, 32)
+    row_class = min(max(16, 1 << (rows - 1).bit_length()), 256)  # only the autotuner's key
+    args = (x, weight, bias if bias is not None else x, out, rows, row_class, m, hidden, x.stride(0),
+            weight.stride(0), out.stride(0))
+    if interpreting() or x.device.type != "cuda" or ieee:
+        block = _FIXED
         grid = (triton.cdiv(m, block[1]), triton.cdiv(rows, block[0]))
         _gate_up_silu_kernel[grid](*args, **flags, BLOCK_M=block[0], BLOCK_N=block[1], BLOCK_K=block[2])
     else:
