@@ -5,15 +5,17 @@ lookahead 1, generation of every group through `rollout.group.generate_group`, t
 advantage stage with GRPO advantages, packing into `TrainChunk`s, streaming chunks into
 the trainer through worker threads, refit, per-step metrics) with two fakes only:
 generation answers at once (`InstantBackend`: a fixed-length completion, no sleep; by
-default one `generate_many` call per group, `--per-sample-calls` for one `generate` per
-sample) and training is instant (`tests/helpers/fakes.FakeTrainer`). The tokenizer's decode
+default one `generate_group` call per group, the results as columns; `--calls many` for one
+`generate_many` call per group, a request and a result per sample, the path before the
+group call; `--calls per-sample` for one `generate` per sample; several `--calls` with
+`--rounds R` alternate them, round after round, in one run) and training is instant (`tests/helpers/fakes.FakeTrainer`). The tokenizer's decode
 returns "" and the environment is `FakeEnv` (a modulo). The CPU time the fakes spend in
 their own bodies (building results, scoring) is taken out
 (`FakeCalls`: calls counted in the run, cost per call calibrated after it); what is left
 is the controller's own work per RL step, including its calls into the fakes.
 
 The backend hands token ids and logprobs over as NumPy arrays (what the native backend's
-`generate_many` does, the default backend's group call: packing is then a memory copy) or as
+group calls do, the default backend's: packing is then a memory copy) or as
 fresh Python lists (what the HTTP and vLLM backends, and every backend's per-sample
 `generate`, do); `--results both` (the default) runs both.
 
@@ -23,9 +25,11 @@ fraction of a 10 s RL step, the time per group (linear scaling = a constant), an
 memory one buffered group holds (tracemalloc: ready groups committed to a `ReplayBuffer`).
 The last line states the overhead at 1,000 groups as a percentage of a 10 s step.
 
+With several `--calls` or `--rounds`, the last line gives each call's mean over the rounds.
+
 Run: nice -n 10 .venv/bin/python bench/controller_scale.py [--groups 100 300 1000]
      [--steps 10] [--tokens 256] [--chunk 1] [--results lists|arrays|both]
-     [--per-sample-calls] [--profile 1000]
+     [--calls group many per-sample] [--rounds 1] [--per-sample-calls] [--profile 1000]
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 from tests.helpers.fakes import FakeBackend, FakeEnv, FakeTrainer, make_parts  # noqa: E402
 from rl_core.config import validate_dict  # noqa: E402
 from rl_core.controller.controller import Controller  # noqa: E402
-from rl_core.types import GenerationResult  # noqa: E402
+from rl_core.types import GenerationResult, GroupResults  # noqa: E402
 
 STEP_S = 10.0  # the RL step the overhead is compared with
 N = 16  # samples per group
@@ -81,13 +85,19 @@ class FakeCalls:
         requests = [GenerationRequest(f"e0-p{i}-d{i}/a0/{i % 16}", [1, 2, 3], SamplingParams()) for i in range(64)]
         results = [backend._answer(r) for r in requests]
         examples = [{"id": i, "prompt": str(i), "answer": "x"} for i in range(64)]
+        keys, seeds = [f"e0-p{i}-d{i}/a0" for i in range(64)], list(range(N))
         gc.collect()
         gc.disable()
         try:
             t0 = time.process_time()
-            for i in range(n):
-                backend._answer(requests[i & 63])
-            self.answer_s = (time.process_time() - t0) / n
+            if backend.calls_mode == "group":  # the fake's work per sample inside its group call
+                for i in range(n // N):
+                    backend._answer_group(keys[i & 63], seeds)
+                self.answer_s = (time.process_time() - t0) / (n // N * N)
+            else:
+                for i in range(n):
+                    backend._answer(requests[i & 63])
+                self.answer_s = (time.process_time() - t0) / n
             t0 = time.process_time()
             for i in range(n):
                 r = results[i & 63]
@@ -106,13 +116,16 @@ class InstantBackend(FakeBackend):
     `arrays`: the token ids and logprobs come as read-only NumPy arrays (what the native
     backend's `generate_many` hands over); else as fresh Python lists (what the HTTP and vLLM
     backends hand over): building them is the fake's cost, turning them into tensors the
-    controller's. `group_calls`: the backend
-    answers a whole group in one `generate_many` call (else one `generate` per sample)."""
+    controller's. `calls`: "group", the backend answers a whole group in one `generate_group`
+    call (results as columns); "many", in one `generate_many` call (a request and a result
+    per sample); "per-sample", one `generate` per sample. Each sample's answer depends only
+    on its request id, so the three give the same samples."""
 
-    def __init__(self, tokens: int, arrays: bool = False, group_calls: bool = True, fresh: bool = False):
+    def __init__(self, tokens: int, arrays: bool = False, calls: str = "group", fresh: bool = False):
         super().__init__(seed=0, max_latency_s=0.0)
         self.tokens = tokens
         self.arrays = arrays
+        self.calls_mode = calls
         self.fresh = fresh  # arrays: a new array per result (the memory measure), else shared read-only ones
         if arrays:
             self._ids = [np.full(tokens - d, 5, dtype=np.int64) for d in (0, 1)]
@@ -122,8 +135,10 @@ class InstantBackend(FakeBackend):
         else:
             self._ids = [5] * tokens
             self._lps = [-0.5] * tokens
-        if not group_calls:
-            self.generate_many = None  # the controller falls back to a generate call per sample
+        if calls != "group":
+            self.generate_group = None  # the controller falls back to generate_many
+        if calls == "per-sample":
+            self.generate_many = None  # ... and to a generate call per sample
 
     def _answer(self, request):
         self.calls += 1
@@ -139,11 +154,29 @@ class InstantBackend(FakeBackend):
             ids, lps = self._ids[:k], self._lps[:k]
         return GenerationResult(request.request_id, request.prompt_ids, ids, lps, "stop", self.version, self.version)
 
+    def _answer_group(self, key, seeds):
+        n = len(seeds)
+        self.calls += n
+        CALLS.answers += n
+        ds = [hash(f"{key}/{i}") & 1 for i in range(n)]  # what _answer picks from each request id
+        if self.arrays:
+            ids, lps = [self._ids[d] for d in ds], [self._lps[d] for d in ds]
+            if self.fresh:
+                ids, lps = [a.copy() for a in ids], [a.copy() for a in lps]
+        else:
+            k = self.tokens
+            ids, lps = [self._ids[:k - d] for d in ds], [self._lps[:k - d] for d in ds]
+        v = self.version
+        return GroupResults(ids, lps, ["stop"] * n, [v] * n, [v] * n)
+
     async def generate(self, request):
         return self._answer(request)
 
     async def generate_many(self, requests):
         return [self._answer(r) for r in requests]
+
+    async def generate_group(self, key, prompt_ids, params, seeds):
+        return self._answer_group(key, seeds)
 
 
 class TimedEnv(FakeEnv):
@@ -175,9 +208,9 @@ def recipe(groups: int, steps: int, chunk: int, tokens: int):
 
 
 def run_controller(groups: int, steps: int, chunk: int, tokens: int, tmp: Path, profile: bool = False,
-                   arrays: bool = False, group_calls: bool = True):
+                   arrays: bool = False, calls: str = "group"):
     cfg = recipe(groups, steps, chunk, tokens)
-    backend = InstantBackend(tokens, arrays, group_calls)
+    backend = InstantBackend(tokens, arrays, calls)
     parts = make_parts(cfg, backend=backend, trainer=FakeTrainer(), num_examples=groups * (steps + 2))
     parts.tokenizer = SilentTokenizer()
     parts.env = TimedEnv()
@@ -248,6 +281,47 @@ def memory_per_group(groups: int, tokens: int, arrays: bool) -> float:
     return total / groups
 
 
+CALL_NAMES = {"group": "a generate_group call per group (columns)",
+              "many": "a generate_many call per group (a request and a result per sample)",
+              "per-sample": "a generate call per sample"}
+
+
+def run_rows(args, mode: str, calls: str, d: str) -> list[dict]:
+    """One pass over `args.groups` with one result form and one kind of call, printed as it goes."""
+    print(f"backend hands token ids and logprobs as {'NumPy arrays' if mode == 'arrays' else 'Python lists'}, "
+          f"{CALL_NAMES[calls]}:")
+    rows = []
+    for g in args.groups:
+        r, prof = run_controller(g, args.steps, args.chunk, args.tokens, Path(d) / mode / calls,
+                                 profile=g == args.profile, arrays=mode == "arrays", calls=calls)
+        r["mem_per_group"] = memory_per_group(min(g, 300), args.tokens, mode == "arrays")
+        rows.append(r)
+        print(f"  {g:5d} groups x {N}: controller {r['steady_s'] * 1e3:8.1f} ms CPU/step "
+              f"(process {sum(r['per_step_cpu_s']) / len(r['per_step_cpu_s']) * 1e3:.1f}, fakes "
+              f"{r['fakes_s'] * 1e3:.1f}; wall {r['steady_wall_s'] * 1e3:.1f}) = {r['steady_s'] / STEP_S:.3%} "
+              f"of a {STEP_S:.0f} s step; {r['steady_s'] / g * 1e6:7.1f} us/group; buffered group "
+              f"{r['mem_per_group'] / 1024:.1f} KiB ({r['mem_per_group'] / (N * args.tokens):.1f} "
+              "B/completion token)", flush=True)
+        if prof:
+            s = io.StringIO()
+            pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(30)
+            print(s.getvalue())
+    per_group = [r["steady_s"] / r["groups"] for r in rows]
+    lo, hi = min(per_group), max(per_group)
+    each = ", ".join(f"{r['groups']}: {p * 1e6:.1f} us" for r, p in zip(rows, per_group))
+    print(f"  linearity: time per group {each} -> max/min {hi / lo:.2f} (1.00 = linear)")
+    if len(rows) >= 2:  # least-squares line: a fixed cost per step + a cost per group
+        gs = [r["groups"] for r in rows]
+        ts = [r["steady_s"] for r in rows]
+        gm, tm = statistics.fmean(gs), statistics.fmean(ts)
+        slope = sum((g - gm) * (t - tm) for g, t in zip(gs, ts)) / sum((g - gm) ** 2 for g in gs)
+        icpt = tm - slope * gm
+        dev = max(abs(t - (icpt + slope * g)) / t for g, t in zip(gs, ts))
+        print(f"  line fit: {icpt * 1e3:.1f} ms per step + {slope * 1e6:.1f} us per group "
+              f"(largest deviation {dev:.1%} of a point)")
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--groups", type=int, nargs="+", default=[100, 300, 1000])
@@ -257,8 +331,13 @@ def main():
     ap.add_argument("--results", choices=["lists", "arrays", "both"], default="both",
                     help="how the fake backend hands over token ids and logprobs: Python lists, NumPy arrays, or "
                          "both (two runs)")
-    ap.add_argument("--per-sample-calls", action="store_true",
-                    help="the fake backend has no generate_many: one generate call (and task) per sample")
+    ap.add_argument("--calls", choices=list(CALL_NAMES), nargs="+", default=["group"],
+                    help="how the fake backend is called: generate_group per group (the results as columns), "
+                         "generate_many per group (a request and a result per sample), or generate per sample; "
+                         "several alternate within each round")
+    ap.add_argument("--rounds", type=int, default=1, help="repeat every (results, calls) pass this many times, "
+                    "alternating (timings on a shared machine drift; alternation spreads the drift over all)")
+    ap.add_argument("--per-sample-calls", action="store_true", help="the same as --calls per-sample")
     ap.add_argument("--profile", type=int, default=0, help="cProfile the run with this many groups")
     ap.add_argument("--torch-threads", type=int, default=1,
                     help="intra-op threads (the controller's tensors are small; more threads only contend)")
@@ -266,54 +345,30 @@ def main():
     import torch
 
     torch.set_num_threads(args.torch_threads)
+    calls_list = ["per-sample"] if args.per_sample_calls else list(dict.fromkeys(args.calls))
     print(f"controller-only cost: {N} samples/group, {args.tokens} completion tokens/sample, {args.steps} steps, "
           f"in_order lookahead 1, streaming chunks of {args.chunk} group(s); generation and training instant; "
-          f"{'a generate call per sample' if args.per_sample_calls else 'a generate_many call per group'}; "
+          f"{' / '.join(CALL_NAMES[c] for c in calls_list)}; {args.rounds} round(s); "
           "CPU time of the fakes' own work (calibrated per call) taken out")
     modes = ["arrays", "lists"] if args.results == "both" else [args.results]
-    last = {}
+    last: dict[tuple[str, str], list[dict]] = {}  # (mode, calls) -> the largest group count's row of each round
     with tempfile.TemporaryDirectory() as d:
-        for mode in modes:
-            print(f"backend hands token ids and logprobs as {'NumPy arrays' if mode == 'arrays' else 'Python lists'}:")
-            rows = []
-            for g in args.groups:
-                r, prof = run_controller(g, args.steps, args.chunk, args.tokens, Path(d) / mode,
-                                         profile=g == args.profile, arrays=mode == "arrays",
-                                         group_calls=not args.per_sample_calls)
-                r["mem_per_group"] = memory_per_group(min(g, 300), args.tokens, mode == "arrays")
-                rows.append(r)
-                print(f"  {g:5d} groups x {N}: controller {r['steady_s'] * 1e3:8.1f} ms CPU/step "
-                      f"(process {sum(r['per_step_cpu_s']) / len(r['per_step_cpu_s']) * 1e3:.1f}, fakes "
-                      f"{r['fakes_s'] * 1e3:.1f}; wall {r['steady_wall_s'] * 1e3:.1f}) = {r['steady_s'] / STEP_S:.3%} "
-                      f"of a {STEP_S:.0f} s step; {r['steady_s'] / g * 1e6:7.1f} us/group; buffered group "
-                      f"{r['mem_per_group'] / 1024:.1f} KiB ({r['mem_per_group'] / (N * args.tokens):.1f} "
-                      "B/completion token)", flush=True)
-                if prof:
-                    s = io.StringIO()
-                    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(30)
-                    print(s.getvalue())
-            per_group = [r["steady_s"] / r["groups"] for r in rows]
-            lo, hi = min(per_group), max(per_group)
-            each = ", ".join(f"{r['groups']}: {p * 1e6:.1f} us" for r, p in zip(rows, per_group))
-            print(f"  linearity: time per group {each} -> max/min {hi / lo:.2f} (1.00 = linear)")
-            if len(rows) >= 2:  # least-squares line: a fixed cost per step + a cost per group
-                gs = [r["groups"] for r in rows]
-                ts = [r["steady_s"] for r in rows]
-                gm, tm = statistics.fmean(gs), statistics.fmean(ts)
-                slope = sum((g - gm) * (t - tm) for g, t in zip(gs, ts)) / sum((g - gm) ** 2 for g in gs)
-                icpt = tm - slope * gm
-                dev = max(abs(t - (icpt + slope * g)) / t for g, t in zip(gs, ts))
-                print(f"  line fit: {icpt * 1e3:.1f} ms per step + {slope * 1e6:.1f} us per group "
-                      f"(largest deviation {dev:.1%} of a point)")
-            last[mode] = rows[-1]
-    first = last[modes[0]]
-    line = (f"controller overhead at {first['groups']} groups x {N} samples: {first['steady_s'] * 1e3:.1f} ms per step "
-            f"= {100 * first['steady_s'] / STEP_S:.2f}% of a {STEP_S:.0f} s RL step ({modes[0]} from the backend)")
-    if len(modes) > 1:
-        other = last[modes[1]]
-        line += (f"; {other['steady_s'] * 1e3:.1f} ms = {100 * other['steady_s'] / STEP_S:.2f}% with {modes[1]} "
-                 "from the backend")
-    print(line)
+        for rnd in range(args.rounds):
+            if args.rounds > 1:
+                print(f"round {rnd + 1} of {args.rounds}:")
+            for mode in modes:
+                for calls in calls_list:
+                    rows = run_rows(args, mode, calls, d)
+                    last.setdefault((mode, calls), []).append(rows[-1])
+    parts = []
+    for (mode, calls), rows in last.items():
+        ms = [r["steady_s"] * 1e3 for r in rows]
+        mean = statistics.fmean(ms)
+        each = "" if len(ms) == 1 else f" (rounds: {' / '.join(f'{m:.1f}' for m in ms)})"
+        parts.append(f"{mean:.1f} ms per step = {mean / (10 * STEP_S):.2f}% of a {STEP_S:.0f} s RL step with {mode} "
+                     f"from the backend, {calls} calls{each}")
+    groups = rows[-1]["groups"]
+    print(f"controller overhead at {groups} groups x {N} samples: " + "; ".join(parts))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, runtime_chec
 
 import torch
 
-from rl_core.types import EnvResult, GenerationRequest, GenerationResult, TrainChunk
+from rl_core.types import EnvResult, GenerationRequest, GenerationResult, GroupResults, SamplingParams, TrainChunk
 
 if TYPE_CHECKING:
     from rl_core.weights.base import SyncReport
@@ -43,10 +43,11 @@ class GenerationBackend(Protocol):
         (`rl_core.types.token_array` / `logprob_array`: packed into training tensors by a
         memory copy); consumers never modify them.
 
-        Optional (`GroupGenerationBackend`): `generate_many(requests)`, the N requests of
-        one prompt group in one call. The default for a backend without it (or whose
-        `generate` is overridden below the class defining `generate_many`) is one
-        `generate` call (and one asyncio task) per sample (`rl_core.rollout.group`)."""
+        Optional (`GroupGenerationBackend`): `generate_group(key, prompt_ids, params, seeds)`,
+        one prompt group in one call with its results as columns, or `generate_many(requests)`,
+        the group's N requests in one call. The default for a backend without either (or whose
+        `generate` is overridden below the class defining them) is one `generate` call (and
+        one asyncio task) per sample (`rl_core.rollout.group`)."""
 
     async def abort(self, request_id: str) -> None:
         """Stop one in-flight request now and free its capacity."""
@@ -68,9 +69,23 @@ class GenerationBackend(Protocol):
 
 @runtime_checkable
 class GroupGenerationBackend(Protocol):
-    """The optional group call of a `GenerationBackend` (rl_core.rollout.group uses it for
-    single-turn groups without generation-level backpressure; others get a `generate` call per
-    sample)."""
+    """The optional group calls of a `GenerationBackend`: a backend implements either, both or
+    neither. rl_core.rollout.group uses them for single-turn groups without generation-level
+    backpressure, `generate_group` when the backend has it, else `generate_many`; other groups,
+    and backends with neither (the HTTP and vLLM backends), get a `generate` call per sample.
+    A group call counts only when defined by the class that defines `generate` or a subclass
+    of it, and an instance can turn one off by setting the attribute to None."""
+
+    async def generate_group(self, key: str, prompt_ids: list[int], params: SamplingParams,
+                             seeds: list[int]) -> GroupResults:
+        """One prompt group of `len(seeds)` samples, its results as columns (`GroupResults`, in
+        sample order): sample i is exactly what `generate(GenerationRequest(f"{key}/{i}",
+        prompt_ids, replace(params, seed=seeds[i])))` would give (`types.group_requests` builds
+        those requests), the requests entering the backend in sample order. The caller builds
+        no request, params copy or result per sample; `prompt_ids` and `params` are shared by
+        the samples and never modified. Cancelled: every unfinished sample is aborted (its
+        request id `f"{key}/{i}"` can also be aborted with `abort`). One failed sample fails
+        the call (the others are aborted)."""
 
     async def generate_many(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """The results of `requests`, in their order: each exactly what `generate(request)`

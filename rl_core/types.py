@@ -2,7 +2,9 @@
 
 Owns: the data shapes every seam agrees on (the train pump and the checkpoint share
 `TrainedGroup` and `OpenStep` through here), the column-wise record of a single-turn
-group's samples (`GroupSamples`: a sequence of `Sample`s built on first access), the one
+group's samples (`GroupSamples`: a sequence of `Sample`s built on first access) and of a
+group call's generation results (`GroupResults`, with `group_requests`, the per-sample
+requests such a call stands for), the one
 column interface every consumer of a group's samples reads (`group_columns`: a
 `GroupSamples` as it is, any other group's `Sample`s as `SampleColumns`), `scored_sample` (the one place a scored
 completion becomes a `Sample`), and the token/logprob array helpers. Does not own:
@@ -84,6 +86,58 @@ class GenerationResult:
     finished_at: float = 0.0
     routed_experts: list[list[int]] | None = None  # MoE: per token of prompt + completion, layers x k expert ids
     worker: str = ""  # which generation worker produced it: an HTTP/vLLM server's URL, "native", "vllm"
+
+
+class GroupResults:
+    """What a backend's group call (`protocols.GroupGenerationBackend.generate_group`) returns:
+    the N results of one prompt group as columns, in sample order, each column what the
+    `GenerationResult`s of `generate` would hold (no request record, result record or
+    `SamplingParams` copy per sample). `token_ids` and `logprobs`: per sample a list or a 1-D
+    NumPy array (`token_array` / `logprob_array`); `token_versions`: None when no sample
+    records them, else one entry per sample (None or the per-token versions); `workers`: None
+    when `worker` produced every sample, else one name per sample; `routed_experts`: None when
+    no sample has routes, else one entry per sample. The caller owns the lists handed over."""
+
+    __slots__ = ("token_ids", "logprobs", "finish_reasons", "start_versions", "end_versions", "token_versions",
+                 "workers", "worker", "routed_experts")
+
+    def __init__(self, token_ids: list, logprobs: list, finish_reasons: list[str], start_versions: list[int],
+                 end_versions: list[int], token_versions: list | None = None, workers: list[str] | None = None,
+                 worker: str = "", routed_experts: list | None = None):
+        self.token_ids, self.logprobs, self.finish_reasons = token_ids, logprobs, finish_reasons
+        self.start_versions, self.end_versions, self.token_versions = start_versions, end_versions, token_versions
+        self.workers, self.worker, self.routed_experts = workers, worker, routed_experts
+
+    @classmethod
+    def of(cls, results: list[GenerationResult]) -> "GroupResults":
+        """The columns of per-sample `GenerationResult`s (a backend whose group call gathers
+        per-request results)."""
+        versions = list(map(_TOKEN_VERSIONS, results))
+        workers = list(map(_WORKER, results))
+        routes = list(map(_ROUTES, results))
+        return cls(list(map(_TOKEN_IDS, results)), list(map(_LOGPROBS, results)), list(map(_FINISH, results)),
+                   list(map(_START, results)), list(map(_END, results)),
+                   versions if versions.count(None) != len(versions) else None,
+                   workers if workers.count(workers[0] if workers else "") != len(workers) else None,
+                   workers[0] if workers else "", routes if routes.count(None) != len(routes) else None)
+
+    def __len__(self) -> int:
+        return len(self.finish_reasons)
+
+
+def group_requests(key: str, prompt_ids: list[int], params: SamplingParams, seeds: list[int]
+                   ) -> list[GenerationRequest]:
+    """The per-sample requests a group call stands for: request i is `f"{key}/{i}"` over the
+    shared `prompt_ids` with `params` and seed `seeds[i]` (`dataclasses.replace(params,
+    seed=...)`, without its per-call field introspection). For backends whose engine takes
+    one request per sample, and for the `generate_many` fallback."""
+    cls, fields, new = type(params), params.__dict__, object.__new__
+    out = []
+    for i, seed in enumerate(seeds):
+        p = new(cls)
+        p.__dict__.update(fields, seed=seed)
+        out.append(GenerationRequest(f"{key}/{i}", prompt_ids, p))
+    return out
 
 
 @dataclass
@@ -216,18 +270,31 @@ class GroupSamples(Sequence, GroupColumns):
 
     def __init__(self, prompt_ids: list[int], results: list, texts: list[str], scored: list, generate_s: float,
                  env_s: list[float], mask_flagged: bool):
-        """`results`: the group's `GenerationResult`s in sample order; `scored`: their `EnvResult`s."""
+        """`results`: the group's `GenerationResult`s in sample order, or their columns
+        (`GroupResults`, taken over as they are); `scored`: their `EnvResult`s."""
         self.prompt_ids = prompt_ids
-        self.completion_ids = list(map(_TOKEN_IDS, results))  # attribute columns read in C (attrgetter)
-        self.gen_logprobs = list(map(_LOGPROBS, results))
+        if type(results) is GroupResults:
+            n = len(results.finish_reasons)
+            self.completion_ids, self.gen_logprobs = results.token_ids, results.logprobs
+            self.finish_reasons = results.finish_reasons
+            self.start_versions, self.end_versions = results.start_versions, results.end_versions
+            tv = results.token_versions
+            self.token_versions = tv if tv is not None else [None] * n
+            ws = results.workers
+            self.workers = [results.worker or "local"] * n if ws is None else [w or "local" for w in ws]
+            routes = results.routed_experts
+            self.routed_experts = routes if routes is not None and routes.count(None) != len(routes) else None
+        else:
+            self.completion_ids = list(map(_TOKEN_IDS, results))  # attribute columns read in C (attrgetter)
+            self.gen_logprobs = list(map(_LOGPROBS, results))
+            self.finish_reasons = list(map(_FINISH, results))
+            self.start_versions = list(map(_START, results))
+            self.end_versions = list(map(_END, results))
+            self.token_versions = list(map(_TOKEN_VERSIONS, results))
+            self.workers = [w or "local" for w in map(_WORKER, results)]
+            routes = list(map(_ROUTES, results))
+            self.routed_experts = routes if routes.count(None) != len(routes) else None
         self.completion_lens = list(map(len, self.completion_ids))
-        self.finish_reasons = list(map(_FINISH, results))
-        self.start_versions = list(map(_START, results))
-        self.end_versions = list(map(_END, results))
-        self.token_versions = list(map(_TOKEN_VERSIONS, results))
-        self.workers = [w or "local" for w in map(_WORKER, results)]
-        routes = list(map(_ROUTES, results))
-        self.routed_experts = routes if routes.count(None) != len(routes) else None
         self.rewards = list(map(float, map(_REWARD, scored)))
         self.component_columns = DictColumns(list(map(_REWARDS, scored)))  # named rewards
         self.env_mask = list(map(bool, map(_MASK, scored))) if mask_flagged else [False] * len(scored)

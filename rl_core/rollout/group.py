@@ -3,13 +3,14 @@
 Owns: per-sample seed derivation (a sample's randomness depends only on the run seed, the
 epoch, the example and the sample index, never on timing), turning recipe sampling knobs
 into engine `SamplingParams`, fanning the N samples of a group out to a backend (one
-`generate_many` call per single-turn group for backends that have it, else a task per
+group call per single-turn group for backends that have one: `generate_group`, the group
+as columns, else `generate_many`, a request and a result per sample; else a task per
 sample; each sample takes a generation place while it generates: generation-level
 backpressure), multi-turn rollouts (generate -> environment observation -> generate ...,
 with observation tokens masked out of the loss), per-generation and per-environment
 deadlines, each sample's generated tokens per generation worker (`info["worker_tokens"]`,
 from `GenerationResult.worker`), and scoring each finished sample with the environment. A
-single-turn group generated in one `generate_many` call comes back column-wise
+single-turn group generated in one group call comes back column-wise
 (`types.GroupSamples`: the same `Sample`s, built on first access); every other path returns
 a list of `Sample`s, built by the same `types.scored_sample`.
 
@@ -29,8 +30,8 @@ from typing import Any
 from rl_core.config.schema import SamplingParamsConfig
 from rl_core.resilience import with_deadline
 from rl_core.protocols import Environment, GenerationBackend
-from rl_core.types import (GenerationRequest, GenerationResult, GroupSamples, Sample, SamplingParams, plain,
-                           scored_sample)
+from rl_core.types import (GenerationRequest, GenerationResult, GroupResults, GroupSamples, Sample, SamplingParams,
+                           group_requests, plain, scored_sample)
 
 _MASK64 = (1 << 64) - 1
 
@@ -317,16 +318,17 @@ async def generate_group(backend: GenerationBackend, env: Environment, tokenizer
     """N samples of one prompt, generated concurrently, each with its own derived seed.
     If one sample fails, the others are cancelled and the error propagates.
 
-    A backend with `generate_many` (see `rl_core.protocols.GenerationBackend`) gets the
-    group's N requests in one call when the environment is single-turn and no
-    generation-level backpressure counts samples one by one (the samples then come as a
-    `GroupSamples`, a sequence of the same `Sample`s); otherwise (the default) each sample is
-    a task with its own `generate` call."""
+    A backend with a group call (`rl_core.protocols.GroupGenerationBackend`: `generate_group`,
+    preferred, or `generate_many`) gets the group in one call when the environment is
+    single-turn and no generation-level backpressure counts samples one by one (the samples
+    then come as a `GroupSamples`, a sequence of the same `Sample`s); otherwise (the default)
+    each sample is a task with its own `generate` call."""
     opts = opts or GroupOptions()
     prefix = seed_prefix(*seed_parts)  # derive_seed(*seed_parts, i) == seed_last(prefix, i)
-    if group_call_ok(backend, env, opts):
-        return await _generate_group_at_once(backend, env, tokenizer, example, prompt_ids, n, params, key, prefix,
-                                             opts)
+    call = _group_call(backend, env, opts)
+    if call is not None:
+        return await _generate_group_at_once(backend, call, env, tokenizer, example, prompt_ids, n, params, key,
+                                             prefix, opts)
     slots = opts.gen_slots
     ticket = slots.expect(n) if isinstance(slots, GenerationSlots) else None
     tasks = [asyncio.ensure_future(generate_sample(backend, env, tokenizer, example, prompt_ids,
@@ -344,74 +346,100 @@ async def generate_group(backend: GenerationBackend, env: Environment, tokenizer
             ticket.close()
 
 
+GROUP_CALLS = ("generate_group", "generate_many")  # the optional group calls, preferred first
+
+
 def group_call_ok(backend: GenerationBackend, env: Environment, opts: GroupOptions) -> bool:
-    """Whether a group goes to the backend in one `generate_many` call: the backend's class
-    has one (`_has_own_group_call`), the environment is single-turn (multi-turn samples and
-    agent episodes diverge after their first turn) and no generation places are counted per
-    sample (`gen_slots`)."""
-    return (opts.gen_slots is None and not env.runs_episodes and int(env.max_turns) <= 1
-            and _has_own_group_call(backend))
+    """Whether a group goes to the backend in one call (`generate_group` or `generate_many`):
+    the backend's class has one (`_own_group_call`), the environment is single-turn
+    (multi-turn samples and agent episodes diverge after their first turn) and no generation
+    places are counted per sample (`gen_slots`)."""
+    return _group_call(backend, env, opts) is not None
 
 
-def _has_own_group_call(backend) -> bool:
-    """True when `generate_many` is defined by the backend's class, by the same class as its
-    `generate` or a subclass of it. A wrapper that overrides `generate` and hands other
-    attributes to an inner backend (`__getattr__`), or a subclass that overrides only
-    `generate`, gets a `generate` call per sample: its `generate` is never bypassed."""
-    if getattr(backend, "generate_many", None) is None:
-        return False
-    return _class_has_own_group_call(type(backend))
+def _group_call(backend: GenerationBackend, env: Environment, opts: GroupOptions) -> str | None:
+    """The name of the group call a group goes through (see `group_call_ok`), else None."""
+    if opts.gen_slots is not None or env.runs_episodes or int(env.max_turns) > 1:
+        return None
+    return _own_group_call(backend)
+
+
+def _own_group_call(backend) -> str | None:
+    """The first of `GROUP_CALLS` that the backend's class defines, in the same class as its
+    `generate` or a subclass of it, and that the instance does not set to None. A wrapper that
+    overrides `generate` and hands other attributes to an inner backend (`__getattr__`), or a
+    subclass that overrides only `generate`, gets a `generate` call per sample: its
+    `generate` is never bypassed."""
+    for name in _class_group_calls(type(backend)):
+        if getattr(backend, name, None) is not None:
+            return name
+    return None
 
 
 @functools.lru_cache(maxsize=64)
-def _class_has_own_group_call(cls: type) -> bool:
-    """The class part of `_has_own_group_call` (once per class, not once per group)."""
+def _class_group_calls(cls: type) -> tuple[str, ...]:
+    """The class part of `_own_group_call` (once per class, not once per group)."""
     mro = cls.__mro__
     owner = {name: next((i for i, c in enumerate(mro) if name in vars(c)), None)
-             for name in ("generate", "generate_many")}
-    return owner["generate_many"] is not None and owner["generate"] is not None and \
-        owner["generate_many"] <= owner["generate"]
+             for name in ("generate",) + GROUP_CALLS}
+    if owner["generate"] is None:
+        return ()
+    return tuple(name for name in GROUP_CALLS if owner[name] is not None and owner[name] <= owner["generate"])
 
 
-async def _generate_group_at_once(backend: GenerationBackend, env: Environment, tokenizer, example: dict[str, Any],
-                                  prompt_ids: list[int], n: int, params: SamplingParams, key: str, prefix: int,
-                                  opts: GroupOptions) -> GroupSamples:
-    """The group's N requests (the same ids and seeds as one call per sample) in one
-    `generate_many` call, then each result scored in order: the same samples as the
-    per-sample path (as a `GroupSamples`: columns, the `Sample`s built on first access),
-    without a task per sample. The requests share one prompt list, and so do the samples
-    (a backend that hands back a different prompt gets a list of `Sample`s with its prompts)."""
+async def _generate_group_at_once(backend: GenerationBackend, call: str, env: Environment, tokenizer,
+                                  example: dict[str, Any], prompt_ids: list[int], n: int, params: SamplingParams,
+                                  key: str, prefix: int, opts: GroupOptions) -> list[Sample] | GroupSamples:
+    """The group in one group call, then each result scored in order: the same samples as the
+    per-sample path (the same request ids `f"{key}/{i}"` and seeds, as a `GroupSamples`:
+    columns, the `Sample`s built on first access), without a task per sample.
+    `generate_group` (`call`) takes the prompt, one `SamplingParams` and the seeds and hands
+    back columns (`GroupResults`); `generate_many` takes a `GenerationRequest` per sample
+    (sharing one prompt list) and hands back a `GenerationResult` each (a backend that hands
+    back a different prompt gets a list of `Sample`s with its prompts)."""
     prompt = list(prompt_ids)
-    cls, fields = type(params), params.__dict__
-    requests = []
-    new = object.__new__
-    for i, seed in enumerate(seeds_last(prefix, n)):  # with_seed(params, seed_last(prefix, i)), inlined
-        p = new(cls)
-        p.__dict__.update(fields, seed=seed)
-        requests.append(GenerationRequest(f"{key}/{i}", prompt, p))
+    seeds = seeds_last(prefix, n)  # [seed_last(prefix, i) for i in range(n)]
+    what = f"generation of {key}/0..{n - 1}"
     t0 = time.monotonic()
-    results = await with_deadline(backend.generate_many(requests), opts.generation_timeout_s,
-                                  f"generation of {key}/0..{n - 1}")
-    if len(results) != n:
-        raise RuntimeError(f"{type(backend).__name__}.generate_many returned {len(results)} results for {n} requests")
+    if call == "generate_group":
+        results = await with_deadline(backend.generate_group(key, prompt, params, seeds), opts.generation_timeout_s,
+                                      what)
+        if type(results) is not GroupResults:
+            raise TypeError(f"{type(backend).__name__}.generate_group returned {type(results).__name__}, "
+                            "expected rl_core.types.GroupResults")
+        ids, finishes = results.token_ids, results.finish_reasons
+        if not (len(ids) == len(finishes) == len(results.logprobs) == n):
+            raise RuntimeError(f"{type(backend).__name__}.generate_group returned {len(ids)} completions, "
+                               f"{len(results.logprobs)} logprob lists and {len(finishes)} finish reasons for "
+                               f"{n} samples")
+    else:
+        results = await with_deadline(backend.generate_many(group_requests(key, prompt, params, seeds)),
+                                      opts.generation_timeout_s, what)
+        if len(results) != n:
+            raise RuntimeError(f"{type(backend).__name__}.generate_many returned {len(results)} results for "
+                               f"{n} requests")
+        ids, finishes = [r.token_ids for r in results], [r.finish_reason for r in results]
     generate_s = time.monotonic() - t0
     decode = tokenizer.decode
-    texts = [decode(r.token_ids, skip_special_tokens=True) for r in results]
+    texts = [decode(t, skip_special_tokens=True) for t in ids]
     if opts.env_timeout_s is not None:  # scored in the environment pool, concurrently
-        timings = [SampleTimings() for _ in results]
-        scores = await asyncio.gather(*(_score(env, example, r.token_ids, text, r.finish_reason, opts, tm)
-                                        for r, text, tm in zip(results, texts, timings)))
+        timings = [SampleTimings() for _ in ids]
+        scores = await asyncio.gather(*(_score(env, example, t, text, fin, opts, tm)
+                                        for t, text, fin, tm in zip(ids, texts, finishes, timings)))
         env_s = [tm.env_s for tm in timings]
-    else:  # cheap environments score on the event loop, in order
+    else:  # cheap environments score on the event loop, in order: one clock read per sample
         score, clock = env.score, time.monotonic
         scores, env_s = [], []
-        for r, text in zip(results, texts):
-            t1 = clock()
-            scores.append(score(example, r.token_ids, text, r.finish_reason))
-            env_s.append(clock() - t1)
+        t1 = clock()
+        for t, text, fin in zip(ids, texts, finishes):
+            scores.append(score(example, t, text, fin))
+            t2 = clock()
+            env_s.append(t2 - t1)
+            t1 = t2
     group = GroupSamples(prompt, results, texts, scores, generate_s, env_s, opts.mask_flagged_samples)
     # the samples share the request's prompt list, unless the backend handed another prompt back
-    if any(r.prompt_ids is not prompt and list(r.prompt_ids) != prompt for r in results):
+    if call == "generate_many" and any(r.prompt_ids is not prompt and list(r.prompt_ids) != prompt
+                                       for r in results):
         samples = group.samples()
         for smp, r in zip(samples, results):
             if r.prompt_ids is not prompt:

@@ -401,3 +401,119 @@ def test_array_samples_go_into_the_spool_and_checkpoints_as_json_lists():
     back = group_from_json(json.loads(json.dumps(group_to_json(g))))
     assert back.samples[0].completion_ids == [5, 6, 7] and back.samples[0].gen_logprobs == [-0.5, -0.25, -1.0]
     assert back.samples[0].info["token_versions"] == [0, 1, 1]
+
+
+class _ColumnBackend(_GroupBackend):
+    """`_GroupBackend` with the columns group call too (`generate_group`), answering each sample
+    as its request `f"{key}/{i}"` with seed `seeds[i]` would be answered."""
+
+    def __init__(self, group_calls: bool = True, columns: bool = True):
+        super().__init__(group_calls)
+        self.group_calls_made = 0
+        if not columns:
+            self.generate_group = None
+
+    async def generate_group(self, key, prompt_ids, params, seeds):
+        from rl_core.types import GroupResults, group_requests
+
+        self.group_calls_made += 1
+        requests = group_requests(key, prompt_ids, params, seeds)
+        for q in requests:
+            self.requests.append((q.request_id, q.params.seed, list(q.prompt_ids)))
+        await asyncio.sleep(0)
+        return GroupResults.of([self._answer(q) for q in requests])
+
+
+@pytest.mark.parametrize("env_timeout_s", [None, 5.0])
+def test_a_generate_group_call_gives_the_samples_of_generate_many_and_of_a_call_per_sample(env_timeout_s):
+    from rl_core.rollout.group import GroupOptions, generate_group
+    from rl_core.types import GroupSamples
+    from tests.helpers.fakes import FakeEnv, FakeTokenizer
+
+    env, tok = FakeEnv(), FakeTokenizer()
+    params = SamplingParams(temperature=1.0, max_tokens=6)
+    opts = GroupOptions(env_timeout_s=env_timeout_s, generation_timeout_s=30.0)
+
+    async def run(backend):
+        out = []
+        for i in range(4):
+            ex = {"id": i, "prompt": str(i), "answer": "x"}
+            out.append(await generate_group(backend, env, tok, ex, env.prompt_ids(ex), 8, params, f"g{i}",
+                                            (3, 0, i), opts))
+        return out
+
+    columns, many = _ColumnBackend(), _ColumnBackend(columns=False)
+    per_sample = _ColumnBackend(group_calls=False, columns=False)
+    a, b, c = asyncio.run(run(per_sample)), asyncio.run(run(many)), asyncio.run(run(columns))
+    assert columns.group_calls_made == 4 and columns.many_calls == 0  # generate_group is preferred
+    assert many.group_calls_made == 0 and many.many_calls == 4  # turned off on the instance: generate_many
+    assert per_sample.requests == many.requests == columns.requests  # the same ids, seeds, prompts, order
+    assert params.seed is None  # the caller's params are never modified
+    assert all(type(g) is GroupSamples and not g.built for g in b + c)  # nothing built by generating
+    assert [_strip(g) for g in a] == [_strip(g) for g in b] == [_strip(g) for g in c]
+    for g in c:
+        assert len(g.env_s) == 8 and all(t >= 0.0 for t in g.env_s) and g.generate_s >= 0.0
+        assert all(s.prompt_ids is g[0].prompt_ids for s in g)  # one prompt list per group
+
+
+def test_group_call_choice_and_a_generate_group_answer_of_the_wrong_shape():
+    from rl_core.rollout.group import GroupOptions, _group_call, generate_group
+    from rl_core.types import GroupResults
+    from tests.helpers.fakes import FakeEnv, FakeTokenizer
+
+    env = FakeEnv()
+    assert _group_call(_ColumnBackend(), env, GroupOptions()) == "generate_group"
+    assert _group_call(_ColumnBackend(columns=False), env, GroupOptions()) == "generate_many"
+    assert _group_call(_ColumnBackend(group_calls=False), env, GroupOptions()) == "generate_group"
+    assert _group_call(_ColumnBackend(group_calls=False, columns=False), env, GroupOptions()) is None
+
+    class OnlyGenerate(_ColumnBackend):  # overrides generate only: neither group call may bypass it
+        async def generate(self, request):
+            return await super().generate(request)
+
+    assert _group_call(OnlyGenerate(), env, GroupOptions()) is None
+
+    class Short(_ColumnBackend):
+        async def generate_group(self, key, prompt_ids, params, seeds):
+            full = await super().generate_group(key, prompt_ids, params, seeds)
+            return GroupResults(full.token_ids[:-1], full.logprobs[:-1], full.finish_reasons[:-1],
+                                full.start_versions[:-1], full.end_versions[:-1])
+
+    class Listed(_ColumnBackend):
+        async def generate_group(self, key, prompt_ids, params, seeds):
+            return await self.generate_many(group_requests(key, prompt_ids, params, seeds))
+
+    from rl_core.types import group_requests
+
+    ex = {"id": 0, "prompt": "0", "answer": "x"}
+
+    def run(backend):
+        return asyncio.run(generate_group(backend, env, FakeTokenizer(), ex, env.prompt_ids(ex), 4,
+                                          SamplingParams(max_tokens=6), "g0", (1, 0, 0)))
+
+    with pytest.raises(RuntimeError, match="generate_group returned 3 completions"):
+        run(Short())
+    with pytest.raises(TypeError, match="expected rl_core.types.GroupResults"):
+        run(Listed())
+
+
+def test_group_results_of_per_sample_results_and_group_samples_of_columns_agree():
+    from rl_core.types import EnvResult, GenerationResult, GroupResults, GroupSamples
+
+    results = [GenerationResult(f"k/{i}", [1], [i + 1] * (i + 1), [-0.5] * (i + 1), "stop", 0, 1 + i % 2,
+                                token_versions=[1] * (i + 1) if i == 2 else None, worker="w1" if i == 1 else "")
+               for i in range(4)]
+    cols = GroupResults.of(results)
+    assert cols.workers == ["", "w1", "", ""] and cols.token_versions == [None, None, [1, 1, 1], None]
+    assert cols.routed_experts is None and len(cols) == 4
+    same = GroupResults.of(results[:1] * 3)
+    assert same.workers is None and same.worker == "" and same.token_versions is None
+    scores = [EnvResult(float(i), {"a": float(i)}, i == 3, {"n": i}) for i in range(4)]
+    texts = ["t"] * 4
+    a = GroupSamples([1], results, texts, scores, 0.5, [0.1] * 4, True)
+    b = GroupSamples([1], GroupResults.of(results), texts, scores, 0.5, [0.1] * 4, True)
+    for name in ("completion_ids", "gen_logprobs", "completion_lens", "finish_reasons", "start_versions",
+                 "end_versions", "token_versions", "workers", "routed_experts", "rewards", "env_mask"):
+        assert getattr(a, name) == getattr(b, name), name
+    assert a.worker_totals() == b.worker_totals() == {"local": 1 + 3 + 4, "w1": 2}
+    assert a.samples() == b.samples()

@@ -53,3 +53,42 @@ def test_an_environment_parses_an_array_of_ids_as_the_list():
         b = env.parse_completion(list(ids), "x<end>", "stop")
         assert a == b and all(type(i) is int for i in a.ids) and a.text == "x"
     assert env.parse_completion(np.asarray([5, 3], dtype=np.int64), "", "stop").ended
+
+
+def test_generate_group_hands_the_columns_of_one_generate_per_sample():
+    from dataclasses import replace
+
+    from rl_core.types import GroupResults
+
+    model = tiny_model()
+    prompt = prompts(1, seed=11)[0]
+    params = SamplingParams(temperature=0.9, max_tokens=6)
+    seeds = [301, 7, 301, 12345]  # a repeated seed: the same completion twice
+
+    async def main():
+        out = []
+        for group_arrays in (True, False):
+            backend = NativeBackend(make_engine(model), lockstep=True, group_arrays=group_arrays)
+            await backend.start()
+            cols = await backend.generate_group("k", prompt, params, seeds)
+            one = await asyncio.gather(*(backend.generate(GenerationRequest(f"k/{i}", prompt, replace(params, seed=s)))
+                                         for i, s in enumerate(seeds)))  # batched alike: the same logprobs
+            added = backend.engine.stats.requests_added
+            await backend.shutdown()
+            out.append((cols, one, added))
+        return out
+
+    for (cols, one, added), group_arrays in zip(run_async(main()), (True, False)):
+        assert type(cols) is GroupResults and len(cols) == len(seeds) == len(one) and added == 2 * len(seeds)
+        assert params.seed is None  # the caller's params are never modified
+        for i, r in enumerate(one):
+            ids, lps = cols.token_ids[i], cols.logprobs[i]
+            assert isinstance(ids, np.ndarray) == group_arrays and isinstance(lps, np.ndarray) == group_arrays
+            assert list(map(int, ids)) == r.token_ids and len(r.token_ids) > 0
+            assert list(map(float, lps)) == r.logprobs
+            assert (cols.finish_reasons[i], cols.start_versions[i], cols.end_versions[i]) == \
+                (r.finish_reason, r.start_version, r.end_version)
+            tv = None if cols.token_versions is None else cols.token_versions[i]
+            assert tv == r.token_versions
+            assert (cols.worker if cols.workers is None else cols.workers[i]) == r.worker
+        assert list(cols.token_ids[0]) == list(cols.token_ids[2])

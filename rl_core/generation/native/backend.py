@@ -33,7 +33,8 @@ from rl_core.generation.base import GenerationError, StreamDelta
 from rl_core.generation.native.engine import NativeEngine
 from rl_core.generation.native.options import EngineOptions
 from rl_core.generation.native.model import load_safetensors_dir
-from rl_core.types import GenerationRequest, GenerationResult, logprob_array, token_array
+from rl_core.types import (GenerationRequest, GenerationResult, GroupResults, SamplingParams, group_requests,
+                           logprob_array, token_array)
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +73,10 @@ async def _quiesce(loop: asyncio.AbstractEventLoop, max_rounds: int = 10_000) ->
 class NativeBackend:
     """Async generation over a `NativeEngine` driven by one dedicated thread.
 
-    `group_arrays`: `generate_many` hands each result's token ids and logprobs over as 1-D
-    NumPy arrays (what the controller packs by memory copies; the backends built from a recipe
-    for training and evaluation set it); off, as `generate` and `generate_stream` always do,
-    Python lists."""
+    `group_arrays`: the group calls (`generate_many`, `generate_group`) hand each result's
+    token ids and logprobs over as 1-D NumPy arrays (what the controller packs by memory
+    copies; the backends built from a recipe for training and evaluation set it); off, as
+    `generate` and `generate_stream` always do, Python lists."""
 
     def __init__(self, engine: NativeEngine, name: str = "native", lockstep: bool = False,
                  group_arrays: bool = False):
@@ -145,6 +146,14 @@ class NativeBackend:
                     with contextlib.suppress(Exception):  # a dead worker has nothing to abort
                         self._submit("abort", request.request_id, want_future=False)
             raise
+
+    async def generate_group(self, key: str, prompt_ids: list[int], params: SamplingParams,
+                             seeds: list[int]) -> GroupResults:
+        """The group call (`protocols.GroupGenerationBackend`): the engine takes one request per
+        sample, so the group's requests (`types.group_requests`: ids `f"{key}/{i}"`, one
+        params copy per seed) are built here and go through `generate_many` (the same
+        commands in the same order, `group_arrays` applies); the results come back as columns."""
+        return GroupResults.of(await self.generate_many(group_requests(key, prompt_ids, params, seeds)))
 
     async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta | GenerationResult]:
         """`StreamDelta`s as tokens are generated, then the final `GenerationResult`.
