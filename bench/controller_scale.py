@@ -143,8 +143,9 @@ class InstantBackend(FakeBackend):
     def _answer(self, request):
         self.calls += 1
         CALLS.answers += 1
-        # one token fewer for odd request ids so rewards (FakeEnv: a modulo of the length) vary in a group
-        d = hash(request.request_id) & 1
+        # one token fewer for odd samples (request id f"{key}/{i}", i odd) so rewards (FakeEnv: a modulo
+        # of the length) vary in a group
+        d = int(request.request_id[request.request_id.rindex("/") + 1:]) & 1
         if self.arrays:
             ids, lps = self._ids[d], self._lps[d]
             if self.fresh:
@@ -158,7 +159,7 @@ class InstantBackend(FakeBackend):
         n = len(seeds)
         self.calls += n
         CALLS.answers += n
-        ds = [hash(f"{key}/{i}") & 1 for i in range(n)]  # what _answer picks from each request id
+        ds = [i & 1 for i in range(n)]  # what _answer picks from each request id f"{key}/{i}"
         if self.arrays:
             ids, lps = [self._ids[d] for d in ds], [self._lps[d] for d in ds]
             if self.fresh:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import operator
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -429,13 +430,12 @@ async def _generate_group_at_once(backend: GenerationBackend, call: str, env: En
         env_s = [tm.env_s for tm in timings]
     else:  # cheap environments score on the event loop, in order: one clock read per sample
         score, clock = env.score, time.monotonic
-        scores, env_s = [], []
-        t1 = clock()
+        scores, stamps = [], [clock()]
+        keep, stamp = scores.append, stamps.append
         for t, text, fin in zip(ids, texts, finishes):
-            scores.append(score(example, t, text, fin))
-            t2 = clock()
-            env_s.append(t2 - t1)
-            t1 = t2
+            keep(score(example, t, text, fin))
+            stamp(clock())  # sample i's scoring time: stamps[i + 1] - stamps[i]
+        env_s = list(map(operator.sub, stamps[1:], stamps))
     group = GroupSamples(prompt, results, texts, scores, generate_s, env_s, opts.mask_flagged_samples)
     # the samples share the request's prompt list, unless the backend handed another prompt back
     if call == "generate_many" and any(r.prompt_ids is not prompt and list(r.prompt_ids) != prompt
