@@ -326,7 +326,7 @@ async def generate_group(backend: GenerationBackend, env: Environment, tokenizer
     each sample is a task with its own `generate` call."""
     opts = opts or GroupOptions()
     prefix = seed_prefix(*seed_parts)  # derive_seed(*seed_parts, i) == seed_last(prefix, i)
-    call = _group_call(backend, env, opts)
+    call = group_call(backend, env, opts)
     if call is not None:
         return await _generate_group_at_once(backend, call, env, tokenizer, example, prompt_ids, n, params, key,
                                              prefix, opts)
@@ -355,10 +355,10 @@ def group_call_ok(backend: GenerationBackend, env: Environment, opts: GroupOptio
     the backend's class has one (`_own_group_call`), the environment is single-turn
     (multi-turn samples and agent episodes diverge after their first turn) and no generation
     places are counted per sample (`gen_slots`)."""
-    return _group_call(backend, env, opts) is not None
+    return group_call(backend, env, opts) is not None
 
 
-def _group_call(backend: GenerationBackend, env: Environment, opts: GroupOptions) -> str | None:
+def group_call(backend: GenerationBackend, env: Environment, opts: GroupOptions) -> str | None:
     """The name of the group call a group goes through (see `group_call_ok`), else None."""
     if opts.gen_slots is not None or env.runs_episodes or int(env.max_turns) > 1:
         return None

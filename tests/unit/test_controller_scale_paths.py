@@ -457,21 +457,21 @@ def test_a_generate_group_call_gives_the_samples_of_generate_many_and_of_a_call_
 
 
 def test_group_call_choice_and_a_generate_group_answer_of_the_wrong_shape():
-    from rl_core.rollout.group import GroupOptions, _group_call, generate_group
+    from rl_core.rollout.group import GroupOptions, generate_group, group_call
     from rl_core.types import GroupResults
     from tests.helpers.fakes import FakeEnv, FakeTokenizer
 
     env = FakeEnv()
-    assert _group_call(_ColumnBackend(), env, GroupOptions()) == "generate_group"
-    assert _group_call(_ColumnBackend(columns=False), env, GroupOptions()) == "generate_many"
-    assert _group_call(_ColumnBackend(group_calls=False), env, GroupOptions()) == "generate_group"
-    assert _group_call(_ColumnBackend(group_calls=False, columns=False), env, GroupOptions()) is None
+    assert group_call(_ColumnBackend(), env, GroupOptions()) == "generate_group"
+    assert group_call(_ColumnBackend(columns=False), env, GroupOptions()) == "generate_many"
+    assert group_call(_ColumnBackend(group_calls=False), env, GroupOptions()) == "generate_group"
+    assert group_call(_ColumnBackend(group_calls=False, columns=False), env, GroupOptions()) is None
 
     class OnlyGenerate(_ColumnBackend):  # overrides generate only: neither group call may bypass it
         async def generate(self, request):
             return await super().generate(request)
 
-    assert _group_call(OnlyGenerate(), env, GroupOptions()) is None
+    assert group_call(OnlyGenerate(), env, GroupOptions()) is None
 
     class Short(_ColumnBackend):
         async def generate_group(self, key, prompt_ids, params, seeds):
