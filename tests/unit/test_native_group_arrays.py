@@ -92,3 +92,40 @@ def test_generate_group_hands_the_columns_of_one_generate_per_sample():
             assert tv == r.token_versions
             assert (cols.worker if cols.workers is None else cols.workers[i]) == r.worker
         assert list(cols.token_ids[0]) == list(cols.token_ids[2])
+
+
+def test_generate_group_cancelled_or_refused_aborts_the_groups_requests():
+    """Cancelled: every sample is aborted in the engine. A sample the engine refuses (here its
+    request id is already in flight) fails the call, and the samples added before it are aborted;
+    the other request with that id is left alone."""
+    import pytest
+
+    from tests.unit.test_generation_backend import greedy, wait_until
+
+    model = tiny_model()
+    prompt = prompts(1, seed=5)[0]
+
+    async def main():
+        engine = make_engine(model, step_delay_s=0.005)
+        backend = NativeBackend(engine, group_arrays=True)
+        await backend.start()
+        task = asyncio.create_task(backend.generate_group("c", prompt, greedy(50), [1, 2, 3]))
+        await wait_until(lambda: engine.num_running == 3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await wait_until(lambda: engine.num_running == 0)
+        cancelled = backend.metrics()["requests_aborted"]
+        other = asyncio.create_task(backend.generate(GenerationRequest("r/2", prompt, greedy(30))))
+        await wait_until(lambda: engine.num_running == 1)
+        with pytest.raises(ValueError, match="already in the engine"):
+            await backend.generate_group("r", prompt, greedy(30), [1, 2, 3, 4])
+        refused = backend.metrics()
+        kept = await other
+        await backend.shutdown()
+        return cancelled, refused, kept
+
+    cancelled, refused, kept = run_async(main())
+    assert cancelled == 3
+    assert refused["requests_aborted"] == 3 + 2 and refused["requests_added"] == 3 + 1 + 2  # r/0, r/1 aborted
+    assert kept.finish_reason == "length" and len(kept.token_ids) == 30  # the in-flight r/2 ran to its end

@@ -41,13 +41,25 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Command:
-    kind: str  # "generate" | "abort" | "update_weights" | "invalidate" | "stop"
+    kind: str  # "generate" | "generate_group" | "abort" | "update_weights" | "invalidate" | "stop"
     payload: Any
     future: asyncio.Future | None
     loop: asyncio.AbstractEventLoop | None
     stream: asyncio.Queue | None = None  # generate: deltas go here (streaming requests only)
     sent: int = 0  # worker side: tokens already pushed to `stream`
-    arrays: bool = False  # generate_many: the result's token ids and logprobs as NumPy arrays
+    arrays: bool = False  # group calls: the result's token ids and logprobs as NumPy arrays
+    group: "_Gathered | None" = None  # generate_group, worker side: the samples' results so far
+
+
+class _Gathered:
+    """Worker side: the results of one `generate_group` command, by sample index."""
+
+    __slots__ = ("index", "results", "remaining")
+
+    def __init__(self, n: int):
+        self.index: dict[str, int] = {}
+        self.results: list = [None] * n
+        self.remaining = n
 
 
 def _settle(future: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
@@ -149,11 +161,23 @@ class NativeBackend:
 
     async def generate_group(self, key: str, prompt_ids: list[int], params: SamplingParams,
                              seeds: list[int]) -> GroupResults:
-        """The group call (`protocols.GroupGenerationBackend`): the engine takes one request per
-        sample, so the group's requests (`types.group_requests`: ids `f"{key}/{i}"`, one
-        params copy per seed) are built here and go through `generate_many` (the same
-        commands in the same order, `group_arrays` applies); the results come back as columns."""
-        return GroupResults.of(await self.generate_many(group_requests(key, prompt_ids, params, seeds)))
+        """The group call (`protocols.GroupGenerationBackend`) as one command: the worker thread
+        builds the per-sample requests the engine takes (`types.group_requests`: ids
+        `f"{key}/{i}"`, a params copy per seed) and adds them in sample order, where
+        `generate_many`'s commands would add the same requests in the same order; it gathers
+        the results and settles one future with their columns (`GroupResults.of`; `group_arrays`
+        applies). The event loop builds no request, future or result per sample. A request the
+        engine refuses fails the call (the group's requests added before it are aborted);
+        cancelled, or failed: every sample without a result is aborted."""
+        future = self._submit("generate_group", (key, prompt_ids, params, seeds), arrays=self.group_arrays)
+        try:
+            return await future
+        except BaseException:
+            if not future.done() or future.cancelled():
+                with contextlib.suppress(Exception):  # a dead worker has nothing to abort
+                    for i in range(len(seeds)):
+                        self._submit("abort", f"{key}/{i}", want_future=False)
+            raise
 
     async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta | GenerationResult]:
         """`StreamDelta`s as tokens are generated, then the final `GenerationResult`.
@@ -369,6 +393,9 @@ class NativeBackend:
 
     def _execute(self, command: _Command) -> None:
         try:
+            if command.kind == "generate_group":
+                self._add_group(command)
+                return
             if command.kind == "generate":
                 self.engine.add_request(command.payload)
                 self._waiters[command.payload.request_id] = command
@@ -387,6 +414,25 @@ class NativeBackend:
             self._resolve(command)
         except Exception as exc:  # the caller's request or weights were refused
             self._resolve(command, error=exc)
+
+    def _add_group(self, command: _Command) -> None:
+        """Add a `generate_group` command's requests in sample order; if the engine refuses
+        one, abort those added before it (their results are dropped) and raise."""
+        key, prompt_ids, params, seeds = command.payload
+        requests = group_requests(key, prompt_ids, params, seeds)
+        gathered = command.group = _Gathered(len(requests))
+        added: list[str] = []
+        try:
+            for i, request in enumerate(requests):
+                self.engine.add_request(request)
+                added.append(request.request_id)
+                gathered.index[request.request_id] = i
+                self._waiters[request.request_id] = command
+        except Exception:
+            for request_id in added:
+                self._waiters.pop(request_id, None)
+                self.engine.abort(request_id)
+            raise
 
     def _step(self) -> None:
         try:
@@ -427,4 +473,11 @@ class NativeBackend:
             if command.arrays:
                 result.token_ids = token_array(result.token_ids)
                 result.logprobs = logprob_array(result.logprobs)
-            self._resolve(command, result)
+            gathered = command.group
+            if gathered is None:
+                self._resolve(command, result)
+                return
+            gathered.results[gathered.index[result.request_id]] = result
+            gathered.remaining -= 1
+            if gathered.remaining == 0:
+                self._resolve(command, GroupResults.of(gathered.results))
