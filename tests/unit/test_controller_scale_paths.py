@@ -317,8 +317,9 @@ def _strip(samples):
     return out
 
 
-@pytest.mark.parametrize("env_timeout_s", [None, 5.0])
-def test_one_generate_many_call_per_group_gives_the_samples_of_a_call_per_sample(env_timeout_s):
+def _four_groups(env_timeout_s):
+    """(an async function generating four groups of 8 through `generate_group` with a backend,
+    the sampling params it passes)."""
     from rl_core.rollout.group import GroupOptions, generate_group
     from tests.helpers.fakes import FakeEnv, FakeTokenizer
 
@@ -333,6 +334,13 @@ def test_one_generate_many_call_per_group_gives_the_samples_of_a_call_per_sample
             out.append(await generate_group(backend, env, tok, ex, env.prompt_ids(ex), 8, params, f"g{i}",
                                             (3, 0, i), opts))
         return out
+
+    return run, params
+
+
+@pytest.mark.parametrize("env_timeout_s", [None, 5.0])
+def test_one_generate_many_call_per_group_gives_the_samples_of_a_call_per_sample(env_timeout_s):
+    run, params = _four_groups(env_timeout_s)
 
     per_sample, grouped = _GroupBackend(group_calls=False), _GroupBackend(group_calls=True)
     a, b = asyncio.run(run(per_sample)), asyncio.run(run(grouped))
@@ -426,21 +434,9 @@ class _ColumnBackend(_GroupBackend):
 
 @pytest.mark.parametrize("env_timeout_s", [None, 5.0])
 def test_a_generate_group_call_gives_the_samples_of_generate_many_and_of_a_call_per_sample(env_timeout_s):
-    from rl_core.rollout.group import GroupOptions, generate_group
     from rl_core.types import GroupSamples
-    from tests.helpers.fakes import FakeEnv, FakeTokenizer
 
-    env, tok = FakeEnv(), FakeTokenizer()
-    params = SamplingParams(temperature=1.0, max_tokens=6)
-    opts = GroupOptions(env_timeout_s=env_timeout_s, generation_timeout_s=30.0)
-
-    async def run(backend):
-        out = []
-        for i in range(4):
-            ex = {"id": i, "prompt": str(i), "answer": "x"}
-            out.append(await generate_group(backend, env, tok, ex, env.prompt_ids(ex), 8, params, f"g{i}",
-                                            (3, 0, i), opts))
-        return out
+    run, params = _four_groups(env_timeout_s)
 
     columns, many = _ColumnBackend(), _ColumnBackend(columns=False)
     per_sample = _ColumnBackend(group_calls=False, columns=False)

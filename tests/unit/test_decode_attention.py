@@ -35,36 +35,32 @@ def _triton_importable() -> bool:
     return True
 
 
+def _interpreted(module: str) -> list[dict]:
+    """The JSON lines a check module prints when run on the CPU under Triton's interpreter (a
+    subprocess: TRITON_INTERPRET is read when the kernels are defined)."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
+    proc = subprocess.run([sys.executable, "-m", module, "cpu"], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
 @pytest.mark.skipif(not _triton_importable(), reason="triton is not installed (CPU torch ships none)")
 def test_fused_decode_layer_equals_the_torch_layer_in_the_interpreter():
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)  # read when the kernel is defined
-    proc = subprocess.run([sys.executable, "-m", "tests.helpers.decode_attention_check", "cpu"], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    check_gaps([json.loads(line) for line in proc.stdout.splitlines()])
+    check_gaps(_interpreted("tests.helpers.decode_attention_check"))
 
 
 @pytest.mark.skipif(not _triton_importable(), reason="triton is not installed (CPU torch ships none)")
 def test_fused_sampling_equals_sample_plain_in_the_interpreter():
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
-    proc = subprocess.run([sys.executable, "-m", "tests.helpers.fused_sampling_check", "cpu"], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    check_sampling([json.loads(line) for line in proc.stdout.splitlines()])
+    check_sampling(_interpreted("tests.helpers.fused_sampling_check"))
 
 
 @pytest.mark.skipif(not _triton_importable(), reason="triton is not installed (CPU torch ships none)")
 def test_fused_gate_up_silu_equals_the_eager_mlp_in_the_interpreter():
     import torch
 
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
-    proc = subprocess.run([sys.executable, "-m", "tests.helpers.fused_mlp_check", "cpu"], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    lines = _interpreted("tests.helpers.fused_mlp_check")
     for line in lines[:-1]:
         check_mlp(getattr(torch, line["dtype"]), tuple(line["gaps"]))
     engine = lines[-1]["engine"]
