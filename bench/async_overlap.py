@@ -66,7 +66,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.helpers.fakes import FakeBackend, FakeEnv, FakeTrainer, make_parts  # noqa: E402
+from tests.helpers.fakes import FakeBackend, FakeTrainer, make_parts  # noqa: E402
 from rl_core.config import validate_dict  # noqa: E402
 from rl_core.controller.controller import Controller  # noqa: E402
 from rl_core.types import GenerationResult  # noqa: E402

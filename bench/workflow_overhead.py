@@ -75,7 +75,7 @@ def main() -> None:
         print(f"  {name:45s} {t:7.1f} s   x{t / t_proc:5.2f} of in-process")
     stages = _stage_seconds(work / "results" / "wf" / "logs")
     train = sum(v for k, v in stages.items() if k.startswith("train_epoch"))
-    print(f"  workflow stages (s): " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(stages.items())))
+    print("  workflow stages (s): " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(stages.items())))
     print(f"  train_epoch share of the local workflow: {train / t_wf:.0%}")
 
 
