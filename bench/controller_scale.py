@@ -55,7 +55,8 @@ sys.path.insert(0, str(ROOT))
 from tests.helpers.fakes import FakeBackend, FakeEnv, FakeTrainer, make_parts  # noqa: E402
 from rl_core.config import validate_dict  # noqa: E402
 from rl_core.controller.controller import Controller  # noqa: E402
-from rl_core.types import GenerationResult, GroupResults  # noqa: E402
+from rl_core.types import GenerationResult  # noqa: E402
+from rl_core.columns import GroupResults  # noqa: E402
 
 STEP_S = 10.0  # the RL step the overhead is compared with
 N = 16  # samples per group

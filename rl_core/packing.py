@@ -1,7 +1,7 @@
 """Packing samples into the padded tensors of a `TrainChunk`, and the reused memory it packs into.
 
 Owns: `make_train_chunk` (a list of `Sample`s, or of their token arrays: one row each),
-`make_group_chunk` (whole prompt groups, read through their columns: `types.group_columns`),
+`make_group_chunk` (whole prompt groups, read through their columns: `columns.group_columns`),
 the padded layout (types.py's module docstring: token
 alignment and routed experts), and `ARENA`, the pool of [B, T] buffers packed chunks reuse.
 Does not own: the records themselves (types.py) or what is trained (samplers, algorithms).
@@ -17,7 +17,8 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
-from rl_core.types import Sample, SampleColumns, TrainChunk, group_columns
+from rl_core.types import Sample, TrainChunk
+from rl_core.columns import SampleColumns, group_columns
 
 
 def make_train_chunk(samples: list[Sample], advantages: list[float] | torch.Tensor | None, pad_id: int = 0,
@@ -34,7 +35,7 @@ def make_train_chunk(samples: list[Sample], advantages: list[float] | torch.Tens
 
 def make_group_chunk(groups: Sequence, pad_id: int = 0, require_routes: bool = False) -> TrainChunk:
     """`make_train_chunk([s for g in groups for s in g], None, ...)`, the same tensors, read
-    through each group's columns (`types.group_columns`: a `GroupSamples` is read without
+    through each group's columns (`columns.group_columns`: a `GroupSamples` is read without
     building its `Sample`s; a group may also be given as its columns). The advantages are a
     read-only placeholder of zeros (one zero expanded to [B, T], no memory): the advantage
     stage replaces the tensor."""
@@ -85,7 +86,7 @@ class _Joined:
 
 def _pack(cols, advantages, pad_id: int, token_advantages, require_routes: bool,
           placeholder: bool = False) -> TrainChunk:
-    """Pack the rows of `cols` (`types.GroupColumns` members: prompts, completion ids and
+    """Pack the rows of `cols` (`columns.GroupColumns` members: prompts, completion ids and
     logprobs, completion masks, environment masks, versions, routed experts; `runs`, when
     given, the runs of rows sharing one prompt list). `placeholder` (with `advantages` None):
     zero advantages as one expanded zero."""

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, runtime_chec
 
 import torch
 
-from rl_core.types import EnvResult, GenerationRequest, GenerationResult, GroupResults, SamplingParams, TrainChunk
+from rl_core.types import EnvResult, GenerationRequest, GenerationResult, SamplingParams, TrainChunk
+from rl_core.columns import GroupResults
 
 if TYPE_CHECKING:
     from rl_core.weights.base import SyncReport
@@ -40,7 +41,7 @@ class GenerationBackend(Protocol):
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """Generate one sample. An aborted request returns with finish_reason 'abort'.
         `token_ids` and `logprobs` of the result may be Python lists or 1-D NumPy arrays
-        (`rl_core.types.token_array` / `logprob_array`: packed into training tensors by a
+        (`rl_core.columns.token_array` / `logprob_array`: packed into training tensors by a
         memory copy); consumers never modify them.
 
         Optional (`GroupGenerationBackend`): `generate_group(key, prompt_ids, params, seeds)`,

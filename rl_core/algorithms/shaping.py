@@ -24,7 +24,8 @@ import torch
 
 from rl_core.algorithms.metrics import Pair
 from rl_core.config.schema import DynamicSamplingConfig, OverlongPenaltyConfig, RewardShapingConfig
-from rl_core.types import PromptGroup, Sample, group_columns
+from rl_core.types import PromptGroup, Sample
+from rl_core.columns import group_columns
 
 UNSHAPED = "unshaped_reward"
 PENALTY_COMPONENT = "overlong_penalty"

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from rl_core.checkpoint.store import load_json, load_torch, rng_state, set_rng_state, write_checkpoint
-from rl_core.types import OpenStep, PromptGroup, Sample, TrainChunk, TrainedGroup, plain
+from rl_core.types import OpenStep, PromptGroup, Sample, TrainChunk, TrainedGroup
+from rl_core.columns import plain
 
 
 def group_to_json(g: PromptGroup) -> dict[str, Any]:

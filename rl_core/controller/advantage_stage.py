@@ -2,7 +2,7 @@
 
 Owns, per chunk of selected groups, in this order: the dynamic-sampling group filter
 (zero-variance groups are set aside so the step can be refilled), packing the samples
-(`packing.make_group_chunk`; every group is read through its columns, `types.group_columns`),
+(`packing.make_group_chunk`; every group is read through its columns, `columns.group_columns`),
 reference-policy logprobs when the reward carries a KL term, the critic's values (PPO)
 (both passes run through the pump's `run_pass`, which retries them),
 `algorithms.estimate.estimate_advantages` for every estimator, and the per-sample advantage
@@ -23,7 +23,8 @@ import torch
 from rl_core.algorithms.estimate import estimate_advantages
 from rl_core.algorithms.shaping import dynamic_sampling_filter
 from rl_core.packing import make_group_chunk
-from rl_core.types import PromptGroup, TrainChunk, group_columns
+from rl_core.types import PromptGroup, TrainChunk
+from rl_core.columns import group_columns
 
 
 @dataclass

@@ -31,7 +31,8 @@ from rl_core.protocols import Environment, GenerationBackend
 from rl_core.algorithms.shaping import shape_group
 from rl_core.resilience import Attempts, FailureKind, GroupDropped, backoff_s
 from rl_core.rollout.group import GenerationSlots, GroupOptions, generate_group
-from rl_core.types import PromptGroup, SamplingParams, group_columns
+from rl_core.types import PromptGroup, SamplingParams
+from rl_core.columns import group_columns
 
 
 @dataclass

@@ -23,7 +23,7 @@ from collections import Counter
 from fractions import Fraction
 
 from rl_core.algorithms.metrics import finalize_metrics
-from rl_core.types import DictColumns, group_columns
+from rl_core.columns import DictColumns, group_columns
 
 
 def _pct(s: list[float], q: float) -> float:
@@ -78,7 +78,7 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
     ages = [t.slot.selected_at - t.slot.ready_at for t in trained
             if t.slot.ready_at is not None and t.slot.selected_at is not None]
     # per sample (16,000 per step at 1,000 groups x 16), read through each group's columns
-    # (types.group_columns: a single-turn group held as a GroupSamples without building Samples)
+    # (columns.group_columns: a single-turn group held as a GroupSamples without building Samples)
     rewards: list[float] = []
     gen_len: list[int] = []
     in_len: list[int] = []

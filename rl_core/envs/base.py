@@ -194,7 +194,7 @@ class BaseEnv(ABC):
 
     def parse_completion(self, completion_ids: list[int], completion_text: str, finish_reason: str) -> Completion:
         """Strip trailing end-token strings from the text and decide whether the sample ended."""
-        # a backend may hand the ids over as a NumPy array (`types.token_array`): the same ints
+        # a backend may hand the ids over as a NumPy array (`columns.token_array`): the same ints
         ids = completion_ids.tolist() if isinstance(completion_ids, np.ndarray) else [int(i) for i in completion_ids]
         ended = finish_reason == "stop" and bool(ids) and ids[-1] in self.end_token_ids
         text = completion_text

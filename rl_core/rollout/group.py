@@ -11,7 +11,7 @@ with observation tokens masked out of the loss), per-generation and per-environm
 deadlines, each sample's generated tokens per generation worker (`info["worker_tokens"]`,
 from `GenerationResult.worker`), and scoring each finished sample with the environment. A
 single-turn group generated in one group call comes back column-wise
-(`types.GroupSamples`: the same `Sample`s, built on first access); every other path returns
+(`columns.GroupSamples`: the same `Sample`s, built on first access); every other path returns
 a list of `Sample`s, built by the same `types.scored_sample`.
 
 Does not own: when groups are dispatched (rollout pump), the buffer, or retries.
@@ -31,8 +31,8 @@ from typing import Any
 from rl_core.config.schema import SamplingParamsConfig
 from rl_core.resilience import with_deadline
 from rl_core.protocols import Environment, GenerationBackend
-from rl_core.types import (GenerationRequest, GenerationResult, GroupResults, GroupSamples, Sample, SamplingParams,
-                           group_requests, plain, scored_sample)
+from rl_core.types import GenerationRequest, GenerationResult, Sample, SamplingParams, group_requests, scored_sample
+from rl_core.columns import GroupResults, GroupSamples, plain
 
 _MASK64 = (1 << 64) - 1
 
@@ -407,7 +407,7 @@ async def _generate_group_at_once(backend: GenerationBackend, call: str, env: En
                                       what)
         if type(results) is not GroupResults:
             raise TypeError(f"{type(backend).__name__}.generate_group returned {type(results).__name__}, "
-                            "expected rl_core.types.GroupResults")
+                            "expected rl_core.columns.GroupResults")
         ids, finishes = results.token_ids, results.finish_reasons
         if not (len(ids) == len(finishes) == len(results.logprobs) == n):
             raise RuntimeError(f"{type(backend).__name__}.generate_group returned {len(ids)} completions, "

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 from rl_core.fsutil import atomic_write_text
-from rl_core.types import plain
+from rl_core.columns import plain
 
 
 def step_record(step: int, weight_version: int, trained) -> dict:

@@ -1,4 +1,4 @@
-"""The one column interface (`types.group_columns`): a `GroupSamples` and the same group's
+"""The one column interface (`columns.group_columns`): a `GroupSamples` and the same group's
 `Sample`s (built, or generated one call per sample) give equal columns; `SampleColumns` of
 multi-turn samples; a group's seeds in one call; the correctly rounded square root of a
 fraction that `step_metrics.pstdev` uses."""
@@ -14,7 +14,8 @@ import pytest
 
 from rl_core.controller.step_metrics import sqrt_of_fraction
 from rl_core.rollout.group import GroupOptions, seed_last, seed_prefix, seeds_last
-from rl_core.types import GroupColumns, GroupSamples, Sample, SampleColumns, group_columns
+from rl_core.types import Sample
+from rl_core.columns import GroupColumns, GroupSamples, SampleColumns, group_columns
 from tests.unit.test_group_columns import SeededBackend, _groups
 
 PER_SAMPLE = ("prompts", "prompt_lens", "completion_ids", "gen_logprobs", "completion_lens", "generated_lens",

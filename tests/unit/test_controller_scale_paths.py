@@ -241,7 +241,7 @@ def test_make_train_chunk_packs_arrays_and_lists_alike():
     the tensors are exactly those of the same samples as Python lists, mixed or not."""
     import numpy as np
 
-    from rl_core.types import logprob_array, token_array
+    from rl_core.columns import logprob_array, token_array
 
     rng = random.Random(11)
     lists = _samples(rng, 29, masks=True)
@@ -397,7 +397,7 @@ def test_array_samples_go_into_the_spool_and_checkpoints_as_json_lists():
 
     from rl_core.checkpoint.run_state import group_from_json, group_to_json
     from rl_core.rollout.spool import step_record
-    from rl_core.types import logprob_array, token_array
+    from rl_core.columns import logprob_array, token_array
 
     s = Sample([1, 2], token_array([5, 6, 7]), logprob_array([-0.5, -0.25, -1.0]), 1.0, "stop", 0, 1,
                info={"token_versions": token_array([0, 1, 1])})
@@ -422,7 +422,8 @@ class _ColumnBackend(_GroupBackend):
             self.generate_group = None
 
     async def generate_group(self, key, prompt_ids, params, seeds):
-        from rl_core.types import GroupResults, group_requests
+        from rl_core.types import group_requests
+        from rl_core.columns import GroupResults
 
         self.group_calls_made += 1
         requests = group_requests(key, prompt_ids, params, seeds)
@@ -434,7 +435,7 @@ class _ColumnBackend(_GroupBackend):
 
 @pytest.mark.parametrize("env_timeout_s", [None, 5.0])
 def test_a_generate_group_call_gives_the_samples_of_generate_many_and_of_a_call_per_sample(env_timeout_s):
-    from rl_core.types import GroupSamples
+    from rl_core.columns import GroupSamples
 
     run, params = _four_groups(env_timeout_s)
 
@@ -454,7 +455,7 @@ def test_a_generate_group_call_gives_the_samples_of_generate_many_and_of_a_call_
 
 def test_group_call_choice_and_a_generate_group_answer_of_the_wrong_shape():
     from rl_core.rollout.group import GroupOptions, generate_group, group_call
-    from rl_core.types import GroupResults
+    from rl_core.columns import GroupResults
     from tests.helpers.fakes import FakeEnv, FakeTokenizer
 
     env = FakeEnv()
@@ -489,12 +490,13 @@ def test_group_call_choice_and_a_generate_group_answer_of_the_wrong_shape():
 
     with pytest.raises(RuntimeError, match="generate_group returned 3 completions"):
         run(Short())
-    with pytest.raises(TypeError, match="expected rl_core.types.GroupResults"):
+    with pytest.raises(TypeError, match="expected rl_core.columns.GroupResults"):
         run(Listed())
 
 
 def test_group_results_of_per_sample_results_and_group_samples_of_columns_agree():
-    from rl_core.types import EnvResult, GenerationResult, GroupResults, GroupSamples
+    from rl_core.types import EnvResult, GenerationResult
+    from rl_core.columns import GroupResults, GroupSamples
 
     results = [GenerationResult(f"k/{i}", [1], [i + 1] * (i + 1), [-0.5] * (i + 1), "stop", 0, 1 + i % 2,
                                 token_versions=[1] * (i + 1) if i == 2 else None, worker="w1" if i == 1 else "")

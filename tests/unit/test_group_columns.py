@@ -1,4 +1,4 @@
-"""A single-turn group held column-wise (`types.GroupSamples`, issue 18 item 3) is the same
+"""A single-turn group held column-wise (`columns.GroupSamples`, issue 18 item 3) is the same
 group as its `Sample`s: the records built on first access equal the per-sample path's, and
 every consumer that reads the columns instead (packing, the advantage stage, step metrics,
 the rollout pump's sums, the checkpoint JSON) gives what it gives for the `Sample`s. Also the
@@ -22,7 +22,8 @@ from rl_core.controller.advantage_stage import AdvantageStage
 from rl_core.controller.step_metrics import pstdev, step_metrics
 from rl_core.rollout.group import GroupOptions, generate_group
 from rl_core.packing import ARENA, Arena, make_group_chunk, make_train_chunk
-from rl_core.types import EnvResult, GenerationResult, GroupSamples, PromptGroup, SamplingParams, columns_of
+from rl_core.types import EnvResult, GenerationResult, PromptGroup, SamplingParams
+from rl_core.columns import GroupSamples, columns_of
 from tests.helpers.fakes import FakeEnv, FakeTokenizer
 
 FIELDS = ("input_ids", "attention_mask", "loss_mask", "gen_logprobs", "advantages", "sample_mask", "start_versions")
@@ -315,7 +316,7 @@ def test_dynamic_sampling_reads_columns_as_it_reads_samples():
 
 
 def test_dict_columns_hold_what_the_dicts_hold():
-    from rl_core.types import DictColumns
+    from rl_core.columns import DictColumns
 
     uniform = [{"a": i, "b": -i} for i in range(5)]
     ragged = [{"a": 1}, {"b": 2, "a": 3}, {}, {"c": [4]}]

@@ -58,7 +58,7 @@ def test_an_environment_parses_an_array_of_ids_as_the_list():
 def test_generate_group_hands_the_columns_of_one_generate_per_sample():
     from dataclasses import replace
 
-    from rl_core.types import GroupResults
+    from rl_core.columns import GroupResults
 
     model = tiny_model()
     prompt = prompts(1, seed=11)[0]

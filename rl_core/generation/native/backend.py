@@ -33,8 +33,8 @@ from rl_core.generation.base import GenerationError, StreamDelta
 from rl_core.generation.native.engine import NativeEngine
 from rl_core.generation.native.options import EngineOptions
 from rl_core.generation.native.model import load_safetensors_dir
-from rl_core.types import (GenerationRequest, GenerationResult, GroupResults, SamplingParams, group_requests,
-                           logprob_array, token_array)
+from rl_core.types import GenerationRequest, GenerationResult, SamplingParams, group_requests
+from rl_core.columns import GroupResults, logprob_array, token_array
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class NativeBackend:
         submit, in the same order), their results in that order: no task per request.
         Cancelled, or one request failed: every request without a result is aborted. With
         `group_arrays` the results' token ids and logprobs come as 1-D NumPy arrays
-        (`types.token_array`, `logprob_array`: the same values, converted once on the worker
+        (`columns.token_array`, `logprob_array`: the same values, converted once on the worker
         thread when the request finishes), so that the controller packs them by memory copies."""
         futures: list[asyncio.Future] = []
         try:
