@@ -84,15 +84,16 @@ class GenerationResult:
 def group_requests(key: str, prompt_ids: list[int], params: SamplingParams, seeds: list[int]
                    ) -> list[GenerationRequest]:
     """The per-sample requests a group call stands for: request i is `f"{key}/{i}"` over the
-    shared `prompt_ids` with `params` and seed `seeds[i]` (`dataclasses.replace(params,
-    seed=...)`, without its per-call field introspection). For backends whose engine takes
+    shared `prompt_ids` with `with_seed(params, seeds[i])`. For backends whose engine takes
     one request per sample, and for the `generate_many` fallback."""
-    cls, fields, new = type(params), params.__dict__, object.__new__
-    out = []
-    for i, seed in enumerate(seeds):
-        p = new(cls)
-        p.__dict__.update(fields, seed=seed)
-        out.append(GenerationRequest(f"{key}/{i}", prompt_ids, p))
+    return [GenerationRequest(f"{key}/{i}", prompt_ids, with_seed(params, seed)) for i, seed in enumerate(seeds)]
+
+
+def with_seed(params: SamplingParams, seed: int) -> SamplingParams:
+    """`dataclasses.replace(params, seed=seed)` without its per-call field introspection
+    (`copy.copy` costs as much, through the reduce protocol)."""
+    out = object.__new__(type(params))
+    out.__dict__.update(params.__dict__, seed=seed)
     return out
 
 

@@ -31,7 +31,8 @@ from typing import Any
 from rl_core.config.schema import SamplingParamsConfig
 from rl_core.resilience import with_deadline
 from rl_core.protocols import Environment, GenerationBackend
-from rl_core.types import GenerationRequest, GenerationResult, Sample, SamplingParams, group_requests, scored_sample
+from rl_core.types import (GenerationRequest, GenerationResult, Sample, SamplingParams, group_requests, scored_sample,
+                           with_seed)
 from rl_core.columns import GroupResults, GroupSamples, plain
 
 _MASK64 = (1 << 64) - 1
@@ -71,15 +72,6 @@ def seeds_last(prefix: int, n: int) -> list[int]:
         x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
         x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
         out.append((x ^ (x >> 31)) >> 1)
-    return out
-
-
-def with_seed(params: SamplingParams, seed: int) -> SamplingParams:
-    """`dataclasses.replace(params, seed=seed)` without its per-call field introspection
-    (`copy.copy` costs as much, through the reduce protocol)."""
-    out = object.__new__(type(params))
-    out.__dict__.update(params.__dict__)
-    out.seed = seed
     return out
 
 

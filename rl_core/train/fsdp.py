@@ -212,9 +212,6 @@ class FSDPTrainer(DataParallelTrainer):
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
-    def _grads(self) -> list[torch.Tensor]:
-        return [p.grad for p in self.model.parameters() if p.grad is not None]
-
     def _local_grads(self) -> list[torch.Tensor]:
         """This rank's shards of the gradients (plain tensors: the arithmetic below runs on them
         without DTensor's per-operator dispatch, the same element-wise operations)."""
