@@ -26,7 +26,8 @@ def _run(tmp_path, warm_policy, monkeypatch, recipe, steps, *extra):
 
 @pytest.mark.slow
 def test_ppo_with_a_critic_learns(tmp_path, warm_policy, monkeypatch):
-    summary, steps = _run(tmp_path, warm_policy, monkeypatch, "tiny-addition-ppo.yaml", 200)
+    # reproducible: the held-out gain does not depend on how loaded the machine is (async runs vary)
+    summary, steps = _run(tmp_path, warm_policy, monkeypatch, "tiny-addition-ppo.yaml", 200, "async_rl.reproducible=true")
     before, after = summary["val_start"]["accuracy"], summary["val_end"]["accuracy"]
     print(f"[ppo] held-out accuracy {before:.3f} -> {after:.3f} in 200 RL steps")
     assert after - before >= 0.06, f"PPO held-out accuracy {before:.3f} -> {after:.3f}"
