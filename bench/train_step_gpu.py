@@ -37,7 +37,10 @@ Variants, each in its own process (fresh memory and global state), measured side
   ...+fused+mb2x: and AdamW(fused=True) over the local shards (bench-only);
 - megatron: `MegatronTrainer`, bf16 with Megatron's optimizer (fp32 main weights), SDPA attention,
   fused logprobs (on CUDA at tensor parallel size 1); megatron+mb2x: twice the microbatch.
-`--profile` adds one profiled step per variant: device time by kernel category and the top kernels.
+- fsdp2+bf16+..., megatron+bf16+...: the torch backend's precision (bf16 weights and AdamW state, no
+  fp32 master copy; megatron with torch's AdamW), to compare the sharded backends' own cost like for like.
+`--profile` adds one profiled step per variant: device time by kernel category and the top kernels;
+`--host-profile` one cProfiled step (the host's Python work, top functions by own time).
 `--host-overhead` (CPU, no GPU needed): the same split step on a model of the same depth (24 layers)
 but 32 wide, 2 x 16 tokens in one microbatch, so compute is negligible and the time per step is the
 backends' own host work (Python, hooks, dispatch, optimizer loops); also the aten operators one step
@@ -109,6 +112,12 @@ BACKENDS = {  # name -> recipe overrides (after --microbatch, so a variant's own
     "fsdp2+bf16+compile+noreshard+mb2x": ["trainer.backend=fsdp2", "model.dtype=bfloat16",
                                           "trainer.fsdp.mixed_precision=none", "trainer.fsdp.compile=true",
                                           "trainer.fsdp.reshard_after_forward=false"],
+    "fsdp2+bf16+compile+noreshard+unit24+mb2x": ["trainer.backend=fsdp2", "model.dtype=bfloat16",
+                                                 "trainer.fsdp.mixed_precision=none", "trainer.fsdp.compile=true",
+                                                 "trainer.fsdp.reshard_after_forward=false",
+                                                 "trainer.fsdp.layers_per_unit=24"],
+    "megatron+bf16+mb2x": ["trainer.backend=megatron", "model.dtype=bfloat16",
+                           "trainer.megatron.mixed_precision=none", "trainer.megatron.optimizer=torch"],
     "megatron+bf16+compile+mb2x": ["trainer.backend=megatron", "model.dtype=bfloat16",
                                    "trainer.megatron.mixed_precision=none", "trainer.megatron.optimizer=torch",
                                    "trainer.megatron.compile=true"],
@@ -238,6 +247,30 @@ def profile_step(trainer, loss, c, device: str, top: int = 12) -> dict:
             "top": sorted(kernels.items(), key=lambda kv: -kv[1])[:top]}
 
 
+def host_profile(trainer, loss, c, device: str, top: int = 25) -> list[str]:
+    """The host's own work in one split step (cProfile, sorted by each function's own time): where
+    the Python side of a backend spends the step while the device waits (a check of where a
+    step is host-bound; cProfile's overhead inflates many small calls)."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
+    prof = cProfile.Profile()
+    prof.enable()
+    trainer.begin(loss)
+    trainer.train_microbatches(c)
+    trainer.finish()
+    sync()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    return [line for line in buf.getvalue().splitlines() if line.strip()]
+
+
 def count_ops(trainer, loss, c) -> int:
     """aten operators dispatched by one split step on the CPU (torch.profiler; each is at least one
     kernel launch on a GPU)."""
@@ -290,6 +323,7 @@ def run_one(args) -> None:
     try:
         times, metrics = time_steps(trainer, loss, c, args.warmup, args.steps, device)
         prof = profile_step(trainer, loss, c, device) if args.profile else None
+        host = host_profile(trainer, loss, c, device) if args.host_profile else None
         ops = count_ops(trainer, loss, c) if args.host_overhead else None
     finally:
         close_trainer(trainer)
@@ -302,7 +336,7 @@ def run_one(args) -> None:
            "mfu": flops / step_s / 1e12 / PEAK_TFLOPS, "step_tflop": flops / 1e12, "build_s": build_s,
            "loss": metrics.get("loss"), "grad_norm": metrics.get("grad_norm"),
            "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None,
-           "profile": prof, "aten_ops": ops}
+           "profile": prof, "host_profile": host, "aten_ops": ops}
     Path(args.json).write_text(json.dumps(out))
 
 
@@ -320,6 +354,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--profile", action="store_true",
                     help="also profile one step of each variant (device time by kernel category, top kernels)")
+    ap.add_argument("--host-profile", action="store_true",
+                    help="also cProfile one step of each variant (the host's Python work, top functions by own time)")
     ap.add_argument("--json", default=None, help="where to write all results (default $OUT/train_step_gpu.json)")
     ap.add_argument("--run", default=None, help=argparse.SUPPRESS)  # child mode
     ap.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
@@ -374,6 +410,8 @@ def main() -> int:
                 cmd.append("--host-overhead")
             if args.profile:
                 cmd.append("--profile")
+            if args.host_profile:
+                cmd.append("--host-profile")
             try:
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
                                       timeout=None if cpu else max(20.0, left))
@@ -389,6 +427,10 @@ def main() -> int:
         _print_table(results, args)
     if args.profile:
         _print_profiles(results)
+    for name, r in results.items():
+        if r.get("host_profile"):
+            print(f"\nhost profile of one step (cProfile), {name}:")
+            print("\n".join(r["host_profile"]))
     summary = {"shape": _shape(args), "batch": args.batch, "seq": args.seq,
                "microbatch": args.microbatch, "peak_tflops": PEAK_TFLOPS, "smoke": args.smoke,
                "host_overhead": args.host_overhead, "load_average": os.getloadavg(),
