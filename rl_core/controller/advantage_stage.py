@@ -15,7 +15,9 @@ critic), or refilling the step (the train pump asks the rollout pump).
 from __future__ import annotations
 
 import asyncio
+import operator
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Awaitable, Callable
 
 import torch
@@ -70,7 +72,7 @@ class AdvantageStage:
                 valid += [not m and f != "abort" for m, f in zip(masked, fin)]
             else:  # the usual case, without a loop per sample
                 valid += [True] * len(fin)
-            truncated += [f == "length" for f in fin]
+            truncated += map(operator.eq, fin, repeat("length"))  # [f == "length" for f in fin], in C
             if components is not None:
                 components += c.component_columns.rows()
         ref = None

@@ -30,7 +30,7 @@ from rl_core.controller.events import Timeline, VersionClock, notify, wait_until
 from rl_core.protocols import Environment, GenerationBackend
 from rl_core.algorithms.shaping import shape_group
 from rl_core.resilience import Attempts, FailureKind, GroupDropped, backoff_s
-from rl_core.rollout.group import GenerationSlots, GroupOptions, generate_group
+from rl_core.rollout.group import GenerationSlots, GroupOptions, generate_group, seeds_of_groups
 from rl_core.types import PromptGroup, SamplingParams
 from rl_core.columns import group_columns
 
@@ -93,6 +93,7 @@ class RolloutPump:
         self.exhausted = False
         self._stop = False
         self._pending: list = []  # prompts drawn from the source but not dispatched yet
+        self._seeds: dict[tuple[int, int], list[int]] = {}  # (epoch, index) -> the seeds of a drawn batch's group
         # generation-level backpressure: groups dispatched whose samples are not counted as
         # queued yet (their task has not started), and whether dispatch waits on the queue
         self._unstarted: set[str] = set()
@@ -251,6 +252,10 @@ class RolloutPump:
             if batch is None:
                 return None
             self._pending = [tuple(d) for d in batch]
+            # the batch's seeds in one pass (`seeds_of_groups`); a group not found here (restored
+            # from a checkpoint, retried) derives its own, the same values
+            keys = [(int(e), int(i)) for i, e, _ in self._pending]
+            self._seeds = dict(zip(keys, seeds_of_groups([(self.seed, e, i) for e, i in keys], self.n)))
         return self._pending.pop(0)
 
     # ------------------------------------------------------------------ the pump
@@ -384,7 +389,8 @@ class RolloutPump:
         key = f"{group_id}/a{attempts.infra + attempts.data}"
         self._unstarted.discard(group_id)  # generate_group counts its samples as queued from here on
         samples = await generate_group(self.backend, self.env, self.tokenizer, example, prompt_ids, self.n,
-                                       self.params, key, (self.seed, epoch, index), self.opts)
+                                       self.params, key, (self.seed, epoch, index), self.opts,
+                                       self._seeds.pop((int(epoch), int(index)), None))
         cols = group_columns(samples)  # a single-turn group's columns (GroupSamples), read without building Samples
         if "abort" in cols.finish_reasons:
             raise ConnectionAbortedError(f"the backend aborted a sample of {group_id}")  # INFRA: retried

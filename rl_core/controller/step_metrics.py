@@ -86,22 +86,26 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
     env_s: list[float] = []
     gen_s: list[float] = []
     turns: list[int] = []
-    correct = truncated = breaks = 0
+    correct = truncated = breaks = zero_variance = 0
     workers: dict[str, int] = {}
     comp_groups: list[DictColumns] = []  # the named reward components of each group, in order
+    add = operator.add
     for t in trained:
         cols = group_columns(t.group.samples)
-        rewards += cols.rewards
+        rs = cols.rewards
+        rewards += rs
+        # len(set(rs)) == 1 (the group's rewards all equal), without a set
+        zero_variance += len(rs) > 0 and rs.count(rs[0]) == len(rs)
         gen_len += cols.generated_lens
         plens = cols.prompt_lens
         in_len += plens
-        tot_len += map(operator.add, plens, cols.completion_lens)
+        tot_len += map(add, plens, cols.completion_lens)
         env_s += cols.env_s
         gen_s += cols.generate_s_each
         info = cols.info_columns
         oks = info.column("correct")  # is_correct, inlined
         if None in oks:
-            correct += sum(bool(ok) if ok is not None else r > 0 for ok, r in zip(oks, cols.rewards))
+            correct += sum(bool(ok) if ok is not None else r > 0 for ok, r in zip(oks, rs))
         else:
             correct += sum(map(bool, oks))
         if info.has("segments"):
@@ -121,7 +125,7 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
         "train/advantage_mean": statistics.fmean(advs),
         "train/advantage_abs_mean": statistics.fmean(list(map(abs, advs))),
         "train/advantage_std": pstdev(advs),
-        "train/zero_variance_groups": sum(1 for t in trained if len(set(t.group.rewards)) == 1) / len(trained),
+        "train/zero_variance_groups": zero_variance / len(trained),
         "train/num_groups": float(len(trained)),
         "train/completion_len_mean": statistics.fmean(gen_len),
         "train/truncation_rate": truncated / n,
@@ -170,10 +174,7 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
     for w, n in sorted(workers.items()):
         m[f"rollout/worker_gen_tokens/{w}"] = float(n)
     for name in set().union(*(c.names() for c in comp_groups)):  # named reward components (multi-reward)
-        values: list[float] = []
-        for c in comp_groups:  # in sample order, 0.0 where a sample lacks the component
-            values += c.column(name, 0.0)
-        m[f"reward/{name}"] = statistics.fmean(values)
+        m[f"reward/{name}"] = statistics.fmean(DictColumns.joined(comp_groups, name, 0.0))
     for k, v in train_metrics.items():
         m[k if k.startswith(("critic/", "flops/", "perf/")) else f"train/{k}"] = v
     for k, v in refit_metrics.items():
