@@ -89,7 +89,7 @@ class RolloutPump:
         self.inflight: dict[str, asyncio.Task] = {}
         self.inflight_targets: dict[str, int] = {}
         self.dispatch_open = True  # closed by the refitter's drain gate, checkpoints, validation
-        self.waiting_on = "not started"
+        self._waiting_on: str | None = "not started"
         self.exhausted = False
         self._stop = False
         self._pending: list = []  # prompts drawn from the source but not dispatched yet
@@ -220,6 +220,16 @@ class RolloutPump:
             and self._generation_queue_ok()
         )
 
+    @property
+    def waiting_on(self) -> str:
+        """What the pump waits on now (read by the watchdog): the admission condition that fails
+        while the dispatch loop waits, else the stage it is in."""
+        return self._describe_wait() if self._waiting_on is None else self._waiting_on
+
+    @waiting_on.setter
+    def waiting_on(self, what: str) -> None:
+        self._waiting_on = what
+
     def _describe_wait(self) -> str:
         if not self.dispatch_open:
             return "dispatch gate (paused for a refit drain, a checkpoint or validation)"
@@ -265,7 +275,7 @@ class RolloutPump:
             while not self._stop and not self._done_dispatching():
                 if not self._pending and self.source.exhausted:
                     break
-                self.waiting_on = self._describe_wait()
+                self._waiting_on = None  # `waiting_on` describes the wait when read (the watchdog)
                 t0 = time.monotonic()
                 await wait_until(self.cond, lambda: self._admissible() or self._done_dispatching())
                 self.stats.idle_s += time.monotonic() - t0
