@@ -132,12 +132,15 @@ class DictColumns:
         keys = self.keys
         return [dict(zip(keys, row)) for row in zip(*self.values.values())]
 
-    def column(self, key: str, default=None) -> list:
-        """`[d.get(key, default) for d in dicts]`."""
+    def column(self, key: str, default=None, copy: bool = True) -> list:
+        """`[d.get(key, default) for d in dicts]` (`copy=False`: the list held, for a reader that
+        does not modify it)."""
         if self.dicts is not None:
             return [d.get(key, default) for d in self.dicts]
         col = self.values.get(key)
-        return list(col) if col is not None else [default] * self.n
+        if col is None:
+            return [default] * self.n
+        return list(col) if copy else col
 
     @staticmethod
     def joined(groups: list["DictColumns"], key: str, default=None) -> list:
@@ -211,7 +214,7 @@ class GroupSamples(Sequence, GroupColumns):
             ws = results.workers
             self.workers = [results.worker or "local"] * n if ws is None else [w or "local" for w in ws]
             routes = results.routed_experts
-            self.routed_experts = routes if routes is not None and routes.count(None) != len(routes) else None
+            self.routed_experts = None if routes is None or routes.count(None) == len(routes) else routes
         else:
             self.completion_ids = list(map(_TOKEN_IDS, results))  # attribute columns read in C (attrgetter)
             self.gen_logprobs = list(map(_LOGPROBS, results))

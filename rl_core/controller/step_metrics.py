@@ -82,14 +82,13 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
     rewards: list[float] = []
     gen_len: list[int] = []
     in_len: list[int] = []
-    tot_len: list[int] = []
+    comp_len: list[int] = []
     env_s: list[float] = []
     gen_s: list[float] = []
     turns: list[int] = []
     correct = truncated = breaks = zero_variance = 0
     workers: dict[str, int] = {}
     comp_groups: list[DictColumns] = []  # the named reward components of each group, in order
-    add = operator.add
     for t in trained:
         cols = group_columns(t.group.samples)
         rs = cols.rewards
@@ -97,13 +96,12 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
         # len(set(rs)) == 1 (the group's rewards all equal), without a set
         zero_variance += len(rs) > 0 and rs.count(rs[0]) == len(rs)
         gen_len += cols.generated_lens
-        plens = cols.prompt_lens
-        in_len += plens
-        tot_len += map(add, plens, cols.completion_lens)
+        in_len += cols.prompt_lens
+        comp_len += cols.completion_lens
         env_s += cols.env_s
         gen_s += cols.generate_s_each
         info = cols.info_columns
-        oks = info.column("correct")  # is_correct, inlined
+        oks = info.column("correct", copy=False)  # is_correct, inlined
         if None in oks:
             correct += sum(bool(ok) if ok is not None else r > 0 for ok, r in zip(oks, rs))
         else:
@@ -116,6 +114,7 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
             workers[w] = workers.get(w, 0) + c
         comp_groups.append(cols.component_columns)
     n = len(rewards)
+    tot_len = list(map(operator.add, in_len, comp_len))  # prompt + completion per sample
     gen_sorted = sorted(gen_len)
     step_s = now - t_step0
     rs = pump.rollout.stats

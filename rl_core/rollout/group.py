@@ -430,11 +430,12 @@ async def _generate_group_at_once(backend: GenerationBackend, call: str, env: En
     (sharing one prompt list) and hands back a `GenerationResult` each (a backend that hands
     back a different prompt gets a list of `Sample`s with its prompts)."""
     prompt = list(prompt_ids)
-    what = f"generation of {key}/0..{n - 1}"
+    deadline = opts.generation_timeout_s
+    what = None if deadline is None else f"generation of {key}/0..{n - 1}"
     t0 = time.monotonic()
     if call == "generate_group":
-        results = await with_deadline(backend.generate_group(key, prompt, params, seeds), opts.generation_timeout_s,
-                                      what)
+        results = backend.generate_group(key, prompt, params, seeds)
+        results = await (results if deadline is None else with_deadline(results, deadline, what))
         if type(results) is not GroupResults:
             raise TypeError(f"{type(backend).__name__}.generate_group returned {type(results).__name__}, "
                             "expected rl_core.columns.GroupResults")
@@ -444,8 +445,8 @@ async def _generate_group_at_once(backend: GenerationBackend, call: str, env: En
                                f"{len(results.logprobs)} logprob lists and {len(finishes)} finish reasons for "
                                f"{n} samples")
     else:
-        results = await with_deadline(backend.generate_many(group_requests(key, prompt, params, seeds)),
-                                      opts.generation_timeout_s, what)
+        results = await with_deadline(backend.generate_many(group_requests(key, prompt, params, seeds)), deadline,
+                                      what)
         if len(results) != n:
             raise RuntimeError(f"{type(backend).__name__}.generate_many returned {len(results)} results for "
                                f"{n} requests")
