@@ -9,8 +9,11 @@ default one `generate_group` call per group, the results as columns; `--calls ma
 `generate_many` call per group, a request and a result per sample, the path before the
 group call; `--calls per-sample` for one `generate` per sample; several `--calls` with
 `--rounds R` alternate them, round after round, in one run) and training is instant (`tests/helpers/fakes.FakeTrainer`). The tokenizer's decode
-returns "" and the environment is `FakeEnv` (a modulo). The CPU time the fakes spend in
-their own bodies (building results, scoring) is taken out
+returns "" and the environment is `FakeEnv` (a modulo), which by default also scores a group
+generated in one group call in one `score_group` call (`TimedEnv`: the same rewards as columns,
+`columns.GroupScores`); `--scoring per-sample` turns that off (a `score` call per sample, what
+every built-in environment gets); several `--scoring` alternate like `--calls`. The CPU time
+the fakes spend in their own bodies (building results, scoring) is taken out
 (`FakeCalls`: calls counted in the run, cost per call calibrated after it); what is left
 is the controller's own work per RL step, including its calls into the fakes.
 
@@ -25,11 +28,13 @@ fraction of a 10 s RL step, the time per group (linear scaling = a constant), an
 memory one buffered group holds (tracemalloc: ready groups committed to a `ReplayBuffer`).
 The last line states the overhead at 1,000 groups as a percentage of a 10 s step.
 
-With several `--calls` or `--rounds`, the last line gives each call's mean over the rounds.
+With several `--calls`, `--scoring` or `--rounds`, the last line gives each combination's mean
+over the rounds.
 
 Run: nice -n 10 .venv/bin/python bench/controller_scale.py [--groups 100 300 1000]
      [--steps 10] [--tokens 256] [--chunk 1] [--results lists|arrays|both]
-     [--calls group many per-sample] [--rounds 1] [--per-sample-calls] [--profile 1000]
+     [--calls group many per-sample] [--scoring group per-sample] [--rounds 1] [--per-sample-calls]
+     [--profile 1000]
 """
 
 from __future__ import annotations
