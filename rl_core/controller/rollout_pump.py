@@ -271,14 +271,18 @@ class RolloutPump:
     # ------------------------------------------------------------------ the pump
 
     async def run(self) -> None:
+        def go() -> bool:
+            return self._admissible() or self._done_dispatching()
+
         try:
             while not self._stop and not self._done_dispatching():
                 if not self._pending and self.source.exhausted:
                     break
                 self._waiting_on = None  # `waiting_on` describes the wait when read (the watchdog)
-                t0 = time.monotonic()
-                await wait_until(self.cond, lambda: self._admissible() or self._done_dispatching())
-                self.stats.idle_s += time.monotonic() - t0
+                if not go():  # (while dispatching a step's groups it holds: no wait, no lock)
+                    t0 = time.monotonic()
+                    await wait_until(self.cond, go)
+                    self.stats.idle_s += time.monotonic() - t0
                 self._raise_failed()
                 if self._stop or self._done_dispatching():
                     break
