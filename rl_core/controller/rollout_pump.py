@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import operator
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -264,8 +265,8 @@ class RolloutPump:
             self._pending = [tuple(d) for d in batch]
             # the batch's seeds in one pass (`seeds_of_groups`); a group not found here (restored
             # from a checkpoint, retried) derives its own, the same values
-            keys = [(int(e), int(i)) for i, e, _ in self._pending]
-            self._seeds = dict(zip(keys, seeds_of_groups([(self.seed, e, i) for e, i in keys], self.n)))
+            parts = [(self.seed, int(e), int(i)) for i, e, _ in self._pending]
+            self._seeds = dict(zip(map(operator.itemgetter(1, 2), parts), seeds_of_groups(parts, self.n)))
         return self._pending.pop(0)
 
     # ------------------------------------------------------------------ the pump
