@@ -117,10 +117,10 @@ class DictColumns:
     @classmethod
     def of_columns(cls, n: int, columns: dict) -> "DictColumns":
         """The columns of `n` dicts that share the keys of `columns` (key -> n values), as given
-        (no dict per sample)."""
+        (no dict per sample; lists are taken over, other sequences copied into lists)."""
         self = cls.__new__(cls)
         self.n, self.keys, self.dicts = n, tuple(columns), None
-        self.values = {k: list(v) for k, v in columns.items()}
+        self.values = {k: v if type(v) is list else list(v) for k, v in columns.items()}
         return self
 
     def rows(self) -> list[dict]:
