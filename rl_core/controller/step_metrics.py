@@ -21,6 +21,7 @@ import statistics
 import time
 from collections import Counter
 from fractions import Fraction
+from itertools import chain
 
 from rl_core.algorithms.metrics import finalize_metrics
 from rl_core.columns import DictColumns, group_columns
@@ -79,27 +80,22 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
             if t.slot.ready_at is not None and t.slot.selected_at is not None]
     # per sample (16,000 per step at 1,000 groups x 16), read through each group's columns
     # (columns.group_columns: a single-turn group held as a GroupSamples without building Samples)
-    rewards: list[float] = []
-    gen_len: list[int] = []
-    in_len: list[int] = []
-    comp_len: list[int] = []
-    env_s: list[float] = []
-    gen_s: list[float] = []
-    turns: list[int] = []
-    correct = truncated = breaks = zero_variance = 0
+    all_cols = [group_columns(t.group.samples) for t in trained]
+
+    def joined(name: str) -> list:
+        """Column `name` of every group, end to end (one C-level pass over the groups)."""
+        return list(chain.from_iterable(map(operator.attrgetter(name), all_cols)))
+
+    rewards, gen_len, in_len = joined("rewards"), joined("generated_lens"), joined("prompt_lens")
+    env_s, gen_s, turns = joined("env_s"), joined("generate_s_each"), joined("turns")
+    tot_len = list(map(operator.add, in_len, joined("completion_lens")))  # prompt + completion per sample
+    truncated = sum(map(operator.methodcaller("count", "length"), map(operator.attrgetter("finish_reasons"), all_cols)))
+    correct = breaks = zero_variance = 0
     workers: dict[str, int] = {}
-    comp_groups: list[DictColumns] = []  # the named reward components of each group, in order
-    for t in trained:
-        cols = group_columns(t.group.samples)
+    for cols in all_cols:
         rs = cols.rewards
-        rewards += rs
         # len(set(rs)) == 1 (the group's rewards all equal), without a set
         zero_variance += len(rs) > 0 and rs.count(rs[0]) == len(rs)
-        gen_len += cols.generated_lens
-        in_len += cols.prompt_lens
-        comp_len += cols.completion_lens
-        env_s += cols.env_s
-        gen_s += cols.generate_s_each
         info = cols.info_columns
         oks = info.column("correct", copy=False)  # is_correct, inlined
         if None in oks:
@@ -108,13 +104,10 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
             correct += sum(map(bool, oks))
         if info.has("segments"):
             breaks += sum(v - 1 for v in info.column("segments", 1))
-        truncated += cols.finish_reasons.count("length")
-        turns += cols.turns
         for w, c in cols.worker_totals().items():
             workers[w] = workers.get(w, 0) + c
-        comp_groups.append(cols.component_columns)
+    comp_groups = [c.component_columns for c in all_cols]  # the named reward components of each group, in order
     n = len(rewards)
-    tot_len = list(map(operator.add, in_len, comp_len))  # prompt + completion per sample
     gen_sorted = sorted(gen_len)
     step_s = now - t_step0
     rs = pump.rollout.stats
