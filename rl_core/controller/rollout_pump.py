@@ -1,6 +1,7 @@
 """The rollout pump: prompts -> generation -> environment -> replay buffer.
 
-Owns: drawing prompt batches from the epoch-bounded `PromptSource`; the dispatch valves,
+Owns: drawing prompt batches from the epoch-bounded `PromptSource` (and each batch's seeds in
+one pass: `rollout.group.seeds_of_groups`); the dispatch valves,
 each a config knob with a metric: the sampler's admission gate, buffer capacity, the
 group in-flight cap, generation-level backpressure (in-flight *samples*), the
 over-sampling bound (unstamped samplers) and the dispatch gate closed by refit drains,
