@@ -9,8 +9,11 @@ default one `generate_group` call per group, the results as columns; `--calls ma
 `generate_many` call per group, a request and a result per sample, the path before the
 group call; `--calls per-sample` for one `generate` per sample; several `--calls` with
 `--rounds R` alternate them, round after round, in one run) and training is instant (`tests/helpers/fakes.FakeTrainer`). The tokenizer's decode
-returns "" and the environment is `FakeEnv` (a modulo). The CPU time the fakes spend in
-their own bodies (building results, scoring) is taken out
+returns "" and the environment is `FakeEnv` (a modulo), which by default also scores a group
+generated in one group call in one `score_group` call (`TimedEnv`: the same rewards as columns,
+`columns.GroupScores`); `--scoring per-sample` turns that off (a `score` call per sample, what
+every built-in environment gets); several `--scoring` alternate like `--calls`. The CPU time
+the fakes spend in their own bodies (building results, scoring) is taken out
 (`FakeCalls`: calls counted in the run, cost per call calibrated after it); what is left
 is the controller's own work per RL step, including its calls into the fakes.
 
@@ -25,11 +28,13 @@ fraction of a 10 s RL step, the time per group (linear scaling = a constant), an
 memory one buffered group holds (tracemalloc: ready groups committed to a `ReplayBuffer`).
 The last line states the overhead at 1,000 groups as a percentage of a 10 s step.
 
-With several `--calls` or `--rounds`, the last line gives each call's mean over the rounds.
+With several `--calls`, `--scoring` or `--rounds`, the last line gives each combination's mean
+over the rounds.
 
 Run: nice -n 10 .venv/bin/python bench/controller_scale.py [--groups 100 300 1000]
      [--steps 10] [--tokens 256] [--chunk 1] [--results lists|arrays|both]
-     [--calls group many per-sample] [--rounds 1] [--per-sample-calls] [--profile 1000]
+     [--calls group many per-sample] [--scoring group per-sample] [--rounds 1] [--per-sample-calls]
+     [--profile 1000]
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ from tests.helpers.fakes import FakeBackend, FakeEnv, FakeTrainer, make_parts  #
 from rl_core.config import validate_dict  # noqa: E402
 from rl_core.controller.controller import Controller  # noqa: E402
 from rl_core.types import GenerationResult  # noqa: E402
-from rl_core.columns import GroupResults  # noqa: E402
+from rl_core.columns import GroupResults, GroupScores  # noqa: E402
 
 STEP_S = 10.0  # the RL step the overhead is compared with
 N = 16  # samples per group
@@ -73,12 +78,18 @@ class FakeCalls:
 
     def __init__(self):
         self.answers = 0
-        self.scores = 0
+        self.scores = 0  # per-sample `score` calls
+        self.group_scores = 0  # `score_group` calls
         self.answer_s = 0.0
         self.score_s = 0.0
+        self.group_score_s = 0.0
 
-    def spent(self) -> float:
-        return self.answers * self.answer_s + self.scores * self.score_s
+    def counts(self) -> tuple[int, int, int]:
+        return self.answers, self.scores, self.group_scores
+
+    def spent_between(self, a: tuple[int, int, int], b: tuple[int, int, int]) -> float:
+        """The fakes' cost of the work counted between two `counts()`."""
+        return (b[0] - a[0]) * self.answer_s + (b[1] - a[1]) * self.score_s + (b[2] - a[2]) * self.group_score_s
 
     def calibrate(self, backend: "InstantBackend", env: "TimedEnv", n: int = 20_000) -> None:
         from rl_core.types import GenerationRequest, SamplingParams
@@ -104,6 +115,11 @@ class FakeCalls:
                 r = results[i & 63]
                 FakeEnv.score(env, examples[i & 63], r.token_ids, "", r.finish_reason)
             self.score_s = (time.process_time() - t0) / n
+            ids, texts, fins = [r.token_ids for r in results[:N]], [""] * N, ["stop"] * N
+            t0 = time.process_time()
+            for i in range(n // N):
+                TimedEnv.scores_of(examples[i & 63], ids)
+            self.group_score_s = (time.process_time() - t0) / (n // N)
         finally:
             gc.enable()
 
@@ -182,9 +198,28 @@ class InstantBackend(FakeBackend):
 
 
 class TimedEnv(FakeEnv):
+    """`FakeEnv` whose calls are counted, with a group scoring (`score_group`: the same rewards,
+    as columns); `group_scoring=False` turns that off (a `score` call per sample)."""
+
+    def __init__(self, group_scoring: bool = True):
+        super().__init__()
+        if not group_scoring:
+            self.score_group = None
+
     def score(self, example, completion_ids, completion_text, finish_reason):
         CALLS.scores += 1
         return super().score(example, completion_ids, completion_text, finish_reason)
+
+    def score_group(self, example, completion_ids, completion_texts, finish_reasons):
+        CALLS.group_scores += 1
+        return self.scores_of(example, completion_ids)
+
+    @staticmethod
+    def scores_of(example, completion_ids) -> GroupScores:
+        """What `FakeEnv.score` gives for each completion, as columns."""
+        i = int(example["id"])
+        rs = [float((i + len(c)) % 3 == 0) for c in completion_ids]
+        return GroupScores(rs, {"r": rs}, None, {"correct": list(map(bool, rs))})
 
 
 class SilentTokenizer:
@@ -210,18 +245,18 @@ def recipe(groups: int, steps: int, chunk: int, tokens: int):
 
 
 def run_controller(groups: int, steps: int, chunk: int, tokens: int, tmp: Path, profile: bool = False,
-                   arrays: bool = False, calls: str = "group"):
+                   arrays: bool = False, calls: str = "group", scoring: str = "group"):
     cfg = recipe(groups, steps, chunk, tokens)
     backend = InstantBackend(tokens, arrays, calls)
     parts = make_parts(cfg, backend=backend, trainer=FakeTrainer(), num_examples=groups * (steps + 2))
     parts.tokenizer = SilentTokenizer()
-    parts.env = TimedEnv()
+    parts.env = TimedEnv(group_scoring=scoring == "group")
     ctl = Controller(cfg, parts, tmp / f"g{groups}", total_steps=steps)
-    marks: list[tuple[float, float, int, int]] = []  # (wall, CPU of this process, fakes' work counts) at each step end
+    marks: list[tuple[float, float, tuple]] = []  # (wall, CPU of this process, fakes' work counts) at each step end
     orig = ctl._on_step
 
     async def on_step(step, metrics, trained):
-        marks.append((time.monotonic(), time.process_time(), CALLS.answers, CALLS.scores))
+        marks.append((time.monotonic(), time.process_time(), CALLS.counts()))
         await orig(step, metrics, trained)
 
 
@@ -242,7 +277,7 @@ def run_controller(groups: int, steps: int, chunk: int, tokens: int, tmp: Path, 
     # fakes' own time (generation, environment) is taken out: it is not the controller's.
     CALLS.calibrate(backend, parts.env)
     cpu = [b[1] - a[1] for a, b in zip(marks, marks[1:])]
-    fakes = [(b[2] - a[2]) * CALLS.answer_s + (b[3] - a[3]) * CALLS.score_s for a, b in zip(marks, marks[1:])]
+    fakes = [CALLS.spent_between(a[2], b[2]) for a, b in zip(marks, marks[1:])]
     wall_steps = [b[0] - a[0] for a, b in zip(marks, marks[1:])]
     return {"groups": groups, "wall_s": wall, "pumps_s": summary["pumps_s"], "per_step_cpu_s": cpu,
             "fakes_s": statistics.fmean(fakes), "steady_s": statistics.fmean(c - f for c, f in zip(cpu, fakes)),
@@ -288,14 +323,18 @@ CALL_NAMES = {"group": "a generate_group call per group (columns)",
               "per-sample": "a generate call per sample"}
 
 
-def run_rows(args, mode: str, calls: str, d: str) -> list[dict]:
-    """One pass over `args.groups` with one result form and one kind of call, printed as it goes."""
+SCORING_NAMES = {"group": "a score_group call per group (columns)", "per-sample": "a score call per sample"}
+
+
+def run_rows(args, mode: str, calls: str, scoring: str, d: str) -> list[dict]:
+    """One pass over `args.groups` with one result form, one kind of call and one kind of
+    scoring, printed as it goes."""
     print(f"backend hands token ids and logprobs as {'NumPy arrays' if mode == 'arrays' else 'Python lists'}, "
-          f"{CALL_NAMES[calls]}:")
+          f"{CALL_NAMES[calls]}; {SCORING_NAMES[scoring]}:")
     rows = []
     for g in args.groups:
-        r, prof = run_controller(g, args.steps, args.chunk, args.tokens, Path(d) / mode / calls,
-                                 profile=g == args.profile, arrays=mode == "arrays", calls=calls)
+        r, prof = run_controller(g, args.steps, args.chunk, args.tokens, Path(d) / mode / calls / scoring,
+                                 profile=g == args.profile, arrays=mode == "arrays", calls=calls, scoring=scoring)
         r["mem_per_group"] = memory_per_group(min(g, 300), args.tokens, mode == "arrays")
         rows.append(r)
         print(f"  {g:5d} groups x {N}: controller {r['steady_s'] * 1e3:8.1f} ms CPU/step "
@@ -337,7 +376,11 @@ def main():
                     help="how the fake backend is called: generate_group per group (the results as columns), "
                          "generate_many per group (a request and a result per sample), or generate per sample; "
                          "several alternate within each round")
-    ap.add_argument("--rounds", type=int, default=1, help="repeat every (results, calls) pass this many times, "
+    ap.add_argument("--scoring", choices=list(SCORING_NAMES), nargs="+", default=["group"],
+                    help="how the fake environment scores a group generated in one group call: one score_group call "
+                         "(the scores as columns) or a score call per sample (what every built-in environment "
+                         "does); several alternate within each round")
+    ap.add_argument("--rounds", type=int, default=1, help="repeat every (results, calls, scoring) pass this many times, "
                     "alternating (timings on a shared machine drift; alternation spreads the drift over all)")
     ap.add_argument("--per-sample-calls", action="store_true", help="the same as --calls per-sample")
     ap.add_argument("--profile", type=int, default=0, help="cProfile the run with this many groups")
@@ -348,27 +391,30 @@ def main():
 
     torch.set_num_threads(args.torch_threads)
     calls_list = ["per-sample"] if args.per_sample_calls else list(dict.fromkeys(args.calls))
+    scoring_list = list(dict.fromkeys(args.scoring))
     print(f"controller-only cost: {N} samples/group, {args.tokens} completion tokens/sample, {args.steps} steps, "
           f"in_order lookahead 1, streaming chunks of {args.chunk} group(s); generation and training instant; "
-          f"{' / '.join(CALL_NAMES[c] for c in calls_list)}; {args.rounds} round(s); "
+          f"{' / '.join(CALL_NAMES[c] for c in calls_list)}; "
+          f"{' / '.join(SCORING_NAMES[c] for c in scoring_list)}; {args.rounds} round(s); "
           "CPU time of the fakes' own work (calibrated per call) taken out")
     modes = ["arrays", "lists"] if args.results == "both" else [args.results]
-    last: dict[tuple[str, str], list[dict]] = {}  # (mode, calls) -> the largest group count's row of each round
+    last: dict[tuple[str, str, str], list[dict]] = {}  # (mode, calls, scoring) -> the largest count's row per round
     with tempfile.TemporaryDirectory() as d:
         for rnd in range(args.rounds):
             if args.rounds > 1:
                 print(f"round {rnd + 1} of {args.rounds}:")
             for mode in modes:
                 for calls in calls_list:
-                    rows = run_rows(args, mode, calls, d)
-                    last.setdefault((mode, calls), []).append(rows[-1])
+                    for scoring in scoring_list:
+                        rows = run_rows(args, mode, calls, scoring, d)
+                        last.setdefault((mode, calls, scoring), []).append(rows[-1])
     parts = []
-    for (mode, calls), rows in last.items():
+    for (mode, calls, scoring), rows in last.items():
         ms = [r["steady_s"] * 1e3 for r in rows]
         mean = statistics.fmean(ms)
         each = "" if len(ms) == 1 else f" (rounds: {' / '.join(f'{m:.1f}' for m in ms)})"
         parts.append(f"{mean:.1f} ms per step = {mean / (10 * STEP_S):.2f}% of a {STEP_S:.0f} s RL step with {mode} "
-                     f"from the backend, {calls} calls{each}")
+                     f"from the backend, {calls} calls, {scoring} scoring{each}")
     groups = rows[-1]["groups"]
     print(f"controller overhead at {groups} groups x {N} samples: " + "; ".join(parts))
 

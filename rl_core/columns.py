@@ -1,6 +1,7 @@
 """Column-wise records of one prompt group: its generation results and its scored samples.
 
 Owns: `GroupResults` (what a backend's group call returns: the N results of one group as
+columns), `GroupScores` (what an environment's group scoring returns: the N scores as
 columns), `GroupSamples` (the N scored samples of a single-turn group, column-wise; a
 sequence of `Sample`s built on first access), the one column interface every consumer of a
 group's samples reads (`GroupColumns`, given by `group_columns`: a `GroupSamples` as it is,
@@ -60,6 +61,38 @@ class GroupResults:
 
 
 
+class GroupScores:
+    """What an environment's group scoring (`protocols.GroupScoringEnvironment.score_group`)
+    returns: the scores of one group's N completions as columns, in sample order, each what
+    the `EnvResult`s of `score` would hold. `rewards`: N scalar rewards; `components`: reward
+    name -> N values (sample i's `EnvResult.rewards` is {name: components[name][i]}, in the
+    names' order); `masks`: None when no sample is masked out of the loss, else N bools;
+    `infos`: info key -> N values (sample i's `EnvResult.info`, likewise). Per group that is
+    a few lists instead of an `EnvResult` and two dicts per sample. The caller owns the lists
+    handed over."""
+
+    __slots__ = ("rewards", "components", "masks", "infos")
+
+    def __init__(self, rewards: list[float], components: dict[str, list] | None = None,
+                 masks: list[bool] | None = None, infos: dict[str, list] | None = None):
+        self.rewards, self.components, self.masks = rewards, components or {}, masks
+        self.infos = infos or {}
+
+    def check(self, n: int, who: str) -> None:
+        """ValueError unless every column has `n` entries (`who`: the call that returned them)."""
+        if (len(self.rewards) == n and (self.masks is None or len(self.masks) == n)
+                and set(map(len, self.components.values())) <= {n} and set(map(len, self.infos.values())) <= {n}):
+            return
+        bad = [f"rewards ({len(self.rewards)})"] if len(self.rewards) != n else []
+        if self.masks is not None and len(self.masks) != n:
+            bad.append(f"masks ({len(self.masks)})")
+        for what, cols in (("components", self.components), ("infos", self.infos)):
+            bad += [f"{what}[{k!r}] ({len(v)})" for k, v in cols.items() if len(v) != n]
+        if bad:
+            raise ValueError(f"{who} returned {', '.join(bad)} entries for a group of {n} completions; every "
+                             f"column of a GroupScores holds one entry per completion, in sample order")
+
+
 class DictColumns:
     """One dict per sample (an environment's info or named rewards), held as one list of
     values per key when every dict has the same keys in the same order (the usual case), else
@@ -81,6 +114,15 @@ class DictColumns:
             self.keys, self.values = None, None
             self.dicts = [dict(d) for d in dicts]
 
+    @classmethod
+    def of_columns(cls, n: int, columns: dict) -> "DictColumns":
+        """The columns of `n` dicts that share the keys of `columns` (key -> n values), as given
+        (no dict per sample; lists are taken over, other sequences copied into lists)."""
+        self = cls.__new__(cls)
+        self.n, self.keys, self.dicts = n, tuple(columns), None
+        self.values = {k: v if type(v) is list else list(v) for k, v in columns.items()}
+        return self
+
     def rows(self) -> list[dict]:
         """A new dict per sample (the same keys, order and values as the dicts given)."""
         if self.dicts is not None:
@@ -90,12 +132,27 @@ class DictColumns:
         keys = self.keys
         return [dict(zip(keys, row)) for row in zip(*self.values.values())]
 
-    def column(self, key: str, default=None) -> list:
-        """`[d.get(key, default) for d in dicts]`."""
+    def column(self, key: str, default=None, copy: bool = True) -> list:
+        """`[d.get(key, default) for d in dicts]` (`copy=False`: the list held, for a reader that
+        does not modify it)."""
         if self.dicts is not None:
             return [d.get(key, default) for d in self.dicts]
         col = self.values.get(key)
-        return list(col) if col is not None else [default] * self.n
+        if col is None:
+            return [default] * self.n
+        return list(col) if copy else col
+
+    @staticmethod
+    def joined(groups: list["DictColumns"], key: str, default=None) -> list:
+        """`[v for c in groups for v in c.column(key, default)]` (one group's column after another)."""
+        out: list = []
+        for c in groups:
+            col = c.values.get(key) if c.dicts is None else None
+            if col is not None:
+                out += col
+            else:
+                out += c.column(key, default)
+        return out
 
     def has(self, key: str) -> bool:
         """Whether some dict holds `key`."""
@@ -144,7 +201,8 @@ class GroupSamples(Sequence, GroupColumns):
     def __init__(self, prompt_ids: list[int], results: list, texts: list[str], scored: list, generate_s: float,
                  env_s: list[float], mask_flagged: bool):
         """`results`: the group's `GenerationResult`s in sample order, or their columns
-        (`GroupResults`, taken over as they are); `scored`: their `EnvResult`s."""
+        (`GroupResults`, taken over as they are); `scored`: their `EnvResult`s, or their
+        columns (`GroupScores`, from an environment's `score_group`)."""
         self.prompt_ids = prompt_ids
         if type(results) is GroupResults:
             n = len(results.finish_reasons)
@@ -156,7 +214,7 @@ class GroupSamples(Sequence, GroupColumns):
             ws = results.workers
             self.workers = [results.worker or "local"] * n if ws is None else [w or "local" for w in ws]
             routes = results.routed_experts
-            self.routed_experts = routes if routes is not None and routes.count(None) != len(routes) else None
+            self.routed_experts = None if routes is None or routes.count(None) == len(routes) else routes
         else:
             self.completion_ids = list(map(_TOKEN_IDS, results))  # attribute columns read in C (attrgetter)
             self.gen_logprobs = list(map(_LOGPROBS, results))
@@ -168,10 +226,18 @@ class GroupSamples(Sequence, GroupColumns):
             routes = list(map(_ROUTES, results))
             self.routed_experts = routes if routes.count(None) != len(routes) else None
         self.completion_lens = list(map(len, self.completion_ids))
-        self.rewards = list(map(float, map(_REWARD, scored)))
-        self.component_columns = DictColumns(list(map(_REWARDS, scored)))  # named rewards
-        self.env_mask = list(map(bool, map(_MASK, scored))) if mask_flagged else [False] * len(scored)
-        self.info_columns = DictColumns(list(map(_INFO, scored)))  # the environment's info
+        if type(scored) is GroupScores:  # an environment's group scoring: columns already
+            n = len(self.completion_ids)
+            self.rewards = list(map(float, scored.rewards))
+            self.component_columns = DictColumns.of_columns(n, scored.components)
+            masks = scored.masks
+            self.env_mask = list(map(bool, masks)) if mask_flagged and masks is not None else [False] * n
+            self.info_columns = DictColumns.of_columns(n, scored.infos)
+        else:
+            self.rewards = list(map(float, map(_REWARD, scored)))
+            self.component_columns = DictColumns(list(map(_REWARDS, scored)))  # named rewards
+            self.env_mask = list(map(bool, map(_MASK, scored))) if mask_flagged else [False] * len(scored)
+            self.info_columns = DictColumns(list(map(_INFO, scored)))  # the environment's info
         self.texts = texts
         self.generate_s = generate_s
         self.env_s = env_s
@@ -376,7 +442,7 @@ def group_columns(samples) -> GroupColumns:
     sequence of `Sample`s as `SampleColumns` (the one conversion, where a consumer receives
     the group)."""
     if type(samples) is GroupSamples:
-        return SampleColumns(samples) if samples.built else samples
+        return samples if samples._samples is None else SampleColumns(samples)  # (`built`, without a property call)
     if isinstance(samples, SampleColumns):
         return samples
     return SampleColumns(samples)

@@ -9,6 +9,7 @@ Does not own: the records themselves (types.py) or what is trained (samplers, al
 
 from __future__ import annotations
 
+import operator
 import sys
 import threading
 from collections.abc import Sequence
@@ -52,32 +53,37 @@ class _Joined:
         self.gen_logprobs: list = []
         self.env_mask: list = []
         self.start_versions: list = []
-        masks: list = []
-        routes: list = []
         self.runs: list = []  # (prompt list, rows)
-        any_mask = any_route = False
+        prompts, completions, logprobs = self.prompts, self.completion_ids, self.gen_logprobs
+        env_mask, versions, runs = self.env_mask, self.start_versions, self.runs
         for c in cols:
-            k = len(c.rewards)
             shared = c.shared_prompt
-            prompts = c.prompts
-            self.prompts += prompts
             if shared is not None:
-                self.runs.append((shared, k))
+                k = len(c.completion_ids)
+                prompts += [shared] * k
+                runs.append((shared, k))
             else:
-                self.runs += [(p, 1) for p in prompts]
-            self.completion_ids += c.completion_ids
-            self.gen_logprobs += c.gen_logprobs
-            self.env_mask += c.env_mask
-            self.start_versions += c.start_versions
-            m = c.completion_masks
-            masks += [None] * k if m is None else m
-            any_mask = any_mask or m is not None
-            r = c.routed_experts
-            routes += [None] * k if r is None else r
-            any_route = any_route or r is not None
-        self.completion_masks = masks if any_mask else None
-        self.routed_experts = routes if any_route else None
+                ps = c.prompts
+                prompts += ps
+                runs += [(p, 1) for p in ps]
+            completions += c.completion_ids
+            logprobs += c.gen_logprobs
+            env_mask += c.env_mask
+            versions += c.start_versions
+        self.completion_masks = self._joined(cols, "completion_masks")
+        self.routed_experts = self._joined(cols, "routed_experts")
         self._cols = cols
+
+    @staticmethod
+    def _joined(cols: list, name: str) -> list | None:
+        """Column `name` (None or one entry per sample, per group) end to end; None when every group's is None."""
+        parts = [getattr(c, name) for c in cols]
+        if parts.count(None) == len(parts):
+            return None
+        out: list = []
+        for c, part in zip(cols, parts):
+            out += [None] * len(c.completion_ids) if part is None else part
+        return out
 
     @property
     def end_versions(self) -> list[int]:
@@ -116,9 +122,10 @@ def _pack(cols, advantages, pad_id: int, token_advantages, require_routes: bool,
     real = np.take(first, lengths, axis=0, out=ARENA.empty((B, T), np.bool_))  # [B, T] prompt + completion
     comp = np.take(first, plen, axis=0, out=ARENA.empty((B, T), np.bool_))  # [B, T] prompt
     np.not_equal(comp, real, out=comp)  # [B, T] completion (the prompt lies inside `real`)
-    if B and {type(c) for c in completions} | {type(lp) for lp in logprobs} == {np.ndarray}:
+    if B and set(map(type, completions)) | set(map(type, logprobs)) == {np.ndarray}:
         runs = getattr(cols, "runs", None) or _runs(prompts)
-        input_ids, gen_lp = _rows_by_concatenation(runs, completions, logprobs, clens, T, pad_id)
+        input_ids, gen_lp = _rows_by_concatenation(runs, completions, logprobs, plens, (T - lengths).tolist(), T,
+                                                   pad_id)
     else:
         input_ids = ARENA.full((B, T), pad_id, np.int64)
         gen_lp = ARENA.full((B, T), 0.0, np.float32)
@@ -153,8 +160,9 @@ def _pack(cols, advantages, pad_id: int, token_advantages, require_routes: bool,
         if per.size != B:
             raise ValueError(f"{per.size} advantages for {B} samples")
         adv = np.where(comp, per[:, None], np.float32(0.0))
-    sample_mask = torch.tensor([0.0 if m else 1.0 for m in env_mask], dtype=torch.float32)
-    start_versions = torch.tensor(versions, dtype=torch.long)
+    sample_mask = torch.tensor([0.0 if m else 1.0 for m in env_mask], dtype=torch.float32) if any(env_mask) \
+        else torch.ones(B, dtype=torch.float32)
+    start_versions = torch.from_numpy(np.array(versions, dtype=np.int64))
     attention = ARENA.empty((B, T), np.int64)
     np.copyto(attention, real)
     chunk = TrainChunk(torch.from_numpy(input_ids), torch.from_numpy(attention), torch.from_numpy(loss_mask),
@@ -178,77 +186,66 @@ def _runs(prompts: list) -> list[tuple[list, int]]:
 
 
 class _Cuts(dict):
-    """completion length c -> `make(c)`, made on first use (a dict lookup per row after that)."""
+    """length n -> `base[:n]`, the slice made on first use (a dict lookup per row after that)."""
 
-    __slots__ = ("make",)
+    __slots__ = ("base",)
 
-    def __init__(self, make):
+    def __init__(self, base: np.ndarray):
         super().__init__()
-        self.make = make
+        self.base = base
 
-    def __missing__(self, c):
-        v = self[c] = self.make(c)
+    def __missing__(self, n):
+        v = self[n] = self.base[:n]
         return v
 
 
-def _rows_by_concatenation(runs: list, completions: list, logprobs: list, clens: list[int], T: int,
-                           pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+def _rows_by_concatenation(runs: list, completions: list, logprobs: list, plens: list[int], tails: list[int],
+                           T: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
     """input_ids and gen_logprobs [B, T] of samples whose completions and logprobs are arrays,
-    each written by one concatenation of two pieces per row. Row i is [prompt_i, completion_i,
-    padding_i]; the pieces are prompt_0, then per row completion_i and [padding_i,
-    prompt_(i+1)]; logprobs likewise: zeros, then per row logprobs_i and zeros. Inside a run of
-    rows sharing a prompt P (of length p) the second piece of a row depends only on its
-    completion length c: [pad x (T - p - c), P], the slice [p + c:] of [pad x T, P] (made once
-    per prompt list), and T - c zeros; so a run's pieces are lists mapped over its lengths
-    (no Python loop over rows)."""
+    each written by one concatenation into the chunk's memory. Row i is [prompt_i,
+    completion_i, padding_i] (`tails[i]` = len(padding_i)). gen_logprobs: zeros, then per row
+    logprobs_i and the zeros of padding_i and prompt_(i+1) as one piece, a slice of one zero
+    array taken once per distinct length (`_Cuts`: a dict lookup per row, in C). input_ids:
+    with few runs of rows sharing a prompt list (whole single-turn groups) the same two
+    pieces per row, padding_i and the next row's prompt span written as padding, then each
+    run's prompt written into its rows' first columns by one broadcast assignment; with many
+    runs (a distinct prompt per row, as multi-turn samples have) three pieces per row
+    instead: the run's prompt (one array per run), completion_i and padding_i. No Python
+    loop over rows either way: the pieces are lists mapped over the lengths and interleaved
+    by slice assignments."""
     B = len(completions)
-    pad = np.full(T, pad_id, dtype=np.int64)
     zero = np.zeros(2 * T, dtype=np.float32)
-    zeros = _Cuts(lambda c: zero[:T - c])  # completion length -> T - c zeros
-
-    arrays: dict[int, np.ndarray] = {}  # id() of a prompt list -> [pad x T, prompt] (`runs` keeps the list alive)
-
-    def joined(prompt) -> np.ndarray:
-        a = arrays.get(id(prompt))
-        if a is None:
-            a = arrays[id(prompt)] = np.concatenate([pad, np.asarray(prompt, dtype=np.int64)])
-        return a
-
-    cuts_of: dict[int, _Cuts] = {}  # id() of a prompt list -> its pieces by completion length
-    ids_fill: list = []
-    lp_fill: list = []
-    start = 0
-    for j, (prompt, k) in enumerate(runs):
-        p = len(prompt)
-        lens = clens[start:start + k]
-        if k > 1:
-            cuts = cuts_of.get(id(prompt))
-            if cuts is None:
-                j_p = joined(prompt)
-                cuts = cuts_of[id(prompt)] = _Cuts(lambda c, j_p=j_p, p=p: j_p[p + c:])
-            ids_fill += map(cuts.__getitem__, lens[:-1])
-            lp_fill += map(zeros.__getitem__, lens[:-1])
-        tail = T - p - lens[-1]  # the run's last row: padding, then the next run's prompt
-        if j + 1 < len(runs):
-            nxt = runs[j + 1][0]
-            ids_fill.append(joined(nxt)[T - tail:])
-            lp_fill.append(zero[:tail + len(nxt)])
-        else:
-            ids_fill.append(pad[:tail])
-            lp_fill.append(zero[:tail])
-        start += k
-    ids_pieces: list = [None] * (2 * B + 1)
+    pad = np.full(2 * T, pad_id, dtype=np.int64)
+    gaps = list(map(operator.add, tails, plens[1:]))  # padding_i + prompt_(i+1)
+    gaps.append(tails[-1])
     lp_pieces: list = [None] * (2 * B + 1)
-    ids_pieces[0] = np.asarray(runs[0][0], dtype=np.int64)
-    lp_pieces[0] = zero[:len(runs[0][0])]
-    ids_pieces[1::2] = completions
-    ids_pieces[2::2] = ids_fill
+    lp_pieces[0] = zero[:plens[0]]
     lp_pieces[1::2] = logprobs
-    lp_pieces[2::2] = lp_fill
-    input_ids = ARENA.empty((B, T), np.int64)
+    lp_pieces[2::2] = map(_Cuts(zero).__getitem__, gaps)
     gen_lp = ARENA.empty((B, T), np.float32)
-    np.concatenate(ids_pieces, out=input_ids.reshape(-1), casting="unsafe")
     np.concatenate(lp_pieces, out=gen_lp.reshape(-1), casting="unsafe")
+    input_ids = ARENA.empty((B, T), np.int64)
+    pads = _Cuts(pad)
+    if 4 * len(runs) <= B:  # few runs: [completion_i, padding over padding_i and prompt_(i+1)], then the prompts
+        ids_pieces: list = [None] * (2 * B + 1)
+        ids_pieces[0] = pad[:plens[0]]
+        ids_pieces[1::2] = completions
+        ids_pieces[2::2] = map(pads.__getitem__, gaps)
+        np.concatenate(ids_pieces, out=input_ids.reshape(-1), casting="unsafe")
+        start = 0
+        for prompt, k in runs:
+            if len(prompt):
+                input_ids[start:start + k, :len(prompt)] = prompt
+            start += k
+    else:  # [prompt_i, completion_i, padding_i]
+        row_prompts: list = []
+        for prompt, k in runs:
+            row_prompts += [np.asarray(prompt, dtype=np.int64)] * k
+        ids_pieces = [None] * (3 * B)
+        ids_pieces[0::3] = row_prompts
+        ids_pieces[1::3] = completions
+        ids_pieces[2::3] = map(pads.__getitem__, tails)
+        np.concatenate(ids_pieces, out=input_ids.reshape(-1), casting="unsafe")
     return input_ids, gen_lp
 
 

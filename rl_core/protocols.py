@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, runtime_chec
 import torch
 
 from rl_core.types import EnvResult, GenerationRequest, GenerationResult, SamplingParams, TrainChunk
-from rl_core.columns import GroupResults
+from rl_core.columns import GroupResults, GroupScores
 
 if TYPE_CHECKING:
     from rl_core.weights.base import SyncReport
@@ -139,6 +139,24 @@ class Environment(Protocol):
 
     async def aclose(self) -> None:
         """Release what the environment started; called once at the end of a run."""
+
+
+@runtime_checkable
+class GroupScoringEnvironment(Protocol):
+    """The optional group scoring of an `Environment`. rl_core.rollout.group calls it for each
+    single-turn group that a backend generated in one group call (`GroupGenerationBackend`)
+    when no `env_timeout_s` applies (scoring on the event loop); every other sample, and every
+    environment without it (the built-in ones), is scored by a `score` call per sample. It
+    counts only when defined by the class that defines `score` or a subclass of it, and an
+    instance can turn it off by setting the attribute to None. Each sample's scoring time
+    (`rollout/env_s_*`) is then its share of the call (the call's time over N)."""
+
+    def score_group(self, example: dict[str, Any], completion_ids: list, completion_texts: list[str],
+                    finish_reasons: list[str]) -> GroupScores:
+        """The scores of one group's N completions (ids as lists or 1-D NumPy arrays), as
+        columns (`rl_core.columns.GroupScores`, in sample order): sample i's entries are
+        exactly what `score(example, completion_ids[i], completion_texts[i],
+        finish_reasons[i])` would return, without an `EnvResult` and two dicts per sample."""
 
 
 @dataclass

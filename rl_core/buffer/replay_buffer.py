@@ -28,6 +28,8 @@ class SlotState(str, enum.Enum):
 
 
 LIVE = (SlotState.RESERVED, SlotState.READY)
+# the states' names as `counts` keys, read once (an enum member's `.value` is a descriptor call)
+_RESERVED, _READY = SlotState.RESERVED.value, SlotState.READY.value
 
 
 @dataclass
@@ -128,7 +130,7 @@ class ReplayBuffer:
         self._drop_index(group_id)
         self._slots[group_id] = slot
         self._reserved[group_id] = slot
-        self.counts[SlotState.RESERVED.value] += 1
+        self.counts[_RESERVED] += 1
         return slot
 
     async def commit(self, group_id: str, group: PromptGroup) -> Slot:
@@ -140,7 +142,7 @@ class ReplayBuffer:
         slot.ready_at = time.monotonic()
         del self._reserved[group_id]
         self._index_ready(slot)
-        self.counts[SlotState.READY.value] += 1
+        self.counts[_READY] += 1
         await self.notify()
         return slot
 
@@ -159,10 +161,11 @@ class ReplayBuffer:
 
     async def finish(self, slots: list[Slot], state: SlotState) -> None:
         """Move slots to a terminal state (selected / evicted / aborted); frees capacity."""
+        key = state.value
         for slot in slots:
             assert slot.state in LIVE, (slot.group_id, slot.state)
             slot.state = state
-            self.counts[state.value] += 1
+            self.counts[key] += 1
             if state == SlotState.SELECTED:
                 slot.selected_at = time.monotonic()
             else:

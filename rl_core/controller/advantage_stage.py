@@ -15,7 +15,9 @@ critic), or refilling the step (the train pump asks the rollout pump).
 from __future__ import annotations
 
 import asyncio
+import operator
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Awaitable, Callable
 
 import torch
@@ -60,17 +62,23 @@ class AdvantageStage:
         binary = all(c.completion_masks is None for c in cols)
         # per sample, in chunk order
         rewards: list[float] = []
-        valid: list[bool] = []
-        truncated: list[bool] = []
+        # the samples that enter the statistics: read only with advantage.exclude_invalid_from_stats
+        valid: list[bool] | None = [] if self.cfg.advantage.exclude_invalid_from_stats else None
+        # which samples were cut at max_tokens: only bootstrapping truncated samples (gae) reads it
+        truncated: list[bool] | None = [] if self.cfg.advantage.bootstrap_truncated else None
         components: list | None = [] if self.gdpo else None
+        sizes = [len(c.rewards) for c in cols]  # samples per group
         for c in cols:
             rewards += c.rewards
-            fin, masked = c.finish_reasons, c.env_mask
-            if any(masked) or "abort" in fin:
-                valid += [not m and f != "abort" for m, f in zip(masked, fin)]
-            else:  # the usual case, without a loop per sample
-                valid += [True] * len(fin)
-            truncated += [f == "length" for f in fin]
+            fin = c.finish_reasons
+            if valid is not None:
+                masked = c.env_mask
+                if any(masked) or "abort" in fin:
+                    valid += [not m and f != "abort" for m, f in zip(masked, fin)]
+                else:  # the usual case, without a loop per sample
+                    valid += [True] * len(fin)
+            if truncated is not None:
+                truncated += map(operator.eq, fin, repeat("length"))  # [f == "length" for f in fin], in C
             if components is not None:
                 components += c.component_columns.rows()
         ref = None
@@ -85,7 +93,7 @@ class AdvantageStage:
             else:
                 values = await self.run_pass("critic values", self.critic.values, chunk)
         est = estimate_advantages(
-            adv_cfg, chunk, rewards, [len(g.samples) for g in groups], components=components, ref_logprobs=ref,
+            adv_cfg, chunk, rewards, sizes, components=components, ref_logprobs=ref,
             values=values, valid=valid, truncated=truncated, final_values=final, binary_loss_mask=binary)
         chunk.advantages = est.advantages
         chunk.values = values
@@ -96,9 +104,9 @@ class AdvantageStage:
             m = chunk.loss_mask
             flat = ((est.advantages * m).sum(dim=1) / m.sum(dim=1).clamp(min=1)).tolist()
         per_group, start = [], 0
-        for g in groups:
-            per_group.append(flat[start:start + len(g.samples)])
-            start += len(g.samples)
+        for k in sizes:
+            per_group.append(flat[start:start + k])
+            start += k
         return Stage(chunk, groups, per_group, dict(est.metrics))
 
 

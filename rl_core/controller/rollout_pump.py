@@ -1,6 +1,7 @@
 """The rollout pump: prompts -> generation -> environment -> replay buffer.
 
-Owns: drawing prompt batches from the epoch-bounded `PromptSource`; the dispatch valves,
+Owns: drawing prompt batches from the epoch-bounded `PromptSource` (and each batch's seeds in
+one pass: `rollout.group.seeds_of_groups`); the dispatch valves,
 each a config knob with a metric: the sampler's admission gate, buffer capacity, the
 group in-flight cap, generation-level backpressure (in-flight *samples*), the
 over-sampling bound (unstamped samplers) and the dispatch gate closed by refit drains,
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import operator
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -30,7 +32,7 @@ from rl_core.controller.events import Timeline, VersionClock, notify, wait_until
 from rl_core.protocols import Environment, GenerationBackend
 from rl_core.algorithms.shaping import shape_group
 from rl_core.resilience import Attempts, FailureKind, GroupDropped, backoff_s
-from rl_core.rollout.group import GenerationSlots, GroupOptions, generate_group
+from rl_core.rollout.group import GenerationSlots, GroupOptions, generate_group, seeds_of_groups
 from rl_core.types import PromptGroup, SamplingParams
 from rl_core.columns import group_columns
 
@@ -89,10 +91,11 @@ class RolloutPump:
         self.inflight: dict[str, asyncio.Task] = {}
         self.inflight_targets: dict[str, int] = {}
         self.dispatch_open = True  # closed by the refitter's drain gate, checkpoints, validation
-        self.waiting_on = "not started"
+        self._waiting_on: str | None = "not started"
         self.exhausted = False
         self._stop = False
         self._pending: list = []  # prompts drawn from the source but not dispatched yet
+        self._seeds: dict[tuple[int, int], list[int]] = {}  # (epoch, index) -> the seeds of a drawn batch's group
         # generation-level backpressure: groups dispatched whose samples are not counted as
         # queued yet (their task has not started), and whether dispatch waits on the queue
         self._unstarted: set[str] = set()
@@ -219,6 +222,16 @@ class RolloutPump:
             and self._generation_queue_ok()
         )
 
+    @property
+    def waiting_on(self) -> str:
+        """What the pump waits on now (read by the watchdog): the admission condition that fails
+        while the dispatch loop waits, else the stage it is in."""
+        return self._describe_wait() if self._waiting_on is None else self._waiting_on
+
+    @waiting_on.setter
+    def waiting_on(self, what: str) -> None:
+        self._waiting_on = what
+
     def _describe_wait(self) -> str:
         if not self.dispatch_open:
             return "dispatch gate (paused for a refit drain, a checkpoint or validation)"
@@ -251,19 +264,27 @@ class RolloutPump:
             if batch is None:
                 return None
             self._pending = [tuple(d) for d in batch]
+            # the batch's seeds in one pass (`seeds_of_groups`); a group not found here (restored
+            # from a checkpoint, retried) derives its own, the same values
+            parts = [(self.seed, int(e), int(i)) for i, e, _ in self._pending]
+            self._seeds = dict(zip(map(operator.itemgetter(1, 2), parts), seeds_of_groups(parts, self.n)))
         return self._pending.pop(0)
 
     # ------------------------------------------------------------------ the pump
 
     async def run(self) -> None:
+        def go() -> bool:
+            return self._admissible() or self._done_dispatching()
+
         try:
             while not self._stop and not self._done_dispatching():
                 if not self._pending and self.source.exhausted:
                     break
-                self.waiting_on = self._describe_wait()
-                t0 = time.monotonic()
-                await wait_until(self.cond, lambda: self._admissible() or self._done_dispatching())
-                self.stats.idle_s += time.monotonic() - t0
+                self._waiting_on = None  # `waiting_on` describes the wait when read (the watchdog)
+                if not go():  # (while dispatching a step's groups it holds: no wait, no lock)
+                    t0 = time.monotonic()
+                    await wait_until(self.cond, go)
+                    self.stats.idle_s += time.monotonic() - t0
                 self._raise_failed()
                 if self._stop or self._done_dispatching():
                     break
@@ -384,7 +405,8 @@ class RolloutPump:
         key = f"{group_id}/a{attempts.infra + attempts.data}"
         self._unstarted.discard(group_id)  # generate_group counts its samples as queued from here on
         samples = await generate_group(self.backend, self.env, self.tokenizer, example, prompt_ids, self.n,
-                                       self.params, key, (self.seed, epoch, index), self.opts)
+                                       self.params, key, (self.seed, epoch, index), self.opts,
+                                       self._seeds.pop((int(epoch), int(index)), None))
         cols = group_columns(samples)  # a single-turn group's columns (GroupSamples), read without building Samples
         if "abort" in cols.finish_reasons:
             raise ConnectionAbortedError(f"the backend aborted a sample of {group_id}")  # INFRA: retried

@@ -21,6 +21,7 @@ import statistics
 import time
 from collections import Counter
 from fractions import Fraction
+from itertools import chain
 
 from rl_core.algorithms.metrics import finalize_metrics
 from rl_core.columns import DictColumns, group_columns
@@ -79,38 +80,33 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
             if t.slot.ready_at is not None and t.slot.selected_at is not None]
     # per sample (16,000 per step at 1,000 groups x 16), read through each group's columns
     # (columns.group_columns: a single-turn group held as a GroupSamples without building Samples)
-    rewards: list[float] = []
-    gen_len: list[int] = []
-    in_len: list[int] = []
-    tot_len: list[int] = []
-    env_s: list[float] = []
-    gen_s: list[float] = []
-    turns: list[int] = []
-    correct = truncated = breaks = 0
+    all_cols = [group_columns(t.group.samples) for t in trained]
+
+    def joined(name: str) -> list:
+        """Column `name` of every group, end to end (one C-level pass over the groups)."""
+        return list(chain.from_iterable(map(operator.attrgetter(name), all_cols)))
+
+    rewards, gen_len, in_len = joined("rewards"), joined("generated_lens"), joined("prompt_lens")
+    env_s, gen_s, turns = joined("env_s"), joined("generate_s_each"), joined("turns")
+    tot_len = list(map(operator.add, in_len, joined("completion_lens")))  # prompt + completion per sample
+    truncated = sum(map(operator.methodcaller("count", "length"), map(operator.attrgetter("finish_reasons"), all_cols)))
+    correct = breaks = zero_variance = 0
     workers: dict[str, int] = {}
-    comp_groups: list[DictColumns] = []  # the named reward components of each group, in order
-    for t in trained:
-        cols = group_columns(t.group.samples)
-        rewards += cols.rewards
-        gen_len += cols.generated_lens
-        plens = cols.prompt_lens
-        in_len += plens
-        tot_len += map(operator.add, plens, cols.completion_lens)
-        env_s += cols.env_s
-        gen_s += cols.generate_s_each
+    for cols in all_cols:
+        rs = cols.rewards
+        # len(set(rs)) == 1 (the group's rewards all equal), without a set
+        zero_variance += len(rs) > 0 and rs.count(rs[0]) == len(rs)
         info = cols.info_columns
-        oks = info.column("correct")  # is_correct, inlined
+        oks = info.column("correct", copy=False)  # is_correct, inlined
         if None in oks:
-            correct += sum(bool(ok) if ok is not None else r > 0 for ok, r in zip(oks, cols.rewards))
+            correct += sum(bool(ok) if ok is not None else r > 0 for ok, r in zip(oks, rs))
         else:
             correct += sum(map(bool, oks))
         if info.has("segments"):
             breaks += sum(v - 1 for v in info.column("segments", 1))
-        truncated += cols.finish_reasons.count("length")
-        turns += cols.turns
         for w, c in cols.worker_totals().items():
             workers[w] = workers.get(w, 0) + c
-        comp_groups.append(cols.component_columns)
+    comp_groups = [c.component_columns for c in all_cols]  # the named reward components of each group, in order
     n = len(rewards)
     gen_sorted = sorted(gen_len)
     step_s = now - t_step0
@@ -121,7 +117,7 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
         "train/advantage_mean": statistics.fmean(advs),
         "train/advantage_abs_mean": statistics.fmean(list(map(abs, advs))),
         "train/advantage_std": pstdev(advs),
-        "train/zero_variance_groups": sum(1 for t in trained if len(set(t.group.rewards)) == 1) / len(trained),
+        "train/zero_variance_groups": zero_variance / len(trained),
         "train/num_groups": float(len(trained)),
         "train/completion_len_mean": statistics.fmean(gen_len),
         "train/truncation_rate": truncated / n,
@@ -170,10 +166,7 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
     for w, n in sorted(workers.items()):
         m[f"rollout/worker_gen_tokens/{w}"] = float(n)
     for name in set().union(*(c.names() for c in comp_groups)):  # named reward components (multi-reward)
-        values: list[float] = []
-        for c in comp_groups:  # in sample order, 0.0 where a sample lacks the component
-            values += c.column(name, 0.0)
-        m[f"reward/{name}"] = statistics.fmean(values)
+        m[f"reward/{name}"] = statistics.fmean(DictColumns.joined(comp_groups, name, 0.0))
     for k, v in train_metrics.items():
         m[k if k.startswith(("critic/", "flops/", "perf/")) else f"train/{k}"] = v
     for k, v in refit_metrics.items():

@@ -283,7 +283,8 @@ class TrainPump:
         st = await self.stage.build([s.group for s in slots])
         merge_metrics(self.step_pairs, {f"advantage/{k}": v for k, v in st.metrics.items()})
         for g in st.groups:
-            merge_metrics(self.step_pairs, g.metrics)
+            if g.metrics:  # reward shaping's pairs, when shaping is on
+                merge_metrics(self.step_pairs, g.metrics)
         for s, g, a in zip(slots, st.groups, st.advantages):
             batch.trained.append(TrainedGroup(s, g, a, step - s.start_version))
         batch.stage_chunks.append(st.chunk)

@@ -1,10 +1,12 @@
 """The one column interface (`columns.group_columns`): a `GroupSamples` and the same group's
 `Sample`s (built, or generated one call per sample) give equal columns; `SampleColumns` of
-multi-turn samples; a group's seeds in one call; the correctly rounded square root of a
-fraction that `step_metrics.pstdev` uses."""
+multi-turn samples; a group's seeds in one call, and many groups' seeds in one NumPy pass
+(the rollout pump's); the correctly rounded square root of a fraction that
+`step_metrics.pstdev` uses."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 from fractions import Fraction
@@ -13,7 +15,8 @@ import numpy as np
 import pytest
 
 from rl_core.controller.step_metrics import sqrt_of_fraction
-from rl_core.rollout.group import GroupOptions, seed_last, seed_prefix, seeds_last
+from rl_core.rollout.group import (GroupOptions, derive_seed, seed_last, seed_prefix, seeds_last,
+                                   seeds_of_groups)
 from rl_core.types import Sample
 from rl_core.columns import GroupColumns, GroupSamples, SampleColumns, group_columns
 from tests.unit.test_group_columns import SeededBackend, _groups
@@ -70,6 +73,40 @@ def test_seeds_of_a_group_in_one_call_equal_one_call_per_sample():
         prefix = seed_prefix(r.getrandbits(64), r.randrange(5), r.getrandbits(30))
         n = r.randrange(0, 33)
         assert seeds_last(prefix, n) == [seed_last(prefix, i) for i in range(n)]
+
+
+def test_seeds_of_many_groups_in_one_pass_equal_the_seeds_of_each_group():
+    r = random.Random(4)
+    parts = [(r.choice([0, 1, -7, r.getrandbits(64), 2 ** 64 + 5, -(2 ** 70)]), r.randrange(5), r.getrandbits(30))
+             for _ in range(500)]
+    for n in (0, 1, 16, 33):
+        got = seeds_of_groups(parts, n)
+        assert got == [seeds_last(seed_prefix(*p), n) for p in parts]
+        assert all(type(x) is int for row in got for x in row)
+    assert seeds_of_groups([], 16) == []
+    assert seeds_of_groups([(5,), (6,)], 3) == [[derive_seed(p, i) for i in range(3)] for p in (5, 6)]
+
+
+def test_a_group_given_its_seeds_is_the_group_that_derives_them():
+    from rl_core.rollout.group import generate_group
+    from rl_core.types import SamplingParams
+    from tests.helpers.fakes import FakeTokenizer
+    from tests.unit.test_group_columns import InfoEnv
+
+    env, tok, params = InfoEnv(), FakeTokenizer(), SamplingParams(temperature=1.0, max_tokens=7)
+    ex = {"id": 3, "prompt": "3", "answer": "x"}
+
+    def run(backend, seeds):
+        return asyncio.run(generate_group(backend, env, tok, ex, [1, 2], 8, params, "g3", (5, 0, 3),
+                                          GroupOptions(), seeds))
+
+    for backend in (SeededBackend(True), SeededBackend(True, group_calls=False)):
+        given = run(backend, seeds_of_groups([(5, 0, 3)], 8)[0])
+        derived = run(backend, None)
+        assert [list(s.completion_ids) for s in given] == [list(s.completion_ids) for s in derived]
+        assert [s.reward for s in given] == [s.reward for s in derived]
+    with pytest.raises(ValueError, match="7 seeds for a group of 8"):
+        run(SeededBackend(True), seeds_last(seed_prefix(5, 0, 3), 7))
 
 
 def _correctly_rounded_sqrt(r: float, x: Fraction) -> bool:

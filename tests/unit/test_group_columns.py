@@ -173,6 +173,36 @@ def test_group_chunk_packs_the_columns_as_make_train_chunk_packs_the_samples(dty
         assert not torch.any(got.advantages) and got.routed_experts is None
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_array_rows_pack_as_one_row_at_a_time_on_ragged_groups(shared):
+    """Completions of 0..12 tokens, prompts of 0..5 (empty ones too), pad id 9: the array path
+    (`_rows_by_concatenation`: two pieces per row and each run's prompt broadcast when a prompt
+    list is shared by a run of rows; three pieces per row when every row has its own prompt
+    list) writes what a row-at-a-time packing and the list path write."""
+    from rl_core.types import Sample
+
+    r = random.Random(8 if shared else 9)
+    samples = []
+    for g in range(7):
+        prompt = [r.randrange(1, 50) for _ in range(r.choice([0, 1, 3, 5]))]
+        for _ in range(r.choice([4, 5, 8])):
+            k = r.choice([0, 1, 7, 12])
+            ids = np.array([r.randrange(1, 50) for _ in range(k)], dtype=np.int64)
+            lps = np.array([-r.random() for _ in range(k)], dtype=np.float32)
+            samples.append(Sample(prompt if shared else list(prompt), ids, lps, 1.0, "stop", 0, 1))
+    as_lists = [Sample(list(s.prompt_ids), s.completion_ids.tolist(), s.gen_logprobs.tolist(), 1.0, "stop", 0, 1)
+                for s in samples]
+    got, ref = make_train_chunk(samples, None, pad_id=9), make_train_chunk(as_lists, None, pad_id=9)
+    ids, att, lm, lp = _reference_rows(samples, 9)
+    assert torch.equal(got.input_ids, ids) and torch.equal(got.attention_mask, att)
+    assert torch.equal(got.loss_mask, lm) and torch.equal(got.gen_logprobs, lp)
+    for k in FIELDS:
+        assert torch.equal(getattr(got, k), getattr(ref, k)), k
+    if shared:  # the same rows through the groups' columns (runs of whole groups)
+        got = make_group_chunk([samples[i:j] for i, j in zip([0, 5, 13, 21], [5, 13, 21, len(samples)])], pad_id=9)
+        assert torch.equal(got.input_ids, ids) and torch.equal(got.gen_logprobs, lp)
+
+
 def test_advantage_stage_and_step_metrics_read_columns_as_they_read_samples():
     cfg = validate_dict({"advantage": {"exclude_invalid_from_stats": True}})
     groups = _groups(SeededBackend(True), n_groups=7)
