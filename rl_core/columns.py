@@ -442,7 +442,7 @@ def group_columns(samples) -> GroupColumns:
     sequence of `Sample`s as `SampleColumns` (the one conversion, where a consumer receives
     the group)."""
     if type(samples) is GroupSamples:
-        return samples if samples._samples is None else SampleColumns(samples)  # (`built`, without a property call)
+        return SampleColumns(samples) if samples.built else samples
     if isinstance(samples, SampleColumns):
         return samples
     return SampleColumns(samples)
