@@ -267,7 +267,9 @@ def host_profile(trainer, loss, c, device: str, top: int = 25) -> list[str]:
     sync()
     prof.disable()
     buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    stats = pstats.Stats(prof, stream=buf).sort_stats("tottime")
+    stats.print_stats(top)
+    stats.print_callers(r"method 'item'|method 'tolist'|_local_scalar_dense|cuda_synchronize")  # the step's host syncs
     return [line for line in buf.getvalue().splitlines() if line.strip()]
 
 
