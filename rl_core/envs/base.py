@@ -10,6 +10,10 @@ Owns:
   * `score` checks `finish_reason`, masks aborted samples out of the loss (reward 0),
     and hands `score_completion` a `Completion` whose text has the end token removed and whose
     `ended` says whether the sample stopped on an end token;
+  * `score_group` (`protocols.GroupScoringEnvironment`) scores a single-turn group in one
+    call through the optional hook `score_columns` (the group's texts and ends as columns,
+    the scores as `columns.GroupScores`), exactly as `score` per sample; where a class has no
+    `score_columns` of its own it is set to None when built (the rollout scores per sample);
   * `reference_completion_ids` is the ideal completion (reference text + end token),
     which the supervised warm-up trains on, so warm-up and RL see the same format;
   * `observe` (multi-turn) turns the hook `observation_text(example, turn, completion)` into
