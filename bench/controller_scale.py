@@ -28,12 +28,23 @@ fraction of a 10 s RL step, the time per group (linear scaling = a constant), an
 memory one buffered group holds (tracemalloc: ready groups committed to a `ReplayBuffer`).
 The last line states the overhead at 1,000 groups as a percentage of a 10 s step.
 
-With several `--calls`, `--scoring` or `--rounds`, the last line gives each combination's mean
-over the rounds.
+`--env addition` runs the built-in addition environment instead of `FakeEnv`, closer to a
+real run: `AdditionBackend` answers each group of the task's prompts (the real environment's
+`prompt_ids`, the tiny tokenizer) with completions the environment scores (right answers,
+wrong ones, long texts ending on the end token or cut by length: ragged lengths), the
+decoded texts are looked up (`PrecomputedDecode`: a decode is tokenizer work, taken out like
+the fakes'), and the environment's own work (encoding each group's prompt, scoring) is
+counted as the controller's, as it runs on the controller's event loop in a real run; its
+scoring's share is printed beside each row. `--scoring per-sample` turns the environment's
+group scoring off. `--env fake addition` alternates both.
+
+With several `--calls`, `--scoring`, `--env` or `--rounds`, the last line gives each
+combination's mean over the rounds.
 
 Run: nice -n 10 .venv/bin/python bench/controller_scale.py [--groups 100 300 1000]
      [--steps 10] [--tokens 256] [--chunk 1] [--results lists|arrays|both]
-     [--calls group many per-sample] [--scoring group per-sample] [--rounds 1] [--per-sample-calls]
+     [--calls group many per-sample] [--scoring group per-sample] [--env fake addition] [--rounds 1]
+     [--per-sample-calls]
      [--profile 1000]
 """
 
@@ -80,16 +91,40 @@ class FakeCalls:
         self.answers = 0
         self.scores = 0  # per-sample `score` calls
         self.group_scores = 0  # `score_group` calls
+        self.decodes = 0  # `PrecomputedDecode.decode` calls (--env addition)
         self.answer_s = 0.0
         self.score_s = 0.0
         self.group_score_s = 0.0
+        self.decode_s = 0.0
 
-    def counts(self) -> tuple[int, int, int]:
-        return self.answers, self.scores, self.group_scores
+    def counts(self) -> tuple[int, int, int, int]:
+        return self.answers, self.scores, self.group_scores, self.decodes
 
-    def spent_between(self, a: tuple[int, int, int], b: tuple[int, int, int]) -> float:
+    def spent_between(self, a: tuple[int, ...], b: tuple[int, ...]) -> float:
         """The fakes' cost of the work counted between two `counts()`."""
-        return (b[0] - a[0]) * self.answer_s + (b[1] - a[1]) * self.score_s + (b[2] - a[2]) * self.group_score_s
+        return ((b[0] - a[0]) * self.answer_s + (b[1] - a[1]) * self.score_s + (b[2] - a[2]) * self.group_score_s
+                + (b[3] - a[3]) * self.decode_s)
+
+    def calibrate_addition(self, backend: "AdditionBackend", tok: "PrecomputedDecode", n: int = 20_000) -> None:
+        """The fakes' costs of the --env addition run: a group's answer and a decode (the
+        environment is real: its scoring is the run's, not taken out)."""
+        prompts = list(backend.answers)[:64]
+        seeds = list(range(N))
+        groups = [backend.answer_group(p, seeds) for p in prompts]
+        gc.collect()
+        gc.disable()
+        try:
+            t0 = time.process_time()
+            for i in range(n // N):
+                backend.answer_group(prompts[i & 63], seeds)
+            self.answer_s = (time.process_time() - t0) / (n // N * N)
+            t0 = time.process_time()
+            for i in range(n // N):
+                for ids in groups[i & 63].token_ids:
+                    tok.decode(ids, skip_special_tokens=True)
+            self.decode_s = (time.process_time() - t0) / (n // N * N)
+        finally:
+            gc.enable()
 
     def calibrate(self, backend: "InstantBackend", env: "TimedEnv", n: int = 20_000) -> None:
         from rl_core.types import GenerationRequest, SamplingParams
@@ -222,6 +257,127 @@ class TimedEnv(FakeEnv):
         return GroupScores(rs, {"r": rs}, None, {"correct": list(map(bool, rs))})
 
 
+class AdditionBackend(FakeBackend):
+    """--env addition: answers a group of the addition task at once (`generate_group`), with
+    completions the real addition environment scores: of every 16 samples, two give the right
+    answer, one a wrong last digit, one too few digits (each then the end token: 4 or 3 tokens),
+    and twelve a long text (a worked sum repeated, `tokens` - i % 6 tokens: even i end on the
+    end token, odd i are cut by length). The ids are the tiny tokenizer's; each completion's
+    text is decoded once at start (`PrecomputedDecode` looks it up)."""
+
+    def __init__(self, tokens: int, arrays: bool, tok, examples: list[dict], env):
+        super().__init__(seed=0, max_latency_s=0.0)
+        self.tokens, self.arrays, self.calls_mode = tokens, arrays, "group"
+        eos = tok.eos_token_id
+        filler = tok.encode("so 07 + 45 = 52, reversed 250. ", add_special_tokens=False)
+        filler = (filler * (tokens // len(filler) + 1))[:tokens]
+        self.answers: dict[tuple, list] = {}  # prompt ids -> the group's (ids, finish reason) of its short answers
+        self.examples: dict[tuple, dict] = {}  # prompt ids -> an example with that prompt
+        self.texts: dict = {}  # (length, last id) of a long completion / a short one's ids -> its text
+        self.long = []
+        for i in range(4, N):
+            k = tokens - i % 6
+            ids = filler[:k - 1] + [eos] if i % 2 == 0 else filler[:k]
+            self.long.append((self._ids(ids), "stop" if i % 2 == 0 else "length"))
+            self.texts[(len(ids), ids[-1])] = tok.decode(ids, skip_special_tokens=True)
+        for ex in examples:
+            key = tuple(env.prompt_ids(ex))
+            if key in self.answers:
+                continue
+            self.examples[key] = ex
+            answer = str(ex["answer"])
+            wrong = answer[:-1] + str((int(answer[-1]) + 1) % 10)
+            short = []
+            for text in (answer, answer, wrong, answer[:-1]):
+                ids = tok.encode(text, add_special_tokens=False) + [eos]
+                self.texts[tuple(ids)] = tok.decode(ids, skip_special_tokens=True)
+                short.append((self._ids(ids), "stop"))
+            self.answers[key] = short
+
+    def _ids(self, ids: list[int]):
+        if not self.arrays:
+            return ids
+        a = np.array(ids, dtype=np.int64)
+        a.flags.writeable = False
+        return a
+
+    def answer_group(self, prompt_ids, seeds) -> GroupResults:
+        n = len(seeds)
+        self.calls += n
+        CALLS.answers += n
+        picked = (self.answers[tuple(prompt_ids)] + self.long)[:n]
+        if self.arrays:
+            ids = [p[0] for p in picked]
+            lps = [np.full(len(i), -0.5, dtype=np.float32) for i in ids]
+        else:
+            ids = [list(p[0]) for p in picked]
+            lps = [[-0.5] * len(i) for i in ids]
+        v = self.version
+        return GroupResults(ids, lps, [p[1] for p in picked], [v] * n, [v] * n)
+
+    async def generate_group(self, key, prompt_ids, params, seeds):
+        return self.answer_group(prompt_ids, seeds)
+
+
+class PrecomputedDecode:
+    """The tiny tokenizer's ids and special tokens; `decode` looks up the text decoded at start
+    (counted as the fakes' work: a real decode of 256 tokens costs ~75 us here)."""
+
+    def __init__(self, tok, texts: dict):
+        self.eos_token_id, self.pad_token_id, self.texts = tok.eos_token_id, tok.pad_token_id, texts
+
+    def decode(self, ids, skip_special_tokens=True):
+        CALLS.decodes += 1
+        n = len(ids)
+        return self.texts[(n, int(ids[-1]))] if n > 5 else self.texts[tuple(map(int, ids))]
+
+
+def addition_parts(cfg, tokens: int, arrays: bool, scoring: str, num_examples: int):
+    """The controller's parts for --env addition: the real addition environment (recipe
+    defaults) over the tiny tokenizer and the task's examples, `AdditionBackend`."""
+    from rl_core.config.schema import AdditionEnvConfig
+    from rl_core.data.addition import all_examples
+    from rl_core.data.dataset import PromptSource, load_jsonl
+    from rl_core.envs import make_env
+    from rl_core.model.tokenizer import build_tokenizer
+
+    tok = build_tokenizer(load_jsonl(str(ROOT / "data/addition/val.jsonl")), 300)
+    env = make_env(AdditionEnvConfig(), tok)
+    if scoring != "group":
+        env.score_group = None  # a score call per sample
+    pairs = all_examples()
+    examples = [dict(pairs[i % len(pairs)], id=i) for i in range(num_examples)]
+    backend = AdditionBackend(tokens, arrays, tok, examples, env)
+    parts = make_parts(cfg, backend=backend, trainer=FakeTrainer(), num_examples=cfg.grpo.num_prompts_per_step)
+    parts.env, parts.tokenizer = env, PrecomputedDecode(tok, backend.texts)
+    parts.stop_token_ids, parts.pad_id = (tok.eos_token_id,), tok.pad_token_id
+    parts.source = PromptSource(examples, cfg.grpo.num_prompts_per_step, shuffle=True, seed=cfg.grpo.seed,
+                                max_num_epochs=cfg.grpo.max_num_epochs)
+    return parts
+
+
+def env_scoring_cost(env, backend: "AdditionBackend", tok: "PrecomputedDecode", scoring: str, n: int = 200) -> float:
+    """The addition environment's own CPU time per group (a loop of its scoring calls on the
+    bench's groups: `score_group`, or `score` per sample), for the report (not taken out)."""
+    prompts = list(backend.answers)[:64]
+    groups = [(backend.examples[p], backend.answer_group(p, list(range(N)))) for p in prompts]
+    groups = [(ex, r.token_ids, [tok.decode(i) for i in r.token_ids], r.finish_reasons) for ex, r in groups]
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = time.process_time()
+        for i in range(n):
+            ex, ids, texts, fins = groups[i & 63]
+            if scoring == "group":
+                env.score_group(ex, ids, texts, fins)
+            else:
+                for c, t, f in zip(ids, texts, fins):
+                    env.score(ex, c, t, f)
+        return (time.process_time() - t0) / n
+    finally:
+        gc.enable()
+
+
 class SilentTokenizer:
     eos_token_id = 0
     pad_token_id = 0
@@ -245,12 +401,16 @@ def recipe(groups: int, steps: int, chunk: int, tokens: int):
 
 
 def run_controller(groups: int, steps: int, chunk: int, tokens: int, tmp: Path, profile: bool = False,
-                   arrays: bool = False, calls: str = "group", scoring: str = "group"):
+                   arrays: bool = False, calls: str = "group", scoring: str = "group", env: str = "fake"):
     cfg = recipe(groups, steps, chunk, tokens)
-    backend = InstantBackend(tokens, arrays, calls)
-    parts = make_parts(cfg, backend=backend, trainer=FakeTrainer(), num_examples=groups * (steps + 2))
-    parts.tokenizer = SilentTokenizer()
-    parts.env = TimedEnv(group_scoring=scoring == "group")
+    if env == "addition":
+        parts = addition_parts(cfg, tokens, arrays, scoring, groups * (steps + 2))
+        backend = parts.backend
+    else:
+        backend = InstantBackend(tokens, arrays, calls)
+        parts = make_parts(cfg, backend=backend, trainer=FakeTrainer(), num_examples=groups * (steps + 2))
+        parts.tokenizer = SilentTokenizer()
+        parts.env = TimedEnv(group_scoring=scoring == "group")
     ctl = Controller(cfg, parts, tmp / f"g{groups}", total_steps=steps)
     marks: list[tuple[float, float, tuple]] = []  # (wall, CPU of this process, fakes' work counts) at each step end
     orig = ctl._on_step
@@ -275,13 +435,26 @@ def run_controller(groups: int, steps: int, chunk: int, tokens: int, tmp: Path, 
     # measure: on a shared machine wall time also counts other processes' time slices
     # measure: on a shared machine wall time also counts other processes' time slices. The
     # fakes' own time (generation, environment) is taken out: it is not the controller's.
-    CALLS.calibrate(backend, parts.env)
+    env_s = 0.0
+    if env == "addition":
+        CALLS.calibrate_addition(backend, parts.tokenizer)
+        env_s = env_scoring_cost(parts.env, backend, parts.tokenizer, scoring) * groups
+    else:
+        CALLS.calibrate(backend, parts.env)
     cpu = [b[1] - a[1] for a, b in zip(marks, marks[1:])]
     fakes = [CALLS.spent_between(a[2], b[2]) for a, b in zip(marks, marks[1:])]
     wall_steps = [b[0] - a[0] for a, b in zip(marks, marks[1:])]
     return {"groups": groups, "wall_s": wall, "pumps_s": summary["pumps_s"], "per_step_cpu_s": cpu,
             "fakes_s": statistics.fmean(fakes), "steady_s": statistics.fmean(c - f for c, f in zip(cpu, fakes)),
+            "env_s": env_s, "completion_tokens": statistics.fmean(map(len, backend_sample_ids(backend))),
             "steady_wall_s": statistics.fmean(wall_steps)}, prof
+
+
+def backend_sample_ids(backend) -> list:
+    """One group's completions (for the mean completion length reported)."""
+    if isinstance(backend, AdditionBackend):
+        return backend.answer_group(next(iter(backend.answers)), list(range(N))).token_ids
+    return [range(backend.tokens - (i & 1)) for i in range(N)]
 
 
 def memory_per_group(groups: int, tokens: int, arrays: bool) -> float:
@@ -326,15 +499,20 @@ CALL_NAMES = {"group": "a generate_group call per group (columns)",
 SCORING_NAMES = {"group": "a score_group call per group (columns)", "per-sample": "a score call per sample"}
 
 
-def run_rows(args, mode: str, calls: str, scoring: str, d: str) -> list[dict]:
-    """One pass over `args.groups` with one result form, one kind of call and one kind of
-    scoring, printed as it goes."""
+ENV_NAMES = {"fake": "FakeEnv (a modulo; its own work taken out)",
+             "addition": "the addition environment (real scoring, included; the text's decode looked up)"}
+
+
+def run_rows(args, mode: str, calls: str, scoring: str, d: str, env: str = "fake") -> list[dict]:
+    """One pass over `args.groups` with one result form, one kind of call, one kind of
+    scoring and one environment, printed as it goes."""
     print(f"backend hands token ids and logprobs as {'NumPy arrays' if mode == 'arrays' else 'Python lists'}, "
-          f"{CALL_NAMES[calls]}; {SCORING_NAMES[scoring]}:")
+          f"{CALL_NAMES[calls]}; {ENV_NAMES[env]}, {SCORING_NAMES[scoring]}:")
     rows = []
     for g in args.groups:
-        r, prof = run_controller(g, args.steps, args.chunk, args.tokens, Path(d) / mode / calls / scoring,
-                                 profile=g == args.profile, arrays=mode == "arrays", calls=calls, scoring=scoring)
+        r, prof = run_controller(g, args.steps, args.chunk, args.tokens, Path(d) / mode / calls / scoring / env,
+                                 profile=g == args.profile, arrays=mode == "arrays", calls=calls, scoring=scoring,
+                                 env=env)
         r["mem_per_group"] = memory_per_group(min(g, 300), args.tokens, mode == "arrays")
         rows.append(r)
         print(f"  {g:5d} groups x {N}: controller {r['steady_s'] * 1e3:8.1f} ms CPU/step "
@@ -342,7 +520,9 @@ def run_rows(args, mode: str, calls: str, scoring: str, d: str) -> list[dict]:
               f"{r['fakes_s'] * 1e3:.1f}; wall {r['steady_wall_s'] * 1e3:.1f}) = {r['steady_s'] / STEP_S:.3%} "
               f"of a {STEP_S:.0f} s step; {r['steady_s'] / g * 1e6:7.1f} us/group; buffered group "
               f"{r['mem_per_group'] / 1024:.1f} KiB ({r['mem_per_group'] / (N * args.tokens):.1f} "
-              "B/completion token)", flush=True)
+              "B/completion token)" + (f"; the environment's scoring ~{r['env_s'] * 1e3:.1f} ms of it (included), "
+                                       f"{r['completion_tokens']:.0f} completion tokens per sample"
+                                       if env != "fake" else ""), flush=True)
         if prof:
             s = io.StringIO()
             pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(30)
@@ -380,6 +560,10 @@ def main():
                     help="how the fake environment scores a group generated in one group call: one score_group call "
                          "(the scores as columns) or a score call per sample (what every built-in environment "
                          "does); several alternate within each round")
+    ap.add_argument("--env", choices=list(ENV_NAMES), nargs="+", default=["fake"],
+                    help="the environment: FakeEnv (a modulo of the length, its cost taken out) or the built-in "
+                         "addition environment (its real scoring counted, completions it can score from "
+                         "AdditionBackend; group calls only); several alternate within each round")
     ap.add_argument("--rounds", type=int, default=1, help="repeat every (results, calls, scoring) pass this many times, "
                     "alternating (timings on a shared machine drift; alternation spreads the drift over all)")
     ap.add_argument("--per-sample-calls", action="store_true", help="the same as --calls per-sample")
@@ -392,29 +576,34 @@ def main():
     torch.set_num_threads(args.torch_threads)
     calls_list = ["per-sample"] if args.per_sample_calls else list(dict.fromkeys(args.calls))
     scoring_list = list(dict.fromkeys(args.scoring))
+    env_list = list(dict.fromkeys(args.env))
+    if "addition" in env_list and (calls_list != ["group"] or args.tokens < 16):
+        ap.error("--env addition needs --calls group and --tokens of at least 16")
     print(f"controller-only cost: {N} samples/group, {args.tokens} completion tokens/sample, {args.steps} steps, "
           f"in_order lookahead 1, streaming chunks of {args.chunk} group(s); generation and training instant; "
           f"{' / '.join(CALL_NAMES[c] for c in calls_list)}; "
-          f"{' / '.join(SCORING_NAMES[c] for c in scoring_list)}; {args.rounds} round(s); "
+          f"{' / '.join(SCORING_NAMES[c] for c in scoring_list)}; {' / '.join(ENV_NAMES[e] for e in env_list)}; "
+          f"{args.rounds} round(s); "
           "CPU time of the fakes' own work (calibrated per call) taken out")
     modes = ["arrays", "lists"] if args.results == "both" else [args.results]
-    last: dict[tuple[str, str, str], list[dict]] = {}  # (mode, calls, scoring) -> the largest count's row per round
+    last: dict[tuple[str, str, str, str], list[dict]] = {}  # (mode, calls, scoring, env) -> the largest count's row per round
     with tempfile.TemporaryDirectory() as d:
         for rnd in range(args.rounds):
             if args.rounds > 1:
                 print(f"round {rnd + 1} of {args.rounds}:")
             for mode in modes:
                 for calls in calls_list:
-                    for scoring in scoring_list:
-                        rows = run_rows(args, mode, calls, scoring, d)
-                        last.setdefault((mode, calls, scoring), []).append(rows[-1])
+                    for env in env_list:
+                        for scoring in scoring_list:
+                            rows = run_rows(args, mode, calls, scoring, d, env)
+                            last.setdefault((mode, calls, scoring, env), []).append(rows[-1])
     parts = []
-    for (mode, calls, scoring), rows in last.items():
+    for (mode, calls, scoring, env), rows in last.items():
         ms = [r["steady_s"] * 1e3 for r in rows]
         mean = statistics.fmean(ms)
         each = "" if len(ms) == 1 else f" (rounds: {' / '.join(f'{m:.1f}' for m in ms)})"
         parts.append(f"{mean:.1f} ms per step = {mean / (10 * STEP_S):.2f}% of a {STEP_S:.0f} s RL step with {mode} "
-                     f"from the backend, {calls} calls, {scoring} scoring{each}")
+                     f"from the backend, {calls} calls, {env} environment, {scoring} scoring{each}")
     groups = rows[-1]["groups"]
     print(f"controller overhead at {groups} groups x {N} samples: " + "; ".join(parts))
 

@@ -68,29 +68,49 @@ class GroupScores:
     name -> N values (sample i's `EnvResult.rewards` is {name: components[name][i]}, in the
     names' order); `masks`: None when no sample is masked out of the loss, else N bools;
     `infos`: info key -> N values (sample i's `EnvResult.info`, likewise). Per group that is
-    a few lists instead of an `EnvResult` and two dicts per sample. The caller owns the lists
-    handed over."""
+    a few lists instead of an `EnvResult` and two dicts per sample. Where the samples' dicts
+    do not share their keys (an aborted sample's info beside scored ones), `components` or
+    `infos` may instead be a list of N dicts, one per sample (`of_results`). The caller owns
+    the lists handed over."""
 
     __slots__ = ("rewards", "components", "masks", "infos")
 
-    def __init__(self, rewards: list[float], components: dict[str, list] | None = None,
-                 masks: list[bool] | None = None, infos: dict[str, list] | None = None):
+    def __init__(self, rewards: list[float], components: dict[str, list] | list[dict] | None = None,
+                 masks: list[bool] | None = None, infos: dict[str, list] | list[dict] | None = None):
         self.rewards, self.components, self.masks = rewards, components or {}, masks
         self.infos = infos or {}
 
+    @classmethod
+    def of_results(cls, results: list) -> "GroupScores":
+        """The scores of N `EnvResult`s (sample order): their dicts as given, one per sample."""
+        masks = [r.mask for r in results]
+        return cls([r.reward for r in results], [r.rewards for r in results], masks if any(masks) else None,
+                   [r.info for r in results])
+
+    @staticmethod
+    def _lengths(cols) -> dict:
+        """{column name: entries} of `components` or `infos` ({None: N} for a list of dicts)."""
+        return {None: len(cols)} if type(cols) is list else {k: len(v) for k, v in cols.items()}
+
     def check(self, n: int, who: str) -> None:
         """ValueError unless every column has `n` entries (`who`: the call that returned them)."""
+        comps, infos = self._lengths(self.components), self._lengths(self.infos)
         if (len(self.rewards) == n and (self.masks is None or len(self.masks) == n)
-                and set(map(len, self.components.values())) <= {n} and set(map(len, self.infos.values())) <= {n}):
+                and set(comps.values()) <= {n} and set(infos.values()) <= {n}):
             return
         bad = [f"rewards ({len(self.rewards)})"] if len(self.rewards) != n else []
         if self.masks is not None and len(self.masks) != n:
             bad.append(f"masks ({len(self.masks)})")
-        for what, cols in (("components", self.components), ("infos", self.infos)):
-            bad += [f"{what}[{k!r}] ({len(v)})" for k, v in cols.items() if len(v) != n]
+        for what, cols in (("components", comps), ("infos", infos)):
+            bad += [f"{what}{'' if k is None else f'[{k!r}]'} ({m})" for k, m in cols.items() if m != n]
         if bad:
             raise ValueError(f"{who} returned {', '.join(bad)} entries for a group of {n} completions; every "
                              f"column of a GroupScores holds one entry per completion, in sample order")
+
+    def columns(self, field: str) -> "DictColumns":
+        """`components` or `infos` (`field`) as `DictColumns` of the N samples (lists taken over)."""
+        cols = getattr(self, field)
+        return DictColumns(cols) if type(cols) is list else DictColumns.of_columns(len(self.rewards), cols)
 
 
 class DictColumns:
@@ -229,10 +249,10 @@ class GroupSamples(Sequence, GroupColumns):
         if type(scored) is GroupScores:  # an environment's group scoring: columns already
             n = len(self.completion_ids)
             self.rewards = list(map(float, scored.rewards))
-            self.component_columns = DictColumns.of_columns(n, scored.components)
+            self.component_columns = scored.columns("components")
             masks = scored.masks
             self.env_mask = list(map(bool, masks)) if mask_flagged and masks is not None else [False] * n
-            self.info_columns = DictColumns.of_columns(n, scored.infos)
+            self.info_columns = scored.columns("infos")
         else:
             self.rewards = list(map(float, map(_REWARD, scored)))
             self.component_columns = DictColumns(list(map(_REWARDS, scored)))  # named rewards

@@ -146,7 +146,8 @@ class GroupScoringEnvironment(Protocol):
     """The optional group scoring of an `Environment`. rl_core.rollout.group calls it for each
     single-turn group that a backend generated in one group call (`GroupGenerationBackend`)
     when no `env_timeout_s` applies (scoring on the event loop); every other sample, and every
-    environment without it (the built-in ones), is scored by a `score` call per sample. It
+    environment without it, is scored by a `score` call per sample (`BaseEnv` implements it
+    through its `score_columns` hook: addition, math, reasoning_gym). It
     counts only when defined by the class that defines `score` or a subclass of it, and an
     instance can turn it off by setting the attribute to None. Each sample's scoring time
     (`rollout/env_s_*`) is then its share of the call (the call's time over N)."""

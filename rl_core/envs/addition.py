@@ -13,7 +13,9 @@ Owns the scoring rule of the toy task (`rl_core.data.addition` makes its data):
   `reward = correct + format_reward * well_formed + digit_reward * digits`.
 
 `EnvResult.rewards` carries the components (`correct`, `format`, `digits`) for multi-reward
-algorithms and metrics; `info` carries the booleans.
+algorithms and metrics; `info` carries the booleans. A group generated in one call is scored
+in one call (`score_columns`, BaseEnv's `score_group`): the answer read once, each distinct
+completion text scored once, the columns built directly.
 
 Does not own: the prompt format or the answer encoding (the data generator), templating
 machinery and end-token handling (`base.py`).
@@ -21,10 +23,12 @@ machinery and end-token handling (`base.py`).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
+from rl_core.columns import GroupScores
 from rl_core.envs import register_env
-from rl_core.envs.base import BaseEnv, Completion
+from rl_core.envs.base import BaseEnv, Completion, distinct_scored
 from rl_core.types import EnvResult
 
 
@@ -41,16 +45,29 @@ class AdditionEnv(BaseEnv):
         self.digit_reward = float(getattr(config, "digit_reward", 0.0))
 
     def score_completion(self, example: dict[str, Any], completion: Completion) -> EnvResult:
-        answer = str(example["answer"])
-        text = completion.text
-        well_formed = (completion.ended and len(text) == len(answer)
-                       and text.isascii() and text.isdigit())
-        correct = completion.ended and text == answer
-        fmt = self.format_reward if well_formed else 0.0
-        # partial credit: the share of answer digits right, position by position (a denser signal)
-        digits = sum(a == b for a, b in zip(text, answer)) / len(answer) if completion.ended and answer else 0.0
+        correct, fmt, digits, reward, well_formed = self._scored(str(example["answer"]), completion.text,
+                                                                 completion.ended)
         return EnvResult(
-            reward=float(correct) + fmt + self.digit_reward * digits,
+            reward=reward,
             rewards={"correct": float(correct), "format": fmt, "digits": digits},
             info={"correct": correct, "well_formed": well_formed},
         )
+
+    def score_columns(self, example: dict[str, Any], texts: list[str], ended: list[bool],
+                      finish_reasons: list[str]) -> GroupScores:
+        """`score_completion` of a group's completions as columns: the answer read once per
+        group, each distinct (text, ended) scored once (a group's samples often agree)."""
+        answer = str(example["answer"])
+        correct, fmt, digits, rewards, well_formed = distinct_scored(
+            texts, ended, functools.partial(self._scored, answer), 5)
+        return GroupScores(rewards, {"correct": list(map(float, correct)), "format": fmt, "digits": digits}, None,
+                           {"correct": correct, "well_formed": well_formed})
+
+    def _scored(self, answer: str, text: str, ended: bool) -> tuple[bool, float, float, float, bool]:
+        """(correct, format reward, digits, reward, well_formed) of one completion's text."""
+        well_formed = ended and len(text) == len(answer) and text.isascii() and text.isdigit()
+        correct = ended and text == answer
+        fmt = self.format_reward if well_formed else 0.0
+        # partial credit: the share of answer digits right, position by position (a denser signal)
+        digits = sum(a == b for a, b in zip(text, answer)) / len(answer) if ended and answer else 0.0
+        return correct, fmt, digits, float(correct) + fmt + self.digit_reward * digits, well_formed

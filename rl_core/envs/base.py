@@ -10,6 +10,10 @@ Owns:
   * `score` checks `finish_reason`, masks aborted samples out of the loss (reward 0),
     and hands `score_completion` a `Completion` whose text has the end token removed and whose
     `ended` says whether the sample stopped on an end token;
+  * `score_group` (`protocols.GroupScoringEnvironment`) scores a single-turn group in one
+    call through the optional hook `score_columns` (the group's texts and ends as columns,
+    the scores as `columns.GroupScores`), exactly as `score` per sample; where a class has no
+    `score_columns` of its own it is set to None when built (the rollout scores per sample);
   * `reference_completion_ids` is the ideal completion (reference text + end token),
     which the supervised warm-up trains on, so warm-up and RL see the same format;
   * `observe` (multi-turn) turns the hook `observation_text(example, turn, completion)` into
@@ -29,6 +33,7 @@ dataset, or what a reward means for training (advantages).
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from rl_core.envs import make_env, register_env, registered_envs  # noqa: F401  (the registry; also importable from here)
+from rl_core.columns import GroupScores
 from rl_core.types import EnvResult
 
 FINISH_REASONS = ("stop", "length", "abort")
@@ -87,6 +93,11 @@ class BaseEnv(ABC):
                 end_ids.insert(0, im_end)
         self.end_token_ids: tuple[int, ...] = tuple(end_ids)
         self._end_strings = tuple(tokenizer.convert_ids_to_tokens(i) for i in end_ids)
+        self._end_suffixes = tuple(e for e in self._end_strings if e)  # for str.endswith: any of them
+        if not _scores_columns(type(self)) and getattr(type(self), "score_group", None) is BaseEnv.score_group:
+            # no vectorised scoring of its own: a `score` call per sample (a loop over `score` inside
+            # one call measured no faster), so the rollout keeps its per-sample path
+            self.score_group = None
 
     # ------------------------------------------------------------------ observations
 
@@ -197,15 +208,83 @@ class BaseEnv(ABC):
         # a backend may hand the ids over as a NumPy array (`columns.token_array`): the same ints
         ids = completion_ids.tolist() if isinstance(completion_ids, np.ndarray) else [int(i) for i in completion_ids]
         ended = finish_reason == "stop" and bool(ids) and ids[-1] in self.end_token_ids
-        text = completion_text
+        return Completion(ids=ids, text=self._strip_end_strings(completion_text), ended=ended,
+                          finish_reason=finish_reason)
+
+    def _strip_end_strings(self, text: str) -> str:
+        """`text` without trailing end-token strings (repeatedly, in any order)."""
+        if not (self._end_suffixes and text.endswith(self._end_suffixes)):
+            return text  # the usual case: the decoder skipped the special tokens
         stripped = True
         while stripped:
             stripped = False
-            for end in self._end_strings:
-                if end and text.endswith(end):
+            for end in self._end_suffixes:
+                if text.endswith(end):
                     text, stripped = text[: -len(end)], True
-        return Completion(ids=ids, text=text, ended=ended, finish_reason=finish_reason)
+        return text
+
+    # ------------------------------------------------------------------ group scoring
+
+    score_columns = None
+    """Hook for the group scoring (`score_group`), None where the environment has none:
+    `score_columns(example, texts, ended, finish_reasons) -> columns.GroupScores`, the scores of a
+    group's N stopped or truncated completions (texts with the end-token strings removed, and
+    whether each ended, as `parse_completion` gives them) exactly as `score_completion` gives
+    each, as columns: what a subclass vectorises (an answer parsed or checked once per
+    distinct completion, the example's target once per group)."""
+
+    def score_group(self, example: dict[str, Any], completion_ids: list, completion_texts: list[str],
+                    finish_reasons: list[str]) -> GroupScores:
+        """The scores of one single-turn group (`protocols.GroupScoringEnvironment`): exactly
+        what `score` gives each sample, as columns. Through the class's `score_columns` where it
+        is the class's own (defined with or below its `score_completion` and `parse_completion`:
+        a subclass that overrides either is never bypassed); else, and for a group with an
+        aborted sample (whose info differs from the others'), a `score` call per sample. Rollout
+        uses it only where `score_columns` applies (`group_scoring`: `__init__` turns it off
+        otherwise)."""
+        if not _FINISH_SET.issuperset(finish_reasons):
+            bad = next(f for f in finish_reasons if f not in _FINISH_SET)
+            raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {bad!r}")
+        if "abort" in finish_reasons or not _scores_columns(type(self)):
+            return GroupScores.of_results([self.score(example, c, t, f)
+                                           for c, t, f in zip(completion_ids, completion_texts, finish_reasons)])
+        ends, strip = self.end_token_ids, self._strip_end_strings
+        # `parse_completion`'s `ended` without a list per completion: the last id read once
+        ended = [f == "stop" and len(c) > 0 and int(c[-1]) in ends for c, f in zip(completion_ids, finish_reasons)]
+        return self.score_columns(example, list(map(strip, completion_texts)), ended, finish_reasons)
 
     @abstractmethod
     def score_completion(self, example: dict[str, Any], completion: Completion) -> EnvResult:
         """Rewards of a stopped or truncated completion (hook)."""
+
+
+_FINISH_SET = frozenset(FINISH_REASONS)
+
+
+@functools.lru_cache(maxsize=64)
+def _scores_columns(cls: type) -> bool:
+    """Whether `cls` has a `score_columns` of its own: defined (not None) in the class that
+    defines its `score_completion` and `parse_completion`, or below both in the MRO."""
+    mro = cls.__mro__
+
+    def owner(name: str) -> int:
+        return next(i for i, c in enumerate(mro) if name in vars(c))
+
+    if getattr(cls, "score_columns", None) is None:
+        return False
+    return owner("score_columns") <= min(owner("score_completion"), owner("parse_completion"))
+
+
+def distinct_scored(texts: list[str], ended: list[bool], score, width: int) -> list[list]:
+    """`score(text, ended)` (a tuple of `width` fields) called once per distinct (text, ended)
+    pair of a group, in order of first appearance, and its fields as `width` columns in sample
+    order: for a `score_columns` whose per-completion score is a function of those two alone
+    (a group's samples often give the same answer)."""
+    memo: dict = {}
+    rows = []
+    for key in zip(texts, ended):
+        row = memo.get(key)
+        if row is None:
+            row = memo[key] = score(*key)
+        rows.append(row)
+    return [list(c) for c in zip(*rows)] if rows else [[] for _ in range(width)]

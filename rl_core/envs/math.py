@@ -27,19 +27,26 @@ timeouts use SIGALRM, which works only in a process's main thread, and rl_core s
 thread pool: so they are off here, the extracted answer is capped at `MAX_ANSWER_CHARS`, and
 the deadline of a scoring call is `async_rl.failure.env_timeout_s`.
 
+A group generated in one call (and no `env_timeout_s`) is scored in one call
+(`score_columns`, BaseEnv's `score_group`): the gold answer reduced once, each distinct
+completion text extracted and checked once (math-verify is deterministic: the same answer
+gets the same verdict), the columns built directly.
+
 Does not own: templating machinery and end-token handling (`base.py`), the data (any JSON-lines
 file with `prompt` and `answer`; `rl_core.data.arithmetic` generates the SmolLM2 recipe's).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from functools import lru_cache
 from typing import Any
 
+from rl_core.columns import GroupScores
 from rl_core.envs import register_env
-from rl_core.envs.base import BaseEnv, Completion
+from rl_core.envs.base import BaseEnv, Completion, distinct_scored
 from rl_core.types import EnvResult
 
 ANSWER_FORMATS = ("boxed", "hash", "last_number", "number_only")
@@ -186,11 +193,28 @@ class MathEnv(BaseEnv):
         return gold
 
     def score_completion(self, example: dict[str, Any], completion: Completion) -> EnvResult:
-        answer = self.extract(completion.text) if completion.ended else None
-        well_formed = answer is not None
-        correct = well_formed and answers_match(gold_answer(str(example["answer"])), answer)
+        correct, well_formed, answer, reward = self._scored(gold_answer(str(example["answer"])), completion.text,
+                                                            completion.ended)
         return EnvResult(
-            reward=self.correct_reward * float(correct) + self.format_reward * float(well_formed),
+            reward=reward,
             rewards={"correct": float(correct), "format": float(well_formed)},
             info={"correct": correct, "well_formed": well_formed, "answer": answer},
         )
+
+    def score_columns(self, example: dict[str, Any], texts: list[str], ended: list[bool],
+                      finish_reasons: list[str]) -> GroupScores:
+        """`score_completion` of a group's completions as columns: the gold answer reduced once
+        per group, each distinct (text, ended) extracted and checked once (math-verify's parse
+        and verify, the costly part, once per distinct answer)."""
+        gold = gold_answer(str(example["answer"]))
+        correct, well_formed, answers, rewards = distinct_scored(texts, ended, functools.partial(self._scored, gold),
+                                                                 4)
+        return GroupScores(rewards, {"correct": list(map(float, correct)), "format": list(map(float, well_formed))},
+                           None, {"correct": correct, "well_formed": well_formed, "answer": answers})
+
+    def _scored(self, gold: str, text: str, ended: bool) -> tuple[bool, bool, str | None, float]:
+        """(correct, well_formed, the extracted answer, reward) of one completion's text."""
+        answer = self.extract(text) if ended else None
+        well_formed = answer is not None
+        correct = well_formed and answers_match(gold, answer)
+        return correct, well_formed, answer, self.correct_reward * float(correct) + self.format_reward * float(well_formed)

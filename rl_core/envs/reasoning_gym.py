@@ -14,17 +14,23 @@ Owns the answer format and the scoring:
 - reward = score + format_reward * well_formed (an answer was found in the format);
   components `correct` (the score) and `format`; `info['correct']` = score >= 1.
 
+A group generated in one call (and no `env_timeout_s`) is scored in one call (`score_columns`,
+BaseEnv's `score_group`): each distinct completion text extracted and scored once, which
+takes the task's scorer to be a function of the answer and the entry (reasoning-gym's are).
+
 The data comes from `rl-core make-data reasoning_gym` (rl_core.data.reasoning_gym).
 Does not own: templating and end tokens (base.py).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
+from rl_core.columns import GroupScores
 from rl_core.envs import register_env
-from rl_core.envs.base import BaseEnv, Completion
+from rl_core.envs.base import BaseEnv, Completion, distinct_scored
 from rl_core.types import EnvResult
 
 _TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -76,9 +82,23 @@ class ReasoningGymEnv(BaseEnv):
         return float(self.dataset.score_answer(answer, self.entry(example)))
 
     def score_completion(self, example: dict[str, Any], completion: Completion) -> EnvResult:
-        answer = extract_answer(completion.text, self.answer_format)
+        score, fmt, reward, correct, well_formed, answer = self._scored(example, completion.text, completion.ended)
+        return EnvResult(reward=reward, rewards={"correct": score, "format": fmt},
+                         info={"correct": correct, "well_formed": well_formed, "answer": answer})
+
+    def score_columns(self, example: dict[str, Any], texts: list[str], ended: list[bool],
+                      finish_reasons: list[str]) -> GroupScores:
+        """`score_completion` of a group's completions as columns: each distinct completion text
+        extracted and scored once (the task's scorer, a function of the answer and the entry)."""
+        score, fmt, reward, correct, well_formed, answer = distinct_scored(
+            texts, ended, functools.partial(self._scored, example), 6)
+        return GroupScores(reward, {"correct": score, "format": fmt}, None,
+                           {"correct": correct, "well_formed": well_formed, "answer": answer})
+
+    def _scored(self, example: dict[str, Any], text: str, ended: bool) -> tuple:
+        """(score, format reward, reward, correct, well_formed, answer) of one completion's text."""
+        answer = extract_answer(text, self.answer_format)
         score = self.score_answer(answer, example)
         well_formed = answer is not None and answer != ""
         fmt = self.format_reward if well_formed else 0.0
-        return EnvResult(reward=score + fmt, rewards={"correct": score, "format": fmt},
-                         info={"correct": score >= 1.0, "well_formed": well_formed, "answer": answer})
+        return score, fmt, score + fmt, score >= 1.0, well_formed, answer
