@@ -193,6 +193,60 @@ def _decode(tokenizer, ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=True)
 
 
+# A group call's completions are decoded here, off the event loop, where the tokenizer is a
+# transformers tokenizer over a Rust `tokenizers.Tokenizer` (`group_decoder`): its
+# `decode_batch` releases the interpreter lock while it decodes (measured: docs/controller.md,
+# "Eighth round"), so the loop keeps running. Two threads: the Rust call decodes a batch's
+# sequences in parallel itself.
+_DECODE_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rl_core-decode")
+
+
+@functools.lru_cache(maxsize=64)
+def _plain_decode_class(cls: type) -> bool:
+    """Whether `cls.decode` is transformers' own `decode` over the Rust-backed `_decode` (no
+    subclass overrides either), the case where `group_decoder` reproduces it."""
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # another transformers layout: decode on the loop, as always
+        return False
+    return (issubclass(cls, TokenizersBackend) and cls.decode is PreTrainedTokenizerBase.decode
+            and cls._decode is TokenizersBackend._decode)
+
+
+def group_decoder(tokenizer):
+    """A function decoding a group's completions (a list of token id lists or 1-D arrays) to
+    the texts `tokenizer.decode(ids, skip_special_tokens=True)` gives each, in one
+    `decode_batch` call of the tokenizer's Rust backend, or None where that cannot be
+    guaranteed: a tokenizer that is not an unmodified transformers tokenizer over a Rust
+    `tokenizers.Tokenizer`, or one that cleans up tokenization spaces (a Python step after the
+    Rust decode). transformers' `decode` is the Rust `decode` of the ids as Python ints,
+    then that clean-up; `decode_batch` is the same Rust decode per sequence."""
+    if not _plain_decode_class(type(tokenizer)) or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return None
+    backend = getattr(tokenizer, "_tokenizer", None)
+    decode_batch = getattr(backend, "decode_batch", None)
+    if decode_batch is None:
+        return None
+
+    def decode(ids: list) -> list[str]:
+        return decode_batch([t.tolist() if isinstance(t, np.ndarray) else t for t in ids], skip_special_tokens=True)
+
+    return decode
+
+
+async def decode_group(tokenizer, ids: list) -> list[str]:
+    """A group's texts, each `tokenizer.decode(ids, skip_special_tokens=True)`: in one batch
+    call on a decode thread (`_DECODE_POOL`) where `group_decoder` applies, so the event loop
+    goes on while the Rust decoder runs; else on the loop, one `decode` per completion (fakes,
+    slow tokenizers, a subclass with its own `decode`). An error of either propagates."""
+    batch = group_decoder(tokenizer)
+    if batch is None:
+        decode = tokenizer.decode
+        return [decode(t, skip_special_tokens=True) for t in ids]
+    return await asyncio.get_running_loop().run_in_executor(_DECODE_POOL, batch, ids)
+
+
 async def _generate(backend: GenerationBackend, request: GenerationRequest, opts: GroupOptions,
                     ticket: _Ticket | None = None) -> GenerationResult:
     slots = opts.gen_slots
@@ -457,8 +511,7 @@ async def _generate_group_at_once(backend: GenerationBackend, call: str, env: En
                                f"{n} requests")
         ids, finishes = [r.token_ids for r in results], [r.finish_reason for r in results]
     generate_s = time.monotonic() - t0
-    decode = tokenizer.decode
-    texts = [decode(t, skip_special_tokens=True) for t in ids]
+    texts = await decode_group(tokenizer, ids)
     if opts.env_timeout_s is None and group_scoring(env):  # the environment scores the group in one call
         t1 = time.monotonic()
         scores = env.score_group(example, ids, texts, finishes)
