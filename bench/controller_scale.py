@@ -38,12 +38,26 @@ counted as the controller's, as it runs on the controller's event loop in a real
 scoring's share is printed beside each row. `--scoring per-sample` turns the environment's
 group scoring off. `--env fake addition` alternates both.
 
+`--decode` (--env addition) chooses how the completions' texts are decoded: `looked-up` (the
+default, the seventh round's measure: the text looked up, the decode taken out), `loop` (the
+real tokenizer's `decode` per completion on the event loop, counted: what a real run paid
+before the eighth round) or `thread` (the real tokenizer, through `rollout.group.decode_group`:
+one Rust `decode_batch` per group on a decode thread, counted: what a real run pays now);
+several alternate like `--env`. Each row also prints the event loop thread's own CPU time per
+step (`time.thread_time` on the loop, the fakes' work taken out), beside the process's (every
+thread: the decode threads' work is in the process time, not in the loop's).
+The bench sets TOKENIZERS_PARALLELISM=false unless it is set, as `rl-core train` does
+(`launch.train.setup_process`): `decode_batch` then decodes a group's texts in turn on the
+decode thread, not over the Rust thread pool (on 2 cores that pool's threads cost the loop
+thread more than they save).
+
 With several `--calls`, `--scoring`, `--env` or `--rounds`, the last line gives each
 combination's mean over the rounds.
 
 Run: nice -n 10 .venv/bin/python bench/controller_scale.py [--groups 100 300 1000]
      [--steps 10] [--tokens 256] [--chunk 1] [--results lists|arrays|both]
-     [--calls group many per-sample] [--scoring group per-sample] [--env fake addition] [--rounds 1]
+     [--calls group many per-sample] [--scoring group per-sample] [--env fake addition]
+     [--decode looked-up loop thread] [--rounds 1]
      [--per-sample-calls]
      [--profile 1000]
 """
@@ -55,6 +69,7 @@ import asyncio
 import cProfile
 import gc
 import io
+import os
 import pstats
 import statistics
 import sys
@@ -65,6 +80,7 @@ from pathlib import Path
 
 import numpy as np
 
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # what `rl-core train` sets (launch/train.py)
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -332,7 +348,19 @@ class PrecomputedDecode:
         return self.texts[(n, int(ids[-1]))] if n > 5 else self.texts[tuple(map(int, ids))]
 
 
-def addition_parts(cfg, tokens: int, arrays: bool, scoring: str, num_examples: int):
+class LoopDecode:
+    """--decode loop: the real tokenizer's `decode`, called per completion on the event loop (a
+    class of its own, so `rollout.group.group_decoder` does not apply: the path before the
+    eighth round)."""
+
+    def __init__(self, tok):
+        self.tok, self.eos_token_id, self.pad_token_id = tok, tok.eos_token_id, tok.pad_token_id
+
+    def decode(self, ids, skip_special_tokens=True):
+        return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def addition_parts(cfg, tokens: int, arrays: bool, scoring: str, num_examples: int, decode: str = "looked-up"):
     """The controller's parts for --env addition: the real addition environment (recipe
     defaults) over the tiny tokenizer and the task's examples, `AdditionBackend`."""
     from rl_core.config.schema import AdditionEnvConfig
@@ -349,7 +377,9 @@ def addition_parts(cfg, tokens: int, arrays: bool, scoring: str, num_examples: i
     examples = [dict(pairs[i % len(pairs)], id=i) for i in range(num_examples)]
     backend = AdditionBackend(tokens, arrays, tok, examples, env)
     parts = make_parts(cfg, backend=backend, trainer=FakeTrainer(), num_examples=cfg.grpo.num_prompts_per_step)
-    parts.env, parts.tokenizer = env, PrecomputedDecode(tok, backend.texts)
+    parts.env = env
+    backend.looked_up = PrecomputedDecode(tok, backend.texts)  # also the calibration's
+    parts.tokenizer = {"looked-up": backend.looked_up, "loop": LoopDecode(tok), "thread": tok}[decode]
     parts.stop_token_ids, parts.pad_id = (tok.eos_token_id,), tok.pad_token_id
     parts.source = PromptSource(examples, cfg.grpo.num_prompts_per_step, shuffle=True, seed=cfg.grpo.seed,
                                 max_num_epochs=cfg.grpo.max_num_epochs)
@@ -401,10 +431,11 @@ def recipe(groups: int, steps: int, chunk: int, tokens: int):
 
 
 def run_controller(groups: int, steps: int, chunk: int, tokens: int, tmp: Path, profile: bool = False,
-                   arrays: bool = False, calls: str = "group", scoring: str = "group", env: str = "fake"):
+                   arrays: bool = False, calls: str = "group", scoring: str = "group", env: str = "fake",
+                   decode: str = "looked-up"):
     cfg = recipe(groups, steps, chunk, tokens)
     if env == "addition":
-        parts = addition_parts(cfg, tokens, arrays, scoring, groups * (steps + 2))
+        parts = addition_parts(cfg, tokens, arrays, scoring, groups * (steps + 2), decode)
         backend = parts.backend
     else:
         backend = InstantBackend(tokens, arrays, calls)
@@ -412,11 +443,11 @@ def run_controller(groups: int, steps: int, chunk: int, tokens: int, tmp: Path, 
         parts.tokenizer = SilentTokenizer()
         parts.env = TimedEnv(group_scoring=scoring == "group")
     ctl = Controller(cfg, parts, tmp / f"g{groups}", total_steps=steps)
-    marks: list[tuple[float, float, tuple]] = []  # (wall, CPU of this process, fakes' work counts) at each step end
+    marks: list[tuple[float, float, tuple, float]] = []  # (wall, process CPU, fakes' work counts, loop thread CPU)
     orig = ctl._on_step
 
     async def on_step(step, metrics, trained):
-        marks.append((time.monotonic(), time.process_time(), CALLS.counts()))
+        marks.append((time.monotonic(), time.process_time(), CALLS.counts(), time.thread_time()))
         await orig(step, metrics, trained)
 
 
@@ -437,16 +468,17 @@ def run_controller(groups: int, steps: int, chunk: int, tokens: int, tmp: Path, 
     # fakes' own time (generation, environment) is taken out: it is not the controller's.
     env_s = 0.0
     if env == "addition":
-        CALLS.calibrate_addition(backend, parts.tokenizer)
-        env_s = env_scoring_cost(parts.env, backend, parts.tokenizer, scoring) * groups
+        CALLS.calibrate_addition(backend, backend.looked_up)
+        env_s = env_scoring_cost(parts.env, backend, backend.looked_up, scoring) * groups
     else:
         CALLS.calibrate(backend, parts.env)
     cpu = [b[1] - a[1] for a, b in zip(marks, marks[1:])]
     fakes = [CALLS.spent_between(a[2], b[2]) for a, b in zip(marks, marks[1:])]
     wall_steps = [b[0] - a[0] for a, b in zip(marks, marks[1:])]
+    loop = [b[3] - a[3] for a, b in zip(marks, marks[1:])]  # the fakes run on the loop thread
     return {"groups": groups, "wall_s": wall, "pumps_s": summary["pumps_s"], "per_step_cpu_s": cpu,
             "fakes_s": statistics.fmean(fakes), "steady_s": statistics.fmean(c - f for c, f in zip(cpu, fakes)),
-            "env_s": env_s, "completion_tokens": statistics.fmean(map(len, backend_sample_ids(backend))),
+            "loop_s": statistics.fmean(c - f for c, f in zip(loop, fakes)), "env_s": env_s, "completion_tokens": statistics.fmean(map(len, backend_sample_ids(backend))),
             "steady_wall_s": statistics.fmean(wall_steps)}, prof
 
 
@@ -500,24 +532,32 @@ SCORING_NAMES = {"group": "a score_group call per group (columns)", "per-sample"
 
 
 ENV_NAMES = {"fake": "FakeEnv (a modulo; its own work taken out)",
-             "addition": "the addition environment (real scoring, included; the text's decode looked up)"}
+             "addition": "the addition environment (real scoring, included)"}
 
 
-def run_rows(args, mode: str, calls: str, scoring: str, d: str, env: str = "fake") -> list[dict]:
+DECODE_NAMES = {"looked-up": "the completions' texts looked up (the decode taken out)",
+                "loop": "the real decode per completion on the event loop (counted)",
+                "thread": "the real decode, one decode_batch per group on a decode thread (counted)"}
+
+
+def run_rows(args, mode: str, calls: str, scoring: str, d: str, env: str = "fake",
+             decode: str = "looked-up") -> list[dict]:
     """One pass over `args.groups` with one result form, one kind of call, one kind of
     scoring and one environment, printed as it goes."""
     print(f"backend hands token ids and logprobs as {'NumPy arrays' if mode == 'arrays' else 'Python lists'}, "
-          f"{CALL_NAMES[calls]}; {ENV_NAMES[env]}, {SCORING_NAMES[scoring]}:")
+          f"{CALL_NAMES[calls]}; {ENV_NAMES[env]}, {SCORING_NAMES[scoring]}"
+          + (f", {DECODE_NAMES[decode]}" if env != "fake" else "") + ":")
     rows = []
     for g in args.groups:
-        r, prof = run_controller(g, args.steps, args.chunk, args.tokens, Path(d) / mode / calls / scoring / env,
-                                 profile=g == args.profile, arrays=mode == "arrays", calls=calls, scoring=scoring,
-                                 env=env)
+        r, prof = run_controller(g, args.steps, args.chunk, args.tokens,
+                                 Path(d) / mode / calls / scoring / env / decode, profile=g == args.profile,
+                                 arrays=mode == "arrays", calls=calls, scoring=scoring, env=env, decode=decode)
         r["mem_per_group"] = memory_per_group(min(g, 300), args.tokens, mode == "arrays")
         rows.append(r)
         print(f"  {g:5d} groups x {N}: controller {r['steady_s'] * 1e3:8.1f} ms CPU/step "
               f"(process {sum(r['per_step_cpu_s']) / len(r['per_step_cpu_s']) * 1e3:.1f}, fakes "
-              f"{r['fakes_s'] * 1e3:.1f}; wall {r['steady_wall_s'] * 1e3:.1f}) = {r['steady_s'] / STEP_S:.3%} "
+              f"{r['fakes_s'] * 1e3:.1f}; wall {r['steady_wall_s'] * 1e3:.1f}; event loop thread "
+              f"{r['loop_s'] * 1e3:.1f} = {r['loop_s'] / STEP_S:.3%}) = {r['steady_s'] / STEP_S:.3%} "
               f"of a {STEP_S:.0f} s step; {r['steady_s'] / g * 1e6:7.1f} us/group; buffered group "
               f"{r['mem_per_group'] / 1024:.1f} KiB ({r['mem_per_group'] / (N * args.tokens):.1f} "
               "B/completion token)" + (f"; the environment's scoring ~{r['env_s'] * 1e3:.1f} ms of it (included), "
@@ -564,6 +604,10 @@ def main():
                     help="the environment: FakeEnv (a modulo of the length, its cost taken out) or the built-in "
                          "addition environment (its real scoring counted, completions it can score from "
                          "AdditionBackend; group calls only); several alternate within each round")
+    ap.add_argument("--decode", choices=list(DECODE_NAMES), nargs="+", default=["looked-up"],
+                    help="--env addition: the completions' texts looked up (decode taken out), decoded by the real "
+                         "tokenizer on the event loop (counted, the path before the eighth round), or in one "
+                         "decode_batch per group on a decode thread (counted, the path now); several alternate")
     ap.add_argument("--rounds", type=int, default=1, help="repeat every (results, calls, scoring) pass this many times, "
                     "alternating (timings on a shared machine drift; alternation spreads the drift over all)")
     ap.add_argument("--per-sample-calls", action="store_true", help="the same as --calls per-sample")
@@ -586,7 +630,9 @@ def main():
           f"{args.rounds} round(s); "
           "CPU time of the fakes' own work (calibrated per call) taken out")
     modes = ["arrays", "lists"] if args.results == "both" else [args.results]
-    last: dict[tuple[str, str, str, str], list[dict]] = {}  # (mode, calls, scoring, env) -> the largest count's row per round
+    decode_list = list(dict.fromkeys(args.decode))
+    # (mode, calls, scoring, env, decode) -> the largest count's row per round
+    last: dict[tuple[str, str, str, str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory() as d:
         for rnd in range(args.rounds):
             if args.rounds > 1:
@@ -595,15 +641,18 @@ def main():
                 for calls in calls_list:
                     for env in env_list:
                         for scoring in scoring_list:
-                            rows = run_rows(args, mode, calls, scoring, d, env)
-                            last.setdefault((mode, calls, scoring, env), []).append(rows[-1])
+                            for decode in (decode_list if env != "fake" else ["looked-up"]):
+                                rows = run_rows(args, mode, calls, scoring, d, env, decode)
+                                last.setdefault((mode, calls, scoring, env, decode), []).append(rows[-1])
     parts = []
-    for (mode, calls, scoring, env), rows in last.items():
+    for (mode, calls, scoring, env, decode), rows in last.items():
         ms = [r["steady_s"] * 1e3 for r in rows]
-        mean = statistics.fmean(ms)
+        mean, loop = statistics.fmean(ms), statistics.fmean(r["loop_s"] * 1e3 for r in rows)
         each = "" if len(ms) == 1 else f" (rounds: {' / '.join(f'{m:.1f}' for m in ms)})"
-        parts.append(f"{mean:.1f} ms per step = {mean / (10 * STEP_S):.2f}% of a {STEP_S:.0f} s RL step with {mode} "
-                     f"from the backend, {calls} calls, {env} environment, {scoring} scoring{each}")
+        texts = f", texts {decode}" if env != "fake" else ""
+        parts.append(f"{mean:.1f} ms per step = {mean / (10 * STEP_S):.2f}% of a {STEP_S:.0f} s RL step "
+                     f"(event loop thread {loop:.1f} ms = {loop / (10 * STEP_S):.2f}%) with {mode} "
+                     f"from the backend, {calls} calls, {env} environment, {scoring} scoring{texts}{each}")
     groups = rows[-1]["groups"]
     print(f"controller overhead at {groups} groups x {N} samples: " + "; ".join(parts))
 

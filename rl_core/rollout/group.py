@@ -196,8 +196,9 @@ def _decode(tokenizer, ids: list[int]) -> str:
 # A group call's completions are decoded here, off the event loop, where the tokenizer is a
 # transformers tokenizer over a Rust `tokenizers.Tokenizer` (`group_decoder`): its
 # `decode_batch` releases the interpreter lock while it decodes (measured: docs/controller.md,
-# "Eighth round"), so the loop keeps running. Two threads: the Rust call decodes a batch's
-# sequences in parallel itself.
+# "Eighth round"), so the loop keeps running. Two threads; `rl-core train` sets
+# TOKENIZERS_PARALLELISM=false (launch/train.py), so each call decodes its sequences in turn
+# (with parallelism on, the Rust call spreads them over its own thread pool).
 _DECODE_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rl_core-decode")
 
 
@@ -224,7 +225,7 @@ def group_decoder(tokenizer):
     then that clean-up; `decode_batch` is the same Rust decode per sequence."""
     if not _plain_decode_class(type(tokenizer)) or getattr(tokenizer, "clean_up_tokenization_spaces", True):
         return None
-    backend = getattr(tokenizer, "_tokenizer", None)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
     decode_batch = getattr(backend, "decode_batch", None)
     if decode_batch is None:
         return None
