@@ -143,3 +143,15 @@ def test_a_decode_error_fails_the_group_as_decode_would(tok, bad):
     with pytest.raises(OverflowError) as got:
         run_group(TokenBackend(ids), tok, 4)
     assert str(got.value) == str(want.value)
+
+
+def test_the_tokenizer_a_run_reloads_gets_the_batch_decoder_with_the_same_texts(tok, tmp_path):
+    """A run loads its tokenizer back from the policy directory (`AutoTokenizer`: transformers'
+    Qwen2Tokenizer class here, as for Qwen models): the same texts through the batch decoder."""
+    from transformers import AutoTokenizer
+
+    tok.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
+    assert type(loaded) is not type(tok) and group_decoder(loaded) is not None
+    ids = ragged_completions(tok)
+    assert group_decoder(loaded)(ids) == [loaded.decode(t, skip_special_tokens=True) for t in ids]
