@@ -12,7 +12,9 @@ with observation tokens masked out of the loss), per-generation and per-environm
 deadlines, each sample's generated tokens per generation worker (`info["worker_tokens"]`,
 from `GenerationResult.worker`), and scoring each finished sample with the environment (a
 single-turn group generated in one group call in one `score_group` call where the
-environment has one: `group_scoring`). A single-turn group generated in one group call comes
+environment has one: `group_scoring`), and decoding a group call's completions (off the event
+loop, in one Rust `decode_batch` on a decode thread, where the tokenizer allows it:
+`decode_group`). A single-turn group generated in one group call comes
 back column-wise
 (`columns.GroupSamples`: the same `Sample`s, built on first access); every other path returns
 a list of `Sample`s, built by the same `types.scored_sample`.
