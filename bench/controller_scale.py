@@ -32,7 +32,7 @@ The last line states the overhead at 1,000 groups as a percentage of a 10 s step
 real run: `AdditionBackend` answers each group of the task's prompts (the real environment's
 `prompt_ids`, the tiny tokenizer) with completions the environment scores (right answers,
 wrong ones, long texts ending on the end token or cut by length: ragged lengths), the
-decoded texts are looked up (`PrecomputedDecode`: a decode is tokenizer work, taken out like
+decoded texts are looked up by default (`PrecomputedDecode`: a decode is tokenizer work, taken out like
 the fakes'), and the environment's own work (encoding each group's prompt, scoring) is
 counted as the controller's, as it runs on the controller's event loop in a real run; its
 scoring's share is printed beside each row. `--scoring per-sample` turns the environment's
