@@ -46,8 +46,8 @@ class _EndsWith(BaseEnv):
 
 
 def test_an_environment_parses_an_array_of_ids_as_the_list():
-    env = object.__new__(_EndsWith)  # no tokenizer: the two attributes parse_completion reads
-    env.end_token_ids, env._end_strings = (3,), ("<end>",)
+    env = object.__new__(_EndsWith)  # no tokenizer: the attributes parse_completion reads
+    env.end_token_ids, env._end_strings, env._end_suffixes = (3,), ("<end>",), ("<end>",)
     for ids in ([5, 7, 3], [5, 7], []):
         a = env.parse_completion(np.asarray(ids, dtype=np.int64), "x<end>", "stop")
         b = env.parse_completion(list(ids), "x<end>", "stop")
