@@ -598,8 +598,8 @@ def main():
                          "several alternate within each round")
     ap.add_argument("--scoring", choices=list(SCORING_NAMES), nargs="+", default=["group"],
                     help="how the fake environment scores a group generated in one group call: one score_group call "
-                         "(the scores as columns) or a score call per sample (what every built-in environment "
-                         "does); several alternate within each round")
+                         "(the scores as columns) or a score call per sample (what environments without score_columns "
+                         "get); several alternate within each round")
     ap.add_argument("--env", choices=list(ENV_NAMES), nargs="+", default=["fake"],
                     help="the environment: FakeEnv (a modulo of the length, its cost taken out) or the built-in "
                          "addition environment (its real scoring counted, completions it can score from "
