@@ -39,7 +39,8 @@ Variants, each in its own process (fresh memory and global state), measured side
   fused logprobs (on CUDA at tensor parallel size 1); megatron+mb2x: twice the microbatch.
 - fsdp2+bf16+..., megatron+bf16+...: the torch backend's precision (bf16 weights and AdamW state, no
   fp32 master copy; megatron with torch's AdamW), to compare the sharded backends' own cost like for like.
-`--profile` adds one profiled step per variant: device time by kernel category and the top kernels;
+`--profile` adds one profiled step per variant: device time by kernel category, the top kernels and
+the top aten operators by their own kernels' device time (with their input shapes);
 `--host-profile` one cProfiled step (the host's Python work, top functions by own time).
 `--host-overhead` (CPU, no GPU needed): the same split step on a model of the same depth (24 layers)
 but 32 wide, 2 x 16 tokens in one microbatch, so compute is negligible and the time per step is the
@@ -104,6 +105,9 @@ BACKENDS = {  # name -> recipe overrides (after --microbatch, so a variant's own
                  "trainer.megatron.optimizer=megatron"],
     "megatron+mb2x": ["trainer.backend=megatron", "model.dtype=float32", "trainer.megatron.mixed_precision=bf16",
                       "trainer.megatron.optimizer=megatron"],
+    # Megatron's eager element-wise ops (trainer.megatron.fused_elementwise off): the step before the fusions
+    "megatron+eager+mb2x": ["trainer.backend=megatron", "model.dtype=float32", "trainer.megatron.mixed_precision=bf16",
+                            "trainer.megatron.optimizer=megatron", "trainer.megatron.fused_elementwise=off"],
     "megatron+compile+mb2x": ["trainer.backend=megatron", "model.dtype=float32",
                               "trainer.megatron.mixed_precision=bf16", "trainer.megatron.optimizer=megatron",
                               "trainer.megatron.compile=true"],
@@ -224,16 +228,27 @@ def profile_step(trainer, loss, c, device: str, top: int = 12) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from torch.autograd import DeviceType
+
     cuda = device == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     sync()
-    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+    # on CUDA the CPU operators too, so that each kernel's time is also attributed to the aten operator
+    # that launched it (the `ops` list: which operator, at which shapes, spends the device time)
+    acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    with profile(activities=acts, record_shapes=cuda) as prof:
         trainer.begin(loss)
         trainer.train_microbatches(c)
         trainer.finish()
         sync()
     kernels: dict[str, float] = {}
-    for evt in prof.key_averages():
+    ops: dict[str, float] = {}
+    for evt in prof.key_averages(group_by_input_shape=cuda):
+        if cuda and evt.device_type == DeviceType.CPU:  # an operator: the device time of its own kernels
+            if evt.self_device_time_total > 0:
+                key = f"{evt.key} {evt.input_shapes}"[:120]
+                ops[key] = ops.get(key, 0.0) + evt.self_device_time_total / 1e3
+            continue
         us = evt.self_device_time_total if cuda else evt.self_cpu_time_total
         if us > 0:
             kernels[evt.key] = kernels.get(evt.key, 0.0) + us / 1e3
@@ -244,7 +259,8 @@ def profile_step(trainer, loss, c, device: str, top: int = 12) -> dict:
         cat = next((c for c, keys in KERNEL_CATEGORIES if any(k in low for k in keys)), "other")
         cats[cat] = cats.get(cat, 0.0) + ms
     return {"device_ms": total, "categories": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
-            "top": sorted(kernels.items(), key=lambda kv: -kv[1])[:top]}
+            "top": sorted(kernels.items(), key=lambda kv: -kv[1])[:top],
+            "ops": sorted(ops.items(), key=lambda kv: -kv[1])[:2 * top]}
 
 
 def host_profile(trainer, loss, c, device: str, top: int = 25) -> list[str]:
@@ -502,6 +518,10 @@ def _print_profiles(results: dict[str, dict]) -> None:
         print(f"\ntop kernels, {n}:")
         for name, ms in p["top"]:
             print(f"  {ms:9.2f} ms  {name[:110]}")
+        if p.get("ops"):
+            print(f"top operators by their kernels' device time, {n}:")
+            for name, ms in p["ops"]:
+                print(f"  {ms:9.2f} ms  {name}")
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ class MegatronConfig(Section):
     """Accumulate and all-reduce gradients in fp32 even when parameters are bf16."""
     compile: bool = False
     """torch.compile each Megatron TransformerLayer (dynamic shapes): fuses the local layer spec's unfused norm, rotary, SwiGLU and residual element-wise work (Transformer Engine is not used); the first steps pay the compilation."""
+    fused_elementwise: Literal["auto", "on", "off"] = "auto"
+    """Fuse the local layer spec's element-wise work without Transformer Engine: torch.compile each RMSNorm and the rotary embedding (forward and backward into one kernel each), and Megatron's own compiled SwiGLU (`bias_activation_fusion`); the GEMMs, attention and the layer code stay eager. `auto`: on with CUDA, off on CPU; `on`: also on CPU (inductor's C++ backend); `off`: Megatron's eager ops. Not with `compile: true` (which compiles the whole layers). Same math; rounding-level differences in bf16. On an H200 it took the bf16 step from 34.5% to the figure in docs/performance.md."""
     attention: Literal["sdpa", "local"] = "sdpa"
     """Core attention: `sdpa` = torch's fused scaled_dot_product_attention (flash attention on GPU), `local` = Megatron's unfused local-spec attention (materialises the score matrix)."""
 
@@ -123,6 +125,10 @@ class TrainerConfig(Section):
                   "'none' or 'auto' with trainer.megatron.optimizer 'torch' (torch AdamW would update bf16 weights "
                   "without fp32 master copies)",
                   "set trainer.megatron.optimizer: megatron (or auto) for bf16 training.")
+        if m.compile and m.fused_elementwise == "on":
+            fail("trainer.megatron.fused_elementwise", "on", "'auto' or 'off' with trainer.megatron.compile true "
+                  "(compiling the whole layers already fuses their element-wise work)",
+                  "set trainer.megatron.fused_elementwise: auto, or trainer.megatron.compile: false.")
         return self
 
     def parallel_product(self) -> tuple[int, str] | None:

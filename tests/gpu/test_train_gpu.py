@@ -119,3 +119,14 @@ def test_megatron_bf16_close_to_fp32(model, torch_fp32, tmp_path):
     ref, _ = torch_fp32
     got, _ = run_check(model, tmp_path, "megatron", 1, *CUDA, "trainer.megatron.mixed_precision=bf16")
     assert_same_step(ref, got, BF16)
+
+
+@needs_megatron
+def test_megatron_eager_elementwise_equals_torch(model, torch_fp32, tmp_path):
+    """`fused_elementwise: off` (Megatron's eager norms, rotary and SwiGLU) against the torch backend; the
+    tests above run the default on CUDA, the fused path."""
+    ref, w_ref = torch_fp32
+    got, w_got = run_check(model, tmp_path, "megatron", 1, *CUDA, "trainer.megatron.optimizer=megatron",
+                           "trainer.megatron.mixed_precision=none", "trainer.megatron.fused_elementwise=off")
+    assert_same_step(ref, got, TIGHT)
+    assert max_weight_diff(w_ref, w_got) < 1e-3

@@ -76,6 +76,8 @@ def test_recipe_placement_rules_fail_at_load():
         cfg("trainer.backend=megatron", "trainer.megatron.pipeline_model_parallel_size=2")
     with pytest.raises(RecipeError, match="`trainer.megatron.mixed_precision` got 'bf16'.*fp32 master"):
         cfg("trainer.backend=megatron", "trainer.megatron.optimizer=torch", "trainer.megatron.mixed_precision=bf16")
+    with pytest.raises(RecipeError, match="`trainer.megatron.fused_elementwise` got 'on'.*compile true"):
+        cfg("trainer.backend=megatron", "trainer.megatron.compile=true", "trainer.megatron.fused_elementwise=on")
     with pytest.raises(RecipeError, match="`cluster.generation`.*colocated"):
         cfg("cluster.generation.num_gpus_per_node=1")
     ok = cfg("trainer.backend=megatron", "trainer.megatron.tensor_model_parallel_size=2",

@@ -66,3 +66,13 @@ def test_two_process_megatron_matches_torch(models, tmp_path, layout):
     assert_same_step(ref, got, REL)
     assert_same_flops(ref, got)  # TP ranks share their microbatches: counted once per data-parallel rank
     assert max_weight_diff(w_ref, w_got) < ABS
+
+
+def test_megatron_fused_elementwise_matches_torch(models, tmp_path):
+    """`fused_elementwise: on` (compiled RMSNorms and rotary embedding, Megatron's compiled SwiGLU;
+    the default on CUDA) trains the same two steps as the torch backend, in the same tolerances."""
+    ref, w_ref = run_check(models["qwen2"], tmp_path, "torch")
+    got, w_got = run_check(models["qwen2"], tmp_path, "megatron", 1, "trainer.megatron.fused_elementwise=on")
+    assert_same_step(ref, got, REL)
+    assert (torch.tensor(ref["logprobs"]) - torch.tensor(got["logprobs"])).abs().max().item() < ABS
+    assert max_weight_diff(w_ref, w_got) < ABS
