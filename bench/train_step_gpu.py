@@ -249,6 +249,10 @@ def profile_step(trainer, loss, c, device: str, top: int = 12) -> dict:
                 key = f"{evt.key} {evt.input_shapes}"[:120]
                 ops[key] = ops.get(key, 0.0) + evt.self_device_time_total / 1e3
             continue
+        # a named range mirrored on the GPU timeline ("## Call CompiledFxGraph ... ##", "Optimizer.step#AdamW.step"):
+        # it spans kernels counted on their own
+        if getattr(evt, "is_user_annotation", False) or "#" in evt.key:
+            continue
         us = evt.self_device_time_total if cuda else evt.self_cpu_time_total
         if us > 0:
             kernels[evt.key] = kernels.get(evt.key, 0.0) + us / 1e3
