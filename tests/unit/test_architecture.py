@@ -155,6 +155,9 @@ THIRD_PARTY_PRIVATE = {
     ("rl_core/train/megatron.py", "torch._foreach_copy_"),  # fp32 main -> bf16 model weights in one multi-tensor op
     # Megatron's Float16 optimizer calls this method inside step_with_ready_grads; no public hook replaces it
     ("rl_core/train/megatron.py", "opt._copy_main_params_to_model_params"),
+    # Megatron's unfused rotary function, swapped for its compiled self during the forward
+    # (apply_rope_fusion would need Transformer Engine; rope_utils calls this module global)
+    ("rl_core/train/megatron.py", "rope_utils._apply_rotary_pos_emb_bshd"),
     ("rl_core/train/spmd.py", "distributed_c10d._get_default_group"),
     ("rl_core/train/spmd.py", "distributed_c10d._get_default_store"),
     ("rl_core/weights/broadcast.py", "opts._timeout"),  # ProcessGroupNCCL.Options has no public timeout setter
