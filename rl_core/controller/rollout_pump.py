@@ -1,7 +1,8 @@
 """The rollout pump: prompts -> generation -> environment -> replay buffer.
 
 Owns: drawing prompt batches from the epoch-bounded `PromptSource` (and each batch's seeds in
-one pass: `rollout.group.seeds_of_groups`); the dispatch valves,
+one pass: `rollout.group.seeds_of_groups`; its prompts' ids in one tokenizer call where the
+environment has `prompt_ids_many`); the dispatch valves,
 each a config knob with a metric: the sampler's admission gate, buffer capacity, the
 group in-flight cap, generation-level backpressure (in-flight *samples*), the
 over-sampling bound (unstamped samplers) and the dispatch gate closed by refit drains,
@@ -96,6 +97,8 @@ class RolloutPump:
         self._stop = False
         self._pending: list = []  # prompts drawn from the source but not dispatched yet
         self._seeds: dict[tuple[int, int], list[int]] = {}  # (epoch, index) -> the seeds of a drawn batch's group
+        self._prompts: dict[tuple[int, int], list[int]] = {}  # (epoch, index) -> its prompt ids, encoded with its batch
+        self._prompts_before: dict[tuple[int, int], list[int]] = {}  # the same for the batch before (not yet started)
         # generation-level backpressure: groups dispatched whose samples are not counted as
         # queued yet (their task has not started), and whether dispatch waits on the queue
         self._unstarted: set[str] = set()
@@ -268,7 +271,26 @@ class RolloutPump:
             # from a checkpoint, retried) derives its own, the same values
             parts = [(self.seed, int(e), int(i)) for i, e, _ in self._pending]
             self._seeds = dict(zip(map(operator.itemgetter(1, 2), parts), seeds_of_groups(parts, self.n)))
+            # the previous batch's prompts are kept until this batch's replace them: a batch is drawn
+            # as soon as the last one is dispatched, before its groups' tasks have started
+            self._prompts_before, self._prompts = self._prompts, self._batch_prompt_ids()
         return self._pending.pop(0)
+
+    def _batch_prompt_ids(self) -> dict[tuple[int, int], list[int]]:
+        """(epoch, index) -> prompt ids of the drawn batch's groups, encoded in one call where
+        the environment can (`BaseEnv.prompt_ids_many`: the same ids as `prompt_ids`); empty
+        otherwise. A batch whose encoding fails is left to each group, which then encodes its
+        own prompt and fails (a data error of that group, retried or dropped) as without the batch."""
+        many = getattr(self.env, "prompt_ids_many", None)
+        if many is None or not self._pending:
+            return {}
+        try:
+            ids = many([ex for _, _, ex in self._pending])
+        except Exception:  # noqa: BLE001 - not ignored: each group's own prompt_ids raises it again
+            return {}
+        if ids is None or len(ids) != len(self._pending):
+            return {}
+        return dict(zip(((int(e), int(i)) for i, e, _ in self._pending), ids))
 
     # ------------------------------------------------------------------ the pump
 
@@ -401,7 +423,10 @@ class RolloutPump:
     async def _run_group(self, group_id: str, index: int, epoch: int, example: dict, version: int,
                          target: int | None, attempts: Attempts) -> None:
         t0 = time.monotonic()
-        prompt_ids = self.env.prompt_ids(example)
+        at = (int(epoch), int(index))
+        prompt_ids = self._prompts.pop(at, None) or self._prompts_before.pop(at, None)  # encoded with its batch
+        if prompt_ids is None:  # a retry, a group restored from a checkpoint, or no batch encoding
+            prompt_ids = self.env.prompt_ids(example)
         key = f"{group_id}/a{attempts.infra + attempts.data}"
         self._unstarted.discard(group_id)  # generate_group counts its samples as queued from here on
         samples = await generate_group(self.backend, self.env, self.tokenizer, example, prompt_ids, self.n,

@@ -6,7 +6,8 @@ Owns:
   `score_completion(example, completion)` (the rewards). The public methods hold the guards:
   * `prompt_ids` encodes the raw prompt text without special tokens, or, when the class
     sets `use_chat_template = True`, renders `messages(example)` through the tokenizer's
-    chat template with the assistant turn opened;
+    chat template with the assistant turn opened; `prompt_ids_many` encodes a batch of
+    examples in one tokenizer call where that gives the same ids;
   * `score` checks `finish_reason`, masks aborted samples out of the loss (reward 0),
     and hands `score_completion` a `Completion` whose text has the end token removed and whose
     `ended` says whether the sample stopped on an end token;
@@ -128,6 +129,25 @@ class BaseEnv(ABC):
                                                      tokenize=True, return_dict=False)
             return [int(i) for i in ids]
         return list(self.tokenizer.encode(self.prompt_text(example), add_special_tokens=False))
+
+    def prompt_ids_many(self, examples: list[dict[str, Any]]) -> list[list[int]] | None:
+        """`[self.prompt_ids(e) for e in examples]` in one batched tokenizer call, or None where
+        that cannot be guaranteed (then each group encodes its own prompt): for the rollout pump,
+        which draws a step's prompts at once. Applies where the class keeps this `prompt_ids`
+        (raw text, no chat template) and the tokenizer is an unmodified transformers tokenizer
+        over a Rust `tokenizers.Tokenizer` (`_plain_encode_class`): its `encode(text)` is
+        `_encode_plus` of the one text, `tokenizer(texts)` is `_encode_plus` of the list, the same
+        Rust `encode_batch` per text with the same settings; one Python call per batch instead of
+        one per prompt (measured: docs/controller.md, "Ninth round"). An error of `prompt_text`
+        or the tokenizer propagates (the pump then lets each group encode, and fail, on its own)."""
+        if (self.use_chat_template or type(self).prompt_ids is not BaseEnv.prompt_ids
+                or not _plain_encode_class(type(self.tokenizer))):
+            return None
+        texts = [self.prompt_text(e) for e in examples]
+        if not texts:
+            return []
+        return self.tokenizer(texts, add_special_tokens=False, return_attention_mask=False,
+                              return_token_type_ids=False)["input_ids"]
 
     def stop_strings(self) -> tuple[str, ...]:
         """Strings that end a completion besides the end token (none by default)."""
@@ -259,6 +279,23 @@ class BaseEnv(ABC):
 
 
 _FINISH_SET = frozenset(FINISH_REASONS)
+
+
+@functools.lru_cache(maxsize=64)
+def _plain_encode_class(cls: type) -> bool:
+    """Whether `cls(texts)` and `cls.encode(text)` are transformers' own over the Rust-backed
+    `_encode_plus` (no subclass overrides `__call__`, `encode`, `_encode_plus` or
+    `_convert_encoding`, and none switches input modes, which only `__call__` does): then a
+    batch's ids are each text's `encode` ids (`BaseEnv.prompt_ids_many`)."""
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # another transformers layout: one encode per prompt, as always
+        return False
+    return (issubclass(cls, TokenizersBackend) and cls.__call__ is PreTrainedTokenizerBase.__call__
+            and cls.encode is PreTrainedTokenizerBase.encode and cls._encode_plus is TokenizersBackend._encode_plus
+            and cls._convert_encoding is TokenizersBackend._convert_encoding
+            and not hasattr(cls, "_switch_to_input_mode"))
 
 
 @functools.lru_cache(maxsize=64)
