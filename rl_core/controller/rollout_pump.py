@@ -97,6 +97,7 @@ class RolloutPump:
         self._stop = False
         self._pending: list = []  # prompts drawn from the source but not dispatched yet
         self._seeds: dict[tuple[int, int], list[int]] = {}  # (epoch, index) -> the seeds of a drawn batch's group
+        self._seeds_before: dict[tuple[int, int], list[int]] = {}  # the same for the batch before (not yet started)
         self._prompts: dict[tuple[int, int], list[int]] = {}  # (epoch, index) -> its prompt ids, encoded with its batch
         self._prompts_before: dict[tuple[int, int], list[int]] = {}  # the same for the batch before (not yet started)
         # generation-level backpressure: groups dispatched whose samples are not counted as
@@ -270,9 +271,10 @@ class RolloutPump:
             # the batch's seeds in one pass (`seeds_of_groups`); a group not found here (restored
             # from a checkpoint, retried) derives its own, the same values
             parts = [(self.seed, int(e), int(i)) for i, e, _ in self._pending]
-            self._seeds = dict(zip(map(operator.itemgetter(1, 2), parts), seeds_of_groups(parts, self.n)))
-            # the previous batch's prompts are kept until this batch's replace them: a batch is drawn
-            # as soon as the last one is dispatched, before its groups' tasks have started
+            # the previous batch's seeds and prompts are kept until this batch's replace them: a batch
+            # is drawn as soon as the last one is dispatched, before its groups' tasks have started
+            self._seeds_before, self._seeds = self._seeds, dict(zip(map(operator.itemgetter(1, 2), parts),
+                                                                    seeds_of_groups(parts, self.n)))
             self._prompts_before, self._prompts = self._prompts, self._batch_prompt_ids()
         return self._pending.pop(0)
 
@@ -431,7 +433,7 @@ class RolloutPump:
         self._unstarted.discard(group_id)  # generate_group counts its samples as queued from here on
         samples = await generate_group(self.backend, self.env, self.tokenizer, example, prompt_ids, self.n,
                                        self.params, key, (self.seed, epoch, index), self.opts,
-                                       self._seeds.pop((int(epoch), int(index)), None))
+                                       self._seeds.pop(at, None) or self._seeds_before.pop(at, None))
         cols = group_columns(samples)  # a single-turn group's columns (GroupSamples), read without building Samples
         if "abort" in cols.finish_reasons:
             raise ConnectionAbortedError(f"the backend aborted a sample of {group_id}")  # INFRA: retried

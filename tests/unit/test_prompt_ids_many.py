@@ -103,11 +103,13 @@ def test_where_a_batch_is_not_guaranteed_each_group_encodes_its_own(tok):
 
 def test_a_controller_run_hands_the_backend_the_batch_encoded_prompts(tok, tmp_path, monkeypatch):
     """Every group's requests carry `prompt_ids(example)`; the pump encoded them with their
-    batch (no `prompt_ids` call per group), also for the lookahead's second batch, drawn
-    before the first batch's groups started."""
+    batch (no `prompt_ids` call per group) and derived their seeds with it, also for the
+    first batch, whose groups start after the lookahead's second batch is drawn."""
     n_groups, n = 4, 2
     cfg = validate_dict({"grpo": {"num_prompts_per_step": n_groups, "num_generations_per_prompt": n,
                                   "max_num_steps": 3},
+                         "async_rl": {"sampler": {"type": "in_order", "max_lookahead_versions": 1},
+                                      "max_inflight_groups": 2 * n_groups, "max_buffered_groups": 2 * n_groups},
                          "validation": {"val_at_start": False, "val_at_end": False},
                          "logging": {"tensorboard": False, "jsonl": False, "progress": "off"}})
     env = make_env(AdditionEnvConfig(), tok)
@@ -126,9 +128,13 @@ def test_a_controller_run_hands_the_backend_the_batch_encoded_prompts(tok, tmp_p
     calls = []
     fresh = BaseEnv.prompt_ids
     monkeypatch.setattr(BaseEnv, "prompt_ids", lambda self, ex: calls.append(ex) or fresh(self, ex))
+    derived = []  # seeds derived per group: none either, every group's came with its batch
+    from rl_core.rollout import group as group_mod
+    seeds_last = group_mod.seeds_last
+    monkeypatch.setattr(group_mod, "seeds_last", lambda *a: derived.append(a) or seeds_last(*a))
     summary = asyncio.run(Controller(cfg, parts, tmp_path, total_steps=3).run())
     assert summary["rl_steps"] == 3
-    assert calls == []  # every group's prompt came from its batch
+    assert calls == [] and derived == []  # every group's prompt and seeds came from its batch
     assert len(seen) >= 3 * n_groups * n
     for rid, prompt in seen.items():
         index = int(rid.split("/")[0].split("-")[1][1:])  # e{epoch}-p{index}-d{k}/a{attempt}/{i}
