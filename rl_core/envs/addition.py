@@ -24,6 +24,7 @@ machinery and end-token handling (`base.py`).
 from __future__ import annotations
 
 import functools
+import operator
 from typing import Any
 
 from rl_core.columns import GroupScores
@@ -69,5 +70,6 @@ class AdditionEnv(BaseEnv):
         correct = ended and text == answer
         fmt = self.format_reward if well_formed else 0.0
         # partial credit: the share of answer digits right, position by position (a denser signal)
-        digits = sum(a == b for a, b in zip(text, answer)) / len(answer) if ended and answer else 0.0
+        # (`map(operator.eq, ...)` stops at the shorter string as `zip` does: the same count, no generator frames)
+        digits = sum(map(operator.eq, text, answer)) / len(answer) if ended and answer else 0.0
         return correct, fmt, digits, float(correct) + fmt + self.digit_reward * digits, well_formed

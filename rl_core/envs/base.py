@@ -35,6 +35,7 @@ dataset, or what a reward means for training (advantages).
 from __future__ import annotations
 
 import functools
+import operator
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
@@ -271,7 +272,10 @@ class BaseEnv(ABC):
         ends, strip = self.end_token_ids, self._strip_end_strings
         # `parse_completion`'s `ended` without a list per completion: the last id read once
         ended = [f == "stop" and len(c) > 0 and int(c[-1]) in ends for c, f in zip(completion_ids, finish_reasons)]
-        return self.score_columns(example, list(map(strip, completion_texts)), ended, finish_reasons)
+        sfx = self._end_suffixes  # the usual group has no end-token string left: one C-level test per text
+        ends_on_one = bool(sfx) and any(map(operator.methodcaller("endswith", sfx), completion_texts))
+        texts = list(map(strip, completion_texts)) if ends_on_one else list(completion_texts)
+        return self.score_columns(example, texts, ended, finish_reasons)
 
     @abstractmethod
     def score_completion(self, example: dict[str, Any], completion: Completion) -> EnvResult:
