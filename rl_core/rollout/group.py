@@ -14,8 +14,8 @@ from `GenerationResult.worker`), and scoring each finished sample with the envir
 single-turn group generated in one group call in one `score_group` call where the
 environment has one: `group_scoring`), and decoding a group call's completions (off the event
 loop, in one Rust `decode_batch` on a decode thread, where the tokenizer allows it:
-`decode_group`; the groups of one turn of the loop go to the decode threads as one job). A single-turn group generated in one group call comes
-back column-wise
+`decode_group`; the groups of one turn of the loop go to the decode threads as one job). A
+single-turn group generated in one group call comes back column-wise
 (`columns.GroupSamples`: the same `Sample`s, built on first access); every other path returns
 a list of `Sample`s, built by the same `types.scored_sample`.
 
