@@ -296,9 +296,12 @@ def _plain_encode_class(cls: type) -> bool:
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
     except ImportError:  # another transformers layout: one encode per prompt, as always
         return False
-    return (issubclass(cls, TokenizersBackend) and cls.__call__ is PreTrainedTokenizerBase.__call__
-            and cls.encode is PreTrainedTokenizerBase.encode and cls._encode_plus is TokenizersBackend._encode_plus
-            and cls._convert_encoding is TokenizersBackend._convert_encoding
+    mro = cls.__mro__
+    if TokenizersBackend not in mro:
+        return False
+    below = mro[:mro.index(TokenizersBackend)]  # the subclasses between `cls` and transformers' class
+    return (cls.__call__ is PreTrainedTokenizerBase.__call__ and cls.encode is PreTrainedTokenizerBase.encode
+            and not any(name in vars(c) for c in below for name in ("_encode_plus", "_convert_encoding"))
             and not hasattr(cls, "_switch_to_input_mode"))
 
 

@@ -279,8 +279,7 @@ class _GroupDecodes:
         self.jobs += 1
         _DECODE_POOL.submit(self._run, loop, self._pending.pop(loop))
 
-    @staticmethod
-    def _run(loop: asyncio.AbstractEventLoop, jobs: list) -> None:
+    def _run(self, loop: asyncio.AbstractEventLoop, jobs: list) -> None:
         out = []
         for decode, ids, fut in jobs:
             try:
@@ -288,7 +287,7 @@ class _GroupDecodes:
             except BaseException as exc:  # noqa: BLE001 - handed to its group, as the pool's future did
                 out.append((fut, None, exc))
         try:
-            loop.call_soon_threadsafe(_GroupDecodes._deliver, out)
+            loop.call_soon_threadsafe(self._deliver, out)
         except RuntimeError:  # the loop closed meanwhile: nobody waits for these texts
             if not loop.is_closed():
                 raise

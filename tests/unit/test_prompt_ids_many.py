@@ -17,7 +17,7 @@ from rl_core.controller.controller import Controller
 from rl_core.data.addition import all_examples
 from rl_core.data.dataset import PromptSource, load_jsonl
 from rl_core.envs import make_env
-from rl_core.envs.base import BaseEnv, _plain_encode_class
+from rl_core.envs.base import BaseEnv
 from rl_core.model.tokenizer import SPECIAL_TOKENS, build_tokenizer
 from tests.helpers.fakes import FakeBackend, FakeTokenizer, make_parts
 
@@ -58,10 +58,11 @@ def test_the_tokenizer_a_run_reloads_encodes_a_batch_the_same(tok, tmp_path):
     config["tokenizer_class"] = "Qwen2Tokenizer"
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     loaded = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
-    assert type(loaded).__name__ == "Qwen2Tokenizer" and _plain_encode_class(type(loaded))
+    assert type(loaded).__name__ == "Qwen2Tokenizer"
     env = make_env(AdditionEnvConfig(), loaded)
     exs = _examples()
-    assert env.prompt_ids_many(exs) == [env.prompt_ids(e) for e in exs]
+    got = env.prompt_ids_many(exs)
+    assert got is not None and got == [env.prompt_ids(e) for e in exs]
 
 
 def test_where_a_batch_is_not_guaranteed_each_group_encodes_its_own(tok):
@@ -96,10 +97,14 @@ def test_where_a_batch_is_not_guaranteed_each_group_encodes_its_own(tok):
         def encode(self, text, *args, **kwargs):
             return [7] + super().encode(text, *args, **kwargs)
 
-    own = copy.copy(tok)
-    own.__class__ = OwnEncode
-    assert not _plain_encode_class(OwnEncode)
-    assert make_env(AdditionEnvConfig(), own).prompt_ids_many(exs) is None
+    class OwnEncodePlus(type(tok)):
+        def _encode_plus(self, *args, **kwargs):
+            raise AssertionError("never called: the batch is refused first")
+
+    for cls in (OwnEncode, OwnEncodePlus):  # a tokenizer subclass with its own encoding step
+        own = copy.copy(tok)
+        own.__class__ = cls
+        assert make_env(AdditionEnvConfig(), own).prompt_ids_many(exs) is None
 
 
 def test_a_controller_run_hands_the_backend_the_batch_encoded_prompts(tok, tmp_path, monkeypatch):
