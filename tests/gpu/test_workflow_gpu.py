@@ -6,6 +6,7 @@ CUDA_VISIBLE_DEVICES for local jobs), and the short recipe runs end to end on CU
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +34,11 @@ def test_short_recipe_runs_on_cuda(tmp_path):
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path),
            "--cores", "2", "--config", "recipe=recipes/tiny-addition-short.yaml", "run=gpu",
            'overrides=["runtime.device=cuda"]']
-    out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=1800)
+    # the jobs run in tmp_path: relative PYTHONPATH entries (a checkout named as ".") made absolute, and this
+    # checkout first, so that the submitit job imports the rl_core under test
+    paths = [str(ROOT)] + [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     r = tmp_path / "results" / "gpu"
     assert json.loads((r / "epoch_2" / "checkpoint" / "manifest.json").read_text())["rl_step"] == 12
