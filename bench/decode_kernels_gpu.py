@@ -12,6 +12,9 @@ Printed side by side in one run; never a test assertion.
 
 - MLP first half: cuBLAS gate/up projection alone, + the SiLU gate (eager and compiled),
   against `fused_mlp.gate_up_silu` (the autotuned tile printed).
+- `--sweep`: `gate_up_silu` at a grid of explicit tiles (the fastest printed), and each decode
+  projection (QKV, output, gate/up, down, LM head) by cuBLAS against the kernel Inductor's
+  `max-autotune-no-cudagraphs` picks for that one shape.
 - In-step sampling: `fused_sampling.sample_plain_fused` over [rows, vocab] bf16 logits at
   several first-pass shapes (programs per row, CDF blocks per inner step, warps), and the
   compiled `sampling.sample_plain` for reference.
@@ -79,6 +82,63 @@ def mlp(rows: int) -> None:
     print(f"    autotuned tile: {fused_mlp.tuned_config()}")
 
 
+def sweep_gate_up(rows: int, top: int = 10) -> None:
+    """`gate_up_silu` at explicit tiles (not only the autotuner's six): which tile shape suits `rows`."""
+    import itertools
+
+    import triton
+
+    from rl_core.generation.native import fused_mlp
+
+    x = torch.randn(rows, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2 * MLP, HIDDEN, device="cuda", dtype=torch.bfloat16) / HIDDEN ** 0.5
+    nbytes = w.numel() * 2 + x.numel() * 2 + rows * MLP * 2
+    ref = fused_mlp.gate_up_silu(x, w, None)
+    out = torch.empty_like(ref)
+    flags = dict(HAS_BIAS=False, IEEE=False, BF16_BITS=False)
+    row_class = min(max(16, 1 << (rows - 1).bit_length()), 256)
+    results = []
+    for bm, bn, bk, warps, stages in itertools.product((16, 32, 64, 128, 256), (16, 32, 64, 128), (64, 128),
+                                                       (4, 8), (3, 4)):
+        if bm > max(16, rows) or bm < rows // 8 or bm * bn > 256 * 64 or (bm * bk + 2 * bk * bn) * 2 * stages > 200_000:
+            continue
+        grid = (triton.cdiv(MLP, bn), triton.cdiv(rows, bm))
+
+        def call():
+            fused_mlp._gate_up_silu_kernel[grid](x, w, x, out, rows, row_class, MLP, HIDDEN, x.stride(0), w.stride(0),
+                                                  out.stride(0), **flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                                                  num_warps=warps, num_stages=stages)
+        try:
+            call()
+            diff = float((out.float() - ref.float()).abs().max())
+            results.append((device_us(call), (bm, bn, bk, warps, stages), diff))
+        except Exception as exc:  # out of shared memory or registers: not a candidate
+            print(f"    tile {(bm, bn, bk, warps, stages)}: {type(exc).__name__}")
+    results.sort()
+    print(f"gate_up_silu tile sweep, rows {rows}: {len(results)} tiles ran; the fastest {top} "
+          "(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages; max |diff| to the autotuned output)")
+    for us, cfg, diff in results[:top]:
+        report(f"tile {cfg}, diff {diff:.3g}", us, nbytes)
+
+
+def projections(rows: int) -> None:
+    """The decode layer's other projections at `rows`: cuBLAS against Inductor's max-autotune choice."""
+    print(f"projections, rows {rows} (cuBLAS vs torch.compile max-autotune-no-cudagraphs, one shape each)")
+    for name, n, k in (("QKV", 1152, HIDDEN), ("output", HIDDEN, HIDDEN), ("gate/up", 2 * MLP, HIDDEN),
+                       ("down", HIDDEN, MLP), ("LM head", VOCAB, HIDDEN)):
+        x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+        nbytes = (w.numel() + x.numel() + rows * n) * 2
+        report(f"{name} [{rows}, {k}] x [{n}, {k}]^T, cuBLAS", device_us(lambda: F.linear(x, w)), nbytes)
+        torch._dynamo.reset()
+        tuned = torch.compile(lambda a: F.linear(a, w), mode="max-autotune-no-cudagraphs", dynamic=False)
+        try:
+            tuned(x)
+            report(f"{name}, max-autotune", device_us(lambda: tuned(x)), nbytes)
+        except Exception as exc:
+            print(f"    {name}, max-autotune failed: {type(exc).__name__}: {exc}"[:300])
+
+
 def sampling(rows: int) -> None:
     from rl_core.generation.native import fused_sampling
     from rl_core.generation.native.sampling import sample_plain
@@ -106,12 +166,20 @@ def sampling(rows: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--sweep", action="store_true",
+                        help="also time gate_up_silu at a grid of explicit tiles, and the other projections "
+                             "against Inductor's max-autotune (minutes: compiles every tile)")
+    parser.add_argument("--only-sweep", action="store_true", help="the sweep alone")
     args = parser.parse_args()
     assert torch.cuda.is_available(), "this benchmark needs a CUDA device"
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     for rows in args.rows:
-        mlp(rows)
-        sampling(rows)
+        if not args.only_sweep:
+            mlp(rows)
+            sampling(rows)
+        if args.sweep or args.only_sweep:
+            sweep_gate_up(rows)
+            projections(rows)
 
 
 if __name__ == "__main__":

@@ -28,19 +28,26 @@ Variants, each in its own process (fresh memory and global state), measured side
   chunking it also takes the fused logprob path: compiled log-sum-exp and gradient kernels over
   the bf16 logits, `rl_core.train.logprobs.FusedLogprobs`);
 - ...+mb2x: the same with twice --microbatch (chunked logprobs leave the memory for it);
-- fsdp2: `FSDPTrainer` on 1 GPU, fp32 master weights, bf16 mixed precision, foreach AdamW;
-- fsdp2+fused: the same with fused AdamW (measured slower when it ran over the DTensors: not the default;
-  the update now runs on the local shards, `ShardLocalAdamW`);
+- fsdp2: `FSDPTrainer` on 1 GPU, fp32 master weights, bf16 mixed precision, fused AdamW over the local
+  shards (`ShardLocalAdamW`, `rl_core.train.fused_adam`);
+- fsdp2+foreach: the same with torch's multi-tensor AdamW (the default before; fused over the DTensors
+  themselves had measured slower);
 - fsdp2+compile: the same with `trainer.fsdp.compile` (each decoder layer compiled, fused logprobs);
 - fsdp2+compile+noreshard+mb2x: and `trainer.fsdp.reshard_after_forward: false`, twice the microbatch;
 - fsdp2+compile+noreshard+unit24+mb2x: and `trainer.fsdp.layers_per_unit: 24` (all layers one FSDP unit);
-  ...+fused+mb2x: and AdamW(fused=True) over the local shards (bench-only);
+  ...+foreach+mb2x: and the multi-tensor AdamW (megatron+foreach+mb2x: Megatron's fallback, unfused);
 - megatron: `MegatronTrainer`, bf16 with Megatron's optimizer (fp32 main weights), SDPA attention,
   fused logprobs (on CUDA at tensor parallel size 1); megatron+mb2x: twice the microbatch.
 - fsdp2+bf16+..., megatron+bf16+...: the torch backend's precision (bf16 weights and AdamW state, no
   fp32 master copy; megatron with torch's AdamW), to compare the sharded backends' own cost like for like.
+- ...+dyn: fsdp2 / megatron with their compiled pieces at dynamic=True (every size a symbol, the parameters'
+  too under FSDP2), as before they moved to automatic dynamic shapes.
+Before its warm-up steps each variant runs one step 16 tokens shorter, as an RL run's lengths vary: the
+compiled pieces see two shapes and make the sizes that changed dynamic before anything is timed.
 `--profile` adds one profiled step per variant: device time by kernel category, the top kernels and
-the top aten operators by their own kernels' device time (with their input shapes);
+the top aten operators by their own kernels' device time (with their input shapes), the device's idle
+time charged to the host code that launched the kernel after each idle interval (by step phase,
+operator or range, and innermost operator), and the generated source of the top compiled kernels;
 `--host-profile` one cProfiled step (the host's Python work, top functions by own time).
 `--host-overhead` (CPU, no GPU needed): the same split step on a model of the same depth (24 layers)
 but 32 wide, 2 x 16 tokens in one microbatch, so compute is negligible and the time per step is the
@@ -84,8 +91,8 @@ BACKENDS = {  # name -> recipe overrides (after --microbatch, so a variant's own
     "torch+chunked+compile+mb2x": TORCH + ["trainer.logprob_chunk_tokens=4096", "trainer.compile=true"],
     "torch+compile+mb2x": TORCH + ["trainer.logprob_chunk_tokens=0", "trainer.compile=true"],
     "fsdp2": ["trainer.backend=fsdp2", "model.dtype=float32", "trainer.fsdp.mixed_precision=bf16"],
-    # lever c measured: fsdp2 with AdamW(fused=True) (bench-only: run_one swaps foreach for the fused kernel)
-    "fsdp2+fused": ["trainer.backend=fsdp2", "model.dtype=float32", "trainer.fsdp.mixed_precision=bf16"],
+    # fsdp2 with torch's multi-tensor AdamW (run_one turns the fused update off)
+    "fsdp2+foreach": ["trainer.backend=fsdp2", "model.dtype=float32", "trainer.fsdp.mixed_precision=bf16"],
     "fsdp2+compile": ["trainer.backend=fsdp2", "model.dtype=float32", "trainer.fsdp.mixed_precision=bf16",
                       "trainer.fsdp.compile=true"],
     "fsdp2+compile+noreshard+mb2x": ["trainer.backend=fsdp2", "model.dtype=float32",
@@ -96,13 +103,22 @@ BACKENDS = {  # name -> recipe overrides (after --microbatch, so a variant's own
                                             "trainer.fsdp.mixed_precision=bf16", "trainer.fsdp.compile=true",
                                             "trainer.fsdp.reshard_after_forward=false",
                                             "trainer.fsdp.layers_per_unit=24"],
-    # and AdamW(fused=True), now over the local shards (bench-only, as fsdp2+fused)
-    "fsdp2+compile+noreshard+unit24+fused+mb2x": ["trainer.backend=fsdp2", "model.dtype=float32",
+    # and torch's multi-tensor AdamW (as fsdp2+foreach)
+    "fsdp2+compile+noreshard+unit24+foreach+mb2x": ["trainer.backend=fsdp2", "model.dtype=float32",
                                                   "trainer.fsdp.mixed_precision=bf16", "trainer.fsdp.compile=true",
                                                   "trainer.fsdp.reshard_after_forward=false",
                                                   "trainer.fsdp.layers_per_unit=24"],
     "megatron": ["trainer.backend=megatron", "model.dtype=float32", "trainer.megatron.mixed_precision=bf16",
                  "trainer.megatron.optimizer=megatron"],
+    # fsdp2 / megatron with every compiled size a symbol (dynamic=True, before automatic dynamic shapes)
+    "fsdp2+compile+noreshard+unit24+dyn+mb2x": ["trainer.backend=fsdp2", "model.dtype=float32",
+                                                "trainer.fsdp.mixed_precision=bf16", "trainer.fsdp.compile=true",
+                                                "trainer.fsdp.reshard_after_forward=false",
+                                                "trainer.fsdp.layers_per_unit=24"],
+    "megatron+foreach+mb2x": ["trainer.backend=megatron", "model.dtype=float32",
+                              "trainer.megatron.mixed_precision=bf16", "trainer.megatron.optimizer=megatron"],
+    "megatron+dyn+mb2x": ["trainer.backend=megatron", "model.dtype=float32", "trainer.megatron.mixed_precision=bf16",
+                          "trainer.megatron.optimizer=megatron"],
     "megatron+mb2x": ["trainer.backend=megatron", "model.dtype=float32", "trainer.megatron.mixed_precision=bf16",
                       "trainer.megatron.optimizer=megatron"],
     # Megatron's eager element-wise ops (trainer.megatron.fused_elementwise off): the step before the fusions
@@ -236,10 +252,15 @@ def profile_step(trainer, loss, c, device: str, top: int = 12) -> dict:
     # on CUDA the CPU operators too, so that each kernel's time is also attributed to the aten operator
     # that launched it (the `ops` list: which operator, at which shapes, spends the device time)
     acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    from torch.profiler import record_function
+
     with profile(activities=acts, record_shapes=cuda) as prof:
-        trainer.begin(loss)
-        trainer.train_microbatches(c)
-        trainer.finish()
+        with record_function("step.begin"):
+            trainer.begin(loss)
+        with record_function("step.train_microbatches"):
+            trainer.train_microbatches(c)
+        with record_function("step.finish"):
+            trainer.finish()
         sync()
     kernels: dict[str, float] = {}
     ops: dict[str, float] = {}
@@ -264,7 +285,95 @@ def profile_step(trainer, loss, c, device: str, top: int = 12) -> dict:
         cats[cat] = cats.get(cat, 0.0) + ms
     return {"device_ms": total, "categories": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
             "top": sorted(kernels.items(), key=lambda kv: -kv[1])[:top],
-            "ops": sorted(ops.items(), key=lambda kv: -kv[1])[:2 * top]}
+            "ops": sorted(ops.items(), key=lambda kv: -kv[1])[:2 * top],
+            "gaps": device_gaps(prof, top) if cuda else None}
+
+
+def device_gaps(prof, top: int = 12) -> dict:
+    """Where the device sits idle in the profiled step: every interval between the end of the kernels
+    so far and the start of the next kernel (or copy) is charged to the host code that launched that
+    next kernel, found through the launch's correlation id and the CPU ranges open on the launching
+    thread at the launch (outermost: the step phase; then the first operator or range inside it; and
+    the innermost operator). An idle interval is the host being late: Python, hooks, dispatch, or a
+    synchronisation after which the queue had to refill."""
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        events = json.loads(Path(path).read_text())["traceEvents"]
+    finally:
+        os.unlink(path)
+    device = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e),
+                    key=lambda e: e["ts"])
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    ranges: dict = {}
+    for e in events:
+        if e.get("cat") in ("cpu_op", "user_annotation") and "dur" in e and e.get("ph") == "X":
+            ranges.setdefault(e["tid"], []).append(e)
+    # the idle intervals, each with the launch event of the kernel that ended it
+    idle = []
+    end = None
+    for k in device:
+        if end is not None and k["ts"] > end:
+            idle.append((k["ts"] - end, launches.get(k.get("args", {}).get("correlation"))))
+        end = k["ts"] + k["dur"] if end is None else max(end, k["ts"] + k["dur"])
+    # the ranges open at each launch, per thread, by a sweep over the (properly nested) ranges
+    stacks: dict[int, list] = {}
+    by_tid: dict = {}
+    for i, (_, launch) in enumerate(idle):
+        if launch is not None:
+            by_tid.setdefault(launch["tid"], []).append((launch["ts"], i))
+    for tid, queries in by_tid.items():
+        opened = sorted(ranges.get(tid, []), key=lambda e: (e["ts"], -e["dur"]))
+        stack: list = []
+        j = 0
+        for ts, i in sorted(queries):
+            while j < len(opened) and opened[j]["ts"] <= ts:
+                while stack and stack[-1]["ts"] + stack[-1]["dur"] < opened[j]["ts"]:
+                    stack.pop()
+                stack.append(opened[j])
+                j += 1
+            while stack and stack[-1]["ts"] + stack[-1]["dur"] < ts:
+                stack.pop()
+            stacks[i] = [e for e in stack if e["ts"] + e["dur"] >= ts]
+    by: dict[str, dict[str, float]] = {"phase": {}, "within": {}, "innermost": {}}
+    for i, (us, launch) in enumerate(idle):
+        stack = stacks.get(i, [])
+        names = [e["name"] for e in stack]
+        phase = names[0] if names and names[0].startswith("step.") else ("(no range)" if not names else
+                                                                         f"(thread {launch['tid']}) {names[0]}")
+        inner = names[1] if len(names) > 1 and names[0].startswith("step.") else (names[0] if names else "-")
+        for key, name in (("phase", phase), ("within", f"{phase} > {inner}"),
+                          ("innermost", names[-1] if names else "-")):
+            by[key][name[:110]] = by[key].get(name[:110], 0.0) + us / 1e3
+    span = (device[-1]["ts"] + device[-1]["dur"] - device[0]["ts"]) / 1e3 if device else 0.0
+    return {"idle_ms": sum(us for us, _ in idle) / 1e3, "span_ms": span, "intervals": len(idle),
+            **{key: sorted(v.items(), key=lambda kv: -kv[1])[:top] for key, v in by.items()}}
+
+
+def triton_sources(names: list[str], lines: int = 70) -> dict[str, str]:
+    """The generated source of each compiled (Triton) kernel among `names`, from Inductor's cache
+    directory of this process (the kernel's `def` and what follows, `lines` lines from its decorator):
+    to read what a slow compiled kernel does (its fused operations, layouts and indexing)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    wanted = {n for n in names if n.startswith("triton_")}
+    found: dict[str, str] = {}
+    for path in Path(cache_dir()).rglob("*.py"):
+        if not wanted - set(found):
+            break
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError):
+            continue
+        for name in wanted - set(found):
+            at = text.find(f"def {name}(")
+            if at >= 0:
+                start = text.rfind("@triton", 0, at)
+                start = text.rfind("\n", 0, start if start >= 0 else at) + 1
+                found[name] = "\n".join(text[start:].splitlines()[:lines])
+    return found
 
 
 def host_profile(trainer, loss, c, device: str, top: int = 25) -> list[str]:
@@ -328,23 +437,37 @@ def run_one(args) -> None:
     sets = [f"runtime.device={device}", f"trainer.microbatch_size={microbatch}"] + _table(args)[args.run]
     cfg = validate_dict(apply_overrides({}, sets))
     shape = _shape(args)
-    if "+fused" in args.run:  # lever c: the same trainer with AdamW(fused=True) instead of foreach
+    if "+foreach" in args.run:  # fsdp2 / megatron with torch's multi-tensor AdamW, as before the fused update
         import rl_core.train.fsdp as fsdp_module
+        import rl_core.train.megatron as megatron_module
 
-        class FusedAdamW(fsdp_module.ShardLocalAdamW):  # the update still runs on the local shards
-            def __init__(self, params, **kw):
-                kw.pop("foreach", None)
-                super().__init__(params, **{**kw, "fused": True})
+        fsdp_module.fused_adamw = megatron_module.fused_adamw = lambda optimizer: None
+    if "+dyn" in args.run:  # the compiled pieces with dynamic=True (every size a symbol), as before automatic
+        import torch.nn                   # dynamic shapes: fsdp2's layers, megatron's norm and rotary functions
 
-        fsdp_module.ShardLocalAdamW = FusedAdamW
+        real_compile, real_module_compile = torch.compile, torch.nn.Module.compile
+
+        def compile_dynamic(*a, **kw):
+            return real_compile(*a, **{**kw, "dynamic": True if kw.get("dynamic") is None else kw["dynamic"]})
+
+        def module_compile_dynamic(self, *a, **kw):
+            return real_module_compile(self, *a, **{**kw, "dynamic": True if kw.get("dynamic") is None
+                                                    else kw["dynamic"]})
+
+        torch.compile, torch.nn.Module.compile = compile_dynamic, module_compile_dynamic
     c = chunk(shape["vocab_size"], args.batch, args.seq)
     t0 = time.perf_counter()
     trainer = make_trainer(cfg, args.model_dir)
     build_s = time.perf_counter() - t0
     loss = make_loss(cfg.loss)
     try:
+        # one step at a shorter length first: as in an RL run, where every step's length differs, the compiled
+        # pieces see a second shape and mark what changed (batch, sequence) dynamic before the timed steps
+        time_steps(trainer, loss, chunk(shape["vocab_size"], args.batch, args.seq - 16), 0, 1, device)
         times, metrics = time_steps(trainer, loss, c, args.warmup, args.steps, device)
         prof = profile_step(trainer, loss, c, device) if args.profile else None
+        if prof and device == "cuda":
+            prof["kernel_src"] = triton_sources([name for name, _ in prof["top"]])
         host = host_profile(trainer, loss, c, device) if args.host_profile else None
         ops = count_ops(trainer, loss, c) if args.host_overhead else None
     finally:
@@ -526,6 +649,17 @@ def _print_profiles(results: dict[str, dict]) -> None:
             print(f"top operators by their kernels' device time, {n}:")
             for name, ms in p["ops"]:
                 print(f"  {ms:9.2f} ms  {name}")
+        for name, src in (p.get("kernel_src") or {}).items():
+            print(f"source of {name} (Inductor's cache):\n{src}\n")
+        gaps = p.get("gaps")
+        if gaps:
+            print(f"device idle, {n}: {gaps['idle_ms']:.1f} ms in {gaps['intervals']} intervals of a "
+                  f"{gaps['span_ms']:.1f} ms span (first kernel to last), charged to the code that launched "
+                  "the kernel after each interval:")
+            for key in ("phase", "within", "innermost"):
+                print(f"  by {key}:")
+                for name, ms in gaps[key]:
+                    print(f"    {ms:9.2f} ms  {name}")
 
 
 if __name__ == "__main__":

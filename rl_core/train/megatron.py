@@ -11,6 +11,8 @@ fused path of `rl_core.train.logprobs` instead), with the LM head applied in our
 layout (no transposed copy of the logits); the gradient norm, clipping and the fp32 main ->
 bf16 model weight copy as multi-tensor operations (Megatron's fallbacks without Transformer
 Engine or Apex go tensor by tensor, its norm with a host synchronisation per tensor);
+the update of the fp32 main weights as torch's fused AdamW on CUDA (Megatron's fallback
+without Apex or Transformer Engine is the multi-tensor one);
 `megatron.compile` (each TransformerLayer torch.compiled) or, by default on CUDA,
 `megatron.fused_elementwise` (the local spec's RMSNorms and rotary embedding compiled, and
 Megatron's own compiled SwiGLU: the eager element-wise work Transformer Engine would fuse);
@@ -49,6 +51,7 @@ import torch.distributed as dist
 
 from rl_core.config.schema import TrainerConfig
 from rl_core.train.data_parallel import DataParallelTrainer
+from rl_core.train.fused_adam import fused_adamw
 from rl_core.train.logprobs import fused_token_logprobs
 from rl_core.train.megatron_convert import (GPTShape, check_tensor_parallel, hf_to_megatron, megatron_to_hf,
                                             merge_tensor_parallel, shape_from_hf, split_tensor_parallel)
@@ -101,7 +104,10 @@ _COMPILED_NORM = None
 def _compiled_rms_norm(module: torch.nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
     global _COMPILED_NORM
     if _COMPILED_NORM is None:
-        _COMPILED_NORM = torch.compile(_rms_norm, dynamic=True)
+        # automatic dynamic shapes: the hidden size and the weight stay static (dynamic=True made them
+        # symbols: index arithmetic by runtime sizes in every element), batch and sequence become
+        # symbols when they change (one recompile)
+        _COMPILED_NORM = torch.compile(_rms_norm, dynamic=None)
     return _COMPILED_NORM(x, module.normalized_shape, module.weight, module.eps)
 
 
@@ -122,7 +128,7 @@ def fused_rope(enabled: bool):
 
     saved = rope_utils._apply_rotary_pos_emb_bshd
     if _COMPILED_ROPE is None:
-        _COMPILED_ROPE = torch.compile(saved, dynamic=True)
+        _COMPILED_ROPE = torch.compile(saved, dynamic=None)  # heads and head dim static, as the norm's hidden size
     rope_utils._apply_rotary_pos_emb_bshd = _COMPILED_ROPE
     try:
         yield
@@ -300,6 +306,7 @@ class MegatronTrainer(DataParallelTrainer):
         for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
             if hasattr(opt, "fp32_from_float16_groups"):  # Float16OptimizerWithFloat16Params: bf16 model, fp32 main
                 opt._copy_main_params_to_model_params = foreach_main_to_model(opt)
+            fused_adamw(opt.optimizer)
         return optimizer
 
     def _seed_main_params(self, shard: dict[str, torch.Tensor]) -> None:
@@ -403,6 +410,9 @@ class MegatronTrainer(DataParallelTrainer):
         if state is None:
             return
         self.optimizer.load_state_dict(state["tp_shards"][self.tp_rank] if self.tp > 1 else state)
+        if self.optimizer_kind == "megatron":  # a state saved before the fused update, or on the CPU, loads unfused
+            for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+                fused_adamw(opt.optimizer)
 
     # ------------------------------------------------------------------ export
 

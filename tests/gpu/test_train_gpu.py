@@ -17,6 +17,7 @@ The throughput benchmark is `bench/train_step_gpu.py`.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 
 import pytest
@@ -130,3 +131,68 @@ def test_megatron_eager_elementwise_equals_torch(model, torch_fp32, tmp_path):
                            "trainer.megatron.mixed_precision=none", "trainer.megatron.fused_elementwise=off")
     assert_same_step(ref, got, TIGHT)
     assert max_weight_diff(w_ref, w_got) < 1e-3
+
+
+def test_megatron_fused_adamw_equals_torch_fused():
+    """`rl_core.train.fused_adam.fused_adamw` turns Megatron's fallback AdamW (torch's default,
+    multi-tensor; fsdp2's ShardLocalAdamW likewise) into torch's fused kernel: the same weights, bit for bit, as an AdamW built with
+    `fused=True`, also after a state saved unfused (step counters on the host) is loaded."""
+    from rl_core.train.fused_adam import fused_adamw
+
+    torch.manual_seed(0)
+    shapes = [(896, 64), (64,), (3, 5, 7)]
+    start = [torch.randn(s, device="cuda") for s in shapes]
+    grads = [[torch.randn(s, device="cuda") for s in shapes] for _ in range(3)]
+    kw = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+    def run(make, steps=3):
+        params = [torch.nn.Parameter(t.clone()) for t in start]
+        opt = make(params)
+        for g in grads[:steps]:
+            for p, gi in zip(params, g):
+                p.grad = gi.clone()
+            opt.step()
+        return params, opt
+
+    def patched(params):
+        opt = torch.optim.AdamW(params, **kw)
+        fused_adamw(opt)
+        assert all(g["fused"] and not g["foreach"] for g in opt.param_groups)
+        return opt
+
+    ref, _ = run(lambda ps: torch.optim.AdamW(ps, fused=True, **kw))
+    got, _ = run(patched)
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
+    # a state saved by the unfused optimizer after one step (step counters on the host), loaded, then
+    # two more steps: fused, from the same moments, as an AdamW(fused=True) given those moments
+    _, unfused = run(lambda ps: torch.optim.AdamW(ps, foreach=True, **kw), steps=1)
+    saved = unfused.state_dict()
+    assert not saved["state"][0]["step"].is_cuda
+
+    def resumed_patched(params):
+        opt = torch.optim.AdamW(params, **kw)
+        opt.load_state_dict(copy.deepcopy(saved))  # loading keeps the given tensors, which the steps update
+        assert not any(g["fused"] for g in opt.param_groups)  # the saved groups' options came back
+        fused_adamw(opt)
+        assert all(s["step"].is_cuda and s["step"].dtype == torch.float32 for s in opt.state.values())
+        return opt
+
+    def resumed_reference(params):
+        opt = torch.optim.AdamW(params, fused=True, **kw)
+        for i, p in enumerate(params):
+            st = saved["state"][i]
+            opt.state[p] = {"step": torch.tensor(float(st["step"]), device="cuda"),
+                            "exp_avg": st["exp_avg"].clone(), "exp_avg_sq": st["exp_avg_sq"].clone()}
+        return opt
+
+    def two_more(make):
+        params = [torch.nn.Parameter(t.clone()) for t in after_one]
+        opt = make(params)
+        for g in grads[1:3]:
+            for p, gi in zip(params, g):
+                p.grad = gi.clone()
+            opt.step()
+        return params
+
+    after_one = [p.detach() for p in unfused.param_groups[0]["params"]]
+    assert all(torch.equal(a, b) for a, b in zip(two_more(resumed_patched), two_more(resumed_reference)))
