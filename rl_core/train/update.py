@@ -47,8 +47,10 @@ def local_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, norma
     params = [p for p in model.parameters() if p.grad is not None]
 
     def scale(total: float) -> None:
-        for p in params:
-            p.grad.mul_(1.0 / total)
+        # one multi-tensor multiply (the same products as a `mul_` per tensor): the per-tensor loop left
+        # the H200 idle ~8 ms of a 0.13 s step while Python launched ~290 small kernels
+        if params:
+            torch._foreach_mul_([p.grad for p in params], 1.0 / total)
 
     try:
         return apply_update(normalizer if params else 0.0, loss_sum, max_grad_norm, scale=scale,
