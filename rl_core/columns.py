@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import operator
+from itertools import chain
 from collections.abc import Sequence
 from typing import Any
 
@@ -94,10 +95,11 @@ class GroupScores:
 
     def check(self, n: int, who: str) -> None:
         """ValueError unless every column has `n` entries (`who`: the call that returned them)."""
-        comps, infos = self._lengths(self.components), self._lengths(self.infos)
+        comps, infos = self.components, self.infos
         if (len(self.rewards) == n and (self.masks is None or len(self.masks) == n)
-                and set(comps.values()) <= {n} and set(infos.values()) <= {n}):
+                and _all_of_length(comps, n) and _all_of_length(infos, n)):
             return
+        comps, infos = self._lengths(comps), self._lengths(infos)
         bad = [f"rewards ({len(self.rewards)})"] if len(self.rewards) != n else []
         if self.masks is not None and len(self.masks) != n:
             bad.append(f"masks ({len(self.masks)})")
@@ -111,6 +113,14 @@ class GroupScores:
         """`components` or `infos` (`field`) as `DictColumns` of the N samples (lists taken over)."""
         cols = getattr(self, field)
         return DictColumns(cols) if type(cols) is list else DictColumns.of_columns(len(self.rewards), cols)
+
+
+def _all_of_length(cols, n: int) -> bool:
+    """Whether `cols` (`GroupScores.components` or `.infos`: a dict of columns or a list of
+    dicts) holds `n` entries per column (`n` dicts for a list), as `GroupScores._lengths` counts them."""
+    if type(cols) is list:
+        return len(cols) == n
+    return all(map(n.__eq__, map(len, cols.values())))
 
 
 class DictColumns:
@@ -140,7 +150,10 @@ class DictColumns:
         (no dict per sample; lists are taken over, other sequences copied into lists)."""
         self = cls.__new__(cls)
         self.n, self.keys, self.dicts = n, tuple(columns), None
-        self.values = {k: v if type(v) is list else list(v) for k, v in columns.items()}
+        values = dict(columns)
+        if set(map(type, values.values())) - {list}:  # lists are taken over, other sequences copied
+            values = {k: v if type(v) is list else list(v) for k, v in values.items()}
+        self.values = values
         return self
 
     def rows(self) -> list[dict]:
@@ -164,7 +177,12 @@ class DictColumns:
 
     @staticmethod
     def joined(groups: list["DictColumns"], key: str, default=None) -> list:
-        """`[v for c in groups for v in c.column(key, default)]` (one group's column after another)."""
+        """`[v for c in groups for v in c.column(key, default)]` (one group's column after another).
+        Where every group holds `key` as a column: one C-level pass over the groups."""
+        try:
+            return list(chain.from_iterable(map(operator.itemgetter(key), map(_VALUES, groups))))
+        except (KeyError, TypeError):  # a group without the key, or holding its dicts (values None)
+            pass
         out: list = []
         for c in groups:
             col = c.values.get(key) if c.dicts is None else None
@@ -203,6 +221,7 @@ _TOKEN_IDS, _LOGPROBS, _FINISH, _START, _END, _TOKEN_VERSIONS, _WORKER, _ROUTES 
     "token_ids", "logprobs", "finish_reason", "start_version", "end_version", "token_versions", "worker",
     "routed_experts"))
 _REWARD, _REWARDS, _MASK, _INFO = map(operator.attrgetter, ("reward", "rewards", "mask", "info"))
+_VALUES = operator.attrgetter("values")  # DictColumns.values: key -> column, None where the dicts are held
 
 
 class GroupSamples(Sequence, GroupColumns):
