@@ -4,14 +4,13 @@ code gave. Step metrics' accuracy, zero-variance, segment and worker counts agai
 per group; `DictColumns.joined` against a join per group; `GroupScores.check` and
 `DictColumns.of_columns` on every column shape; `envs.base.distinct_scored` calling the
 scorer once per distinct pair in order; the advantage estimate of rewards given as a list
-and as a tensor; the joined packing columns; a commit waking the buffer's waiters."""
+and as a tensor; chunks of groups held both ways; a commit waking the buffer's waiters."""
 
 from __future__ import annotations
 
 import asyncio
 import math
 import statistics
-from itertools import chain
 from types import SimpleNamespace
 
 import numpy as np
@@ -24,7 +23,7 @@ from rl_core.columns import DictColumns, GroupScores, group_columns
 from rl_core.config import validate_dict
 from rl_core.controller.step_metrics import step_metrics
 from rl_core.envs.base import distinct_scored
-from rl_core.packing import _Joined, make_group_chunk
+from rl_core.packing import make_group_chunk, make_train_chunk
 from rl_core.types import PromptGroup, scored_sample
 from tests.unit.test_group_columns import InfoEnv, SeededBackend, _groups
 
@@ -211,14 +210,15 @@ def test_advantages_of_rewards_as_a_list_equal_those_of_a_tensor():
         assert torch.equal(a.advantages, x.advantages) and torch.equal(a.sample_advantages, x.sample_advantages)
 
 
-def test_joined_packing_columns_are_the_groups_columns_end_to_end():
-    groups = _groups(SeededBackend(True), n_groups=5)
-    cols = [group_columns(g) for g in groups[:3]] + [group_columns(list(g)) for g in groups[3:]]
-    j = _Joined(cols)
-    for name in ("completion_ids", "gen_logprobs", "env_mask", "start_versions"):
-        assert getattr(j, name) == list(chain.from_iterable(getattr(c, name) for c in cols)), name
-    assert [p is c.shared_prompt for p, c in zip(j.prompts[::8], cols)] == [True] * 5
-    assert j.runs == [(c.shared_prompt, 8) for c in cols]
+def test_a_chunk_of_groups_held_both_ways_is_the_chunk_of_their_samples():
+    groups = _groups(SeededBackend(True), n_groups=5, env=InfoEnv())
+    mixed = groups[:3] + [list(g) for g in groups[3:]]  # columns, then built Samples
+    chunk = make_group_chunk(mixed)
+    ref = make_train_chunk([s for g in _groups(SeededBackend(True), n_groups=5, env=InfoEnv()) for s in g], None)
+    for k in ("input_ids", "attention_mask", "loss_mask", "gen_logprobs", "sample_mask", "start_versions"):
+        a, b = getattr(chunk, k), getattr(ref, k)
+        assert a.dtype == b.dtype and torch.equal(a, b), k
+    assert chunk.sample_mask.min() == 0  # some samples are masked out (InfoEnv flags length 5)
 
 
 def test_a_commit_wakes_a_waiter_on_the_shared_condition():
