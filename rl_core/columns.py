@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import operator
-from itertools import chain
 from collections.abc import Sequence
 from typing import Any
 
@@ -150,10 +149,7 @@ class DictColumns:
         (no dict per sample; lists are taken over, other sequences copied into lists)."""
         self = cls.__new__(cls)
         self.n, self.keys, self.dicts = n, tuple(columns), None
-        values = dict(columns)
-        if set(map(type, values.values())) - {list}:  # lists are taken over, other sequences copied
-            values = {k: v if type(v) is list else list(v) for k, v in values.items()}
-        self.values = values
+        self.values = {k: v if type(v) is list else list(v) for k, v in columns.items()}
         return self
 
     def rows(self) -> list[dict]:
@@ -177,12 +173,7 @@ class DictColumns:
 
     @staticmethod
     def joined(groups: list["DictColumns"], key: str, default=None) -> list:
-        """`[v for c in groups for v in c.column(key, default)]` (one group's column after another).
-        Where every group holds `key` as a column: one C-level pass over the groups."""
-        try:
-            return list(chain.from_iterable(map(operator.itemgetter(key), map(_VALUES, groups))))
-        except (KeyError, TypeError):  # a group without the key, or holding its dicts (values None)
-            pass
+        """`[v for c in groups for v in c.column(key, default)]` (one group's column after another)."""
         out: list = []
         for c in groups:
             col = c.values.get(key) if c.dicts is None else None
@@ -221,7 +212,6 @@ _TOKEN_IDS, _LOGPROBS, _FINISH, _START, _END, _TOKEN_VERSIONS, _WORKER, _ROUTES 
     "token_ids", "logprobs", "finish_reason", "start_version", "end_version", "token_versions", "worker",
     "routed_experts"))
 _REWARD, _REWARDS, _MASK, _INFO = map(operator.attrgetter, ("reward", "rewards", "mask", "info"))
-_VALUES = operator.attrgetter("values")  # DictColumns.values: key -> column, None where the dicts are held
 
 
 class GroupSamples(Sequence, GroupColumns):

@@ -13,7 +13,6 @@ import operator
 import sys
 import threading
 from collections.abc import Sequence
-from itertools import chain
 
 import numpy as np
 import torch
@@ -44,18 +43,19 @@ def make_group_chunk(groups: Sequence, pad_id: int = 0, require_routes: bool = F
     return _pack(_Joined(list(map(group_columns, groups))), None, pad_id, None, require_routes, placeholder=True)
 
 
-_COMPLETION_IDS, _GEN_LOGPROBS, _ENV_MASK, _START_VERSIONS = map(operator.attrgetter, (
-    "completion_ids", "gen_logprobs", "env_mask", "start_versions"))
-
-
 class _Joined:
     """The columns `_pack` reads of several groups, end to end, and the runs of rows that share
     one prompt list (a whole single-turn group is one run)."""
 
     def __init__(self, cols: list):
         self.prompts: list = []
+        self.completion_ids: list = []
+        self.gen_logprobs: list = []
+        self.env_mask: list = []
+        self.start_versions: list = []
         self.runs: list = []  # (prompt list, rows)
-        prompts, runs = self.prompts, self.runs
+        prompts, completions, logprobs = self.prompts, self.completion_ids, self.gen_logprobs
+        env_mask, versions, runs = self.env_mask, self.start_versions, self.runs
         for c in cols:
             shared = c.shared_prompt
             if shared is not None:
@@ -66,11 +66,10 @@ class _Joined:
                 ps = c.prompts
                 prompts += ps
                 runs += [(p, 1) for p in ps]
-        # the per-sample columns end to end, one C-level pass over the groups each
-        self.completion_ids: list = list(chain.from_iterable(map(_COMPLETION_IDS, cols)))
-        self.gen_logprobs: list = list(chain.from_iterable(map(_GEN_LOGPROBS, cols)))
-        self.env_mask: list = list(chain.from_iterable(map(_ENV_MASK, cols)))
-        self.start_versions: list = list(chain.from_iterable(map(_START_VERSIONS, cols)))
+            completions += c.completion_ids
+            logprobs += c.gen_logprobs
+            env_mask += c.env_mask
+            versions += c.start_versions
         self.completion_masks = self._joined(cols, "completion_masks")
         self.routed_experts = self._joined(cols, "routed_experts")
         self._cols = cols

@@ -324,9 +324,11 @@ def distinct_scored(texts: list[str], ended: list[bool], score, width: int) -> l
     pair of a group, in order of first appearance, and its fields as `width` columns in sample
     order: for a `score_columns` whose per-completion score is a function of those two alone
     (a group's samples often give the same answer)."""
-    keys = list(zip(texts, ended))
-    memo = dict.fromkeys(keys)  # the distinct pairs, in order of first appearance
-    for key in memo:
-        memo[key] = score(*key)
-    rows = list(map(memo.__getitem__, keys))  # each sample's row, looked up in C
-    return list(map(list, zip(*rows))) if rows else [[] for _ in range(width)]
+    memo: dict = {}
+    rows = []
+    for key in zip(texts, ended):
+        row = memo.get(key)
+        if row is None:
+            row = memo[key] = score(*key)
+        rows.append(row)
+    return [list(c) for c in zip(*rows)] if rows else [[] for _ in range(width)]

@@ -1,10 +1,12 @@
-"""The tenth round of issue 18 item 3 (docs/controller.md, "Tenth round"): per-group reads of
-the controller's hot path turned into passes over all groups, each giving what the per-group
-code gave. Step metrics' accuracy, zero-variance, segment and worker counts against a loop
-per group; `DictColumns.joined` against a join per group; `GroupScores.check` and
-`DictColumns.of_columns` on every column shape; `envs.base.distinct_scored` calling the
-scorer once per distinct pair in order; the advantage estimate of rewards given as a list
-and as a tensor; chunks of groups held both ways; a commit waking the buffer's waiters."""
+"""The tenth round of issue 18 item 3 (docs/controller.md, "Tenth round"): the step metrics'
+per-group loop turned into passes over all groups, `GroupScores.check` comparing lengths
+without dicts, one notify per committed group, rewards to float64 through NumPy; each gives
+what the code before gave. Step metrics' accuracy, zero-variance, segment and worker counts
+against a loop per group; `GroupScores.check` on every column shape; the advantage estimate
+of rewards given as a list, a tuple and a tensor; a commit waking the buffer's waiters. Also
+pinned, as the step metrics read them: `DictColumns.joined` against a join per group,
+`DictColumns.of_columns`, `envs.base.distinct_scored` (one scorer call per distinct pair, in
+order), and a chunk of groups held both ways."""
 
 from __future__ import annotations
 
