@@ -94,10 +94,11 @@ class GroupScores:
 
     def check(self, n: int, who: str) -> None:
         """ValueError unless every column has `n` entries (`who`: the call that returned them)."""
-        comps, infos = self._lengths(self.components), self._lengths(self.infos)
+        comps, infos = self.components, self.infos
         if (len(self.rewards) == n and (self.masks is None or len(self.masks) == n)
-                and set(comps.values()) <= {n} and set(infos.values()) <= {n}):
+                and _all_of_length(comps, n) and _all_of_length(infos, n)):
             return
+        comps, infos = self._lengths(comps), self._lengths(infos)
         bad = [f"rewards ({len(self.rewards)})"] if len(self.rewards) != n else []
         if self.masks is not None and len(self.masks) != n:
             bad.append(f"masks ({len(self.masks)})")
@@ -111,6 +112,14 @@ class GroupScores:
         """`components` or `infos` (`field`) as `DictColumns` of the N samples (lists taken over)."""
         cols = getattr(self, field)
         return DictColumns(cols) if type(cols) is list else DictColumns.of_columns(len(self.rewards), cols)
+
+
+def _all_of_length(cols, n: int) -> bool:
+    """Whether `cols` (`GroupScores.components` or `.infos`: a dict of columns or a list of
+    dicts) holds `n` entries per column (`n` dicts for a list), as `GroupScores._lengths` counts them."""
+    if type(cols) is list:
+        return len(cols) == n
+    return all(map(n.__eq__, map(len, cols.values())))
 
 
 class DictColumns:

@@ -69,7 +69,9 @@ def estimate_advantages(cfg: AdvantageConfig, chunk: TrainChunk, rewards: Sequen
     B = mask.shape[0]
     if sum(group_sizes) != B:
         raise ValueError(f"group_sizes add up to {sum(group_sizes)} samples but the chunk holds {B}")
-    r = torch.as_tensor(rewards, dtype=torch.float64).reshape(B).to(mask.device)
+    # a list of floats through NumPy (the same float64 values; torch.as_tensor converts a long list ~3x slower)
+    r = (torch.from_numpy(np.array(rewards, dtype=np.float64)) if type(rewards) is list
+         else torch.as_tensor(rewards, dtype=torch.float64)).reshape(B).to(mask.device)
     gid = group_ids_from_sizes(group_sizes).to(mask.device)
     ok = None  # [B] bool: the samples that enter the statistics (None = all)
     if cfg.exclude_invalid_from_stats:

@@ -66,6 +66,11 @@ class ReplayBuffer:
         self._changed = changed or asyncio.Condition()
         self.counts = {s.value: 0 for s in SlotState}  # terminal/lifetime counters
 
+    @property
+    def changed(self) -> asyncio.Condition:
+        """The condition every transition notifies (the controller's shared one where given)."""
+        return self._changed
+
     # ------------------------------------------------------------------ queries
 
     def live(self) -> int:

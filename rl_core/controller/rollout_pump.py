@@ -69,6 +69,8 @@ class RolloutPump:
         self.tokenizer = tokenizer
         self.clock = clock
         self.cond = cond
+        # a commit to the buffer notifies this condition itself (the controller shares it with the buffer)
+        self._commit_notifies = buffer.changed is cond
         self.timeline = timeline
         self.params = params
         self.n = cfg.grpo.num_generations_per_prompt
@@ -361,12 +363,16 @@ class RolloutPump:
 
     async def _guarded(self, group_id: str, index: int, epoch: int, example: dict, version: int,
                        target: int | None) -> None:
-        """One group with retries; records a fatal failure for the pump to raise; always frees its place."""
+        """One group with retries; records a fatal failure for the pump to raise; always frees its place.
+        A group just committed skips the notify at the end: the buffer's commit notified the same
+        condition, and nothing was awaited since, so no waiter is left that it has not woken."""
+        notified = False
         try:
             attempts = Attempts(self.fail.max_infra_attempts_per_group, self.fail.max_data_attempts_per_group)
             while True:
                 try:
                     await self._run_group(group_id, index, epoch, example, version, target, attempts)
+                    notified = self._commit_notifies
                     return
                 except asyncio.CancelledError:
                     raise
@@ -394,7 +400,8 @@ class RolloutPump:
             self.inflight.pop(group_id, None)
             self.inflight_targets.pop(group_id, None)
             self._unstarted.discard(group_id)
-            await notify(self.cond)
+            if not notified:
+                await notify(self.cond)
 
     async def _drop(self, group_id, index, epoch, example, target, attempts: Attempts, exc: Exception) -> None:
         target = self.inflight_targets.get(group_id, target)  # partial rollouts may have moved it

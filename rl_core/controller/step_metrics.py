@@ -21,7 +21,7 @@ import statistics
 import time
 from collections import Counter
 from fractions import Fraction
-from itertools import chain
+from itertools import chain, compress
 
 from rl_core.algorithms.metrics import finalize_metrics
 from rl_core.columns import DictColumns, group_columns
@@ -70,9 +70,17 @@ def sqrt_of_fraction(num: int, den: int) -> float | None:
     return math.ldexp(float(root), -k)
 
 
+_ADVANTAGES = operator.attrgetter("advantages")
+_GROUP_SAMPLES = operator.attrgetter("group.samples")
+_INFO_COLUMNS = operator.attrgetter("info_columns")
+_REWARDS = operator.attrgetter("rewards")
+_HAS_SEGMENTS = operator.methodcaller("has", "segments")
+_WORKER_TOTALS = operator.methodcaller("worker_totals")
+
+
 def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: dict, t_step0: float,
                  idle: float) -> dict:
-    advs = [a for t in trained for a in t.advantages]
+    advs = list(chain.from_iterable(map(_ADVANTAGES, trained)))
     stal = [t.staleness for t in trained]
     now = time.monotonic()
     # waited in the buffer: commit -> selection (a group restored from a checkpoint has no commit time)
@@ -80,7 +88,7 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
             if t.slot.ready_at is not None and t.slot.selected_at is not None]
     # per sample (16,000 per step at 1,000 groups x 16), read through each group's columns
     # (columns.group_columns: a single-turn group held as a GroupSamples without building Samples)
-    all_cols = [group_columns(t.group.samples) for t in trained]
+    all_cols = list(map(group_columns, map(_GROUP_SAMPLES, trained)))
 
     def joined(name: str) -> list:
         """Column `name` of every group, end to end (one C-level pass over the groups)."""
@@ -90,21 +98,23 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
     env_s, gen_s, turns = joined("env_s"), joined("generate_s_each"), joined("turns")
     tot_len = list(map(operator.add, in_len, joined("completion_lens")))  # prompt + completion per sample
     truncated = sum(map(operator.methodcaller("count", "length"), map(operator.attrgetter("finish_reasons"), all_cols)))
-    correct = breaks = zero_variance = 0
-    workers: dict[str, int] = {}
-    for cols in all_cols:
-        rs = cols.rewards
-        # len(set(rs)) == 1 (the group's rewards all equal), without a set
+    # the per-group reads as passes over all groups (C-level maps; no Python loop body per group
+    # for the accuracy): the same counts as a loop over the groups
+    zero_variance = 0
+    for rs in map(_REWARDS, all_cols):  # len(set(rs)) == 1 (the group's rewards all equal), without a set
         zero_variance += len(rs) > 0 and rs.count(rs[0]) == len(rs)
-        info = cols.info_columns
-        oks = info.column("correct", copy=False)  # is_correct, inlined
-        if None in oks:
-            correct += sum(bool(ok) if ok is not None else r > 0 for ok, r in zip(oks, rs))
-        else:
-            correct += sum(map(bool, oks))
-        if info.has("segments"):
-            breaks += sum(v - 1 for v in info.column("segments", 1))
-        for w, c in cols.worker_totals().items():
+    infos = list(map(_INFO_COLUMNS, all_cols))
+    oks = DictColumns.joined(infos, "correct")  # is_correct, inlined: info["correct"] where reported, else None
+    if None in oks:
+        correct = sum(bool(ok) if ok is not None else r > 0 for ok, r in zip(oks, rewards))
+    else:
+        correct = sum(map(bool, oks))
+    breaks = 0
+    for info in compress(infos, map(_HAS_SEGMENTS, infos)):
+        breaks += sum(v - 1 for v in info.column("segments", 1))
+    workers: dict[str, int] = {}
+    for totals in map(_WORKER_TOTALS, all_cols):
+        for w, c in totals.items():
             workers[w] = workers.get(w, 0) + c
     comp_groups = [c.component_columns for c in all_cols]  # the named reward components of each group, in order
     n = len(rewards)
@@ -115,7 +125,7 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
         "train/reward_mean": statistics.fmean(rewards),
         "train/accuracy": correct / n,  # == fmean of 0/1 values
         "train/advantage_mean": statistics.fmean(advs),
-        "train/advantage_abs_mean": statistics.fmean(list(map(abs, advs))),
+        "train/advantage_abs_mean": math.fsum(map(abs, advs)) / len(advs),  # == statistics.fmean (fsum / n)
         "train/advantage_std": pstdev(advs),
         "train/zero_variance_groups": zero_variance / len(trained),
         "train/num_groups": float(len(trained)),

@@ -552,7 +552,8 @@ async def _generate_group_at_once(backend: GenerationBackend, call: str, env: En
     what = None if deadline is None else f"generation of {key}/0..{n - 1}"
     t0 = time.monotonic()
     if call == "generate_group":
-        results = await with_deadline(backend.generate_group(key, prompt, params, seeds), deadline, what)
+        call_group = backend.generate_group(key, prompt, params, seeds)
+        results = await (call_group if deadline is None else with_deadline(call_group, deadline, what))
         if type(results) is not GroupResults:
             raise TypeError(f"{type(backend).__name__}.generate_group returned {type(results).__name__}, "
                             "expected rl_core.columns.GroupResults")
