@@ -153,6 +153,7 @@ THIRD_PARTY_PRIVATE = {
     ("rl_core/train/fsdp.py", "t._local_tensor"),  # DTensor's local shard; to_local() adds an autograd node per call
     ("rl_core/train/megatron.py", "torch._foreach_mul_"),  # gradient clipping over the list in one multi-tensor op
     ("rl_core/train/megatron.py", "torch._foreach_copy_"),  # fp32 main -> bf16 model weights in one multi-tensor op
+    ("rl_core/train/update.py", "torch._foreach_mul_"),  # the gradients scaled by 1 / normalizer in one multi-tensor op
     # Megatron's Float16 optimizer calls this method inside step_with_ready_grads; no public hook replaces it
     ("rl_core/train/megatron.py", "opt._copy_main_params_to_model_params"),
     # Megatron's unfused rotary function, swapped for its compiled self during the forward
