@@ -41,7 +41,7 @@ group scoring off. `--env fake addition` alternates both.
 `--decode` (--env addition) chooses how the completions' texts are decoded: `looked-up` (the
 default, the seventh round's measure: the text looked up, the decode taken out), `loop` (the
 real tokenizer's `decode` per completion on the event loop, counted: what a real run paid
-before the eighth round) or `thread` (the real tokenizer, through `rollout.group.decode_group`:
+before the eighth round) or `thread` (the real tokenizer, through `rollout.decode.decode_group`:
 one Rust `decode_batch` per group on a decode thread, counted: what a real run pays now);
 several alternate like `--env`. Each row also prints the event loop thread's own CPU time per
 step (`time.thread_time` on the loop, the fakes' work taken out), beside the process's (every

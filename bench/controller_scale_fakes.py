@@ -280,7 +280,7 @@ class PrecomputedDecode:
 
 class LoopDecode:
     """--decode loop: the real tokenizer's `decode`, called per completion on the event loop (a
-    class of its own, so `rollout.group.group_decoder` does not apply: the path before the
+    class of its own, so `rollout.decode.group_decoder` does not apply: the path before the
     eighth round)."""
 
     def __init__(self, tok):

@@ -12,9 +12,8 @@ with observation tokens masked out of the loss), per-generation and per-environm
 deadlines, each sample's generated tokens per generation worker (`info["worker_tokens"]`,
 from `GenerationResult.worker`), and scoring each finished sample with the environment (a
 single-turn group generated in one group call in one `score_group` call where the
-environment has one: `group_scoring`), and decoding a group call's completions (off the event
-loop, in one Rust `decode_batch` on a decode thread, where the tokenizer allows it:
-`decode_group`; the groups of one turn of the loop go to the decode threads as one job). A
+environment has one: `group_scoring`); a group call's completions are decoded through
+`rollout.decode.decode_group` (off the event loop where the tokenizer allows it). A
 single-turn group generated in one group call comes back column-wise
 (`columns.GroupSamples`: the same `Sample`s, built on first access); every other path returns
 a list of `Sample`s, built by the same `types.scored_sample`.
@@ -30,7 +29,6 @@ import functools
 import itertools
 import operator
 import time
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -38,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from rl_core.config.schema import SamplingParamsConfig
+from rl_core.rollout.decode import decode_group, decode_text
 from rl_core.resilience import with_deadline
 from rl_core.protocols import Environment, GenerationBackend
 from rl_core.types import (GenerationRequest, GenerationResult, Sample, SamplingParams, group_requests, scored_sample,
@@ -192,120 +191,6 @@ class SampleTimings:
         return res
 
 
-def _decode(tokenizer, ids: list[int]) -> str:
-    return tokenizer.decode(ids, skip_special_tokens=True)
-
-
-# A group call's completions are decoded here, off the event loop, where the tokenizer is a
-# transformers tokenizer over a Rust `tokenizers.Tokenizer` (`group_decoder`): its
-# `decode_batch` releases the interpreter lock while it decodes (measured: docs/controller.md,
-# "Eighth round"), so the loop keeps running. Two threads; `rl-core train` sets
-# TOKENIZERS_PARALLELISM=false (launch/train.py), so each call decodes its sequences in turn
-# (with parallelism on, the Rust call spreads them over its own thread pool).
-_DECODE_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rl_core-decode")
-
-
-@functools.lru_cache(maxsize=64)
-def _plain_decode_class(cls: type) -> bool:
-    """Whether `cls.decode` is transformers' own `decode` over the Rust-backed `_decode` (no
-    subclass overrides either), the case where `group_decoder` reproduces it."""
-    try:
-        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
-        from transformers.tokenization_utils_tokenizers import TokenizersBackend
-    except ImportError:  # another transformers layout: decode on the loop, as always
-        return False
-    return (issubclass(cls, TokenizersBackend) and cls.decode is PreTrainedTokenizerBase.decode
-            and cls._decode is TokenizersBackend._decode)
-
-
-def group_decoder(tokenizer):
-    """A function decoding a group's completions (a list of token id lists or 1-D arrays) to
-    the texts `tokenizer.decode(ids, skip_special_tokens=True)` gives each, in one
-    `decode_batch` call of the tokenizer's Rust backend, or None where that cannot be
-    guaranteed: a tokenizer that is not an unmodified transformers tokenizer over a Rust
-    `tokenizers.Tokenizer`, or one that cleans up tokenization spaces (a Python step after the
-    Rust decode). transformers' `decode` is the Rust `decode` of the ids as Python ints,
-    then that clean-up; `decode_batch` is the same Rust decode per sequence."""
-    if not _plain_decode_class(type(tokenizer)) or getattr(tokenizer, "clean_up_tokenization_spaces", True):
-        return None
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    decode_batch = getattr(backend, "decode_batch", None)
-    if decode_batch is None:
-        return None
-
-    def decode(ids: list) -> list[str]:
-        return decode_batch([t.tolist() if isinstance(t, np.ndarray) else t for t in ids], skip_special_tokens=True)
-
-    return decode
-
-
-async def decode_group(tokenizer, ids: list) -> list[str]:
-    """A group's texts, each `tokenizer.decode(ids, skip_special_tokens=True)`: in one batch
-    call on a decode thread (`_DECODE_POOL`, with the other groups that ask in the same turn of
-    the loop: `_GroupDecodes`) where `group_decoder` applies, so the event loop goes on while
-    the Rust decoder runs; else on the loop, one `decode` per completion (fakes,
-    slow tokenizers, a subclass with its own `decode`). An error of either propagates."""
-    batch = group_decoder(tokenizer)
-    if batch is None:
-        decode = tokenizer.decode
-        return [decode(t, skip_special_tokens=True) for t in ids]
-    return await _DECODES.submit(asyncio.get_running_loop(), batch, ids)
-
-
-class _GroupDecodes:
-    """Hands the groups' decodes to the decode pool together: the groups that ask for their texts
-    in one turn of the event loop go to the pool as one job, whose texts come back in one call
-    on the loop (`call_soon_threadsafe`). A pool call per group cost the loop thread ~120-145 us
-    per group at 1,000 groups in the bench (measured with the decode itself replaced by a
-    lookup: docs/controller.md, "Ninth round"), most of it while the decode threads ran beside
-    the loop's own work; one job per turn costs one hand-off. Each group is still decoded by its
-    own call (`group_decoder`), in the order asked, and gets its own texts or its own error,
-    as before; a group whose task was cancelled meanwhile gets nothing."""
-
-    def __init__(self):
-        self._pending: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loop -> [(decode, ids, future)]
-        self.jobs = 0  # jobs handed to the pool so far (tests)
-
-    def submit(self, loop: asyncio.AbstractEventLoop, decode, ids: list) -> asyncio.Future:
-        fut = loop.create_future()
-        pending = self._pending.get(loop)
-        if pending is None:  # the first group since the last job: the job goes out after this turn of the loop
-            pending = self._pending[loop] = []
-            loop.call_soon(self._flush, loop)
-        pending.append((decode, ids, fut))
-        return fut
-
-    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.jobs += 1
-        _DECODE_POOL.submit(self._run, loop, self._pending.pop(loop))
-
-    def _run(self, loop: asyncio.AbstractEventLoop, jobs: list) -> None:
-        out = []
-        for decode, ids, fut in jobs:
-            try:
-                out.append((fut, decode(ids), None))
-            except BaseException as exc:  # noqa: BLE001 - handed to its group, as the pool's future did
-                out.append((fut, None, exc))
-        try:
-            loop.call_soon_threadsafe(self._deliver, out)
-        except RuntimeError:  # the loop closed meanwhile: nobody waits for these texts
-            if not loop.is_closed():
-                raise
-
-    @staticmethod
-    def _deliver(out: list) -> None:
-        for fut, texts, exc in out:
-            if fut.done():  # its group was cancelled
-                continue
-            if exc is None:
-                fut.set_result(texts)
-            else:
-                fut.set_exception(exc)
-
-
-_DECODES = _GroupDecodes()
-
-
 async def _generate(backend: GenerationBackend, request: GenerationRequest, opts: GroupOptions,
                     ticket: _Ticket | None = None) -> GenerationResult:
     slots = opts.gen_slots
@@ -350,7 +235,7 @@ async def generate_sample(backend: GenerationBackend, env: Environment, tokenize
         res = timings.count(await _generate(backend, GenerationRequest(request_id, list(prompt_ids), params), opts,
                                             ticket))
         timings.generate_s = time.monotonic() - t0
-        text = _decode(tokenizer, res.token_ids)
+        text = decode_text(tokenizer, res.token_ids)
         scored = await _score(env, example, res.token_ids, text, res.finish_reason, opts, timings)
         return _sample(list(res.prompt_ids), res.token_ids, res.logprobs, None, res.finish_reason,
                        res.start_version, res.end_version, res.token_versions, text, scored, opts, timings, 1,
@@ -378,7 +263,7 @@ async def generate_sample(backend: GenerationBackend, env: Environment, tokenize
         logprobs += plain(res.logprobs)
         tv = res.token_versions
         versions += plain(tv) if tv is not None and len(tv) else [res.end_version] * len(res.token_ids)
-        turns.append(env.parse_completion(res.token_ids, _decode(tokenizer, res.token_ids), res.finish_reason))
+        turns.append(env.parse_completion(res.token_ids, decode_text(tokenizer, res.token_ids), res.finish_reason))
         if finish != "stop" or turn == max_turns - 1:
             break
         obs = env.observe(example, turn, turns[-1])
@@ -389,7 +274,7 @@ async def generate_sample(backend: GenerationBackend, env: Environment, tokenize
         logprobs += [0.0] * len(obs)
         versions += [-1] * len(obs)
     timings.generate_s = time.monotonic() - t0
-    text = _decode(tokenizer, completion)
+    text = decode_text(tokenizer, completion)
     scored = await _score(env, example, completion, text, finish, opts, timings, turns=turns)
     # MoE: the last turn re-fed the whole conversation before it, so its routes cover every token
     sample = _sample(list(prompt_ids), completion, logprobs, mask, finish, start_version, end_version, versions, text,
@@ -429,7 +314,7 @@ async def generate_episode(backend: GenerationBackend, env: Environment, tokeniz
     if traj.segments > 1:
         server.registry.segment_breaks += traj.segments - 1
     timings.generate_s = time.monotonic() - t0
-    text = _decode(tokenizer, traj.completion_ids)
+    text = decode_text(tokenizer, traj.completion_ids)
     sample = _sample(list(traj.prompt_ids), traj.completion_ids, traj.logprobs, traj.completion_mask,
                      traj.finish_reason, traj.start_version, traj.end_version, traj.token_versions, text, scored,
                      opts, timings, traj.turns)

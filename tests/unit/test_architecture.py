@@ -147,7 +147,7 @@ def test_tests_import_no_private_names():
 THIRD_PARTY_PRIVATE = {
     # whether a tokenizer class overrides transformers' Rust-backed decode step (group_decoder
     # reproduces only the unmodified one); transformers has no public spelling for that method
-    ("rl_core/rollout/group.py", "TokenizersBackend._decode"),
+    ("rl_core/rollout/decode.py", "TokenizersBackend._decode"),
     ("rl_core/launch/workflow.py", "os._exit"),  # documented public API despite the underscore
     ("rl_core/train/fsdp.py", "torch._foreach_mul_"),  # fused in-place scaling of the gradient list
     ("rl_core/train/fsdp.py", "t._local_tensor"),  # DTensor's local shard; to_local() adds an autograd node per call

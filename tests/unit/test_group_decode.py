@@ -1,4 +1,4 @@
-"""A group call's completions are decoded off the event loop (`rollout.group.decode_group`,
+"""A group call's completions are decoded off the event loop (`rollout.decode.decode_group`,
 issue 18 item 3): one Rust `decode_batch` on a decode thread where the tokenizer is an
 unmodified transformers tokenizer over `tokenizers.Tokenizer` without clean-up, else one
 `decode` per completion on the loop. The texts must be byte-identical to
@@ -18,8 +18,9 @@ from transformers import PreTrainedTokenizerFast
 from rl_core.columns import GroupResults
 from rl_core.data.dataset import load_jsonl
 from rl_core.model.tokenizer import SPECIAL_TOKENS, build_tokenizer, wrap_tokenizer
-from rl_core.rollout import group as group_mod
-from rl_core.rollout.group import GroupOptions, decode_group, generate_group, group_decoder
+from rl_core.rollout import decode as decode_mod
+from rl_core.rollout.decode import decode_group, group_decoder
+from rl_core.rollout.group import GroupOptions, generate_group
 from rl_core.types import SamplingParams
 from tests.helpers.fakes import FakeEnv, FakeTokenizer
 
@@ -100,7 +101,7 @@ def run_group(backend, tokenizer, n):
 @pytest.mark.parametrize("arrays", [False, True])
 def test_a_group_call_decodes_on_a_decode_thread_the_same_texts(tok, monkeypatch, arrays):
     pool = CountingPool()
-    monkeypatch.setattr(group_mod, "_DECODE_POOL", pool)
+    monkeypatch.setattr(decode_mod, "_DECODE_POOL", pool)
     ids = ragged_completions(tok)[:16]
     if arrays:
         ids = [np.array(t, dtype=np.int64) for t in ids]
@@ -119,7 +120,7 @@ class OwnDecode(PreTrainedTokenizerFast):
 
 def test_other_tokenizers_decode_on_the_loop_as_before(tok, monkeypatch):
     pool = CountingPool()
-    monkeypatch.setattr(group_mod, "_DECODE_POOL", pool)
+    monkeypatch.setattr(decode_mod, "_DECODE_POOL", pool)
     ids = ragged_completions(tok)[:16]
     assert group_decoder(FakeTokenizer()) is None  # no Rust backend
     fake_group = run_group(TokenBackend(ids), FakeTokenizer(), 16)

@@ -1,5 +1,5 @@
 """The groups that ask for their texts in one turn of the event loop go to the decode pool as
-one job (`rollout.group._GroupDecodes`, issue 18 item 3): each group must still get exactly
+one job (`rollout.decode._GroupDecodes`, issue 18 item 3): each group must still get exactly
 `tokenizer.decode(ids, skip_special_tokens=True)` of its own completions, its own error (the
 others unharmed), nothing once cancelled, and groups of later turns go out as later jobs."""
 
@@ -12,8 +12,8 @@ import pytest
 
 from rl_core.data.dataset import load_jsonl
 from rl_core.model.tokenizer import build_tokenizer
-from rl_core.rollout import group as group_mod
-from rl_core.rollout.group import decode_group
+from rl_core.rollout import decode as decode_mod
+from rl_core.rollout.decode import decode_group
 from tests.unit.test_group_decode import ragged_completions
 
 
@@ -37,9 +37,9 @@ def test_one_turns_groups_go_as_one_job_with_each_groups_texts(tok):
     want = [[tok.decode(t, skip_special_tokens=True) for t in ids] for ids in groups]
 
     async def main():
-        before = group_mod._DECODES.jobs
+        before = decode_mod._DECODES.jobs
         got = await asyncio.gather(*(decode_group(tok, ids) for ids in groups))
-        return got, group_mod._DECODES.jobs - before
+        return got, decode_mod._DECODES.jobs - before
 
     got, jobs = asyncio.run(main())
     assert got == want
@@ -51,11 +51,11 @@ def test_groups_of_later_turns_go_as_later_jobs(tok):
     want = [[tok.decode(t, skip_special_tokens=True) for t in ids] for ids in groups]
 
     async def main():
-        before = group_mod._DECODES.jobs
+        before = decode_mod._DECODES.jobs
         got = []
         for ids in groups:  # one at a time: each waits for its texts before the next asks
             got.append(await decode_group(tok, ids))
-        return got, group_mod._DECODES.jobs - before
+        return got, decode_mod._DECODES.jobs - before
 
     got, jobs = asyncio.run(main())
     assert got == want and jobs == len(groups)
