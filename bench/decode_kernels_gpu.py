@@ -15,9 +15,12 @@ Printed side by side in one run; never a test assertion.
 - `--sweep`: `gate_up_silu` at a grid of explicit tiles (the fastest printed), and each decode
   projection (QKV, output, gate/up, down, LM head) by cuBLAS against the kernel Inductor's
   `max-autotune-no-cudagraphs` picks for that one shape.
+- Decode attention: `decode_attention.rope_store_attend` at the Qwen2.5-0.5B head shape,
+  positions spread around 192, at each tile of `decode_attention.TILES`.
 - In-step sampling: `fused_sampling.sample_plain_fused` over [rows, vocab] bf16 logits at
-  several first-pass shapes (programs per row, CDF blocks per inner step, warps), and the
-  compiled `sampling.sample_plain` for reference.
+  several first-pass shapes (programs per row, CDF blocks per inner step, warps), every row
+  greedy (the arg-max reductions run too), and the compiled `sampling.sample_plain` for
+  reference.
 """
 
 from __future__ import annotations
@@ -161,6 +164,46 @@ def sampling(rows: int) -> None:
         report(f"fused, {splits} programs/row, {chunk} blocks/step, {warps} warps{'' if same else ' (DIFFERS)'}",
                us, nbytes)
     fused_sampling.SPLITS, fused_sampling.CHUNK_BLOCKS, fused_sampling.STATS_WARPS = default
+    every = torch.ones(rows, dtype=torch.bool, device="cuda")  # the arg-max reductions too
+    report("fused, default, every row greedy", device_us(lambda: fused_sampling.sample_plain_fused(logits, t, every, u)),
+           nbytes)
+
+
+def attention(rows: int, mean_position: int = 192) -> None:
+    """The RoPE + cache-write + attention kernel at the Qwen2.5-0.5B head shape, positions spread
+    evenly around `mean_position` (generation_gpu.py's mean at 64 + 256 / 2), at each tile of
+    `decode_attention.TILES` (the first is the default)."""
+    from rl_core.generation.native import decode_attention
+
+    heads, kv_heads, dim, length = 14, 2, 64, 512
+    gen = torch.Generator(device="cuda").manual_seed(rows)
+    qkv = torch.randn(rows, heads + 2 * kv_heads, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    cos, sin = torch.randn(2, rows, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    positions = torch.linspace(mean_position // 3, 5 * mean_position // 3, rows, device="cuda").long()
+    # Five layers' caches, called in turn, so that a call does not find its keys in L2 (as in a step,
+    # where 24 layers' weights and caches pass through between two calls of one layer).
+    caches = [(torch.randn(rows, kv_heads, length, dim, device="cuda", dtype=torch.bfloat16, generator=gen),
+               torch.randn(rows, kv_heads, length, dim, device="cuda", dtype=torch.bfloat16, generator=gen))
+              for _ in range(5)]
+    nbytes = int(positions.sum()) * kv_heads * dim * 2 * 2  # keys and values read
+    print(f"Decode attention, rows {rows}, positions {int(positions.min())}..{int(positions.max())} "
+          f"(KV bytes read per call)")
+
+    def call(**kw):
+        turn = [0]
+
+        def once():
+            k_cache, v_cache = caches[turn[0] % len(caches)]
+            turn[0] += 1
+            return decode_attention.rope_store_attend(qkv, cos, sin, positions, k_cache, v_cache, heads, kv_heads,
+                                                      **kw)
+        return once
+
+    ref = call()()
+    for tile in decode_attention.TILES:
+        same = float((call(tile=tile)().float() - ref.float()).abs().max()) < 0.05
+        report(f"tile {tile} (keys a step, warps, stages){'' if same else ' (DIFFERS)'}", device_us(call(tile=tile)),
+               nbytes)
 
 
 def main() -> None:
@@ -176,6 +219,7 @@ def main() -> None:
     for rows in args.rows:
         if not args.only_sweep:
             mlp(rows)
+            attention(rows)
             sampling(rows)
         if args.sweep or args.only_sweep:
             sweep_gate_up(rows)

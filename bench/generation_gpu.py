@@ -89,8 +89,38 @@ def make_engine(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, 
         decode_mlp="fused" if attention == "fused+mlp" else "torch"))
 
 
+IDLE_STEPS = 48  # decode steps profiled by --idle
+
+
+def device_idle(engine, rows: list, params, steps: int = IDLE_STEPS) -> dict:
+    """The device's idle time over `steps` decode steps of a fresh run (torch.profiler), split
+    into gaps of >= 5 us (the device waiting for the host: the step is host-bound there) and the
+    shorter ones (mostly between the kernels of a graph replay), with the host code the long
+    gaps are charged to (train_step_profile.device_gaps)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from rl_core.types import GenerationRequest, SamplingParams
+    from train_step_profile import device_gaps
+
+    short = SamplingParams(temperature=params.temperature, max_tokens=steps + 8)
+    for i, p in enumerate(rows):
+        engine.add_request(GenerationRequest(f"idle{i}", p, short))
+    for _ in range(8):  # prefill and the first decode steps outside the window
+        engine.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+    while engine.has_work():
+        engine.step()
+    gaps = device_gaps(prof, top=4, min_us=5.0)
+    return {"idle_ms": gaps["idle_ms"] / steps, "short_ms": gaps["short_ms"] / steps, "span_ms": gaps["span_ms"] / steps,
+            "intervals": gaps["intervals"], "charged": gaps["innermost"]}
+
+
 def run_native(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, compile: bool, overlap: bool,
-               repeats: int, attention: str = "torch") -> dict:
+               repeats: int, attention: str = "torch", idle: bool = False) -> dict:
     from rl_core.types import GenerationRequest, SamplingParams
 
     batch = prompts.shape[0]
@@ -117,6 +147,8 @@ def run_native(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, c
            "decode_tok_s": batch / (step_ms / 1e3) if decode else float("nan"),
            "graphs": engine.decoder.num_graphs if engine.decoder is not None else 0,
            "kv_gib": engine.cache.nbytes / 2**30, "build_s": first - built, "warmup_s": warmup_s}
+    if idle:
+        out["idle"] = device_idle(engine, rows, params)
     engine = None  # free the cache and graphs before empty_cache()
     torch.cuda.empty_cache()
     return out
@@ -238,6 +270,11 @@ def main() -> None:
                         help="at the first batch size, break one decode step down (replay / sampling / host) and "
                              "print a torch.profiler table")
     parser.add_argument("--out", default=None, help="directory for profiler tables and traces")
+    parser.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                        help="run only these configurations, named as printed (e.g. graph+compile+overlap+fused+mlp)")
+    parser.add_argument("--idle", action="store_true",
+                        help=f"also profile {IDLE_STEPS} decode steps of each configuration: the device's idle time per step, "
+                             "gaps of >= 5 us (the device waiting for the host) apart from shorter ones")
     args = parser.parse_args()
     assert torch.cuda.is_available(), "this benchmark needs a CUDA device"
 
@@ -264,6 +301,17 @@ def main() -> None:
         configs += [c[:4] + ("fused",) for c in configs if c[0] != "eager" and c[1] == "auto"]
         if args.fused_mlp:
             configs += [c[:4] + ("fused+mlp",) for c in configs if c[4] == "fused"]
+    def name_of(path, compiled, overlap, attention) -> str:
+        return (path + ("+compile" if compiled else "") + ("+overlap" if overlap else "")
+                + ("" if attention == "torch" else "+" + attention))
+
+    if args.only:
+        names = {name_of(c[0], c[2], c[3], c[4]) for c in configs}
+        unknown = sorted(set(args.only) - names)
+        if unknown:
+            parser.error(f"--only {' '.join(unknown)}: not among this run's configurations {sorted(names)} "
+                         "(add --compile / --overlap / --fused / --fused-mlp to include them)")
+        configs = [c for c in configs if name_of(c[0], c[2], c[3], c[4]) in args.only]
     for batch in args.batch_sizes:
         gen = torch.Generator(device="cuda").manual_seed(batch)
         prompts = torch.randint(0, cfg.vocab_size, (batch, args.prompt_len), device="cuda", generator=gen)
@@ -278,15 +326,21 @@ def main() -> None:
         if hf is not None:
             print(f"  transformers generate(): {hf['tok_s']:>10,.0f} tok/s ({hf['seconds']:.2f} s)")
         for path, kv, compiled, overlap, attention in configs:
-            m = run_native(model, cfg, prompts, args.new_tokens, path, kv, compiled, overlap, args.repeats, attention)
+            m = run_native(model, cfg, prompts, args.new_tokens, path, kv, compiled, overlap, args.repeats, attention,
+                           idle=args.idle)
             ratio = f", {m['tok_s'] / hf['tok_s']:.1f}x generate()" if hf is not None else ""
             frac = ", ".join(f"{m['decode_tok_s'] / v:.1%} of {k}" for k, v in roofs.items())
-            name = (path + ("+compile" if compiled else "") + ("+overlap" if overlap else "")
-                    + ("" if attention == "torch" else "+" + attention))
+            name = name_of(path, compiled, overlap, attention)
             print(f"  native {name:<28} kv {kv:<8}: {m['tok_s']:>10,.0f} tok/s end to end{ratio}; decode step "
                   f"{m['step_ms']:.2f} ms = {m['decode_tok_s']:,.0f} tok/s ({frac}); graphs {m['graphs']}, "
                   f"KV cache {m['kv_gib']:.2f} GiB; build {m['build_s']:.1f} s, first run {m['warmup_s']:.1f} s",
                   flush=True)
+            if "idle" in m:
+                g = m["idle"]
+                charged = "; ".join(f"{n} {ms / IDLE_STEPS:.3f}" for n, ms in g["charged"])
+                print(f"    device per decode step ({IDLE_STEPS} profiled): span {g['span_ms']:.3f} ms, idle in gaps >= 5 us "
+                      f"{g['idle_ms']:.3f} ms ({g['intervals']} gaps; charged per step to: {charged}), shorter gaps "
+                      f"{g['short_ms']:.3f} ms", flush=True)
             if (args.profile and path == "graph" and kv == "auto" and (not overlap or args.only_fastest)
                     and batch == args.batch_sizes[0]):  # profiled without overlap (its own engine)
                 b = profile_decode(model, cfg, prompts, args.new_tokens, path, compiled, args.out, attention)

@@ -77,13 +77,14 @@ def profile_step(trainer, loss, c, device: str, top: int = 12) -> dict:
             "gaps": device_gaps(prof, top) if cuda else None}
 
 
-def device_gaps(prof, top: int = 12) -> dict:
+def device_gaps(prof, top: int = 12, min_us: float = 0.0) -> dict:
     """Where the device sits idle in the profiled step: every interval between the end of the kernels
     so far and the start of the next kernel (or copy) is charged to the host code that launched that
     next kernel, found through the launch's correlation id and the CPU ranges open on the launching
     thread at the launch (outermost: the step phase; then the first operator or range inside it; and
     the innermost operator). An idle interval is the host being late: Python, hooks, dispatch, or a
-    synchronisation after which the queue had to refill."""
+    synchronisation after which the queue had to refill. Intervals shorter than `min_us` are only
+    summed (`short_ms`): inside a CUDA graph replay they are the device's own launch latency."""
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     try:
@@ -101,10 +102,13 @@ def device_gaps(prof, top: int = 12) -> dict:
             ranges.setdefault(e["tid"], []).append(e)
     # the idle intervals, each with the launch event of the kernel that ended it
     idle = []
+    short = 0.0
     end = None
     for k in device:
-        if end is not None and k["ts"] > end:
+        if end is not None and k["ts"] - end >= max(min_us, 1e-9):
             idle.append((k["ts"] - end, launches.get(k.get("args", {}).get("correlation"))))
+        elif end is not None and k["ts"] > end:
+            short += k["ts"] - end
         end = k["ts"] + k["dur"] if end is None else max(end, k["ts"] + k["dur"])
     # the ranges open at each launch, per thread, by a sweep over the (properly nested) ranges
     stacks: dict[int, list] = {}
@@ -136,7 +140,7 @@ def device_gaps(prof, top: int = 12) -> dict:
                           ("innermost", names[-1] if names else "-")):
             by[key][name[:110]] = by[key].get(name[:110], 0.0) + us / 1e3
     span = (device[-1]["ts"] + device[-1]["dur"] - device[0]["ts"]) / 1e3 if device else 0.0
-    return {"idle_ms": sum(us for us, _ in idle) / 1e3, "span_ms": span, "intervals": len(idle),
+    return {"idle_ms": sum(us for us, _ in idle) / 1e3, "short_ms": short / 1e3, "span_ms": span, "intervals": len(idle),
             **{key: sorted(v.items(), key=lambda kv: -kv[1])[:top] for key, v in by.items()}}
 
 

@@ -13,8 +13,9 @@ import sys
 
 import torch
 
+from rl_core.generation.native.fused_stack import decode_layer_fused
 from rl_core.generation.native.kv_cache import KVCache
-from rl_core.generation.native.model import CausalLM, ModelSpec, decode_layer, decode_layer_fused
+from rl_core.generation.native.model import CausalLM, ModelSpec, decode_layer
 
 
 def compare(device: str, dtype: torch.dtype, heads: int = 8, kv_heads: int = 2, head_dim: int = 16,

@@ -40,22 +40,28 @@ def check(dtype: torch.dtype, gaps: tuple[float, float]) -> None:
 
 
 def engine_gap(device: str) -> dict:
-    """Greedy tokens and logprobs of two static-path engines with the fused attention kernel,
-    one with the fused MLP kernel: whether the tokens agree, and the largest logprob gap."""
+    """Greedy tokens and logprobs of three static-path engines: the torch attention (each layer
+    `decode_layer`, then the final norm) and two through the fused stack (fused_stack.py: the
+    fused attention kernel, residual adds joined to the next norm), one with the fused MLP
+    kernel. Whether each fused engine's tokens equal the torch engine's, and the largest
+    logprob gap."""
     from tests.helpers.engine_models import make_engine, prompts, run, tiny_model
     from rl_core.types import GenerationRequest, SamplingParams
 
     model = tiny_model("qwen2", 0, 0.3, max_positions=64).to(device)
     reqs = [GenerationRequest(str(i), p, SamplingParams(greedy=True, max_tokens=6 + i)) for i, p in
             enumerate(prompts(5, seed=3))]
-    kw = dict(device=device, decode_path="static", decode_attention="fused", max_batch_size=4)
+    kw = dict(device=device, decode_path="static", max_batch_size=4)
     ref = run(make_engine(model, **kw), reqs)
-    engine = make_engine(model, decode_mlp="fused", **kw)
-    got = run(engine, reqs)
-    assert engine.decoder.fused_mlp
-    same = all(got[r.request_id].token_ids == ref[r.request_id].token_ids for r in reqs)
-    gap = max(abs(a - b) for r in reqs for a, b in zip(got[r.request_id].logprobs, ref[r.request_id].logprobs))
-    return {"same_tokens": same, "logprob_gap": gap}
+    out = {}
+    for name, extra in (("attention", {}), ("mlp", {"decode_mlp": "fused"})):
+        engine = make_engine(model, decode_attention="fused", **kw, **extra)
+        got = run(engine, reqs)
+        assert engine.decoder.fused_attention and engine.decoder.fused_mlp == (name == "mlp")
+        out[name] = {"same_tokens": all(got[r.request_id].token_ids == ref[r.request_id].token_ids for r in reqs),
+                     "logprob_gap": max(abs(a - b) for r in reqs for a, b in
+                                        zip(got[r.request_id].logprobs, ref[r.request_id].logprobs))}
+    return out
 
 
 if __name__ == "__main__":  # one JSON line per comparison (the unit test runs this under TRITON_INTERPRET=1)

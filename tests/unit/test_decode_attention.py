@@ -63,8 +63,8 @@ def test_fused_gate_up_silu_equals_the_eager_mlp_in_the_interpreter():
     lines = _interpreted("tests.helpers.fused_mlp_check")
     for line in lines[:-1]:
         check_mlp(getattr(torch, line["dtype"]), tuple(line["gaps"]))
-    engine = lines[-1]["engine"]
-    assert len(lines) == 7 and engine["same_tokens"] and engine["logprob_gap"] < 1e-4, lines
+    engines = lines[-1]["engine"]  # float32 engines through the fused stack against the torch attention's
+    assert len(lines) == 7 and all(e["same_tokens"] and e["logprob_gap"] < 1e-4 for e in engines.values()), lines
 
 
 def test_decode_mlp_option_errors_name_the_field_and_the_fix():

@@ -37,7 +37,14 @@ import torch
 
 from rl_core.generation.native.triton_support import interpreting, tl, triton
 
-BLOCK_KEYS = 64  # cached keys per inner step of a program
+# The kernel's launch: (keys per inner step, warps, pipeline stages). Timed side by side on the
+# H200 (bench/decode_kernels_gpu.py, 2026-12-03, positions 64..320): at 256 slots none of `TILES`
+# beat (64, 4, 3) (12.3-12.8 us; the others 12.5-17.4 us), so the kernel is not autotuned; at 64
+# slots (128, 4, 3) was 0.2 us faster, within the noise. Splitting a slot's keys over several
+# programs with a merge kernel (Flash-Decoding's split-KV) took 2.1x (64 keys a program) and 1.4x
+# (128) as long at 256 slots, and 1.7x / 1.3x at 64: not kept.
+TILE = (64, 4, 3)
+TILES = [(64, 4, 3), (64, 4, 2), (128, 4, 3), (128, 8, 3), (32, 4, 3), (32, 2, 3), (64, 2, 3), (128, 4, 2)]
 
 
 def check_supported(device: torch.device, dtype: torch.dtype, head_dim: int, fp8_cache: bool) -> str | None:
@@ -125,12 +132,14 @@ if triton is not None:
 
 
 def rope_store_attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                      k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
+                      k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int, kv_heads: int,
+                      tile: tuple[int, int, int] | None = None) -> torch.Tensor:
     """qkv [S, heads + 2 kv_heads, D] (the QKV projection of one token per slot, biases
     added), cos/sin [S, 1, D] or [S, D] (RoPE rows of each slot's position, `sin` signed as
     in `CausalLM._rope_tables`), positions [S] long, one layer's k/v cache [slots >= S,
     kv_heads, L, D] (updated in place at (s, positions[s])). Returns the attention output
-    [S, heads * D] in qkv's dtype."""
+    [S, heads * D] in qkv's dtype. `tile` = (keys per inner step, warps, pipeline stages),
+    default `TILE`, is for benchmarks."""
     rows, _, dim = qkv.shape
     group = heads // kv_heads
     qkv = qkv.contiguous()
@@ -142,11 +151,13 @@ def rope_store_attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, p
     out = qkv.new_empty(rows, heads * dim)
     if rows == 0:
         return out
+    block_n, warps, stages = tile or TILE
     _rope_store_attend_kernel[(rows, kv_heads)](
         qkv, cos, sin, positions, k_cache, v_cache, out,
         qkv.stride(0), qkv.stride(1), cos.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0),
         dim ** -0.5,
         HEADS=heads, KV_HEADS=kv_heads, GROUP=group, BLOCK_GROUP=max(16, triton.next_power_of_2(group)),
-        DIM=dim, BLOCK_N=BLOCK_KEYS, IEEE=qkv.dtype == torch.float32 or interpreting(), num_warps=4)
+        DIM=dim, BLOCK_N=block_n, IEEE=qkv.dtype == torch.float32 or interpreting(), num_warps=warps,
+        num_stages=stages)
     return out

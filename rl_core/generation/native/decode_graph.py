@@ -17,7 +17,6 @@ See docs/generation.md, "Decode paths and CUDA graphs", for what each path runs 
 from __future__ import annotations
 
 import bisect
-import functools
 from typing import Sequence
 
 import torch
@@ -25,8 +24,8 @@ import torch
 from rl_core.generation.native import fused_sampling
 from rl_core.generation.native.fused_sampling import sample_plain_fused
 from rl_core.generation.native.kv_cache import KVCache
-from rl_core.generation.native.model import (CausalLM, attention_input, attention_output_mlp, attention_output_norm,
-                                             decode_layer, decode_layer_fused, fused_mlp_after, mlp_down)
+from rl_core.generation.native.fused_stack import FusedStack
+from rl_core.generation.native.model import CausalLM, decode_layer
 from rl_core.generation.native.sampling import sample_plain
 
 DEFAULT_KEY_BUCKET_MIN = 64
@@ -85,18 +84,12 @@ def _compiled(fn, fullgraph: bool = True, unfused_residual: bool = False):
 
 
 def _layer_function(compile: bool, fused_attention: bool, fused_mlp: bool = False):
-    """What `decode_slots` runs per layer: None (eager `decode_layer`), the compiled
-    `decode_layer`, or `decode_layer_fused` with eager or compiled projections around its
-    kernel (and, with `fused_mlp`, the gate/up kernel of fused_mlp.py between them)."""
-    if not fused_attention:
-        return _compiled(decode_layer) if compile else None
-    if fused_mlp:
-        after = (fused_mlp_after(_compiled(attention_output_norm, unfused_residual=True), _compiled(mlp_down)) if compile
-                 else fused_mlp_after())
-    else:
-        after = _compiled(attention_output_mlp) if compile else attention_output_mlp
-    return functools.partial(decode_layer_fused, before=_compiled(attention_input) if compile else attention_input,
-                             after=after)
+    """What `decode_slots` runs: None (eager `decode_layer` per layer), the compiled
+    `decode_layer`, or for fused attention a `FusedStack` of all layers, its element-wise parts
+    compiled with `compile` (and, with `fused_mlp`, the gate/up kernel of fused_mlp.py)."""
+    if fused_attention:
+        return FusedStack(fused_mlp, _compiled if compile else None)
+    return _compiled(decode_layer) if compile else None
 
 
 class DecodeRunner:
@@ -134,10 +127,10 @@ class DecodeRunner:
     runs fused too: on CUDA as the two Triton kernels of fused_sampling.py (the logits read
     about once), elsewhere as `sample_plain` through torch.compile.
 
-    Fused attention (`fused_attention=True`): layers run `model.decode_layer_fused`, whose
-    RoPE, cache write and attention are one Triton kernel (decode_attention.py) reading each
-    slot's keys up to its own position; with `compile`, the projections before and after it
-    are the compiled parts."""
+    Fused attention (`fused_attention=True`): the layers run as a `fused_stack.FusedStack`,
+    whose RoPE, cache write and attention are one Triton kernel (decode_attention.py) reading
+    each slot's keys up to its own position, and whose residual adds join the next norm; with
+    `compile`, its element-wise parts are compiled."""
 
     def __init__(self, model: CausalLM, cache: KVCache, use_graphs: bool,
                  slot_sizes: Sequence[int] | None = None, key_sizes: Sequence[int] | None = None,
@@ -267,8 +260,9 @@ class DecodeRunner:
         return self._sample_graphs[(s, k)]
 
     def _forward(self, s: int, k: int) -> torch.Tensor:
+        stack = self._layer_fn if isinstance(self._layer_fn, FusedStack) else None
         return self.model.decode_slots(self.input_ids[:s], self.positions[:s], self.cache, k, self.slot_index,
-                                       self.key_index, layer_fn=self._layer_fn)
+                                       self.key_index, layer_fn=None if stack else self._layer_fn, stack=stack)
 
     def _capture(self, s: int, k: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         # The static buffers already hold this step's inputs, so the warm-up writes exactly

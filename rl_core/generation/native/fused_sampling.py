@@ -7,9 +7,9 @@ the CUDA-graph decode step. The unfused `sample_plain` makes several full passes
 read about once:
 
 1. `_block_stats_kernel`, grid (rows, splits): for every block of `sampling.CDF_BLOCK`
-   tokens, the block's maximum of x / T and the sum of exp(x / T - that maximum), plus
-   each split's arg-max of the raw logits (first index on ties), into small scratch
-   tensors.
+   tokens, the block's maximum of x / T and the sum of exp(x / T - that maximum), plus,
+   for greedy rows only, each split's arg-max of the raw logits (first index on ties),
+   into small scratch tensors (a sampled row's arg-max entries stay -inf / 0, unread).
 2. `_select_kernel`, grid (rows,): the row's log-partition log Z = m + log(sum over blocks
    of sum_b * exp(max_b - m)) (the usual max-shifted log-sum-exp, combined blockwise),
    the block probabilities sum_b * exp(max_b - log Z), their cumulative sum in float64,
@@ -46,12 +46,13 @@ def available(device: torch.device) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _block_stats_kernel(logits, stride_row, temperature, block_max, block_sum, split_max, split_arg,
+    def _block_stats_kernel(logits, stride_row, temperature, greedy, block_max, block_sum, split_max, split_arg,
                             vocab, num_blocks, blocks_per_split,
                             BLOCK: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr):
         row = tl.program_id(0)
         split = tl.program_id(1)
         t = tl.load(temperature + row)
+        is_greedy = tl.load(greedy + row) != 0
         first = split * blocks_per_split
         last = tl.minimum(first + blocks_per_split, num_blocks)
         lanes = tl.arange(0, BLOCK)
@@ -69,18 +70,19 @@ if triton is not None:
             s = tl.sum(tl.exp(y - m_safe[:, None]), axis=1)
             tl.store(block_max + row * num_blocks + b, m, mask=in_range)
             tl.store(block_sum + row * num_blocks + b, s, mask=in_range)
-            # Arg-max of the chunk without a reshape: the first block holding the chunk's maximum,
-            # then the first index inside it.
-            row_best = tl.max(x, axis=1)
-            row_arg = tl.argmax(x, axis=1, tie_break_left=True)
-            chunk_best = tl.max(row_best, axis=0)
-            first_block = tl.argmax(row_best, axis=0, tie_break_left=True)
-            lane = tl.arange(0, CHUNK)
-            inside = tl.sum(tl.where(lane == first_block, row_arg, 0), axis=0)
-            chunk_arg = (start + first_block) * BLOCK + inside
-            take = chunk_best > best  # strictly: an earlier chunk keeps a tie
-            best_arg = tl.where(take, chunk_arg, best_arg)
-            best = tl.where(take, chunk_best, best)
+            if is_greedy:  # only greedy rows read the arg-max: sampled rows skip two of four reductions
+                # Arg-max of the chunk without a reshape: the first block holding the chunk's maximum,
+                # then the first index inside it.
+                row_best = tl.max(x, axis=1)
+                row_arg = tl.argmax(x, axis=1, tie_break_left=True)
+                chunk_best = tl.max(row_best, axis=0)
+                first_block = tl.argmax(row_best, axis=0, tie_break_left=True)
+                lane = tl.arange(0, CHUNK)
+                inside = tl.sum(tl.where(lane == first_block, row_arg, 0), axis=0)
+                chunk_arg = (start + first_block) * BLOCK + inside
+                take = chunk_best > best  # strictly: an earlier chunk keeps a tie
+                best_arg = tl.where(take, chunk_arg, best_arg)
+                best = tl.where(take, chunk_best, best)
         one = tl.arange(0, 1)
         tl.store(split_max + row * SPLITS + split + one, best)
         tl.store(split_arg + row * SPLITS + split + one, best_arg)
@@ -145,10 +147,11 @@ def sample_plain_fused(logits: torch.Tensor, temperature: torch.Tensor, greedy: 
     if rows == 0:
         return tokens, logprobs
     temperature = temperature.to(torch.float32).contiguous()
-    _block_stats_kernel[(rows, SPLITS)](logits, logits.stride(0), temperature, block_max, block_sum, split_max,
+    greedy = greedy.to(torch.int8).contiguous()
+    _block_stats_kernel[(rows, SPLITS)](logits, logits.stride(0), temperature, greedy, block_max, block_sum, split_max,
                                         split_arg, vocab, num_blocks, per_split,
                                         BLOCK=CDF_BLOCK, CHUNK=CHUNK_BLOCKS, SPLITS=SPLITS, num_warps=STATS_WARPS)
-    _select_kernel[(rows,)](logits, logits.stride(0), temperature, greedy.to(torch.int8).contiguous(),
+    _select_kernel[(rows,)](logits, logits.stride(0), temperature, greedy,
                             uniform.to(torch.float64).clamp(max=1.0 - 2.0**-40), block_max, block_sum, split_max, split_arg,
                             tokens, logprobs, vocab, num_blocks,
                             BLOCK=CDF_BLOCK, BLOCKS_PAD=triton.next_power_of_2(num_blocks), SPLITS=SPLITS,

@@ -142,7 +142,7 @@ def _fused(sizes: list[int], in_features: int, bias: bool, device,
     return weight, fused_bias, parts
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm (Zhang & Sennrich 2019) in fp32, cast back, then `weight *` as in HF."""
     return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
@@ -155,7 +155,7 @@ class RMSNorm(Weight):
         self.dim, self.eps = dim, eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _rms_norm(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -243,7 +243,7 @@ def decode_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: t
 def attention_input(x: torch.Tensor, ln1: torch.Tensor, qkv_w: torch.Tensor, qkv_b: torch.Tensor | None,
                     eps: float) -> torch.Tensor:
     """The fused QKV projection of the normed input [S, hidden] -> [S, (heads + 2 kv_heads) * D]."""
-    return F.linear(_rms_norm(x, ln1, eps), qkv_w, qkv_b)
+    return F.linear(rms_norm(x, ln1, eps), qkv_w, qkv_b)
 
 
 def attention_output_mlp(x: torch.Tensor, out: torch.Tensor, weights: tuple[torch.Tensor | None, ...],
@@ -259,49 +259,12 @@ def attention_output_norm(x: torch.Tensor, out: torch.Tensor, o_w: torch.Tensor,
                           ln2: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """x + o_proj(out), and that normed for the MLP."""
     x = x + F.linear(out, o_w, o_b)
-    return x, _rms_norm(x, ln2, eps)
+    return x, rms_norm(x, ln2, eps)
 
 
 def mlp_down(x: torch.Tensor, gated: torch.Tensor, down_w: torch.Tensor, down_b: torch.Tensor | None) -> torch.Tensor:
     """x + down_proj(silu(gate) * up)."""
     return x + F.linear(gated, down_w, down_b)
-
-
-def fused_mlp_after(output_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]] = attention_output_norm,
-                    down: Callable[..., torch.Tensor] = mlp_down) -> Callable[..., torch.Tensor]:
-    """An `attention_output_mlp` whose gate/up projection and SiLU gate are the one Triton
-    kernel of fused_mlp.py; `output_norm` and `down` run the rest (the decode runner passes
-    compiled ones)."""
-    from rl_core.generation.native.fused_mlp import gate_up_silu
-
-    def after(x: torch.Tensor, out: torch.Tensor, weights: tuple[torch.Tensor | None, ...],
-              eps: float) -> torch.Tensor:
-        _, _, _, o_w, o_b, ln2, gate_up_w, gate_up_b, down_w, down_b = weights
-        x, normed = output_norm(x, out, o_w, o_b, ln2, eps)
-        return down(x, gate_up_silu(normed, gate_up_w, gate_up_b), down_w, down_b)
-
-    return after
-
-
-def decode_layer_fused(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
-                       positions: torch.Tensor, hidden: torch.Tensor, weights: tuple[torch.Tensor | None, ...],
-                       k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None,
-                       v_scale: torch.Tensor | None, *, heads: int, kv_heads: int, eps: float,
-                       before: Callable[..., torch.Tensor] = attention_input,
-                       after: Callable[..., torch.Tensor] = attention_output_mlp) -> torch.Tensor:
-    """`decode_layer` with RoPE, the cache write and attention in one Triton kernel
-    (decode_attention.py): same arguments and result up to float rounding. Row s must be
-    slot s (what `decode_slots` passes); keys are read up to each row's own position, so
-    `hidden` is not used; the cache must be in the model dtype (no FP8 scales). `before` /
-    `after` run the projections around the kernel (the decode runner passes compiled ones)."""
-    from rl_core.generation.native.decode_attention import rope_store_attend
-
-    if k_scale is not None or v_scale is not None:
-        raise ValueError("decode_layer_fused reads a cache in the model dtype; this cache is FP8-encoded")
-    n, dim = x.shape[0], cos.shape[-1]
-    qkv = before(x, weights[0], weights[1], weights[2], eps).view(n, heads + 2 * kv_heads, dim)
-    out = rope_store_attend(qkv, cos, sin, positions, k_cache, v_cache, heads, kv_heads)
-    return after(x, out, weights, eps)
 
 
 class MLP(nn.Module):
@@ -443,14 +406,16 @@ class CausalLM(nn.Module):
 
     def decode_slots(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, key_len: int,
                      slot_index: torch.Tensor, key_index: torch.Tensor,
-                     layer_fn: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
+                     layer_fn: Callable[..., torch.Tensor] | None = None,
+                     stack: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
         """Static-shape decode: token `input_ids[s]` at `positions[s]` of slot s for every s in
         0..S-1 (S = len(input_ids)), attending over positions 0..key_len-1 of its slot
         (`key_len` > every position). `slot_index` / `key_index` are arange tensors of at
         least S / key_len elements (kept by the caller so a captured graph allocates none).
         `layer_fn` runs one layer (default `decode_layer`; the decode runner passes a
-        `torch.compile`d `decode_layer`). Returns the logits [S, vocab] of every slot; rows
-        of idle slots are meaningless."""
+        `torch.compile`d `decode_layer`); `stack` instead runs all layers and the final norm
+        (fused_stack.FusedStack, under `decode_attention: fused`). Returns the logits [S, vocab]
+        of every slot; rows of idle slots are meaningless."""
         if self.spec.is_moe:
             raise ValueError("decode_slots (static/graph decode) runs dense models only; use decode_path 'eager' "
                              "for a mixture-of-experts model.")
@@ -462,13 +427,16 @@ class CausalLM(nn.Module):
         cos = self._cos[positions].unsqueeze(1)
         sin = self._sin[positions].unsqueeze(1)
         heads, kv_heads, eps = self.spec.num_heads, self.spec.num_kv_heads, self.spec.rms_norm_eps
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        if stack is not None:
+            norm = self.model.norm
+            return F.linear(stack(x, cos, sin, positions, self.decode_weights(), cache, norm.weight, norm.eps,
+                                  heads=heads, kv_heads=kv_heads, eps=eps), weight)
         for i, weights in enumerate(self.decode_weights()):
             k_scale, v_scale = cache.layer_scales(i)
             x = layer_fn(x, cos, sin, slots, positions, hidden, weights, cache.k[i], cache.v[i], k_scale, v_scale,
                          heads=heads, kv_heads=kv_heads, eps=eps)
-        x = self.model.norm(x)
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(x, weight)
+        return F.linear(self.model.norm(x), weight)
 
     def decode_weights(self) -> list[tuple[torch.Tensor | None, ...]]:
         """Per layer, the tensors `decode_layer` takes (in the order `decode_layer` documents). Parameters

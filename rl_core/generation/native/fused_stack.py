@@ -1,0 +1,115 @@
+"""The fused decode step's layer stack: each layer's closing residual add fused with the next norm.
+
+Owns: `FusedStack`, what `CausalLM.decode_slots` runs for all layers and the final norm under
+`decode_attention: fused`; `decode_layer_fused`, one such layer in `model.decode_layer`'s
+signature (the layer-level check of the tests); and the two pure functions whose compiled
+forms join a residual add to the norm after it (`down_add_norm`, `mlp_add_norm`).
+
+Per layer, from the input already normed: the QKV projection (one cuBLAS call, bias in its
+epilogue), the Triton RoPE + cache write + attention kernel (decode_attention.py), the output
+projection with its residual add fused into the post-attention norm, the MLP (the gate/up +
+SiLU Triton kernel of fused_mlp.py under `decode_mlp: fused`, else the torch MLP), and the down
+projection with its residual add fused into the *next* layer's input norm, or after the last
+layer into the model's final norm. Written layer by layer (`decode_layer`), a step ends each
+layer on an element-wise residual add and starts the next with an element-wise norm of the
+same [S, hidden] rows; compiled here, the two are one kernel, and the residual add is not
+turned into a cuBLAS beta-add that first copies the residual (`unfused_residual` of
+decode_graph._compiled). The roundings are the eager layer's: x is rounded to the model dtype
+by the add and normed from that (`emulate_precision_casts`).
+
+Does not own: the maths of the parts (model.py), the kernels (decode_attention.py,
+fused_mlp.py), compilation (decode_graph.py passes its compile function in), or when the
+fused step runs (decode_graph.py, from `generation.native.decode_attention` / `decode_mlp`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from rl_core.generation.native.kv_cache import KVCache
+from rl_core.generation.native.model import rms_norm, attention_output_norm, mlp_down
+
+
+def down_add_norm(x: torch.Tensor, gated: torch.Tensor, down_w: torch.Tensor, down_b: torch.Tensor | None,
+                  ln: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x + down_proj(gated), and that normed by `ln` (the next layer's input norm or the final
+    norm; None: the sum alone)."""
+    x = mlp_down(x, gated, down_w, down_b)
+    return x, None if ln is None else rms_norm(x, ln, eps)
+
+
+def mlp_add_norm(x: torch.Tensor, normed: torch.Tensor, gate_up_w: torch.Tensor, gate_up_b: torch.Tensor | None,
+                 down_w: torch.Tensor, down_b: torch.Tensor | None, ln: torch.Tensor | None,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The torch SwiGLU MLP of `normed` added to x, then `down_add_norm`'s norm."""
+    gate, up = F.linear(normed, gate_up_w, gate_up_b).chunk(2, dim=-1)
+    return down_add_norm(x, F.silu(gate) * up, down_w, down_b, ln, eps)
+
+
+def _plain(fn: Callable, **_) -> Callable:
+    return fn
+
+
+class FusedStack:
+    """The layers of a fused-attention decode step. `compile_fn(fn, unfused_residual=...)`
+    compiles the element-wise parts (decode_graph._compiled); None runs them eagerly (the CPU
+    tests, through Triton's interpreter)."""
+
+    def __init__(self, fused_mlp: bool, compile_fn: Callable | None = None):
+        c = compile_fn or _plain
+        self.fused_mlp = fused_mlp
+        self.norm = c(rms_norm)
+        self.output_norm = c(attention_output_norm, unfused_residual=True)
+        self.closing = c(down_add_norm if fused_mlp else mlp_add_norm, unfused_residual=True)
+        if fused_mlp:
+            from rl_core.generation.native.fused_mlp import gate_up_silu
+            self._gate_up = gate_up_silu
+
+    def layer(self, x: torch.Tensor, normed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              positions: torch.Tensor, weights: tuple[torch.Tensor | None, ...], k_cache: torch.Tensor,
+              v_cache: torch.Tensor, next_norm: torch.Tensor | None, *, heads: int, kv_heads: int, eps: float,
+              next_eps: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One layer from x and its normed input: (x after the layer, x normed by `next_norm`)."""
+        from rl_core.generation.native.decode_attention import rope_store_attend
+
+        _, qkv_w, qkv_b, o_w, o_b, ln2, gate_up_w, gate_up_b, down_w, down_b = weights
+        n, dim = x.shape[0], cos.shape[-1]
+        qkv = F.linear(normed, qkv_w, qkv_b).view(n, heads + 2 * kv_heads, dim)
+        out = rope_store_attend(qkv, cos, sin, positions, k_cache, v_cache, heads, kv_heads)
+        x, normed = self.output_norm(x, out, o_w, o_b, ln2, eps)
+        if self.fused_mlp:
+            return self.closing(x, self._gate_up(normed, gate_up_w, gate_up_b), down_w, down_b, next_norm, next_eps)
+        return self.closing(x, normed, gate_up_w, gate_up_b, down_w, down_b, next_norm, next_eps)
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                 layers: Sequence[tuple[torch.Tensor | None, ...]], cache: KVCache, final_norm: torch.Tensor,
+                 final_eps: float, *, heads: int, kv_heads: int, eps: float) -> torch.Tensor:
+        """Every layer over the embedded tokens x [S, hidden]; returns the final norm's output."""
+        if cache.fp8:
+            raise ValueError("the fused decode step reads a cache in the model dtype; this cache is FP8-encoded")
+        normed = self.norm(x, layers[0][0], eps)
+        last = len(layers) - 1
+        for i, weights in enumerate(layers):
+            nxt, nxt_eps = (layers[i + 1][0], eps) if i < last else (final_norm, final_eps)
+            x, normed = self.layer(x, normed, cos, sin, positions, weights, cache.k[i], cache.v[i], nxt,
+                                   heads=heads, kv_heads=kv_heads, eps=eps, next_eps=nxt_eps)
+        return normed
+
+
+def decode_layer_fused(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
+                       positions: torch.Tensor, hidden: torch.Tensor, weights: tuple[torch.Tensor | None, ...],
+                       k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None,
+                       v_scale: torch.Tensor | None, *, heads: int, kv_heads: int, eps: float,
+                       fused_mlp: bool = False) -> torch.Tensor:
+    """`model.decode_layer` through one eager `FusedStack` layer: same arguments and result up to
+    float rounding. Row s must be slot s; keys are read up to each row's own position, so
+    `hidden` and `slots` are not used; the cache must be in the model dtype (no FP8 scales)."""
+    if k_scale is not None or v_scale is not None:
+        raise ValueError("decode_layer_fused reads a cache in the model dtype; this cache is FP8-encoded")
+    stack = FusedStack(fused_mlp)
+    x, _ = stack.layer(x, rms_norm(x, weights[0], eps), cos, sin, positions, weights, k_cache, v_cache, None,
+                       heads=heads, kv_heads=kv_heads, eps=eps, next_eps=eps)
+    return x
