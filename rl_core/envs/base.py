@@ -7,7 +7,8 @@ Owns:
   * `prompt_ids` encodes the raw prompt text without special tokens, or, when the class
     sets `use_chat_template = True`, renders `messages(example)` through the tokenizer's
     chat template with the assistant turn opened; `prompt_ids_many` encodes a batch of
-    examples in one tokenizer call where that gives the same ids;
+    examples in one tokenizer call where that gives the same ids (a text seen before looked
+    up: `prompt_ids_cache`);
   * `score` checks `finish_reason`, masks aborted samples out of the loss (reward 0),
     and hands `score_completion` a `Completion` whose text has the end token removed and whose
     `ended` says whether the sample stopped on an end token;
@@ -44,6 +45,7 @@ import numpy as np
 
 from rl_core.envs import make_env, register_env, registered_envs  # noqa: F401  (the registry; also importable from here)
 from rl_core.columns import GroupScores
+from rl_core.envs.prompt_ids_cache import PromptIdsCache
 from rl_core.types import EnvResult
 
 FINISH_REASONS = ("stop", "length", "abort")
@@ -139,7 +141,9 @@ class BaseEnv(ABC):
         over a Rust `tokenizers.Tokenizer` (`_plain_encode_class`): its `encode(text)` is
         `_encode_plus` of the one text, `tokenizer(texts)` is `_encode_plus` of the list, the same
         Rust `encode_batch` per text with the same settings; one Python call per batch instead of
-        one per prompt (measured: docs/controller.md, "Ninth round"). An error of `prompt_text`
+        one per prompt (measured: docs/controller.md, "Ninth round"). A text encoded before (by
+        this environment, with the same tokenizer) is looked up instead (`PromptIdsCache`:
+        bounded, its memory documented there; "Eleventh round"). An error of `prompt_text`
         or the tokenizer propagates (the pump then lets each group encode, and fail, on its own)."""
         if (self.use_chat_template or type(self).prompt_ids is not BaseEnv.prompt_ids
                 or not _plain_encode_class(type(self.tokenizer))):
@@ -147,6 +151,13 @@ class BaseEnv(ABC):
         texts = [self.prompt_text(e) for e in examples]
         if not texts:
             return []
+        cache = self.__dict__.get("_prompt_ids_cache")
+        if cache is None:
+            cache = self._prompt_ids_cache = PromptIdsCache()
+        return cache.encode_many(self.tokenizer, texts, self._encode_texts)
+
+    def _encode_texts(self, texts: list[str]) -> list[list[int]]:
+        """The texts' ids in one call of the tokenizer (`prompt_ids_many`'s encode)."""
         return self.tokenizer(texts, add_special_tokens=False, return_attention_mask=False,
                               return_token_type_ids=False)["input_ids"]
 

@@ -1,0 +1,79 @@
+"""The ids a tokenizer gave each prompt text, kept for the next time the text is drawn.
+
+Owns: `PromptIdsCache`, a bounded map from a prompt text to the ids one tokenizer encoded it
+to, for `BaseEnv.prompt_ids_many` (the rollout pump's batch encode). A dataset's prompts come
+back every epoch (and a task's texts may repeat within one); the Rust encode costs ~6 us per
+short prompt at 1,000 prompts per step (docs/controller.md, "Eleventh round"), a lookup ~0.2 us.
+
+Memory: at most `max_ids` token ids held (8 bytes each, `array('q')`: 32 MiB at the default
+2**22) and `max_prompts` entries (the keys are the prompt strings the dataset's examples hold,
+not copies, where `prompt_text` returns them unchanged); past either bound the oldest entries
+go first (insertion order). A text longer than `max_ids` ids is never held.
+
+Exactness: a text's ids are the ids the same tokenizer gave it before, so the cache applies only
+while the tokenizer is the same object with the same vocabulary size (added tokens change the
+encoding: the cache is emptied then). A tokenizer changed in place otherwise (its normalizer,
+pre-tokenizer or model swapped) is not detected: an environment doing that encodes per
+prompt (`prompt_ids`).
+
+Does not own: when a batch may be encoded at all (`BaseEnv.prompt_ids_many`), or the tokenizer.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable
+
+
+class PromptIdsCache:
+    """text -> its ids (see the module docstring); `encode_many` is the one entry point."""
+
+    def __init__(self, max_ids: int = 1 << 22, max_prompts: int = 1 << 17):
+        self.max_ids = max_ids
+        self.max_prompts = max_prompts
+        self._ids: dict[str, array] = {}
+        self.held_ids = 0  # token ids held in all entries
+        self._tokenizer = None
+        self._vocab = -1
+        self.hits = self.misses = 0  # texts found / encoded so far (tests, benches)
+
+    def encode_many(self, tokenizer, texts: list[str], encode: Callable[[list[str]], list[list[int]]]
+                    ) -> list[list[int]]:
+        """Each text's ids as a fresh list, in order: held texts from the cache, the others
+        (each distinct one once) by one `encode(texts)` call, then held. `encode` must be the
+        tokenizer's batch encode; an error of it propagates and nothing is held from that call."""
+        vocab = len(tokenizer)
+        if tokenizer is not self._tokenizer or vocab != self._vocab:
+            self._ids.clear()
+            self.held_ids, self._tokenizer, self._vocab = 0, tokenizer, vocab
+        held = self._ids
+        found = list(map(held.get, texts))
+        missing = list(dict.fromkeys(t for t, a in zip(texts, found) if a is None))
+        self.misses += len(missing)
+        self.hits += len(texts) - len(missing)
+        if not missing:
+            return [a.tolist() for a in found]
+        fresh = dict(zip(missing, encode(missing)))
+        out, given = [], set()
+        for t, a in zip(texts, found):
+            if a is not None:
+                out.append(a.tolist())
+            elif t in given:  # a text twice in the batch: a list of its own each time
+                out.append(list(fresh[t]))
+            else:
+                given.add(t)
+                out.append(fresh[t])
+        for t, ids in fresh.items():
+            self._hold(t, ids)
+        return out
+
+    def _hold(self, text: str, ids: list[int]) -> None:
+        n = len(ids)
+        if n > self.max_ids:
+            return
+        held = self._ids
+        held[text] = array("q", ids)
+        self.held_ids += n
+        while self.held_ids > self.max_ids or len(held) > self.max_prompts:
+            oldest = next(iter(held))
+            self.held_ids -= len(held.pop(oldest))
