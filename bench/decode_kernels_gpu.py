@@ -213,14 +213,15 @@ def main() -> None:
                         help="also time gate_up_silu at a grid of explicit tiles, and the other projections "
                              "against Inductor's max-autotune (minutes: compiles every tile)")
     parser.add_argument("--only-sweep", action="store_true", help="the sweep alone")
+    parser.add_argument("--parts", nargs="+", choices=["mlp", "attention", "sampling"],
+                        default=["mlp", "attention", "sampling"], help="which kernels to time (default: all)")
     args = parser.parse_args()
     assert torch.cuda.is_available(), "this benchmark needs a CUDA device"
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     for rows in args.rows:
         if not args.only_sweep:
-            mlp(rows)
-            attention(rows)
-            sampling(rows)
+            for part in args.parts:
+                {"mlp": mlp, "attention": attention, "sampling": sampling}[part](rows)
         if args.sweep or args.only_sweep:
             sweep_gate_up(rows)
             projections(rows)

@@ -341,7 +341,7 @@ def main() -> None:
                 print(f"    device per decode step ({IDLE_STEPS} profiled): span {g['span_ms']:.3f} ms, idle in gaps >= 5 us "
                       f"{g['idle_ms']:.3f} ms ({g['intervals']} gaps; charged per step to: {charged}), shorter gaps "
                       f"{g['short_ms']:.3f} ms", flush=True)
-            if (args.profile and path == "graph" and kv == "auto" and (not overlap or args.only_fastest)
+            if (args.profile and path == "graph" and kv == "auto" and (not overlap or args.only_fastest or args.only)
                     and batch == args.batch_sizes[0]):  # profiled without overlap (its own engine)
                 b = profile_decode(model, cfg, prompts, args.new_tokens, path, compiled, args.out, attention)
                 print(f"    step breakdown at bucket {b['bucket']}: step {b['step_ms']:.3f} ms = graph replay "
