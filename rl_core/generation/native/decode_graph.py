@@ -143,7 +143,9 @@ class DecodeRunner:
         if fused_mlp and not fused_attention:
             raise ValueError("fused_mlp runs inside the fused-attention layer; pass fused_attention=True too")
         self.compiled, self.fused_attention, self.fused_mlp = compile, fused_attention, fused_mlp
-        self._layer_fn = _layer_function(compile, fused_attention, fused_mlp)
+        layers = _layer_function(compile, fused_attention, fused_mlp)
+        self._stack = layers if isinstance(layers, FusedStack) else None  # decode_slots' `stack`, or its `layer_fn`
+        self._layer_fn = None if self._stack else layers
         if compile:  # Triton kernels on CUDA (fused_sampling.py); compiled torch ops elsewhere
             self._sample_plain = sample_plain_fused if fused_sampling.available(device) else _compiled(
                 sample_plain, fullgraph=False)
@@ -260,9 +262,8 @@ class DecodeRunner:
         return self._sample_graphs[(s, k)]
 
     def _forward(self, s: int, k: int) -> torch.Tensor:
-        stack = self._layer_fn if isinstance(self._layer_fn, FusedStack) else None
         return self.model.decode_slots(self.input_ids[:s], self.positions[:s], self.cache, k, self.slot_index,
-                                       self.key_index, layer_fn=None if stack else self._layer_fn, stack=stack)
+                                       self.key_index, layer_fn=self._layer_fn, stack=self._stack)
 
     def _capture(self, s: int, k: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         # The static buffers already hold this step's inputs, so the warm-up writes exactly

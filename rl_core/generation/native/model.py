@@ -420,18 +420,17 @@ class CausalLM(nn.Module):
             raise ValueError("decode_slots (static/graph decode) runs dense models only; use decode_path 'eager' "
                              "for a mixture-of-experts model.")
         layer_fn = layer_fn or decode_layer
-        n = input_ids.shape[0]
-        slots = slot_index[:n]
-        hidden = key_index[:key_len][None, :] > positions[:, None]  # [S, K] True = not visible
         x = F.embedding(input_ids, self.model.embed_tokens.weight)
         cos = self._cos[positions].unsqueeze(1)
         sin = self._sin[positions].unsqueeze(1)
         heads, kv_heads, eps = self.spec.num_heads, self.spec.num_kv_heads, self.spec.rms_norm_eps
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        if stack is not None:
+        if stack is not None:  # keys are read up to each slot's position: no mask, no slot index
             norm = self.model.norm
             return F.linear(stack(x, cos, sin, positions, self.decode_weights(), cache, norm.weight, norm.eps,
                                   heads=heads, kv_heads=kv_heads, eps=eps), weight)
+        slots = slot_index[:input_ids.shape[0]]
+        hidden = key_index[:key_len][None, :] > positions[:, None]  # [S, K] True = not visible
         for i, weights in enumerate(self.decode_weights()):
             k_scale, v_scale = cache.layer_scales(i)
             x = layer_fn(x, cos, sin, slots, positions, hidden, weights, cache.k[i], cache.v[i], k_scale, v_scale,
