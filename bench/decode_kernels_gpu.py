@@ -17,6 +17,14 @@ Printed side by side in one run; never a test assertion.
   `max-autotune-no-cudagraphs` picks for that one shape.
 - Decode attention: `decode_attention.rope_store_attend` at the Qwen2.5-0.5B head shape,
   positions spread around 192, at each tile of `decode_attention.TILES`.
+- `--parts splitk`: the stack's output and down projections as split-K float32 partials summed
+  in one add + norm kernel (split_k.py), against cuBLAS (with its own split-K reduce) + the
+  compiled add + norm; each part alone (the add + norm at several launch shapes) and, with
+  `--sweep`, the partials at a grid of tiles.
+- `--parts tma`: the gate/up + SiLU kernel and the split-K down projection with their tiles
+  loaded through TMA descriptors (Hopper), at a grid of tiles, against the pointer loads and cuBLAS.
+- `--parts attention-probe`: the attention kernel at equal positions (as in a generation step)
+  against a kernel that only reads the same keys and values, and a torch sum of them.
 - In-step sampling: `fused_sampling.sample_plain_fused` over [rows, vocab] bf16 logits at
   several first-pass shapes (programs per row, CDF blocks per inner step, warps), every row
   greedy (the arg-max reductions run too), and the compiled `sampling.sample_plain` for
@@ -169,6 +177,140 @@ def sampling(rows: int) -> None:
            nbytes)
 
 
+try:  # the probe kernels below (CUDA builds of torch carry triton)
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+
+if triton is not None:
+
+    @triton.jit
+    def _kv_read_probe(positions, k_cache, v_cache, out, stride_slot, stride_head, stride_pos,
+                       DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+        """Reads what the attention kernel reads (keys and values 0..pos-1 of one slot and KV head, in
+        BLOCK_N-key tiles) and only sums them: the memory pipeline's floor for that access pattern."""
+        slot = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        pos = tl.load(positions + slot)
+        d = tl.arange(0, DIM)
+        base = slot * stride_slot + kv_head * stride_head
+        acc = tl.zeros([BLOCK_N, DIM], tl.float32)
+        for start in range(0, pos, BLOCK_N):
+            n = start + tl.arange(0, BLOCK_N)
+            offs = base + n[:, None] * stride_pos + d[None, :]
+            valid = (n < pos)[:, None]
+            acc += tl.load(k_cache + offs, mask=valid, other=0.0).to(tl.float32)
+            acc += tl.load(v_cache + offs, mask=valid, other=0.0).to(tl.float32)
+        tl.store(out + slot * 2 + kv_head, tl.sum(tl.sum(acc, axis=1), axis=0))
+
+
+
+def tma(rows: int) -> None:
+    """The TMA-loaded (Hopper) forms of the gate/up + SiLU kernel and the split-K partials at a grid of
+    tiles, against the pointer-loaded kernels and cuBLAS."""
+    import itertools
+
+    from rl_core.generation.native import fused_mlp, split_k
+    from rl_core.generation.native.triton_support import descriptor
+
+    x = torch.randn(rows, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2 * MLP, HIDDEN, device="cuda", dtype=torch.bfloat16) / HIDDEN ** 0.5
+    nbytes = w.numel() * 2 + x.numel() * 2 + rows * MLP * 2
+    ref = fused_mlp.gate_up_silu(x, w, None)
+    print(f"TMA kernels, rows {rows}")
+    report("cuBLAS gate/up projection alone", device_us(lambda: F.linear(x, w)), nbytes)
+    report("fused_mlp.gate_up_silu, pointer loads (autotuned)",
+           device_us(lambda: fused_mlp.gate_up_silu(x, w, None, tma=False)), nbytes)
+    report("fused_mlp.gate_up_silu, TMA at its tile", device_us(lambda: fused_mlp.gate_up_silu(x, w, None)), nbytes)
+    out = torch.empty_like(ref)
+    results = []
+    for bm, bn, bk, warps, stages in itertools.product((64, 128), (64, 128, 256), (64, 128), (4, 8), (3, 4)):
+        if (bm * bk + 2 * bn * bk) * 2 * stages > 220_000 or bm * bn * 2 > 128 * 256 or bm > max(64, rows):
+            continue
+        xd, gd, ud = descriptor(x, [bm, bk]), descriptor(w[:MLP], [bn, bk]), descriptor(w[MLP:], [bn, bk])
+        grid = (triton.cdiv(MLP, bn), triton.cdiv(rows, bm))
+
+        def call():
+            fused_mlp._gate_up_silu_tma_kernel[grid](xd, gd, ud, x, out, rows, MLP, HIDDEN, out.stride(0),
+                                                     HAS_BIAS=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                                                     STAGES=stages, PDL=False, num_warps=warps)
+        try:
+            call()
+            diff = float((out.float() - ref.float()).abs().max())
+            results.append((device_us(call), (bm, bn, bk, warps, stages), diff))
+        except Exception as exc:
+            print(f"    tile {(bm, bn, bk, warps, stages)}: {type(exc).__name__}: {str(exc)[:120]}")
+    results.sort()
+    print(f"  gate/up + SiLU with TMA: {len(results)} tiles ran; the fastest 6 (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)")
+    for us, cfg, diff in results[:6]:
+        report(f"  tile {cfg}, diff {diff:.3g}", us, nbytes)
+    # The split-K down projection.
+    a = torch.randn(rows, MLP, device="cuda", dtype=torch.bfloat16)
+    dw = torch.randn(HIDDEN, MLP, device="cuda", dtype=torch.bfloat16) / MLP ** 0.5
+    report("down: cuBLAS alone", device_us(lambda: F.linear(a, dw)), dw.numel() * 2)
+    report("down: split_k.partials at its tile", device_us(lambda: split_k.partials(a, dw, kind="down")),
+           dw.numel() * 2)
+    ref = F.linear(a, dw).float()
+    results = []
+    for bm, bn, bk, splits, warps, stages in itertools.product((64, 128), (64, 128), (64, 128), (2, 4, 8), (4, 8),
+                                                               (3, 4)):
+        if (bm * bk + bn * bk) * 2 * stages > 220_000 or bm > max(64, rows) or (bm == 128) != (warps == 8):
+            continue
+        tile = (bm, bn, bk, splits, warps, stages, True)
+        try:
+            diff = float((split_k.partials(a, dw, tile=tile).sum(0) - ref).abs().max())
+            results.append((device_us(lambda: split_k.partials(a, dw, tile=tile)), tile[:6], diff))
+        except Exception as exc:
+            print(f"    tile {tile}: {type(exc).__name__}: {str(exc)[:120]}")
+    results.sort()
+    print(f"  down partials with TMA: {len(results)} tiles ran; the fastest 6 (BLOCK_M, BLOCK_N, BLOCK_K, splits, "
+          "warps, stages)")
+    for us, cfg, diff in results[:6]:
+        report(f"  tile {cfg}, diff {diff:.3g}", us, dw.numel() * 2)
+
+
+def attention_probe(rows: int) -> None:
+    """Where the attention kernel's time goes: at equal positions (as in a generation step, where
+    every row has the same length), the kernel against a kernel that only reads the same keys and
+    values (`_kv_read_probe`) and a torch sum over the same bytes."""
+    from rl_core.generation.native import decode_attention
+
+    heads, kv_heads, dim, length = 14, 2, 64, 512
+    gen = torch.Generator(device="cuda").manual_seed(rows)
+    qkv = torch.randn(rows, heads + 2 * kv_heads, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    cos, sin = torch.randn(2, rows, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    caches = [(torch.randn(rows, kv_heads, length, dim, device="cuda", dtype=torch.bfloat16, generator=gen),
+               torch.randn(rows, kv_heads, length, dim, device="cuda", dtype=torch.bfloat16, generator=gen))
+              for _ in range(5)]
+    out = torch.empty(rows * kv_heads, device="cuda")
+
+    def cycling(fn):
+        turn = [0]
+
+        def once():
+            turn[0] += 1
+            return fn(*caches[turn[0] % len(caches)])
+        return once
+
+    for pos in (128, 192, 320):
+        positions = torch.full((rows,), pos, device="cuda", dtype=torch.long)
+        nbytes = rows * pos * kv_heads * dim * 2 * 2
+        print(f"Attention probe, rows {rows}, every position {pos} (KV bytes read per call)")
+        for tile in ((64, 4, 3), (128, 4, 3), (64, 4, 4), (64, 8, 3), (32, 4, 4)):
+            report(f"rope_store_attend, tile {tile}", device_us(cycling(
+                lambda k, v: decode_attention.rope_store_attend(qkv, cos, sin, positions, k, v, heads, kv_heads,
+                                                                tile=tile))), nbytes)
+        for block_n, warps, stages in ((64, 4, 3), (128, 4, 3), (64, 4, 4), (256, 8, 3)):
+            report(f"read-only probe, {block_n} keys a step, {warps} warps, {stages} stages", device_us(cycling(
+                lambda k, v: _kv_read_probe[(rows, kv_heads)](positions, k, v, out, k.stride(0), k.stride(1),
+                                                              k.stride(2), DIM=dim, BLOCK_N=block_n,
+                                                              num_warps=warps, num_stages=stages))), nbytes)
+        report("torch: sum of the same keys and values", device_us(cycling(
+            lambda k, v: torch.add(k[:, :, :pos].sum(dtype=torch.float32), v[:, :, :pos].sum(dtype=torch.float32)))),
+            nbytes)
+
+
 def attention(rows: int, mean_position: int = 192) -> None:
     """The RoPE + cache-write + attention kernel at the Qwen2.5-0.5B head shape, positions spread
     evenly around `mean_position` (generation_gpu.py's mean at 64 + 256 / 2), at each tile of
@@ -206,6 +348,78 @@ def attention(rows: int, mean_position: int = 192) -> None:
                nbytes)
 
 
+def _tile_sweep(call, ref, tiles, top: int = 5, label: str = "") -> list:
+    """Time `call(tile)` (float32 partials) at each tile; print the fastest `top` with the max |diff| of
+    their sum to `ref`."""
+    results = []
+    for tile in tiles:
+        try:
+            diff = float((call(tile).sum(0) - ref.float()).abs().max())
+            results.append((device_us(lambda: call(tile)), tile, diff))
+        except Exception as exc:  # out of shared memory or registers: not a candidate
+            print(f"    tile {tile}: {type(exc).__name__}")
+    results.sort()
+    print(f"  {label}: {len(results)} tiles ran; the fastest {top} (BLOCK_M, BLOCK_N, BLOCK_K, splits, warps, "
+          "stages; max |diff| to the reference)")
+    for us, tile, diff in results[:top]:
+        print(f"    {str(tile):<28} {us:8.2f} us   diff {diff:.3g}", flush=True)
+    return results
+
+
+def splitk(rows: int, sweep: bool = False) -> None:
+    """The output and down projections as split-K partials summed in the add + norm kernel
+    (split_k.py, what the fused stack runs) against cuBLAS + its reduce + the compiled add + norm.
+    `sweep`: the partials at a grid of tiles too (the fastest printed)."""
+    import itertools
+
+    from rl_core.generation.native import split_k
+    from rl_core.generation.native.decode_graph import _compiled
+    from rl_core.generation.native.fused_stack import down_add_norm, partials_add_norm
+    from rl_core.generation.native.model import attention_output_norm
+
+    eps = 1e-6
+    gen = torch.Generator(device="cuda").manual_seed(rows)
+
+    def rand(*shape, scale=1.0):
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=gen) * scale
+
+    x, ln = rand(rows, HIDDEN), rand(HIDDEN, scale=0.1) + 1
+    down_w, o_w = rand(HIDDEN, MLP, scale=MLP ** -0.5), rand(HIDDEN, HIDDEN, scale=HIDDEN ** -0.5)
+    gated, out = rand(rows, MLP), rand(rows, HIDDEN)
+    closing = _compiled(down_add_norm, unfused_residual=True)
+    output_norm = _compiled(attention_output_norm, unfused_residual=True)
+    compiled_sum = _compiled(partials_add_norm, unfused_residual=True)
+    bms = (64, 128) if rows > 64 else (16, 32, 64)
+
+    def tiles(splits, stages=(3, 4)):
+        for bm, bn, bk, s, st in itertools.product(bms, (32, 64, 128), (64, 128), splits, stages):
+            if (bm * bk + bk * bn) * 2 * st <= 200_000:
+                yield bm, bn, bk, s, 8 if bm == 128 else 4, st
+
+    print(f"Split-K projections, rows {rows} (float32 partials summed by the add + norm)")
+    for name, a, w, splits, stack_now in (("down", gated, down_w, (2, 4, 8), lambda: closing(x, gated, down_w, None, ln, eps)),
+                                          ("output", out, o_w, (1, 2, 4, 7), lambda: output_norm(x, out, o_w, None, ln, eps))):
+        nbytes = w.numel() * 2
+        report(f"{name}: cuBLAS alone", device_us(lambda: F.linear(a, w)), nbytes)
+        report(f"{name}: cuBLAS + compiled add + norm (SPLIT_K off)", device_us(stack_now), nbytes)
+        report(f"{name}: split_k.partials alone, default tile", device_us(lambda: split_k.partials(a, w, kind=name)),
+               nbytes)
+        parts = split_k.partials(a, w, kind=name)
+        ref_x, ref_n = partials_add_norm(x, parts, None, ln, eps)
+        for tile in ((1, 4), (2, 4), (1, 8), (4, 8)):
+            gx, gn = split_k.add_norm(x, parts, None, ln, eps, tile=tile)
+            diff = max(float((gx.float() - ref_x.float()).abs().max()), float((gn.float() - ref_n.float()).abs().max()))
+            report(f"{name}: split_k.add_norm alone, (rows, warps) {tile}, diff {diff:.3g}",
+                   device_us(lambda: split_k.add_norm(x, parts, None, ln, eps, tile=tile)), parts.numel() * 4)
+        report(f"{name}: the sum compiled into the add + norm (dropped)",
+               device_us(lambda: compiled_sum(x, parts, None, ln, eps)), parts.numel() * 4)
+        report(f"{name}: partials + add_norm (SPLIT_K on)",
+               device_us(lambda: split_k.add_norm(x, split_k.partials(a, w, kind=name), None, ln, eps)), nbytes)
+        if sweep:
+            _tile_sweep(lambda t: split_k.partials(a, w, tile=t), F.linear(a, w), list(tiles(splits)),
+                        label=f"{name}: split_k.partials alone")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[64, 256])
@@ -213,7 +427,7 @@ def main() -> None:
                         help="also time gate_up_silu at a grid of explicit tiles, and the other projections "
                              "against Inductor's max-autotune (minutes: compiles every tile)")
     parser.add_argument("--only-sweep", action="store_true", help="the sweep alone")
-    parser.add_argument("--parts", nargs="+", choices=["mlp", "attention", "sampling"],
+    parser.add_argument("--parts", nargs="+", choices=["mlp", "attention", "sampling", "splitk", "attention-probe", "tma"],
                         default=["mlp", "attention", "sampling"], help="which kernels to time (default: all)")
     args = parser.parse_args()
     assert torch.cuda.is_available(), "this benchmark needs a CUDA device"
@@ -221,7 +435,8 @@ def main() -> None:
     for rows in args.rows:
         if not args.only_sweep:
             for part in args.parts:
-                {"mlp": mlp, "attention": attention, "sampling": sampling}[part](rows)
+                {"mlp": mlp, "attention": attention, "sampling": sampling, "splitk": lambda r: splitk(r, args.sweep or args.only_sweep),
+                 "attention-probe": attention_probe, "tma": tma}[part](rows)
         if args.sweep or args.only_sweep:
             sweep_gate_up(rows)
             projections(rows)

@@ -81,12 +81,18 @@ def make_engine(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, 
                 attention: str = "torch"):
     from rl_core.generation import EngineOptions, NativeEngine
 
+    from rl_core.generation.native import fused_stack
+
     batch, prompt_len = prompts.shape
-    return NativeEngine(cfg, model.state_dict(), EngineOptions(
-        device="cuda", dtype=torch.bfloat16, max_batch_size=batch, max_seq_len=prompt_len + new_tokens + 8,
-        eos_token_ids=[], decode_path=path, kv_cache_dtype=kv_dtype, decode_compile=compile, overlap_steps=overlap,
-        decode_attention="fused" if attention.startswith("fused") else attention,
-        decode_mlp="fused" if attention == "fused+mlp" else "torch"))
+    parts = attention.split("+")  # e.g. fused+mlp+cublas: decode_attention, then the stack's variants
+    fused_stack.SPLIT_K = "cublas" not in parts  # the stack's output/down projections
+    try:
+        return NativeEngine(cfg, model.state_dict(), EngineOptions(
+            device="cuda", dtype=torch.bfloat16, max_batch_size=batch, max_seq_len=prompt_len + new_tokens + 8,
+            eos_token_ids=[], decode_path=path, kv_cache_dtype=kv_dtype, decode_compile=compile, overlap_steps=overlap,
+            decode_attention=parts[0], decode_mlp="fused" if "mlp" in parts else "torch"))
+    finally:
+        fused_stack.SPLIT_K = True
 
 
 IDLE_STEPS = 48  # decode steps profiled by --idle
@@ -121,6 +127,19 @@ def device_idle(engine, rows: list, params, steps: int = IDLE_STEPS) -> dict:
 
 def run_native(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, compile: bool, overlap: bool,
                repeats: int, attention: str = "torch", idle: bool = False) -> dict:
+    """One configuration's run. A name with `+nopdl` runs the fused kernels without programmatic dependent
+    launch (`triton_support.PDL` off while its graphs are captured and replayed)."""
+    from rl_core.generation.native import triton_support
+
+    triton_support.PDL = "nopdl" not in attention.split("+")
+    try:
+        return _run_native(model, cfg, prompts, new_tokens, path, kv_dtype, compile, overlap, repeats, attention, idle)
+    finally:
+        triton_support.PDL = True
+
+
+def _run_native(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, compile: bool, overlap: bool,
+                repeats: int, attention: str, idle: bool) -> dict:
     from rl_core.types import GenerationRequest, SamplingParams
 
     batch = prompts.shape[0]
@@ -264,6 +283,13 @@ def main() -> None:
     parser.add_argument("--fused-mlp", action="store_true",
                         help="with --fused: also run each fused configuration with decode_mlp fused (the gate/up "
                              "projection and SiLU gate in one Triton kernel)")
+    parser.add_argument("--cublas", action="store_true",
+                        help="with --fused: also run each fused configuration with the stack's output and down "
+                             "projections on cuBLAS + the compiled add + norm (fused_stack.SPLIT_K off; named +cublas) "
+                             "instead of the split-K kernels")
+    parser.add_argument("--no-pdl", action="store_true",
+                        help="with --fused: also run each fused configuration without programmatic dependent launch "
+                             "of its Triton kernels (triton_support.PDL off; named +nopdl)")
     parser.add_argument("--only-fastest", action="store_true",
                         help="with --compile --overlap: run only graph+compile+overlap (and its fused twin)")
     parser.add_argument("--profile", action="store_true",
@@ -301,6 +327,10 @@ def main() -> None:
         configs += [c[:4] + ("fused",) for c in configs if c[0] != "eager" and c[1] == "auto"]
         if args.fused_mlp:
             configs += [c[:4] + ("fused+mlp",) for c in configs if c[4] == "fused"]
+        if args.cublas:
+            configs += [c[:4] + (c[4] + "+cublas",) for c in configs if c[4].startswith("fused")]
+        if args.no_pdl:
+            configs += [c[:4] + (c[4] + "+nopdl",) for c in configs if c[4].startswith("fused")]
     def name_of(path, compiled, overlap, attention) -> str:
         return (path + ("+compile" if compiled else "") + ("+overlap" if overlap else "")
                 + ("" if attention == "torch" else "+" + attention))

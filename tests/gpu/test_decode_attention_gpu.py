@@ -1,7 +1,8 @@
 """The fused decode-attention kernel on CUDA (marked `gpu`): one decode layer equals the torch
 layer (float32 to rounding, bf16 within bf16 tolerance, positions across several key
-blocks); the fused sampling kernels give `sample_plain`'s tokens and logprobs; and engines with `decode_attention: fused` (CUDA graphs, with and without
-`decode_compile`, with `overlap_steps`) give the tokens and logprobs of the torch attention."""
+blocks); the fused sampling kernels give `sample_plain`'s tokens and logprobs; the split-K projection kernels equal torch's matmul and add + norm; and engines with `decode_attention:
+fused` (CUDA graphs, with and without `decode_compile`, with `overlap_steps`; the stack's projections
+split-K or on torch's matmul) give the tokens and logprobs of the torch attention."""
 
 from __future__ import annotations
 
@@ -34,11 +35,23 @@ def test_fused_gate_up_silu_equals_the_eager_mlp(dtype):
         check_mlp(dtype, compare_mlp("cuda", dtype, *case))
 
 
-@pytest.mark.parametrize("mlp", ["torch", "fused"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_k_projection_and_add_norm_equal_torch(dtype):
+    from tests.helpers.split_k_check import CASES as SPLIT_K_CASES, QWEN as SPLIT_K_QWEN, check as check_split_k
+    from tests.helpers.split_k_check import compare as compare_split_k
+
+    for case in SPLIT_K_CASES + SPLIT_K_QWEN:
+        check_split_k(dtype, compare_split_k("cuda", dtype, *case))
+
+
+@pytest.mark.parametrize("mlp", ["torch", "fused", "fused-no-split-k"])
 @pytest.mark.parametrize("compile, overlap", [(False, False), (True, False), (True, True)],
                          ids=["graphs", "compiled-graphs", "compiled-graphs-overlap"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_engines_with_the_fused_kernel_match_torch_attention(dtype, compile, overlap, mlp):
+def test_engines_with_the_fused_kernel_match_torch_attention(dtype, compile, overlap, mlp, monkeypatch):
+    from rl_core.generation.native import fused_stack
+
+    monkeypatch.setattr(fused_stack, "SPLIT_K", mlp != "fused-no-split-k")  # read when the engine is built
     model = tiny_model("qwen2", 0, 0.3, max_positions=64).to("cuda", dtype)
     ps = prompts(12, seed=5)
     reqs = [GenerationRequest(str(i), p, SamplingParams(greedy=True, max_tokens=5 + i % 9) if i % 2 else
@@ -48,9 +61,10 @@ def test_engines_with_the_fused_kernel_match_torch_attention(dtype, compile, ove
     kw = dict(device="cuda", dtype=dtype, decode_path="graph", max_batch_size=5, decode_compile=compile,
               overlap_steps=overlap)
     ref = run(make_engine(model, **kw), reqs, arrivals)
-    engine = make_engine(model, decode_attention="fused", decode_mlp=mlp, **kw)
+    engine = make_engine(model, decode_attention="fused", decode_mlp=mlp.removesuffix("-no-split-k"), **kw)
     got = run(engine, reqs, arrivals)
-    assert engine.decoder.fused_attention and engine.decoder.fused_mlp == (mlp == "fused")
+    assert engine.decoder.fused_attention and engine.decoder.fused_mlp == mlp.startswith("fused")
+    assert engine.decoder._stack.split_k == (mlp != "fused-no-split-k")
     assert engine.decoder.replays > 0
     shared = total = 0
     gaps = []

@@ -64,7 +64,21 @@ def test_fused_gate_up_silu_equals_the_eager_mlp_in_the_interpreter():
     for line in lines[:-1]:
         check_mlp(getattr(torch, line["dtype"]), tuple(line["gaps"]))
     engines = lines[-1]["engine"]  # float32 engines through the fused stack against the torch attention's
-    assert len(lines) == 7 and all(e["same_tokens"] and e["logprob_gap"] < 1e-4 for e in engines.values()), lines
+    assert len(lines) == 10 and len(engines) == 3 and sum("tma" in line for line in lines) == 3, lines
+    assert all(e["same_tokens"] and e["logprob_gap"] < 1e-4 for e in engines.values()), lines
+
+
+@pytest.mark.skipif(not _triton_importable(), reason="triton is not installed (CPU torch ships none)")
+def test_split_k_projection_and_add_norm_equal_torch_in_the_interpreter():
+    import torch
+
+    from tests.helpers.split_k_check import check as check_split_k
+
+    lines = _interpreted("tests.helpers.split_k_check")
+    assert len(lines) == 12 and {line["gaps"]["splits"] for line in lines} >= {1, 3, 4}, lines
+    assert sum(line.get("tma", False) for line in lines) == 4, lines
+    for line in lines:
+        check_split_k(getattr(torch, line["dtype"]), line["gaps"])
 
 
 def test_decode_mlp_option_errors_name_the_field_and_the_fix():

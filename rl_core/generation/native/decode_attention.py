@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_core.generation.native.triton_support import interpreting, tl, triton
+from rl_core.generation.native.triton_support import gdc_launch_dependents, gdc_wait, interpreting, pdl, tl, triton
 
 # The kernel's launch: (keys per inner step, warps, pipeline stages). Timed side by side on the
 # H200 (bench/decode_kernels_gpu.py, 2026-12-03, positions 64..320): at 256 slots none of `TILES`
@@ -71,9 +71,11 @@ if triton is not None:
                                   scale,
                                   HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
                                   BLOCK_GROUP: tl.constexpr, DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                                  IEEE: tl.constexpr):
+                                  IEEE: tl.constexpr, PDL: tl.constexpr):
         slot = tl.program_id(0)
         kv_head = tl.program_id(1)
+        if PDL:  # launched while the QKV projection finishes: wait for it before any load or store
+            gdc_wait()
         pos = tl.load(positions + slot)
         d = tl.arange(0, DIM)
         d_rot = (d + DIM // 2) % DIM  # roll by D/2: rotate_half up to the sign held by `sin`
@@ -119,6 +121,8 @@ if triton is not None:
                 pv = tl.dot(p.to(v.dtype), v)
             acc = acc * alpha[:, None] + pv
             m_i = m_new
+        if PDL:
+            gdc_launch_dependents()
         # The new token's own key and value (position pos), from registers.
         s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], axis=1) * scale
         m_new = tl.maximum(m_i, s_new)
@@ -158,6 +162,6 @@ def rope_store_attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, p
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0),
         dim ** -0.5,
         HEADS=heads, KV_HEADS=kv_heads, GROUP=group, BLOCK_GROUP=max(16, triton.next_power_of_2(group)),
-        DIM=dim, BLOCK_N=block_n, IEEE=qkv.dtype == torch.float32 or interpreting(), num_warps=warps,
-        num_stages=stages)
+        DIM=dim, BLOCK_N=block_n, IEEE=qkv.dtype == torch.float32 or interpreting(), PDL=pdl(qkv), num_warps=warps,
+        num_stages=stages, **({"launch_pdl": True} if pdl(qkv) else {}))
     return out

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from rl_core.generation.native.triton_support import interpreting, tl, triton
+from rl_core.generation.native.triton_support import (descriptor, gdc_launch_dependents, gdc_wait, interpreting, pdl, tl,
+                                                      tma_usable, triton)
 
 # Tile sizes tried on CUDA in bf16/fp16, autotuned on the first call per (row class, m, hidden),
 # i.e. in the decode runner's warm-up before a graph is captured. The H200 picked (128, 64, 64)
@@ -87,15 +88,57 @@ if triton is not None:
         else:
             return x.to(dtype).to(tl.float32)
 
+    @triton.jit
+    def _gate_up_silu_tma_kernel(x_desc, gate_desc, up_desc, bias, out, rows, m, hidden, stride_out,
+                                 HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                 BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+        """`_gate_up_silu_kernel` (bf16/fp16) with its tiles loaded through TMA descriptors: x, the
+        gate rows and the up rows each their own descriptor (reads past the rows or the gate rows
+        give zeros, so only the store is masked). PDL: launched while the kernel before finishes
+        (triton_support.pdl), it waits for that kernel before any load or store."""
+        if PDL:
+            gdc_wait()
+        off_n = tl.program_id(0) * BLOCK_N
+        off_m = tl.program_id(1) * BLOCK_M
+        acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k in tl.range(0, hidden, BLOCK_K, num_stages=STAGES):
+            a = x_desc.load([off_m, k])
+            acc_g = tl.dot(a, gate_desc.load([off_n, k]).T, acc_g)
+            acc_u = tl.dot(a, up_desc.load([off_n, k]).T, acc_u)
+        if PDL:
+            gdc_launch_dependents()
+        r = off_m + tl.arange(0, BLOCK_M)
+        c = off_n + tl.arange(0, BLOCK_N)
+        col_ok = c < m
+        if HAS_BIAS:
+            acc_g += tl.load(bias + c, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            acc_u += tl.load(bias + m + c, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        dtype = out.dtype.element_ty
+        g = _rounded(acc_g, dtype, False)
+        s = _rounded(g / (1.0 + tl.exp(-g)), dtype, False)  # F.silu: float32 inside, rounded
+        tl.store(out + r[:, None] * stride_out + c[None, :], _rounded(s * _rounded(acc_u, dtype, False), dtype,
+                                                                      False).to(dtype),
+                 mask=(r < rows)[:, None] & col_ok[None, :])
+
     _gate_up_silu_tuned = triton.autotune(
         configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=warps, num_stages=stages)
                  for bm, bn, bk, warps, stages in _CUDA_CONFIGS],
         key=["row_class", "m", "hidden"])(_gate_up_silu_kernel)
 
 
-def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+# The TMA kernel's tile (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) for up to 64 rows and beyond: the
+# fastest of 12 / 22 tiles on the H200 (bench/decode_kernels_gpu.py --parts tma, 2026-12-03): 5.50 us
+# at 64 rows against 6.49 for the autotuned pointer kernel, 12.61 against 13.85 at 256.
+TMA_TILES = {64: (64, 64, 128, 4, 4), 256: (64, 64, 64, 4, 3)}
+
+
+def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 tma: bool | None = None) -> torch.Tensor:
     """x [S, hidden], weight [2 m, hidden] (gate rows, then up rows), bias [2 m] or None;
-    returns silu(gate) * up [S, m] in x's dtype, the roundings of the eager MLP."""
+    returns silu(gate) * up [S, m] in x's dtype, the roundings of the eager MLP. bf16/fp16 on a
+    Hopper GPU load through TMA descriptors (`tma=None`); `tma=True` forces that kernel where
+    descriptors work (the interpreter too: the tests), False the pointer kernel."""
     rows, hidden = x.shape
     m = weight.shape[0] // 2
     if weight.shape[1] != hidden or weight.stride(-1) != 1:
@@ -106,6 +149,16 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     if rows == 0:
         return out
     ieee = x.dtype == torch.float32 or interpreting()
+    gate, up = weight[:m], weight[m:]
+    if (not ieee if tma is None else tma) and tma_usable(x, gate, up):
+        bm, bn, bk, warps, stages = TMA_TILES[64 if rows <= 64 else 256] if not interpreting() else (*_FIXED, 4, 2)
+        grid = (triton.cdiv(m, bn), triton.cdiv(rows, bm))
+        _gate_up_silu_tma_kernel[grid](descriptor(x, [bm, bk]), descriptor(gate, [bn, bk]), descriptor(up, [bn, bk]),
+                                       bias if bias is not None else x, out, rows, m, hidden, out.stride(0),
+                                       HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages,
+                                       PDL=pdl(x), **({} if interpreting() else dict(num_warps=warps)),
+                                       **({"launch_pdl": True} if pdl(x) else {}))
+        return out
     flags = dict(HAS_BIAS=bias is not None, IEEE=ieee, BF16_BITS=interpreting() and x.dtype == torch.bfloat16)
     row_class = min(max(16, 1 << (rows - 1).bit_length()), 256)  # only the autotuner's key
     args = (x, weight, bias if bias is not None else x, out, rows, row_class, m, hidden, x.stride(0),

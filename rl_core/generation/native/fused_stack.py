@@ -31,6 +31,8 @@ import torch.nn.functional as F
 
 from rl_core.generation.native.kv_cache import KVCache
 from rl_core.generation.native.model import rms_norm, attention_output_norm, mlp_down
+from rl_core.generation.native import split_k
+from rl_core.generation.native.split_k import summed
 
 
 def down_add_norm(x: torch.Tensor, gated: torch.Tensor, down_w: torch.Tensor, down_b: torch.Tensor | None,
@@ -41,16 +43,35 @@ def down_add_norm(x: torch.Tensor, gated: torch.Tensor, down_w: torch.Tensor, do
     return x, None if ln is None else rms_norm(x, ln, eps)
 
 
+def partials_add_norm(x: torch.Tensor, parts: torch.Tensor, bias: torch.Tensor | None, ln: torch.Tensor | None,
+                      eps: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x + a projection given as split-K float32 partials (`split_k.summed`), and that normed by
+    `ln` (None: the sum alone)."""
+    x = x + summed(parts, bias, x.dtype)
+    return x, None if ln is None else rms_norm(x, ln, eps)
+
+
 def mlp_add_norm(x: torch.Tensor, normed: torch.Tensor, gate_up_w: torch.Tensor, gate_up_b: torch.Tensor | None,
                  down_w: torch.Tensor, down_b: torch.Tensor | None, ln: torch.Tensor | None,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The torch SwiGLU MLP of `normed` added to x, then `down_add_norm`'s norm."""
+    return down_add_norm(x, gate_up_gated(normed, gate_up_w, gate_up_b), down_w, down_b, ln, eps)
+
+
+def gate_up_gated(normed: torch.Tensor, gate_up_w: torch.Tensor, gate_up_b: torch.Tensor | None) -> torch.Tensor:
+    """The torch SwiGLU MLP's first half: silu(gate) * up of `normed`."""
     gate, up = F.linear(normed, gate_up_w, gate_up_b).chunk(2, dim=-1)
-    return down_add_norm(x, F.silu(gate) * up, down_w, down_b, ln, eps)
+    return F.silu(gate) * up
 
 
 def _plain(fn: Callable, **_) -> Callable:
     return fn
+
+
+# The output and down projections as split-K partials summed in the add + norm kernel (split_k.py)
+# instead of cuBLAS + the compiled add + norm. A module switch for benchmarks (bench/generation_gpu.py
+# runs both side by side); read when a stack is built.
+SPLIT_K = True
 
 
 class FusedStack:
@@ -58,10 +79,12 @@ class FusedStack:
     compiles the element-wise parts (decode_graph._compiled); None runs them eagerly (the CPU
     tests, through Triton's interpreter)."""
 
-    def __init__(self, fused_mlp: bool, compile_fn: Callable | None = None):
+    def __init__(self, fused_mlp: bool, compile_fn: Callable | None = None, split_k: bool | None = None):
         c = compile_fn or _plain
         self.fused_mlp = fused_mlp
+        self.split_k = SPLIT_K if split_k is None else split_k
         self.norm = c(rms_norm)
+        self.gate_up = c(gate_up_gated)
         self.output_norm = c(attention_output_norm, unfused_residual=True)
         self.closing = c(down_add_norm if fused_mlp else mlp_add_norm, unfused_residual=True)
         if fused_mlp:
@@ -79,6 +102,10 @@ class FusedStack:
         n, dim = x.shape[0], cos.shape[-1]
         qkv = F.linear(normed, qkv_w, qkv_b).view(n, heads + 2 * kv_heads, dim)
         out = rope_store_attend(qkv, cos, sin, positions, k_cache, v_cache, heads, kv_heads)
+        if self.split_k:
+            x, normed = split_k.add_norm(x, split_k.partials(out, o_w, kind="output"), o_b, ln2, eps)
+            gated = (self._gate_up if self.fused_mlp else self.gate_up)(normed, gate_up_w, gate_up_b)
+            return split_k.add_norm(x, split_k.partials(gated, down_w, kind="down"), down_b, next_norm, next_eps)
         x, normed = self.output_norm(x, out, o_w, o_b, ln2, eps)
         if self.fused_mlp:
             return self.closing(x, self._gate_up(normed, gate_up_w, gate_up_b), down_w, down_b, next_norm, next_eps)

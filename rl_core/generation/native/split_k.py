@@ -1,0 +1,207 @@
+"""Split-K projections for the static/graph decode step: float32 partial sums, summed by the add + norm after them.
+
+Owns: `partials(a, weight)`, a Triton matmul of a [S, K] input by an nn.Linear weight [N, K]
+whose K range is cut into slices, one program per (row block, column block, slice), each writing
+its slice's float32 sum to out[slice] of a [splits, S, N] result; `add_norm(x, parts, bias, ln,
+eps)`, one Triton kernel that sums the slices, adds the bias, rounds to the model dtype (what a
+cuBLAS projection with its bias in the epilogue returns, up to summation order), adds the
+residual x, rounds, and RMS-norms the rows (model.rms_norm's roundings); and `summed`, the same
+sum in torch (the reference the tests compare with).
+
+Why: at decode batch sizes (64-256 rows) the decode layer's output and down projections have few
+output tiles (the down projection [256, 4864] x [896, 4864]^T: 2 x 7 tiles of 128 x 128 on a GPU
+of 132 multiprocessors), so cuBLAS splits K itself and runs a second kernel to reduce its slices,
+then the compiled residual add + norm reads the result again. Here the slices go to memory as
+float32 (256 x 896 x 4 bytes each: small beside the weights) and the add + norm sums them: one
+kernel and one round trip fewer per projection, and the matmul's tile fits the shape (on the
+H200 the split-K matmul alone: 8.2 against 9.1 us for cuBLAS's down projection at 256 rows, 4.1
+against 7.0 us at 64).
+
+Measured and dropped: the SiLU gate computed as the down projection loads its input (from the
+[S, 2 K] gate/up projection, so that could stay one cuBLAS call): 21 us against 8.2 us at 256
+rows, each of the 7 column blocks recomputing the gate of its rows; and the sum of the slices
+compiled by Inductor into the add + norm (5.9 us for that kernel, against ~3 for the add + norm
+after cuBLAS). Numbers: docs/generation.md.
+
+Tiles: fixed per (row regime, projection) (`TILES`), the fastest of a sweep on the H200
+(bench/decode_kernels_gpu.py `--parts splitk`); float32 and Triton's CPU interpreter use small
+tiles and IEEE dots (the exact path of the tests).
+
+Does not own: which projections use it (fused_stack.py), when the fused step runs
+(decode_graph.py), Triton's import (triton_support.py), `_rounded` (fused_mlp.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rl_core.generation.native.triton_support import (descriptor, gdc_launch_dependents, gdc_wait, interpreting, pdl, tl,
+                                                      tma_usable, triton)
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, splits, warps, stages, TMA) for bf16/fp16 on CUDA, by (64: up to 64 rows,
+# else 256; kind): the fastest of 48-108 tiles on the H200 at 64 and 256 rows of the Qwen2.5-0.5B shapes
+# (bench/decode_kernels_gpu.py --parts splitk / tma, 2026-12-03; within ~0.3 us of the next few). TMA:
+# the tiles loaded through TMA descriptors where `tma_usable` (Hopper): at 256 rows of the down
+# projection 7.7 against 8.4 us for the pointer loads; at 64 rows the pointer loads were faster.
+DEFAULT_TILE = (64, 64, 128, 4, 4, 3, False)
+TILES: dict[tuple[int, str], tuple[int, int, int, int, int, int, bool]] = {
+    (256, "down"): (128, 64, 64, 4, 8, 4, True), (256, "output"): (64, 64, 128, 2, 4, 3, False),
+    (64, "down"): (64, 64, 128, 8, 4, 3, False), (64, "output"): (64, 32, 128, 4, 4, 3, False)}
+_FIXED = (16, 32, 32)  # float32 and the interpreter: (BLOCK_M, BLOCK_N, BLOCK_K)
+
+if triton is not None:
+    from rl_core.generation.native.fused_mlp import _rounded
+
+    @triton.jit
+    def _partials_kernel(a, w, out, rows, n, k_total, k_split, stride_a, stride_w,
+                         IEEE: tl.constexpr, PDL: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        if PDL:  # launched while the kernel before finishes: wait for it before any load or store
+            gdc_wait()
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+        pid_s = tl.program_id(2)
+        r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        kk = tl.arange(0, BLOCK_K)
+        row_ok = r < rows
+        col_ok = c < n
+        k_lo = pid_s * k_split
+        k_hi = tl.minimum(k_lo + k_split, k_total)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            k = k0 + kk
+            k_ok = k < k_hi
+            x = tl.load(a + r[:, None] * stride_a + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            wt = tl.load(w + c[None, :] * stride_w + k[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            if IEEE:
+                acc += tl.dot(x.to(tl.float32), wt.to(tl.float32), input_precision="ieee")
+            else:
+                acc = tl.dot(x, wt, acc)
+        if PDL:
+            gdc_launch_dependents()
+        tl.store(out + (pid_s * rows + r[:, None]) * n + c[None, :], acc, mask=row_ok[:, None] & col_ok[None, :])
+
+
+    @triton.jit
+    def _partials_tma_kernel(a_desc, w_desc, out, rows, n, k_total, k_split, BLOCK_M: tl.constexpr,
+                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+        """`_partials_kernel` with its tiles loaded through TMA descriptors (reads past the rows or
+        past K give zeros, so only the store is masked)."""
+        if PDL:
+            gdc_wait()
+        off_n = tl.program_id(0) * BLOCK_N
+        off_m = tl.program_id(1) * BLOCK_M
+        pid_s = tl.program_id(2)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k in tl.range(pid_s * k_split, tl.minimum((pid_s + 1) * k_split, k_total), BLOCK_K, num_stages=STAGES):
+            acc = tl.dot(a_desc.load([off_m, k]), w_desc.load([off_n, k]).T, acc)
+        if PDL:
+            gdc_launch_dependents()
+        r = off_m + tl.arange(0, BLOCK_M)
+        c = off_n + tl.arange(0, BLOCK_N)
+        tl.store(out + (pid_s * rows + r[:, None]) * n + c[None, :], acc, mask=(r < rows)[:, None] & (c < n)[None, :])
+
+    @triton.jit
+    def _add_norm_kernel(parts, splits, bias, x, ln, x_out, normed_out, rows, n, eps,
+                         HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, BF16_BITS: tl.constexpr,
+                         BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+        if PDL:
+            gdc_wait()
+        r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        c = tl.arange(0, BLOCK_N)
+        mask = (r < rows)[:, None] & (c < n)[None, :]
+        offs = r[:, None] * n + c[None, :]
+        dtype = x_out.dtype.element_ty
+        acc = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
+        for s in range(0, splits):
+            acc += tl.load(parts + s * rows * n + offs, mask=mask, other=0.0)
+        if HAS_BIAS:
+            acc += tl.load(bias + c, mask=c < n, other=0.0).to(tl.float32)[None, :]
+        total = _rounded(tl.load(x + offs, mask=mask, other=0.0).to(tl.float32) + _rounded(acc, dtype, BF16_BITS),
+                         dtype, BF16_BITS)
+        if PDL:
+            gdc_launch_dependents()
+        tl.store(x_out + offs, total.to(dtype), mask=mask)
+        if HAS_NORM:  # model.rms_norm: F.rms_norm in float32, rounded, then weight * it, rounded
+            inv = 1.0 / tl.sqrt(tl.sum(total * total, axis=1) / n + eps)
+            y = _rounded(total * inv[:, None], dtype, BF16_BITS)
+            w = tl.load(ln + c, mask=c < n, other=0.0).to(tl.float32)
+            tl.store(normed_out + offs, _rounded(w[None, :] * y, dtype, BF16_BITS).to(dtype), mask=mask)
+
+
+# The add + norm kernel's launch: (rows a program, warps).
+ADD_NORM_TILE = (1, 4)
+
+
+def add_norm(x: torch.Tensor, parts: torch.Tensor, bias: torch.Tensor | None, ln: torch.Tensor | None, eps: float,
+             tile: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`fused_stack.partials_add_norm` as one Triton kernel: x + the projection given by its float32
+    partials [splits, S, N] (summed, bias added, rounded), and that normed by `ln` (None: no norm).
+    Returns (x after the add, the normed rows or None), both in x's dtype."""
+    rows, n = x.shape
+    x = x.contiguous()
+    x_out = torch.empty_like(x)
+    normed = torch.empty_like(x) if ln is not None else None
+    if rows == 0:
+        return x_out, normed
+    block_r, warps = tile or ADD_NORM_TILE
+    kwargs = {} if interpreting() else dict(num_warps=warps)
+    if pdl(x):
+        kwargs["launch_pdl"] = True
+    _add_norm_kernel[(triton.cdiv(rows, block_r),)](
+        parts, parts.shape[0], bias if bias is not None else x, x, ln if ln is not None else x, x_out,
+        normed if normed is not None else x_out, rows, n, eps, HAS_BIAS=bias is not None, HAS_NORM=ln is not None,
+        BF16_BITS=interpreting() and x.dtype == torch.bfloat16, BLOCK_R=block_r,
+        BLOCK_N=triton.next_power_of_2(n), PDL=pdl(x), **kwargs)
+    return x_out, normed
+
+
+def partials(a: torch.Tensor, weight: torch.Tensor, splits: int | None = None, *, kind: str = "",
+             tile: tuple[int, int, int, int, int, int, bool] | None = None) -> torch.Tensor:
+    """a [S, K], weight [N, K] contiguous in K: returns float32 [splits, S, N] whose sum over dim 0
+    is a @ weight^T. `kind` ("output", "down") picks the CUDA tile from `TILES` (`tile` overrides
+    it, for benchmarks and the tests: its TMA flag is honoured where `tma_usable`, also in the
+    interpreter); `splits` overrides the tile's."""
+    rows = a.shape[0]
+    n, k_total = weight.shape
+    if weight.stride(-1) != 1 or a.shape[1] != k_total:
+        raise ValueError(f"split_k.partials needs a [N, K] weight contiguous in K and a [S, K] input; got weight "
+                         f"{tuple(weight.shape)} (strides {weight.stride()}), input {tuple(a.shape)}")
+    a = a.contiguous()
+    ieee = a.dtype == torch.float32 or interpreting()
+    if tile is None and (ieee or a.device.type != "cuda"):
+        bm, bn, bk, split_n, warps, stages, tma = *_FIXED, splits or 2, 4, 2, False
+    else:
+        bm, bn, bk, split_n, warps, stages, tma = tile or TILES.get((64 if rows <= 64 else 256, kind), DEFAULT_TILE)
+        split_n = splits or split_n
+    tma = tma and tma_usable(a, weight)
+    k_split = triton.cdiv(triton.cdiv(k_total, split_n), bk) * bk  # each slice a whole number of blocks
+    split_n = triton.cdiv(k_total, k_split)
+    out = torch.empty(split_n, rows, n, device=a.device, dtype=torch.float32)
+    if rows == 0:
+        return out
+    grid = (triton.cdiv(n, bn), triton.cdiv(rows, bm), split_n)
+    if tma:
+        _partials_tma_kernel[grid](descriptor(a, [bm, bk]), descriptor(weight, [bn, bk]), out, rows, n, k_total, k_split,
+                                   BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, PDL=pdl(a),
+                                   **({} if interpreting() else dict(num_warps=warps)), **_pdl_launch(a))
+        return out
+    kwargs = {} if interpreting() else dict(num_warps=warps, num_stages=stages)
+    _partials_kernel[grid](a, weight, out, rows, n, k_total, k_split, a.stride(0), weight.stride(0), IEEE=ieee,
+                           PDL=pdl(a), **_pdl_launch(a),
+                           BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, **kwargs)
+    return out
+
+
+def _pdl_launch(t: torch.Tensor) -> dict:
+    return {"launch_pdl": True} if pdl(t) else {}
+
+
+def summed(parts: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """The projection from its partial sums: summed in float32, the bias added, rounded to `dtype`
+    (torch code: compiled into the consumer's element-wise kernel)."""
+    total = parts.sum(0)
+    if bias is not None:
+        total = total + bias.float()
+    return total.to(dtype)
