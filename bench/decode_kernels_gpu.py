@@ -245,6 +245,27 @@ def tma(rows: int) -> None:
     print(f"  gate/up + SiLU with TMA: {len(results)} tiles ran; the fastest 6 (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)")
     for us, cfg, diff in results[:6]:
         report(f"  tile {cfg}, diff {diff:.3g}", us, nbytes)
+    # The QKV projection in one slice, rounded with its bias (split_k.linear).
+    qw = torch.randn(1152, HIDDEN, device="cuda", dtype=torch.bfloat16) / HIDDEN ** 0.5
+    qb = torch.randn(1152, device="cuda", dtype=torch.bfloat16)
+    report("QKV: cuBLAS with bias", device_us(lambda: F.linear(x, qw, qb)), qw.numel() * 2)
+    report("QKV: split_k.linear at its tile", device_us(lambda: split_k.linear(x, qw, qb)), qw.numel() * 2)
+    qref = F.linear(x, qw, qb).float()
+    results = []
+    for bm, bn, bk, stages, tma_on in itertools.product((64, 128), (32, 64, 128), (64, 128), (3, 4), (True, False)):
+        tile = (bm, bn, bk, 1, 8 if bm == 128 else 4, stages, tma_on)
+        if (bm * bk + bn * bk) * 2 * stages > 220_000 or bm > max(64, rows):
+            continue
+        try:
+            diff = float((split_k.linear(x, qw, qb, tile=tile).float() - qref).abs().max())
+            results.append((device_us(lambda: split_k.linear(x, qw, qb, tile=tile)), tile, diff))
+        except Exception as exc:
+            print(f"    tile {tile}: {type(exc).__name__}: {str(exc)[:120]}")
+    results.sort()
+    print(f"  QKV split_k.linear: {len(results)} tiles ran; the fastest 6 (BLOCK_M, BLOCK_N, BLOCK_K, splits, warps, "
+          "stages, TMA)")
+    for us, cfg, diff in results[:6]:
+        report(f"  tile {cfg}, diff {diff:.3g}", us, qw.numel() * 2)
     # The split-K down projection.
     a = torch.randn(rows, MLP, device="cuda", dtype=torch.bfloat16)
     dw = torch.randn(HIDDEN, MLP, device="cuda", dtype=torch.bfloat16) / MLP ** 0.5

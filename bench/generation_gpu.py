@@ -86,13 +86,14 @@ def make_engine(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, 
     batch, prompt_len = prompts.shape
     parts = attention.split("+")  # e.g. fused+mlp+cublas: decode_attention, then the stack's variants
     fused_stack.SPLIT_K = "cublas" not in parts  # the stack's output/down projections
+    fused_stack.TRITON_QKV = "cublasqkv" not in parts
     try:
         return NativeEngine(cfg, model.state_dict(), EngineOptions(
             device="cuda", dtype=torch.bfloat16, max_batch_size=batch, max_seq_len=prompt_len + new_tokens + 8,
             eos_token_ids=[], decode_path=path, kv_cache_dtype=kv_dtype, decode_compile=compile, overlap_steps=overlap,
             decode_attention=parts[0], decode_mlp="fused" if "mlp" in parts else "torch"))
     finally:
-        fused_stack.SPLIT_K = True
+        fused_stack.SPLIT_K = fused_stack.TRITON_QKV = True
 
 
 IDLE_STEPS = 48  # decode steps profiled by --idle
@@ -287,6 +288,9 @@ def main() -> None:
                         help="with --fused: also run each fused configuration with the stack's output and down "
                              "projections on cuBLAS + the compiled add + norm (fused_stack.SPLIT_K off; named +cublas) "
                              "instead of the split-K kernels")
+    parser.add_argument("--cublas-qkv", action="store_true",
+                        help="with --fused: also run each fused configuration with the QKV projection on cuBLAS "
+                             "(fused_stack.TRITON_QKV off; named +cublasqkv)")
     parser.add_argument("--no-pdl", action="store_true",
                         help="with --fused: also run each fused configuration without programmatic dependent launch "
                              "of its Triton kernels (triton_support.PDL off; named +nopdl)")
@@ -329,6 +333,8 @@ def main() -> None:
             configs += [c[:4] + ("fused+mlp",) for c in configs if c[4] == "fused"]
         if args.cublas:
             configs += [c[:4] + (c[4] + "+cublas",) for c in configs if c[4].startswith("fused")]
+        if args.cublas_qkv:
+            configs += [c[:4] + (c[4] + "+cublasqkv",) for c in configs if c[4].startswith("fused")]
         if args.no_pdl:
             configs += [c[:4] + (c[4] + "+nopdl",) for c in configs if c[4].startswith("fused")]
     def name_of(path, compiled, overlap, attention) -> str:

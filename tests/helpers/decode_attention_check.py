@@ -48,16 +48,20 @@ def compare(device: str, dtype: torch.dtype, heads: int = 8, kv_heads: int = 2, 
     gap = lambda a, b: (a.float() - b.float()).abs().max().item()  # noqa: E731
     return {"dtype": str(dtype), "out_gap": gap(want, got), "out_scale": want.float().abs().max().item(),
             "k_gap": gap(caches[0].k, caches[1].k), "k_scale": caches[0].k.float().abs().max().item(),
-            "v_gap": gap(caches[0].v, caches[1].v)}
+            "v_gap": gap(caches[0].v, caches[1].v), "v_scale": caches[0].v.float().abs().max().item()}
 
 
 def check_gaps(rows: list[dict]) -> None:
     """The tolerances of both tiers: float32 to float rounding; bf16 within a few bf16 ulps
-    of the output's scale, the keys within one rounding of RoPE, the values copied exactly."""
+    of the output's scale, the keys within one rounding of RoPE, the values within one rounding of
+    the QKV projection (the fused stack's is a Triton matmul, `split_k.linear`, summing in another
+    order than F.linear)."""
     fp32, bf16 = rows
-    assert fp32["out_gap"] < 1e-5 * max(1.0, fp32["out_scale"]) and fp32["k_gap"] < 1e-5 and fp32["v_gap"] == 0, fp32
+    assert fp32["out_gap"] < 1e-5 * max(1.0, fp32["out_scale"]) and fp32["k_gap"] < 1e-5, fp32
+    assert fp32["v_gap"] < 1e-5 * max(1.0, fp32["v_scale"]), fp32
     assert bf16["out_gap"] < 0.03 * bf16["out_scale"], bf16  # a few ulps after o_proj and the MLP
-    assert bf16["k_gap"] <= 2**-6 * bf16["k_scale"] and bf16["v_gap"] == 0, bf16  # <= 2 ulps of the largest key
+    assert bf16["k_gap"] <= 2**-6 * bf16["k_scale"], bf16  # <= 2 ulps of the largest key
+    assert bf16["v_gap"] <= 2**-7 * bf16["v_scale"], bf16  # <= 1 ulp of the largest value
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ QWEN = ((256, 4864, 896, None, False), (256, 896, 896, None, True), (64, 4864, 8
 
 def compare(device: str, dtype: torch.dtype, rows: int, k: int, n: int, splits: int | None,
             bias: bool, tma: bool = False) -> dict:
-    """Relative gaps of (the summed partials against F.linear; add_norm's x and normed rows against
+    """Relative gaps of (the summed partials and `split_k.linear` against F.linear; add_norm's x and normed rows against
     `fused_stack.partials_add_norm` on the same partials, and its x without a norm). `tma`: the
     partials through the TMA-descriptor kernel at a small tile (else the tile `split_k` picks)."""
     from rl_core.generation.native import split_k
@@ -34,11 +34,14 @@ def compare(device: str, dtype: torch.dtype, rows: int, k: int, n: int, splits: 
     def rel(got, ref):
         return ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
 
+    lin = split_k.linear(a, w, b, tile=None if tile is None else tile[:3] + (1,) + tile[4:])
+    assert lin.dtype == dtype and lin.shape == (rows, n)
     got_x, got_n = split_k.add_norm(x, parts, b, ln, 1e-6)
     ref_x, ref_n = partials_add_norm(x, parts, b, ln, 1e-6)
     plain_x, none = split_k.add_norm(x, parts, b, None, 1e-6)
     assert none is None and got_x.dtype == dtype and got_n.dtype == dtype
-    return {"matmul": rel(split_k.summed(parts, b, dtype), F.linear(a, w, b)), "x": rel(got_x, ref_x),
+    return {"matmul": rel(split_k.summed(parts, b, dtype), F.linear(a, w, b)), "linear": rel(lin, F.linear(a, w, b)),
+            "x": rel(got_x, ref_x),
             "normed": rel(got_n, ref_n), "x_no_norm": rel(plain_x, ref_x), "splits": parts.shape[0]}
 
 
@@ -47,7 +50,7 @@ def check(dtype: torch.dtype, gaps: dict) -> None:
     the rounded output (cuBLAS sums in another order), add + norm bit-equal to the torch form up to
     the square root's rounding."""
     tol = 1e-5 if dtype == torch.float32 else 2 ** -7
-    assert gaps["matmul"] < tol, gaps
+    assert gaps["matmul"] < tol and gaps["linear"] < tol, gaps
     assert max(gaps["x"], gaps["normed"], gaps["x_no_norm"]) < (1e-6 if dtype == torch.float32 else 2 ** -7), gaps
 
 

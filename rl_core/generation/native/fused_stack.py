@@ -72,6 +72,9 @@ def _plain(fn: Callable, **_) -> Callable:
 # instead of cuBLAS + the compiled add + norm. A module switch for benchmarks (bench/generation_gpu.py
 # runs both side by side); read when a stack is built.
 SPLIT_K = True
+# With SPLIT_K, the QKV projection through split_k.linear (a Triton matmul, so that the attention kernel
+# after it launches under PDL) instead of cuBLAS: a switch for benchmarks too.
+TRITON_QKV = True
 
 
 class FusedStack:
@@ -83,6 +86,7 @@ class FusedStack:
         c = compile_fn or _plain
         self.fused_mlp = fused_mlp
         self.split_k = SPLIT_K if split_k is None else split_k
+        self.triton_qkv = self.split_k and TRITON_QKV
         self.norm = c(rms_norm)
         self.gate_up = c(gate_up_gated)
         self.output_norm = c(attention_output_norm, unfused_residual=True)
@@ -100,7 +104,8 @@ class FusedStack:
 
         _, qkv_w, qkv_b, o_w, o_b, ln2, gate_up_w, gate_up_b, down_w, down_b = weights
         n, dim = x.shape[0], cos.shape[-1]
-        qkv = F.linear(normed, qkv_w, qkv_b).view(n, heads + 2 * kv_heads, dim)
+        qkv = (split_k.linear(normed, qkv_w, qkv_b) if self.triton_qkv else F.linear(normed, qkv_w, qkv_b))
+        qkv = qkv.view(n, heads + 2 * kv_heads, dim)
         out = rope_store_attend(qkv, cos, sin, positions, k_cache, v_cache, heads, kv_heads)
         if self.split_k:
             x, normed = split_k.add_norm(x, split_k.partials(out, o_w, kind="output"), o_b, ln2, eps)

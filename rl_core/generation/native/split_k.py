@@ -46,15 +46,17 @@ from rl_core.generation.native.triton_support import (descriptor, gdc_launch_dep
 DEFAULT_TILE = (64, 64, 128, 4, 4, 3, False)
 TILES: dict[tuple[int, str], tuple[int, int, int, int, int, int, bool]] = {
     (256, "down"): (128, 64, 64, 4, 8, 4, True), (256, "output"): (64, 64, 128, 2, 4, 3, False),
-    (64, "down"): (64, 64, 128, 8, 4, 3, False), (64, "output"): (64, 32, 128, 4, 4, 3, False)}
+    (64, "down"): (64, 64, 128, 8, 4, 3, False), (64, "output"): (64, 32, 128, 4, 4, 3, False),
+    (256, "qkv"): (64, 64, 128, 1, 4, 3, True), (64, "qkv"): (64, 64, 128, 1, 4, 3, True)}
 _FIXED = (16, 32, 32)  # float32 and the interpreter: (BLOCK_M, BLOCK_N, BLOCK_K)
 
 if triton is not None:
     from rl_core.generation.native.fused_mlp import _rounded
 
     @triton.jit
-    def _partials_kernel(a, w, out, rows, n, k_total, k_split, stride_a, stride_w,
-                         IEEE: tl.constexpr, PDL: tl.constexpr,
+    def _partials_kernel(a, w, bias, out, rows, n, k_total, k_split, stride_a, stride_w,
+                         IEEE: tl.constexpr, PDL: tl.constexpr, ROUNDED: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         BF16_BITS: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         if PDL:  # launched while the kernel before finishes: wait for it before any load or store
             gdc_wait()
@@ -80,12 +82,27 @@ if triton is not None:
                 acc = tl.dot(x, wt, acc)
         if PDL:
             gdc_launch_dependents()
-        tl.store(out + (pid_s * rows + r[:, None]) * n + c[None, :], acc, mask=row_ok[:, None] & col_ok[None, :])
+        _store(out, bias, acc, r, c, rows, n, pid_s, ROUNDED, HAS_BIAS, BF16_BITS)
+
+    @triton.jit
+    def _store(out, bias, acc, r, c, rows, n, pid_s, ROUNDED: tl.constexpr, HAS_BIAS: tl.constexpr,
+               BF16_BITS: tl.constexpr):
+        """A slice's float32 sum to out[pid_s]; or (ROUNDED, one slice: `linear`) the sum + bias rounded
+        to out's dtype, as a cuBLAS projection with its bias in the epilogue."""
+        mask = (r < rows)[:, None] & (c < n)[None, :]
+        if ROUNDED:
+            if HAS_BIAS:
+                acc += tl.load(bias + c, mask=c < n, other=0.0).to(tl.float32)[None, :]
+            dtype = out.dtype.element_ty
+            tl.store(out + r[:, None] * n + c[None, :], _rounded(acc, dtype, BF16_BITS).to(dtype), mask=mask)
+        else:
+            tl.store(out + (pid_s * rows + r[:, None]) * n + c[None, :], acc, mask=mask)
 
 
     @triton.jit
-    def _partials_tma_kernel(a_desc, w_desc, out, rows, n, k_total, k_split, BLOCK_M: tl.constexpr,
-                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+    def _partials_tma_kernel(a_desc, w_desc, bias, out, rows, n, k_total, k_split, BLOCK_M: tl.constexpr,
+                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
+                             ROUNDED: tl.constexpr, HAS_BIAS: tl.constexpr, BF16_BITS: tl.constexpr):
         """`_partials_kernel` with its tiles loaded through TMA descriptors (reads past the rows or
         past K give zeros, so only the store is masked)."""
         if PDL:
@@ -98,9 +115,8 @@ if triton is not None:
             acc = tl.dot(a_desc.load([off_m, k]), w_desc.load([off_n, k]).T, acc)
         if PDL:
             gdc_launch_dependents()
-        r = off_m + tl.arange(0, BLOCK_M)
-        c = off_n + tl.arange(0, BLOCK_N)
-        tl.store(out + (pid_s * rows + r[:, None]) * n + c[None, :], acc, mask=(r < rows)[:, None] & (c < n)[None, :])
+        _store(out, bias, acc, off_m + tl.arange(0, BLOCK_M), off_n + tl.arange(0, BLOCK_N), rows, n, pid_s, ROUNDED,
+               HAS_BIAS, BF16_BITS)
 
     @triton.jit
     def _add_norm_kernel(parts, splits, bias, x, ln, x_out, normed_out, rows, n, eps,
@@ -163,6 +179,19 @@ def partials(a: torch.Tensor, weight: torch.Tensor, splits: int | None = None, *
     is a @ weight^T. `kind` ("output", "down") picks the CUDA tile from `TILES` (`tile` overrides
     it, for benchmarks and the tests: its TMA flag is honoured where `tma_usable`, also in the
     interpreter); `splits` overrides the tile's."""
+    return _matmul(a, weight, None, splits, kind, tile, rounded=False)
+
+
+def linear(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, kind: str = "qkv",
+           tile: tuple[int, int, int, int, int, int, bool] | None = None) -> torch.Tensor:
+    """F.linear(a, weight, bias) [S, N] in a's dtype by the same kernels in one slice (the sum and the
+    bias rounded once, as cuBLAS's epilogue): the QKV projection of the stack, a Triton kernel so that
+    it too launches under PDL (`triton_support.pdl`)."""
+    return _matmul(a, weight, bias, 1, kind, tile, rounded=True)
+
+
+def _matmul(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, splits: int | None, kind: str,
+            tile: tuple[int, int, int, int, int, int, bool] | None, rounded: bool) -> torch.Tensor:
     rows = a.shape[0]
     n, k_total = weight.shape
     if weight.stride(-1) != 1 or a.shape[1] != k_total:
@@ -178,19 +207,23 @@ def partials(a: torch.Tensor, weight: torch.Tensor, splits: int | None = None, *
     tma = tma and tma_usable(a, weight)
     k_split = triton.cdiv(triton.cdiv(k_total, split_n), bk) * bk  # each slice a whole number of blocks
     split_n = triton.cdiv(k_total, k_split)
-    out = torch.empty(split_n, rows, n, device=a.device, dtype=torch.float32)
+    if rounded and split_n != 1:
+        raise ValueError(f"split_k.linear runs one slice; its tile has {split_n}")
+    out = (a.new_empty(rows, n) if rounded else torch.empty(split_n, rows, n, device=a.device, dtype=torch.float32))
     if rows == 0:
         return out
     grid = (triton.cdiv(n, bn), triton.cdiv(rows, bm), split_n)
+    flags = dict(PDL=pdl(a), ROUNDED=rounded, HAS_BIAS=bias is not None,
+                 BF16_BITS=interpreting() and a.dtype == torch.bfloat16, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                 **_pdl_launch(a))
+    b = bias if bias is not None else out
     if tma:
-        _partials_tma_kernel[grid](descriptor(a, [bm, bk]), descriptor(weight, [bn, bk]), out, rows, n, k_total, k_split,
-                                   BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, PDL=pdl(a),
-                                   **({} if interpreting() else dict(num_warps=warps)), **_pdl_launch(a))
+        _partials_tma_kernel[grid](descriptor(a, [bm, bk]), descriptor(weight, [bn, bk]), b, out, rows, n, k_total, k_split,
+                                   STAGES=stages, **flags, **({} if interpreting() else dict(num_warps=warps)))
         return out
     kwargs = {} if interpreting() else dict(num_warps=warps, num_stages=stages)
-    _partials_kernel[grid](a, weight, out, rows, n, k_total, k_split, a.stride(0), weight.stride(0), IEEE=ieee,
-                           PDL=pdl(a), **_pdl_launch(a),
-                           BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, **kwargs)
+    _partials_kernel[grid](a, weight, b, out, rows, n, k_total, k_split, a.stride(0), weight.stride(0), IEEE=ieee,
+                           **flags, **kwargs)
     return out
 
 
