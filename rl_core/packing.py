@@ -50,11 +50,13 @@ class _Joined:
     def __init__(self, cols: list):
         self.prompts: list = []
         self.completion_ids: list = []
+        self.completion_lens: list = []
         self.gen_logprobs: list = []
         self.env_mask: list = []
         self.start_versions: list = []
         self.runs: list = []  # (prompt list, rows)
-        prompts, completions, logprobs = self.prompts, self.completion_ids, self.gen_logprobs
+        prompts, completions, clens = self.prompts, self.completion_ids, self.completion_lens
+        logprobs = self.gen_logprobs
         env_mask, versions, runs = self.env_mask, self.start_versions, self.runs
         for c in cols:
             shared = c.shared_prompt
@@ -67,6 +69,7 @@ class _Joined:
                 prompts += ps
                 runs += [(p, 1) for p in ps]
             completions += c.completion_ids
+            clens += c.completion_lens
             logprobs += c.gen_logprobs
             env_mask += c.env_mask
             versions += c.start_versions
@@ -92,8 +95,8 @@ class _Joined:
 
 def _pack(cols, advantages, pad_id: int, token_advantages, require_routes: bool,
           placeholder: bool = False) -> TrainChunk:
-    """Pack the rows of `cols` (`columns.GroupColumns` members: prompts, completion ids and
-    logprobs, completion masks, environment masks, versions, routed experts; `runs`, when
+    """Pack the rows of `cols` (`columns.GroupColumns` members: prompts, completion ids, their
+    lengths and logprobs, completion masks, environment masks, versions, routed experts; `runs`, when
     given, the runs of rows sharing one prompt list). `placeholder` (with `advantages` None):
     zero advantages as one expanded zero."""
     # Python lists: every field is gathered into one flat list, converted once and scattered
@@ -107,7 +110,7 @@ def _pack(cols, advantages, pad_id: int, token_advantages, require_routes: bool,
     masks, env_mask, versions = cols.completion_masks, cols.env_mask, cols.start_versions
     B = len(completions)
     plens = list(map(len, prompts))
-    clens = list(map(len, completions))
+    clens = cols.completion_lens  # len() of each completion, held by the columns (GroupColumns)
     lplens = list(map(len, logprobs))
     if lplens != clens:
         i = next(i for i, (a, c) in enumerate(zip(lplens, clens)) if a != c)
@@ -262,7 +265,7 @@ _DTYPE = operator.attrgetter("dtype")
 def _all_of_dtype(pieces: list, dtype: np.dtype) -> bool:
     """Whether every piece is an array of exactly `dtype` (byte order included; lists have no dtype)."""
     try:
-        return set(map(_DTYPE, pieces)) == {dtype}
+        return list(map(_DTYPE, pieces)).count(dtype) == len(pieces)
     except AttributeError:
         return False
 

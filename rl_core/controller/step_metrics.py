@@ -134,6 +134,7 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
     comp_groups = [c.component_columns for c in all_cols]  # the named reward components of each group, in order
     n = len(rewards)
     gen_sorted = sorted(gen_len)
+    gen_mean = statistics.fmean(gen_len)  # two keys report it
     step_s = now - t_step0
     rs = pump.rollout.stats
     m = {
@@ -144,9 +145,9 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
         "train/advantage_std": pstdev(advs),
         "train/zero_variance_groups": zero_variance / len(trained),
         "train/num_groups": float(len(trained)),
-        "train/completion_len_mean": statistics.fmean(gen_len),
+        "train/completion_len_mean": gen_mean,
         "train/truncation_rate": truncated / n,
-        "rollout/gen_tokens_per_sample_mean": statistics.fmean(gen_len),
+        "rollout/gen_tokens_per_sample_mean": gen_mean,
         "rollout/gen_tokens_p50": _pct(gen_sorted, 0.5),
         "rollout/gen_tokens_p95": _pct(gen_sorted, 0.95),
         "rollout/gen_tokens_max": float(max(gen_len)),
