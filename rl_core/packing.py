@@ -50,11 +50,13 @@ class _Joined:
     def __init__(self, cols: list):
         self.prompts: list = []
         self.completion_ids: list = []
+        self.completion_lens: list = []
         self.gen_logprobs: list = []
         self.env_mask: list = []
         self.start_versions: list = []
         self.runs: list = []  # (prompt list, rows)
-        prompts, completions, logprobs = self.prompts, self.completion_ids, self.gen_logprobs
+        prompts, completions, clens = self.prompts, self.completion_ids, self.completion_lens
+        logprobs = self.gen_logprobs
         env_mask, versions, runs = self.env_mask, self.start_versions, self.runs
         for c in cols:
             shared = c.shared_prompt
@@ -67,6 +69,7 @@ class _Joined:
                 prompts += ps
                 runs += [(p, 1) for p in ps]
             completions += c.completion_ids
+            clens += c.completion_lens
             logprobs += c.gen_logprobs
             env_mask += c.env_mask
             versions += c.start_versions
@@ -92,21 +95,22 @@ class _Joined:
 
 def _pack(cols, advantages, pad_id: int, token_advantages, require_routes: bool,
           placeholder: bool = False) -> TrainChunk:
-    """Pack the rows of `cols` (`columns.GroupColumns` members: prompts, completion ids and
-    logprobs, completion masks, environment masks, versions, routed experts; `runs`, when
+    """Pack the rows of `cols` (`columns.GroupColumns` members: prompts, completion ids, their
+    lengths and logprobs, completion masks, environment masks, versions, routed experts; `runs`, when
     given, the runs of rows sharing one prompt list). `placeholder` (with `advantages` None):
     zero advantages as one expanded zero."""
     # Python lists: every field is gathered into one flat list, converted once and scattered
     # into the padded [B, T] layout with a boolean mask (row-major order of the mask =
     # concatenation order); per-sample tensor construction cost ~10x more. NumPy arrays: each
-    # row is [prompt, completion, padding] and the rows are one `np.concatenate` of these
-    # pieces, written into [B, T] (no mask, no row-by-row copies). The [B, T] arrays come from
-    # `ARENA`: memory of earlier chunks that nothing refers to any more (no page faults).
+    # row is [prompt, completion, padding] and the rows are one concatenation of these pieces
+    # (`_joined`: `bytes.join` for the usual int64 ids and float32 logprobs), written into
+    # [B, T] (no mask, no row-by-row copies). The [B, T] arrays come from `ARENA`: memory of
+    # earlier chunks that nothing refers to any more (no page faults).
     prompts, completions, logprobs = cols.prompts, cols.completion_ids, cols.gen_logprobs
     masks, env_mask, versions = cols.completion_masks, cols.env_mask, cols.start_versions
     B = len(completions)
     plens = list(map(len, prompts))
-    clens = list(map(len, completions))
+    clens = cols.completion_lens  # len() of each completion, held by the columns (GroupColumns)
     lplens = list(map(len, logprobs))
     if lplens != clens:
         i = next(i for i, (a, c) in enumerate(zip(lplens, clens)) if a != c)
@@ -122,10 +126,11 @@ def _pack(cols, advantages, pad_id: int, token_advantages, require_routes: bool,
     real = np.take(first, lengths, axis=0, out=ARENA.empty((B, T), np.bool_))  # [B, T] prompt + completion
     comp = np.take(first, plen, axis=0, out=ARENA.empty((B, T), np.bool_))  # [B, T] prompt
     np.not_equal(comp, real, out=comp)  # [B, T] completion (the prompt lies inside `real`)
-    if B and set(map(type, completions)) | set(map(type, logprobs)) == {np.ndarray}:
+    exact = _all_of_dtype(completions, _INT64) and _all_of_dtype(logprobs, _FLOAT32)  # the usual arrays
+    if B and (exact or set(map(type, completions)) | set(map(type, logprobs)) == {np.ndarray}):
         runs = getattr(cols, "runs", None) or _runs(prompts)
         input_ids, gen_lp = _rows_by_concatenation(runs, completions, logprobs, plens, (T - lengths).tolist(), T,
-                                                   pad_id)
+                                                   pad_id, exact)
     else:
         input_ids = ARENA.full((B, T), pad_id, np.int64)
         gen_lp = ARENA.full((B, T), 0.0, np.float32)
@@ -186,23 +191,24 @@ def _runs(prompts: list) -> list[tuple[list, int]]:
 
 
 class _Cuts(dict):
-    """length n -> `base[:n]`, the slice made on first use (a dict lookup per row after that)."""
+    """length n -> `base[:n]` (`size` 0), or the bytes of n items of `base` (a bytes object of
+    items of `size` bytes), the slice made on first use (a dict lookup per row after that)."""
 
-    __slots__ = ("base",)
+    __slots__ = ("base", "size")
 
-    def __init__(self, base: np.ndarray):
+    def __init__(self, base, size: int = 0):
         super().__init__()
-        self.base = base
+        self.base, self.size = base, size
 
     def __missing__(self, n):
-        v = self[n] = self.base[:n]
+        v = self[n] = self.base[:n * self.size] if self.size else self.base[:n]
         return v
 
 
 def _rows_by_concatenation(runs: list, completions: list, logprobs: list, plens: list[int], tails: list[int],
-                           T: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+                           T: int, pad_id: int, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """input_ids and gen_logprobs [B, T] of samples whose completions and logprobs are arrays,
-    each written by one concatenation into the chunk's memory. Row i is [prompt_i,
+    each written by one concatenation (`_joined`). Row i is [prompt_i,
     completion_i, padding_i] (`tails[i]` = len(padding_i)). gen_logprobs: zeros, then per row
     logprobs_i and the zeros of padding_i and prompt_(i+1) as one piece, a slice of one zero
     array taken once per distinct length (`_Cuts`: a dict lookup per row, in C). input_ids:
@@ -212,26 +218,29 @@ def _rows_by_concatenation(runs: list, completions: list, logprobs: list, plens:
     runs (a distinct prompt per row, as multi-turn samples have) three pieces per row
     instead: the run's prompt (one array per run), completion_i and padding_i. No Python
     loop over rows either way: the pieces are lists mapped over the lengths and interleaved
-    by slice assignments."""
+    by slice assignments. `exact`: every completion is an int64 array and every logprob row a
+    float32 array (native byte order): the padding pieces are then bytes and each
+    concatenation goes through `bytes.join` (`_joined`)."""
     B = len(completions)
-    zero = np.zeros(2 * T, dtype=np.float32)
-    pad = np.full(2 * T, pad_id, dtype=np.int64)
+    if exact:  # padding as bytes objects (the cheapest buffers to join)
+        zeros = _Cuts(bytes(8 * T), 4)
+        pads = _Cuts(np.full(2 * T, pad_id, dtype=np.int64).tobytes(), 8)
+    else:
+        zeros = _Cuts(np.zeros(2 * T, dtype=np.float32))
+        pads = _Cuts(np.full(2 * T, pad_id, dtype=np.int64))
     gaps = list(map(operator.add, tails, plens[1:]))  # padding_i + prompt_(i+1)
     gaps.append(tails[-1])
     lp_pieces: list = [None] * (2 * B + 1)
-    lp_pieces[0] = zero[:plens[0]]
+    lp_pieces[0] = zeros[plens[0]]
     lp_pieces[1::2] = logprobs
-    lp_pieces[2::2] = map(_Cuts(zero).__getitem__, gaps)
-    gen_lp = ARENA.empty((B, T), np.float32)
-    np.concatenate(lp_pieces, out=gen_lp.reshape(-1), casting="unsafe")
-    input_ids = ARENA.empty((B, T), np.int64)
-    pads = _Cuts(pad)
+    lp_pieces[2::2] = map(zeros.__getitem__, gaps)
+    gen_lp = _joined(lp_pieces, (B, T), _FLOAT32, exact)
     if 4 * len(runs) <= B:  # few runs: [completion_i, padding over padding_i and prompt_(i+1)], then the prompts
         ids_pieces: list = [None] * (2 * B + 1)
-        ids_pieces[0] = pad[:plens[0]]
+        ids_pieces[0] = pads[plens[0]]
         ids_pieces[1::2] = completions
         ids_pieces[2::2] = map(pads.__getitem__, gaps)
-        np.concatenate(ids_pieces, out=input_ids.reshape(-1), casting="unsafe")
+        input_ids = _joined(ids_pieces, (B, T), _INT64, exact)
         start = 0
         for prompt, k in runs:
             if len(prompt):
@@ -245,8 +254,59 @@ def _rows_by_concatenation(runs: list, completions: list, logprobs: list, plens:
         ids_pieces[0::3] = row_prompts
         ids_pieces[1::3] = completions
         ids_pieces[2::3] = map(pads.__getitem__, tails)
-        np.concatenate(ids_pieces, out=input_ids.reshape(-1), casting="unsafe")
+        input_ids = _joined(ids_pieces, (B, T), _INT64, exact)
     return input_ids, gen_lp
+
+
+_INT64, _FLOAT32 = np.dtype(np.int64), np.dtype(np.float32)
+_DTYPE = operator.attrgetter("dtype")
+
+
+def _all_of_dtype(pieces: list, dtype: np.dtype) -> bool:
+    """Whether every piece is an array of exactly `dtype` (byte order included; lists have no dtype)."""
+    try:
+        return list(map(_DTYPE, pieces)).count(dtype) == len(pieces)
+    except AttributeError:
+        return False
+
+
+def _joined(pieces: list, shape: tuple[int, int], dtype: np.dtype, exact: bool) -> np.ndarray:
+    """The pieces end to end as a [B, T] array of `dtype` in `ARENA`'s memory: `np.concatenate`,
+    or with `exact` (every piece an array of `dtype` or bytes of its items) `bytes.join` of
+    ~512 KiB at a time, each part copied into place while it is still in the cache. numpy's
+    concatenation pays ~0.3-0.45 us per piece (a view and a copy set up per piece), the join
+    reads each piece's buffer in C for a fraction of that: on the 32,001 pieces of a 16,000 x
+    259 int64 chunk 9.8-12.4 -> 5.2-7.4 ms. One join of the whole 33 MB instead costs 3.6-4.4
+    ms where the allocator reuses a freed block, 18-29 ms where it hands out fresh memory
+    (~8,700 page faults), which packing does not control; the parts are reused either way. A
+    piece that exports no contiguous buffer, or a total that does not fill the shape, falls
+    back to the concatenation (which raises where the pieces do not fit)."""
+    out = ARENA.empty(shape, dtype)
+    flat = out.reshape(-1)
+    if exact:
+        dest = memoryview(flat).cast("B")
+        n, total = len(pieces), len(dest)
+        parts = max(1, total >> 19)
+        at, done = 0, False
+        try:
+            for i in range(parts):
+                part = b"".join(pieces[i * n // parts:(i + 1) * n // parts])
+                end = at + len(part)
+                if end > total:
+                    break
+                dest[at:end] = part
+                at = end
+            else:
+                done = at == total
+        except (BufferError, TypeError, ValueError):  # numpy: ValueError for a non-contiguous array
+            pass
+        finally:
+            dest.release()
+        if done:
+            return out
+        pieces = [np.frombuffer(p, dtype=dtype) if type(p) is bytes else p for p in pieces]
+    np.concatenate(pieces, out=flat, casting="unsafe")
+    return out
 
 
 class Arena:

@@ -78,6 +78,21 @@ _HAS_SEGMENTS = operator.methodcaller("has", "segments")
 _WORKER_TOTALS = operator.methodcaller("worker_totals")
 
 
+_KEYS = operator.attrgetter("keys")
+
+
+def _component_names(comp_groups: list) -> set[str]:
+    """`set().union(*(c.names() for c in comp_groups))`, the same set in the same iteration
+    order (the metrics' key order follows it), without a set per group where every group's
+    dicts share one tuple of keys (the usual case): unioning one set again adds nothing, and
+    only the second union may grow the table (the fill and the table size do not change after
+    it), so two unions of it stand for any number."""
+    keys = set(map(_KEYS, comp_groups))
+    if len(keys) == 1 and None not in keys:
+        return set().union(*[set(next(iter(keys)))] * min(len(comp_groups), 2))
+    return set().union(*(c.names() for c in comp_groups))
+
+
 def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: dict, t_step0: float,
                  idle: float) -> dict:
     advs = list(chain.from_iterable(map(_ADVANTAGES, trained)))
@@ -119,6 +134,7 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
     comp_groups = [c.component_columns for c in all_cols]  # the named reward components of each group, in order
     n = len(rewards)
     gen_sorted = sorted(gen_len)
+    gen_mean = statistics.fmean(gen_len)  # two keys report it
     step_s = now - t_step0
     rs = pump.rollout.stats
     m = {
@@ -129,9 +145,9 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
         "train/advantage_std": pstdev(advs),
         "train/zero_variance_groups": zero_variance / len(trained),
         "train/num_groups": float(len(trained)),
-        "train/completion_len_mean": statistics.fmean(gen_len),
+        "train/completion_len_mean": gen_mean,
         "train/truncation_rate": truncated / n,
-        "rollout/gen_tokens_per_sample_mean": statistics.fmean(gen_len),
+        "rollout/gen_tokens_per_sample_mean": gen_mean,
         "rollout/gen_tokens_p50": _pct(gen_sorted, 0.5),
         "rollout/gen_tokens_p95": _pct(gen_sorted, 0.95),
         "rollout/gen_tokens_max": float(max(gen_len)),
@@ -175,7 +191,7 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
         m[k if k.startswith(("shaping/", "dynamic_sampling/")) else f"train/{k}"] = v
     for w, n in sorted(workers.items()):
         m[f"rollout/worker_gen_tokens/{w}"] = float(n)
-    for name in set().union(*(c.names() for c in comp_groups)):  # named reward components (multi-reward)
+    for name in _component_names(comp_groups):  # named reward components (multi-reward)
         m[f"reward/{name}"] = statistics.fmean(DictColumns.joined(comp_groups, name, 0.0))
     for k, v in train_metrics.items():
         m[k if k.startswith(("critic/", "flops/", "perf/")) else f"train/{k}"] = v
