@@ -71,14 +71,14 @@ if triton is not None:
             acc_g += tl.load(bias + c, mask=col_ok, other=0.0).to(tl.float32)[None, :]
             acc_u += tl.load(bias + m + c, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         dtype = out.dtype.element_ty
-        g = _rounded(acc_g, dtype, BF16_BITS)
-        u = _rounded(acc_u, dtype, BF16_BITS)
-        s = _rounded(g / (1.0 + tl.exp(-g)), dtype, BF16_BITS)  # F.silu: float32 inside, rounded
-        tl.store(out + r[:, None] * stride_out + c[None, :], _rounded(s * u, dtype, BF16_BITS).to(dtype),
+        g = rounded(acc_g, dtype, BF16_BITS)
+        u = rounded(acc_u, dtype, BF16_BITS)
+        s = rounded(g / (1.0 + tl.exp(-g)), dtype, BF16_BITS)  # F.silu: float32 inside, rounded
+        tl.store(out + r[:, None] * stride_out + c[None, :], rounded(s * u, dtype, BF16_BITS).to(dtype),
                  mask=row_ok[:, None] & col_ok[None, :])
 
     @triton.jit
-    def _rounded(x, dtype: tl.constexpr, BF16_BITS: tl.constexpr):
+    def rounded(x, dtype: tl.constexpr, BF16_BITS: tl.constexpr):
         """x (float32) rounded to `dtype`, as float32. BF16_BITS: round to nearest even by
         integer arithmetic (Triton's CPU interpreter truncates float32 -> bfloat16 casts)."""
         if BF16_BITS:
@@ -115,9 +115,9 @@ if triton is not None:
             acc_g += tl.load(bias + c, mask=col_ok, other=0.0).to(tl.float32)[None, :]
             acc_u += tl.load(bias + m + c, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         dtype = out.dtype.element_ty
-        g = _rounded(acc_g, dtype, False)
-        s = _rounded(g / (1.0 + tl.exp(-g)), dtype, False)  # F.silu: float32 inside, rounded
-        tl.store(out + r[:, None] * stride_out + c[None, :], _rounded(s * _rounded(acc_u, dtype, False), dtype,
+        g = rounded(acc_g, dtype, False)
+        s = rounded(g / (1.0 + tl.exp(-g)), dtype, False)  # F.silu: float32 inside, rounded
+        tl.store(out + r[:, None] * stride_out + c[None, :], rounded(s * rounded(acc_u, dtype, False), dtype,
                                                                       False).to(dtype),
                  mask=(r < rows)[:, None] & col_ok[None, :])
 

@@ -28,7 +28,7 @@ Tiles: fixed per (row regime, projection) (`TILES`), the fastest of a sweep on t
 tiles and IEEE dots (the exact path of the tests).
 
 Does not own: which projections use it (fused_stack.py), when the fused step runs
-(decode_graph.py), Triton's import (triton_support.py), `_rounded` (fused_mlp.py).
+(decode_graph.py), Triton's import (triton_support.py), `rounded` (fused_mlp.py).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ TILES: dict[tuple[int, str], tuple[int, int, int, int, int, int, bool]] = {
 _FIXED = (16, 32, 32)  # float32 and the interpreter: (BLOCK_M, BLOCK_N, BLOCK_K)
 
 if triton is not None:
-    from rl_core.generation.native.fused_mlp import _rounded
+    from rl_core.generation.native.fused_mlp import rounded
 
     @triton.jit
     def _partials_kernel(a, w, bias, out, rows, n, k_total, k_split, stride_a, stride_w,
@@ -94,7 +94,7 @@ if triton is not None:
             if HAS_BIAS:
                 acc += tl.load(bias + c, mask=c < n, other=0.0).to(tl.float32)[None, :]
             dtype = out.dtype.element_ty
-            tl.store(out + r[:, None] * n + c[None, :], _rounded(acc, dtype, BF16_BITS).to(dtype), mask=mask)
+            tl.store(out + r[:, None] * n + c[None, :], rounded(acc, dtype, BF16_BITS).to(dtype), mask=mask)
         else:
             tl.store(out + (pid_s * rows + r[:, None]) * n + c[None, :], acc, mask=mask)
 
@@ -134,16 +134,16 @@ if triton is not None:
             acc += tl.load(parts + s * rows * n + offs, mask=mask, other=0.0)
         if HAS_BIAS:
             acc += tl.load(bias + c, mask=c < n, other=0.0).to(tl.float32)[None, :]
-        total = _rounded(tl.load(x + offs, mask=mask, other=0.0).to(tl.float32) + _rounded(acc, dtype, BF16_BITS),
+        total = rounded(tl.load(x + offs, mask=mask, other=0.0).to(tl.float32) + rounded(acc, dtype, BF16_BITS),
                          dtype, BF16_BITS)
         if PDL:
             gdc_launch_dependents()
         tl.store(x_out + offs, total.to(dtype), mask=mask)
         if HAS_NORM:  # model.rms_norm: F.rms_norm in float32, rounded, then weight * it, rounded
             inv = 1.0 / tl.sqrt(tl.sum(total * total, axis=1) / n + eps)
-            y = _rounded(total * inv[:, None], dtype, BF16_BITS)
+            y = rounded(total * inv[:, None], dtype, BF16_BITS)
             w = tl.load(ln + c, mask=c < n, other=0.0).to(tl.float32)
-            tl.store(normed_out + offs, _rounded(w[None, :] * y, dtype, BF16_BITS).to(dtype), mask=mask)
+            tl.store(normed_out + offs, rounded(w[None, :] * y, dtype, BF16_BITS).to(dtype), mask=mask)
 
 
 # The add + norm kernel's launch: (rows a program, warps).
@@ -179,7 +179,7 @@ def partials(a: torch.Tensor, weight: torch.Tensor, splits: int | None = None, *
     is a @ weight^T. `kind` ("output", "down") picks the CUDA tile from `TILES` (`tile` overrides
     it, for benchmarks and the tests: its TMA flag is honoured where `tma_usable`, also in the
     interpreter); `splits` overrides the tile's."""
-    return _matmul(a, weight, None, splits, kind, tile, rounded=False)
+    return _matmul(a, weight, None, splits, kind, tile, to_dtype=False)
 
 
 def linear(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, kind: str = "qkv",
@@ -187,11 +187,11 @@ def linear(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, 
     """F.linear(a, weight, bias) [S, N] in a's dtype by the same kernels in one slice (the sum and the
     bias rounded once, as cuBLAS's epilogue): the QKV projection of the stack, a Triton kernel so that
     it too launches under PDL (`triton_support.pdl`)."""
-    return _matmul(a, weight, bias, 1, kind, tile, rounded=True)
+    return _matmul(a, weight, bias, 1, kind, tile, to_dtype=True)
 
 
 def _matmul(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, splits: int | None, kind: str,
-            tile: tuple[int, int, int, int, int, int, bool] | None, rounded: bool) -> torch.Tensor:
+            tile: tuple[int, int, int, int, int, int, bool] | None, to_dtype: bool) -> torch.Tensor:
     rows = a.shape[0]
     n, k_total = weight.shape
     if weight.stride(-1) != 1 or a.shape[1] != k_total:
@@ -207,13 +207,13 @@ def _matmul(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, sp
     tma = tma and tma_usable(a, weight)
     k_split = triton.cdiv(triton.cdiv(k_total, split_n), bk) * bk  # each slice a whole number of blocks
     split_n = triton.cdiv(k_total, k_split)
-    if rounded and split_n != 1:
+    if to_dtype and split_n != 1:
         raise ValueError(f"split_k.linear runs one slice; its tile has {split_n}")
-    out = (a.new_empty(rows, n) if rounded else torch.empty(split_n, rows, n, device=a.device, dtype=torch.float32))
+    out = (a.new_empty(rows, n) if to_dtype else torch.empty(split_n, rows, n, device=a.device, dtype=torch.float32))
     if rows == 0:
         return out
     grid = (triton.cdiv(n, bn), triton.cdiv(rows, bm), split_n)
-    flags = dict(PDL=pdl(a), ROUNDED=rounded, HAS_BIAS=bias is not None,
+    flags = dict(PDL=pdl(a), ROUNDED=to_dtype, HAS_BIAS=bias is not None,
                  BF16_BITS=interpreting() and a.dtype == torch.bfloat16, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                  **_pdl_launch(a))
     b = bias if bias is not None else out
