@@ -331,12 +331,9 @@ def main() -> None:
         configs += [c[:4] + ("fused",) for c in configs if c[0] != "eager" and c[1] == "auto"]
         if args.fused_mlp:
             configs += [c[:4] + ("fused+mlp",) for c in configs if c[4] == "fused"]
-        if args.cublas:
-            configs += [c[:4] + (c[4] + "+cublas",) for c in configs if c[4].startswith("fused")]
-        if args.cublas_qkv:
-            configs += [c[:4] + (c[4] + "+cublasqkv",) for c in configs if c[4].startswith("fused")]
-        if args.no_pdl:
-            configs += [c[:4] + (c[4] + "+nopdl",) for c in configs if c[4].startswith("fused")]
+        for twin, suffix in ((args.cublas, "+cublas"), (args.cublas_qkv, "+cublasqkv"), (args.no_pdl, "+nopdl")):
+            if twin:  # each twin of every fused configuration so far
+                configs += [c[:4] + (c[4] + suffix,) for c in configs if c[4].startswith("fused")]
     def name_of(path, compiled, overlap, attention) -> str:
         return (path + ("+compile" if compiled else "") + ("+overlap" if overlap else "")
                 + ("" if attention == "torch" else "+" + attention))

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_core.generation.native.triton_support import gdc_launch_dependents, gdc_wait, interpreting, pdl, tl, triton
+from rl_core.generation.native.triton_support import gdc_launch_dependents, gdc_wait, interpreting, pdl_flags, tl, triton
 
 # The kernel's launch: (keys per inner step, warps, pipeline stages). Timed side by side on the
 # H200 (bench/decode_kernels_gpu.py, 2026-12-03, positions 64..320): at 256 slots none of `TILES`
@@ -162,6 +162,6 @@ def rope_store_attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, p
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0),
         dim ** -0.5,
         HEADS=heads, KV_HEADS=kv_heads, GROUP=group, BLOCK_GROUP=max(16, triton.next_power_of_2(group)),
-        DIM=dim, BLOCK_N=block_n, IEEE=qkv.dtype == torch.float32 or interpreting(), PDL=pdl(qkv), num_warps=warps,
-        num_stages=stages, **({"launch_pdl": True} if pdl(qkv) else {}))
+        DIM=dim, BLOCK_N=block_n, IEEE=qkv.dtype == torch.float32 or interpreting(), num_warps=warps,
+        num_stages=stages, **pdl_flags(qkv))
     return out

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_core.generation.native.triton_support import (descriptor, gdc_launch_dependents, gdc_wait, interpreting, pdl, tl,
+from rl_core.generation.native.triton_support import (descriptor, gdc_launch_dependents, gdc_wait, interpreting, pdl_flags, tl,
                                                       tma_usable, triton)
 
 # Tile sizes tried on CUDA in bf16/fp16, autotuned on the first call per (row class, m, hidden),
@@ -156,8 +156,7 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         _gate_up_silu_tma_kernel[grid](descriptor(x, [bm, bk]), descriptor(gate, [bn, bk]), descriptor(up, [bn, bk]),
                                        bias if bias is not None else x, out, rows, m, hidden, out.stride(0),
                                        HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages,
-                                       PDL=pdl(x), **({} if interpreting() else dict(num_warps=warps)),
-                                       **({"launch_pdl": True} if pdl(x) else {}))
+                                       **pdl_flags(x), **({} if interpreting() else dict(num_warps=warps)))
         return out
     flags = dict(HAS_BIAS=bias is not None, IEEE=ieee, BF16_BITS=interpreting() and x.dtype == torch.bfloat16)
     row_class = min(max(16, 1 << (rows - 1).bit_length()), 256)  # only the autotuner's key

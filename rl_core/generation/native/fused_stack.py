@@ -32,7 +32,6 @@ import torch.nn.functional as F
 from rl_core.generation.native.kv_cache import KVCache
 from rl_core.generation.native.model import rms_norm, attention_output_norm, mlp_down
 from rl_core.generation.native import split_k
-from rl_core.generation.native.split_k import summed
 
 
 def down_add_norm(x: torch.Tensor, gated: torch.Tensor, down_w: torch.Tensor, down_b: torch.Tensor | None,
@@ -47,7 +46,7 @@ def partials_add_norm(x: torch.Tensor, parts: torch.Tensor, bias: torch.Tensor |
                       eps: float) -> tuple[torch.Tensor, torch.Tensor | None]:
     """x + a projection given as split-K float32 partials (`split_k.summed`), and that normed by
     `ln` (None: the sum alone)."""
-    x = x + summed(parts, bias, x.dtype)
+    x = x + split_k.summed(parts, bias, x.dtype)
     return x, None if ln is None else rms_norm(x, ln, eps)
 
 

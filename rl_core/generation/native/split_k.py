@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_core.generation.native.triton_support import (descriptor, gdc_launch_dependents, gdc_wait, interpreting, pdl, tl,
+from rl_core.generation.native.triton_support import (descriptor, gdc_launch_dependents, gdc_wait, interpreting, pdl_flags, tl,
                                                       tma_usable, triton)
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, splits, warps, stages, TMA) for bf16/fp16 on CUDA, by (64: up to 64 rows,
@@ -163,13 +163,11 @@ def add_norm(x: torch.Tensor, parts: torch.Tensor, bias: torch.Tensor | None, ln
         return x_out, normed
     block_r, warps = tile or ADD_NORM_TILE
     kwargs = {} if interpreting() else dict(num_warps=warps)
-    if pdl(x):
-        kwargs["launch_pdl"] = True
     _add_norm_kernel[(triton.cdiv(rows, block_r),)](
         parts, parts.shape[0], bias if bias is not None else x, x, ln if ln is not None else x, x_out,
         normed if normed is not None else x_out, rows, n, eps, HAS_BIAS=bias is not None, HAS_NORM=ln is not None,
         BF16_BITS=interpreting() and x.dtype == torch.bfloat16, BLOCK_R=block_r,
-        BLOCK_N=triton.next_power_of_2(n), PDL=pdl(x), **kwargs)
+        BLOCK_N=triton.next_power_of_2(n), **pdl_flags(x), **kwargs)
     return x_out, normed
 
 
@@ -195,7 +193,7 @@ def _matmul(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, sp
     rows = a.shape[0]
     n, k_total = weight.shape
     if weight.stride(-1) != 1 or a.shape[1] != k_total:
-        raise ValueError(f"split_k.partials needs a [N, K] weight contiguous in K and a [S, K] input; got weight "
+        raise ValueError(f"split_k.{'linear' if to_dtype else 'partials'} needs a [N, K] weight contiguous in K and a [S, K] input; got weight "
                          f"{tuple(weight.shape)} (strides {weight.stride()}), input {tuple(a.shape)}")
     a = a.contiguous()
     ieee = a.dtype == torch.float32 or interpreting()
@@ -213,9 +211,8 @@ def _matmul(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, sp
     if rows == 0:
         return out
     grid = (triton.cdiv(n, bn), triton.cdiv(rows, bm), split_n)
-    flags = dict(PDL=pdl(a), ROUNDED=to_dtype, HAS_BIAS=bias is not None,
-                 BF16_BITS=interpreting() and a.dtype == torch.bfloat16, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                 **_pdl_launch(a))
+    flags = dict(ROUNDED=to_dtype, HAS_BIAS=bias is not None, BF16_BITS=interpreting() and a.dtype == torch.bfloat16,
+                 BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, **pdl_flags(a))
     b = bias if bias is not None else out
     if tma:
         _partials_tma_kernel[grid](descriptor(a, [bm, bk]), descriptor(weight, [bn, bk]), b, out, rows, n, k_total, k_split,
@@ -225,10 +222,6 @@ def _matmul(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, sp
     _partials_kernel[grid](a, weight, b, out, rows, n, k_total, k_split, a.stride(0), weight.stride(0), IEEE=ieee,
                            **flags, **kwargs)
     return out
-
-
-def _pdl_launch(t: torch.Tensor) -> dict:
-    return {"launch_pdl": True} if pdl(t) else {}
 
 
 def summed(parts: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:

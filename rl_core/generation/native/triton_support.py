@@ -4,12 +4,12 @@ Owns: `triton` / `tl` (None when the package is missing: the CPU build of torch 
 `interpreting()` (Triton's CPU interpreter, `TRITON_INTERPRET=1`,
 which the CPU tests use to run the kernels without a GPU), and `tma_usable` / `descriptor`: whether
 tensors can be read through the Hopper tensor-memory accelerator (TMA) and their host descriptors;
-`pdl(tensor)` / `PDL` and the kernels' `gdc_wait` / `gdc_launch_dependents`: programmatic dependent
+`pdl(tensor)` / `pdl_flags(tensor)` / `PDL` and the kernels' `gdc_wait` / `gdc_launch_dependents`: programmatic dependent
 launch (Hopper), under which a kernel is launched while the one before it finishes and waits for
 it (`gdc_wait`, before any load or store) instead of the launch waiting (NVIDIA, CUDA C++
 Programming Guide, "Programmatic Dependent Launch and Synchronization").
 
-Does not own: the kernels (decode_attention.py, fused_sampling.py, fused_mlp.py) or the
+Does not own: the kernels (decode_attention.py, fused_sampling.py, fused_mlp.py, split_k.py) or the
 checks of when they may run (decode_attention.check_supported).
 """
 
@@ -26,6 +26,11 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
     tl = None
 
+try:  # host TMA descriptors (triton 3.3+)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except Exception:  # pragma: no cover - no triton, or an older one
+    TensorDescriptor = None
+
 try:  # grid dependency control (triton 3.4+); the kernels only call these when launched with PDL
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
     from triton.backends.nvidia.compiler import CUDAOptions
@@ -36,7 +41,7 @@ except Exception:  # pragma: no cover - no triton, or an older one
     _HAS_PDL = False
 
 # Programmatic dependent launch of the fused decode step's Triton kernels where `pdl` allows it: a
-# module switch for benchmarks (bench/generation_gpu.py --pdl-twin) and tests; read at each launch,
+# module switch for benchmarks (bench/generation_gpu.py --no-pdl) and tests; read at each launch,
 # so it is fixed into a CUDA graph when the graph is captured.
 PDL = True
 
@@ -52,11 +57,7 @@ def tma_usable(*tensors) -> bool:
     """Whether kernels may load these 2-D tensors through TMA descriptors: CUDA compute capability 9+
     (Hopper), a triton with host tensor descriptors, row-major tensors whose base and row stride are
     16-byte aligned (the descriptor's rules). The interpreter runs descriptors too, for the tests."""
-    if triton is None:
-        return False
-    try:
-        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
-    except ImportError:  # pragma: no cover - depends on the install
+    if TensorDescriptor is None:
         return False
     t0 = tensors[0]
     if not interpreting() and (t0.device.type != "cuda" or torch.cuda.get_device_capability(t0.device)[0] < 9):
@@ -67,8 +68,6 @@ def tma_usable(*tensors) -> bool:
 
 def descriptor(t, block: list[int]):
     """The host TMA descriptor of a 2-D tensor read in `block`-shaped tiles (out-of-range reads give zeros)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
     return TensorDescriptor.from_tensor(t, block)
 
 
@@ -77,3 +76,10 @@ def pdl(t) -> bool:
     device of compute capability 9+, a triton that has it (not its interpreter)."""
     return (PDL and _HAS_PDL and not interpreting() and t.device.type == "cuda"
             and torch.cuda.get_device_capability(t.device)[0] >= 9)
+
+
+def pdl_flags(t) -> dict:
+    """A kernel launch's PDL arguments for a kernel reading `t`: its `PDL` constexpr, and Triton's
+    `launch_pdl` option where `pdl(t)`."""
+    on = pdl(t)
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
