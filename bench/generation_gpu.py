@@ -177,8 +177,8 @@ def _run_native(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, 
 def profile_decode(model, cfg, prompts, new_tokens: int, path: str, compile: bool, out_dir: str | None,
                    attention: str = "torch") -> dict:
     """Where a decode step's time goes: the whole `engine.step()`, the graph replay alone
-    (CUDA events), sampling alone (the sampling graph's replay when plain rows sample inside
-    the step, else the engine's sampler: parameters + kernels + the host copy), and the rest
+    (CUDA events; when plain rows sample inside the step, the one graph of the step and its
+    sampling), sampling alone (0 then, else the engine's sampler: parameters + kernels + the host copy), and the rest
     (host work: scheduling, index building, bookkeeping, launches). Also a torch.profiler table of
     10 steps (written under `out_dir` when given)."""
     from torch.profiler import ProfilerActivity, profile
@@ -206,7 +206,8 @@ def profile_decode(model, cfg, prompts, new_tokens: int, path: str, compile: boo
     seqs = list(engine._running.values())
     slots = [s.slot for s in seqs]
     s, k = engine.decoder.buckets_for(slots)
-    graph, logits = engine.decoder._graphs[(s, k)]
+    sampled = engine.decoder.graph_of(s, k, sampled=True)  # plain rows: the step and its sampling, one graph
+    graph, logits = sampled or engine.decoder.graph_of(s, k, sampled=False)
 
     def device_ms(fn, n: int = 50) -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -219,9 +220,8 @@ def profile_decode(model, cfg, prompts, new_tokens: int, path: str, compile: boo
 
     # Replaying rewrites the keys/values of the inputs left in the static buffers: the same values.
     replay_ms = device_ms(graph.replay)
-    sampler = engine.decoder._sample_graphs.get((s, k))
-    if sampler is not None:  # plain rows sample inside the step: the sampling graph's device time
-        sample_ms = device_ms(sampler[0].replay)
+    if sampled is not None:  # plain rows sample inside the step's graph: counted in the replay
+        sample_ms = 0.0
     else:  # the engine samples the logits: parameters, kernels and the copy back, wall time
         rows = logits.index_select(0, torch.tensor(slots, device="cuda"))
 

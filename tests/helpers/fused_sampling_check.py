@@ -1,6 +1,9 @@
 """Shared by the fused-sampling tests (CPU interpreter and CUDA): `sample_plain_fused` against
 `sampling.sample_plain` on the same logits, temperatures, greedy flags and uniforms (ties
-for greedy rows, u = 0 and u = 1, vocabularies that are not a multiple of the CDF block).
+for greedy rows, u = 0 and u = 1, vocabularies that are not a multiple of the CDF block);
+and `sample_packed` (the decode runner's layout) against `sample_plain_fused`: the same
+values, and the tokens written to its `ids` too; and engines whose decode runner samples
+by `sample_packed` against the runner's `sample_plain` (`engine_compare`).
 
 Run as a script (`python -m tests.helpers.fused_sampling_check DEVICE`), it prints one JSON
 line per case; `check` holds the tolerances both tiers assert."""
@@ -12,7 +15,7 @@ import sys
 
 import torch
 
-from rl_core.generation.native.fused_sampling import sample_plain_fused
+from rl_core.generation.native.fused_sampling import sample_packed, sample_plain_fused
 from rl_core.generation.native.sampling import sample_plain
 
 CASES = ((torch.float32, 1000, 16), (torch.bfloat16, 3001, 16), (torch.float32, 9501, 8))
@@ -29,18 +32,56 @@ def compare(device: str, dtype: torch.dtype, vocab: int, rows: int, seed: int = 
     uniform[1], uniform[2] = 0.0, 1.0
     args = [t.to(device) for t in (logits, temperature, greedy, uniform)]
     want, got = sample_plain(*args), sample_plain_fused(*args)
+    # The runner's layout: params [3, n] float64 of which the first `rows` columns are used (row stride n).
+    params = torch.zeros(3, rows + 5, dtype=torch.float64, device=device)
+    params[:, :rows] = torch.stack([a.double() for a in args[1:]])
+    ids = torch.full((rows + 2,), -1, dtype=torch.long, device=device)
+    packed = sample_packed(args[0], params[:, :rows], ids[:rows])
     return {"case": f"{dtype} V={vocab}", "tokens": want[0].tolist(), "fused_tokens": got[0].tolist(),
-            "logprob_gap": (want[1] - got[1]).abs().max().item(), "logprob_scale": want[1].abs().max().item()}
+            "logprob_gap": (want[1] - got[1]).abs().max().item(), "logprob_scale": want[1].abs().max().item(),
+            "packed_same": torch.equal(packed[0], got[0].double()) and torch.equal(packed[1], got[1].double()),
+            "ids": ids.tolist()}
 
 
 def check(rows: list[dict]) -> None:
     """Same tokens (greedy, ties, both ends of u included) and logprobs to float32 rounding
-    (a few ulps of the largest |logprob|: sums over the vocabulary in another order)."""
+    (a few ulps of the largest |logprob|: sums over the vocabulary in another order); the packed
+    form equal to `sample_plain_fused`, its ids the tokens and nothing past them written."""
     for r in rows:
+        if "engine" in r:  # engine_compare's line
+            e = r["engine"]
+            assert e["same_tokens"] and e["logprob_gap"] < 1e-5 and e["ahead_steps"] > 0, r
+            continue
         assert r["tokens"] == r["fused_tokens"], r
+        assert r["packed_same"] and r["ids"] == r["fused_tokens"] + [-1, -1], r
         assert r["logprob_gap"] < 1e-6 * max(1.0, r["logprob_scale"]), r
+
+
+def engine_compare(device: str) -> dict:
+    """Engines on the static decode path with `overlap_steps` (each step fed the last one's tokens on
+    the device), sampling in the step by `sample_packed` (the tokens left in the input ids) against
+    `sample_plain` (the runner's path without the kernels): greedy and seeded requests."""
+    from rl_core.types import GenerationRequest, SamplingParams
+    from tests.helpers.engine_models import make_engine, prompts, run, tiny_model
+
+    model = tiny_model()
+    reqs = [GenerationRequest(str(i), p, SamplingParams(greedy=True, max_tokens=6 + i) if i % 2 else
+                              SamplingParams(temperature=0.8, max_tokens=5 + i, seed=10 + i))
+            for i, p in enumerate(prompts(6))]
+    results = {}
+    for packed in (False, True):
+        engine = make_engine(model, max_batch_size=4, decode_path="static", eos_token_ids=[], overlap_steps=True,
+                             device=device)
+        engine.decoder._packed = packed  # the runner picks it with decode_compile on CUDA; here by hand
+        results[packed] = run(engine, reqs)
+        ahead = engine.stats.ahead_steps
+    a, b = results[True], results[False]
+    return {"same_tokens": all(a[r.request_id].token_ids == b[r.request_id].token_ids for r in reqs),
+            "logprob_gap": max(abs(x - y) for r in reqs for x, y in zip(a[r.request_id].logprobs, b[r.request_id].logprobs)),
+            "ahead_steps": ahead}
 
 
 if __name__ == "__main__":
     for dt, v, n in CASES:
         print(json.dumps(compare(sys.argv[1], dt, v, n)))
+    print(json.dumps({"engine": engine_compare(sys.argv[1])}))

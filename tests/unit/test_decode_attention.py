@@ -52,6 +52,29 @@ def test_fused_decode_layer_equals_the_torch_layer_in_the_interpreter():
 
 
 @pytest.mark.skipif(not _triton_importable(), reason="triton is not installed (CPU torch ships none)")
+def test_kernel_arguments_avoid_the_launchers_own_names():
+    """Triton's launcher (not its interpreter) binds a kernel's arguments in generated code whose locals
+    are `params`, `specialization`, `options`, `backend`, `specialize_impl`: an argument with one of
+    those names reaches the launch as the wrong object ("failed to specialize argument of type: dict")."""
+    import importlib
+    import inspect
+
+    reserved = {"params", "specialization", "options", "backend", "specialize_impl"}
+    seen = 0
+    for name in ("decode_attention", "fused_mlp", "fused_sampling", "split_k"):
+        module = importlib.import_module(f"rl_core.generation.native.{name}")
+        for attr, obj in vars(module).items():
+            if not type(obj).__module__.startswith("triton"):
+                continue
+            while hasattr(obj, "fn"):  # autotuner -> jit function (or the interpreter's) -> the Python function
+                obj = obj.fn
+            args = set(inspect.signature(obj).parameters)
+            seen += 1
+            assert not reserved & args, (name, attr, sorted(reserved & args))
+    assert seen >= 10, seen
+
+
+@pytest.mark.skipif(not _triton_importable(), reason="triton is not installed (CPU torch ships none)")
 def test_fused_sampling_equals_sample_plain_in_the_interpreter():
     check_sampling(_interpreted("tests.helpers.fused_sampling_check"))
 

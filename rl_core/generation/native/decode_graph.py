@@ -22,13 +22,16 @@ from typing import Sequence
 import torch
 
 from rl_core.generation.native import fused_sampling
-from rl_core.generation.native.fused_sampling import sample_plain_fused
+from rl_core.generation.native.fused_sampling import sample_packed
 from rl_core.generation.native.kv_cache import KVCache
 from rl_core.generation.native.fused_stack import FusedStack
 from rl_core.generation.native.model import CausalLM, decode_layer
 from rl_core.generation.native.sampling import sample_plain
 
 DEFAULT_KEY_BUCKET_MIN = 64
+# Rows of the decode runner's input tensor (DecodeRunner._inputs) and of its host staging.
+_POSITIONS, _SAMPLES, _IDS, _LOGIT_ROWS = 0, 1, 4, 5
+_INPUT_ROWS = 6
 
 
 def slot_buckets(max_slots: int) -> list[int]:
@@ -110,14 +113,19 @@ class DecodeRunner:
     (rows selected, copied) right after its replay, before any other graph can reuse that
     memory for its intermediates. Everything a graph reads lives at a fixed address and is
     updated in place: the static `input_ids`/`positions` buffers (filled from the host each
-    step), parameters (`load_weights` copies into them), FP8 scales (`KVCache.set_scales`
+    step, or the ids by the step before), parameters (`load_weights` copies into them), FP8 scales (`KVCache.set_scales`
     copies), the cache itself. So weight refits and KV-scale syncs need no re-capture.
 
     Sampling in the step: when every sampling row is plain (`sampling.is_plain`), the
     caller passes each row's (temperature, greedy, uniform) and the step also runs
-    `sampling.sample_plain` over the S rows (a second graph per bucket pair, replayed right
-    after the forward): the step then returns [2, S] float64, token and logprob of slot s in
-    column s. Idle slots sample greedily (nobody reads them). Other steps return logits.
+    `sampling.sample_plain` over the S rows (captured with the forward as one graph per bucket
+    pair, apart from the forward-only graph that steps returning logits replay): the step then
+    returns [2, S] float64, token and logprob of slot s in column s, and leaves the tokens in
+    `input_ids`, so that a step fed from that result (`overlap_steps`) copies nothing. Idle
+    slots sample greedily (nobody reads them). Other steps return logits.
+
+    Inputs: positions, sampling inputs, host-fed ids and logit rows are the rows of one device
+    tensor, filled from one pinned host tensor by one copy per step (`_inputs`).
 
     Compilation (`compile=True`): each layer runs `model.decode_layer` through
     `torch.compile` with dynamic shapes, so one compilation serves every layer and every
@@ -146,33 +154,38 @@ class DecodeRunner:
         layers = _layer_function(compile, fused_attention, fused_mlp)
         self._stack = layers if isinstance(layers, FusedStack) else None  # decode_slots' `stack`, or its `layer_fn`
         self._layer_fn = None if self._stack else layers
-        if compile:  # Triton kernels on CUDA (fused_sampling.py); compiled torch ops elsewhere
-            self._sample_plain = sample_plain_fused if fused_sampling.available(device) else _compiled(
-                sample_plain, fullgraph=False)
-        else:
-            self._sample_plain = sample_plain
+        # Triton kernels on CUDA (fused_sampling.py) with `compile`; compiled torch ops elsewhere.
+        self._packed = compile and fused_sampling.available(device)
+        self._sample_plain = _compiled(sample_plain, fullgraph=False) if compile and not self._packed else sample_plain
         self.slot_sizes = sorted(slot_sizes) if slot_sizes else slot_buckets(cache.num_slots)
         self.key_sizes = sorted(key_sizes) if key_sizes else key_buckets(cache.max_seq_len)
         if self.slot_sizes[-1] < cache.num_slots or self.key_sizes[-1] < cache.max_seq_len:
             raise ValueError("the largest buckets must cover every slot and every position")
         n = cache.num_slots
-        self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
-        self.positions = torch.zeros(n, dtype=torch.long, device=device)
+        # A step's inputs, one [6, n] int64 tensor so that one copy from the host fills what the step
+        # needs: row 0 positions, rows 1-3 the sampling inputs (temperature, greedy, uniform per slot,
+        # float64 bits), row 4 input ids, row 5 the logit rows; `_rows_to_copy` says how many.
+        self._inputs = torch.zeros(_INPUT_ROWS, n, dtype=torch.long, device=device)
+        self.positions = self._inputs[_POSITIONS]
+        self.sample_in = self._inputs[_SAMPLES:_SAMPLES + 3].view(torch.float64)
+        self.input_ids = self._inputs[_IDS]
+        self.logit_rows = self._inputs[_LOGIT_ROWS]
         self.slot_index = torch.arange(n, device=device)
         self.key_index = torch.arange(self.key_sizes[-1], device=device)
-        self.logit_rows = torch.zeros(n, dtype=torch.long, device=device)
-        self.sample_in = torch.zeros(3, n, dtype=torch.float64, device=device)  # temperature, greedy, uniform per slot
-        self._sample_graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        # Host staging of [input_ids; positions; logit rows], of the sampling inputs, and of the
-        # packed tokens on their way back: pinned on CUDA so the copies are asynchronous (a copy
-        # from pageable memory would wait for the device to finish). Two of each, used in turn:
-        # at most two steps are in flight (one launched ahead, see the engine's overlap_steps),
-        # and a step's buffers are reused only after the step two launches earlier was read.
+        # Per (S, K) bucket: the step returning logits, and the step with its sampling (plain rows).
+        self._step_graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # Host staging of the inputs (the same [6, n] rows) and of the packed tokens on their way
+        # back: pinned on CUDA so the copies are asynchronous (a copy from pageable memory would
+        # wait for the device to finish). Two of each, used in turn: at most two steps are in
+        # flight (one launched ahead, see the engine's overlap_steps), and a step's buffers are
+        # reused only after the step two launches earlier was read.
         pin = device.type == "cuda"
-        self._hosts = [torch.zeros(3, n, dtype=torch.long, pin_memory=pin) for _ in range(2)]
-        self._host_samples = [torch.zeros(3, n, dtype=torch.float64, pin_memory=pin) for _ in range(2)]
+        self._hosts = [torch.zeros(_INPUT_ROWS, n, dtype=torch.long, pin_memory=pin) for _ in range(2)]
         self._host_outs = [torch.zeros(2, n, dtype=torch.float64, pin_memory=pin) for _ in range(2)]
         self._turn = 0
+        # The result of the last step that sampled in the step: its tokens are already in
+        # `input_ids` (the sampling wrote them there), so a step fed from it copies nothing.
+        self._fed: torch.Tensor | None = None
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
         self.replays = 0
@@ -181,7 +194,12 @@ class DecodeRunner:
 
     @property
     def num_graphs(self) -> int:
-        return len(self._graphs)
+        return len(self._graphs) + len(self._step_graphs)
+
+    def graph_of(self, s: int, k: int, sampled: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor] | None:
+        """The captured graph of bucket (s, k) and its output (logits, or with `sampled` the [2, s]
+        tokens and logprobs of a step that samples in the step); None if not captured (benchmarks)."""
+        return (self._step_graphs if sampled else self._graphs).get((s, k))
 
     def buckets_for(self, slots: Sequence[int]) -> tuple[int, int]:
         """(S, K) for a step whose rows sit in `slots` (each feeding at its slot's length)."""
@@ -205,20 +223,22 @@ class DecodeRunner:
         lengths = self.cache.lengths
         self._turn ^= 1
         host = self._hosts[self._turn]
+        fed, self._fed = self._fed, None
         # Rows not in the step feed at their first unfilled position (see module doc).
-        host[1, :s] = torch.tensor(lengths[:s], dtype=torch.long).clamp_(max=self.cache.max_seq_len - 1)
+        host[_POSITIONS, :s] = torch.tensor(lengths[:s], dtype=torch.long).clamp_(max=self.cache.max_seq_len - 1)
+        last = _POSITIONS  # the last row of `host` this step needs on the device
         if tokens is None:
-            width = min(s, tokens_from.shape[1])
-            self.input_ids[:width].copy_(tokens_from[0, :width])  # float64 token ids, exact
+            if tokens_from is not fed:  # not the last sampled result, whose tokens are in input_ids already
+                width = min(s, tokens_from.shape[1])
+                self.input_ids[:width].copy_(tokens_from[0, :width])  # float64 token ids, exact
         else:
-            host[0, :s] = 0
-            host[0].index_copy_(0, torch.tensor(slots, dtype=torch.long), torch.tensor(tokens, dtype=torch.long))
-            self.input_ids[:s].copy_(host[0, :s], non_blocking=True)
-        self.positions[:s].copy_(host[1, :s], non_blocking=True)
+            host[_IDS, :s] = 0
+            host[_IDS].index_copy_(0, torch.tensor(slots, dtype=torch.long), torch.tensor(tokens, dtype=torch.long))
+            last = _IDS
         rows = len(logit_slots)
         dense = list(logit_slots) == list(range(s))  # every slot of the range, in order: no selection
         if plain is not None:
-            staged = self._host_samples[self._turn]
+            staged = host[_SAMPLES:_SAMPLES + 3].view(torch.float64)
             values = torch.tensor(plain, dtype=torch.float64)  # [3, rows]: temperature, greedy, uniform
             if dense:
                 staged[:, :s] = values
@@ -226,10 +246,26 @@ class DecodeRunner:
                 staged[:2, :s] = 1.0
                 staged[2, :s] = 0.0
                 staged[:, :s].index_copy_(1, torch.tensor(logit_slots, dtype=torch.long), values)
-            self.sample_in[:, :s].copy_(staged[:, :s], non_blocking=True)
+            last = max(last, _SAMPLES + 2)
         elif not dense:
-            host[2, :rows] = torch.tensor(logit_slots, dtype=torch.long)
-            self.logit_rows[:rows].copy_(host[2, :rows], non_blocking=True)
+            host[_LOGIT_ROWS, :rows] = torch.tensor(logit_slots, dtype=torch.long)
+            if tokens is None:  # the ids row is on the device already: the logit rows go on their own
+                self.logit_rows[:rows].copy_(host[_LOGIT_ROWS, :rows], non_blocking=True)
+            else:
+                last = _LOGIT_ROWS
+        # Rows 0..last in one copy (whole rows: one contiguous block; columns past s are not read).
+        self._inputs[:last + 1].copy_(host[:last + 1], non_blocking=True)
+        if plain is not None:  # the step and its sampling: one graph replay
+            self.sampled_steps += 1
+            if self.use_graphs:
+                graph, out = self._step_graphs.get((s, k)) or self._capture_step(s, k)
+                graph.replay()
+                self.replays += 1
+            else:
+                out = self._sample(self._forward(s, k), s)
+                self.eager_runs += 1
+            self._fed = out
+            return out
         if self.use_graphs:
             graph, logits = self._graphs.get((s, k)) or self._capture(s, k)
             graph.replay()
@@ -237,13 +273,6 @@ class DecodeRunner:
         else:
             logits = self._forward(s, k)
             self.eager_runs += 1
-        if plain is not None:
-            self.sampled_steps += 1
-            if not self.use_graphs:
-                return self._sample(logits, s)
-            graph, out = self._sample_graphs.get((s, k)) or self._capture_sampler(s, k, logits)
-            graph.replay()
-            return out
         return logits if dense else logits.index_select(0, self.logit_rows[:rows])
 
     def host_out(self) -> torch.Tensor:
@@ -251,15 +280,23 @@ class DecodeRunner:
         return self._host_outs[self._turn]
 
     def _sample(self, logits: torch.Tensor, s: int) -> torch.Tensor:
+        """[2, s] float64 (token, logprob) per slot; the tokens also go to `input_ids` (a step fed from
+        this result then copies nothing: see `run`)."""
         params = self.sample_in[:, :s]
+        if self._packed:  # the two Triton kernels and nothing else
+            return sample_packed(logits, params, self.input_ids[:s])
         tokens, logprobs = self._sample_plain(logits, params[0].float(), params[1] > 0.5, params[2])
+        self.input_ids[:s].copy_(tokens)
         return torch.stack((tokens.double(), logprobs.double()))
 
-    def _capture_sampler(self, s: int, k: int, logits: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """Capture `_sample` over the logits of graph (s, k) (its fixed output buffer)."""
-        graph = torch.cuda.CUDAGraph()
-        self._sample_graphs[(s, k)] = self._capture_fn(graph, lambda: self._sample(logits, s))
-        return self._sample_graphs[(s, k)]
+    def _capture_step(self, s: int, k: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """Capture the step of bucket (s, k) with its sampling (`_sample` of its logits) as one graph.
+        Its sampling overwrites the input ids it started from, so each warm-up run and the replay after
+        the capture start from this step's ids again (else they would feed the sampled tokens)."""
+        ids = self.input_ids[:s].clone()
+        self._step_graphs[(s, k)] = self._capture_fn(torch.cuda.CUDAGraph(), lambda: self._sample(self._forward(s, k), s),
+                                                     reset=lambda: self.input_ids[:s].copy_(ids))
+        return self._step_graphs[(s, k)]
 
     def _forward(self, s: int, k: int) -> torch.Tensor:
         return self.model.decode_slots(self.input_ids[:s], self.positions[:s], self.cache, k, self.slot_index,
@@ -271,14 +308,20 @@ class DecodeRunner:
         self._graphs[(s, k)] = self._capture_fn(torch.cuda.CUDAGraph(), lambda: self._forward(s, k))
         return self._graphs[(s, k)]
 
-    def _capture_fn(self, graph: torch.cuda.CUDAGraph, fn) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture_fn(self, graph: torch.cuda.CUDAGraph, fn, reset=None) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """Warm `fn` up on a side stream (as PyTorch requires), then capture it into `graph`
-        in the shared pool; returns (graph, its output tensor). Capturing runs `fn` once."""
+        in the shared pool; returns (graph, its output tensor). Capturing runs `fn` once.
+        `reset` (outside the graph) restores what `fn` overwrites of its own inputs: before each
+        warm-up run and before the capture, so that the first replay starts from them too."""
         stream = torch.cuda.Stream(device=self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):
+                if reset is not None:
+                    reset()
                 fn()
+            if reset is not None:
+                reset()
         torch.cuda.current_stream(self.device).wait_stream(stream)
         # thread_local: only this thread must avoid unsafe CUDA calls while capturing; the
         # trainer may keep using the same device from its own thread (colocated placement).
@@ -295,6 +338,7 @@ class DecodeRunner:
         if not self.use_graphs:
             return 0
         assert not any(self.cache.lengths), "capture_all needs an idle engine"
+        self._fed = None
         self.input_ids.zero_()
         self.positions.zero_()
         for s in sorted(slot_sizes or self.slot_sizes, reverse=True):

@@ -1,8 +1,11 @@
 """Plain sampling (greedy or temperature, no top-k/top-p) of a decode step in two Triton kernels.
 
 Owns: `sample_plain_fused(logits, temperature, greedy, uniform)`, the same contract as
-`sampling.sample_plain` (tokens [R] long, reported logprobs [R] float32, no host sync), for
-the CUDA-graph decode step. The unfused `sample_plain` makes several full passes over the
+`sampling.sample_plain` (tokens [R] long, reported logprobs [R] float32, no host sync), and
+`sample_packed(logits, inputs, ids)`, the same two kernels in the layout of the CUDA-graph
+decode step (its [3, R] float64 sampling inputs in, its [2, R] float64 result out, and the
+tokens written as the next step's input ids), so that the step's sampling graph holds the
+two kernels and nothing else (no conversions, clamp or stack around them). The unfused `sample_plain` makes several full passes over the
 [R, vocab] logits in float32 (log-softmax, its exponent, block sums); here the logits are
 read about once:
 
@@ -46,13 +49,12 @@ def available(device: torch.device) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _block_stats_kernel(logits, stride_row, temperature, greedy, block_max, block_sum, split_max, split_arg,
+    def _block_stats_kernel(logits, stride_row, inputs, stride_inputs, block_max, block_sum, split_max, split_arg,
                             vocab, num_blocks, blocks_per_split,
                             BLOCK: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr):
         row = tl.program_id(0)
         split = tl.program_id(1)
-        t = tl.load(temperature + row)
-        is_greedy = tl.load(greedy + row) != 0
+        t, is_greedy = _temperature_greedy(inputs, stride_inputs, row)
         first = split * blocks_per_split
         last = tl.minimum(first + blocks_per_split, num_blocks)
         lanes = tl.arange(0, BLOCK)
@@ -87,14 +89,21 @@ if triton is not None:
         tl.store(split_max + row * SPLITS + split + one, best)
         tl.store(split_arg + row * SPLITS + split + one, best_arg)
 
+    # (The kernels' argument is `inputs`, not `params`: Triton's launcher binds the arguments into a
+    # local of that name, and an argument so named reaches the launch as a dict.)
     @triton.jit
-    def _select_kernel(logits, stride_row, temperature, greedy, uniform, block_max, block_sum, split_max, split_arg,
-                       tokens, logprobs, vocab, num_blocks,
-                       BLOCK: tl.constexpr, BLOCKS_PAD: tl.constexpr, SPLITS: tl.constexpr):
+    def _temperature_greedy(inputs, stride_inputs, row):
+        """A row's temperature (float64 -> float32, as `inputs[0].float()`) and greedy flag (> 0.5)."""
+        return tl.load(inputs + row).to(tl.float32), tl.load(inputs + stride_inputs + row) > 0.5
+
+    @triton.jit
+    def _select_kernel(logits, stride_row, inputs, stride_inputs, block_max, block_sum, split_max, split_arg,
+                       out, stride_out, ids, vocab, num_blocks,
+                       BLOCK: tl.constexpr, BLOCKS_PAD: tl.constexpr, SPLITS: tl.constexpr, HAS_IDS: tl.constexpr):
         row = tl.program_id(0)
-        t = tl.load(temperature + row)
-        is_greedy = tl.load(greedy + row) != 0
-        u = tl.load(uniform + row)
+        t, is_greedy = _temperature_greedy(inputs, stride_inputs, row)
+        one = tl.full([], 1.0, tl.float64)
+        u = tl.minimum(tl.load(inputs + 2 * stride_inputs + row), one - tl.full([], 2.0**-40, tl.float64))
         j = tl.arange(0, BLOCKS_PAD)
         has = j < num_blocks
         bmax = tl.load(block_max + row * num_blocks + j, mask=has, other=float("-inf"))
@@ -105,7 +114,7 @@ if triton is not None:
         log_z = m + log_sum
         probs = tl.where(bmax == float("-inf"), 0.0, bsum * tl.exp(bmax - log_z)).to(tl.float64)
         cdf = tl.cumsum(probs, axis=0)
-        target = u * tl.sum(probs, axis=0)  # u is capped at 1 - 2^-40 by the caller
+        target = u * tl.sum(probs, axis=0)  # u capped at 1 - 2^-40, as sampling.inverse_cdf does
         chosen = tl.minimum(tl.sum((cdf <= target).to(tl.int32), axis=0), num_blocks - 1)
         before = tl.sum(tl.where(j < chosen, probs, 0.0), axis=0)
         lanes = tl.arange(0, BLOCK)
@@ -123,8 +132,11 @@ if triton is not None:
         arg = tl.min(tl.where(smax == top, sarg, 2147483647), axis=0)  # first index among equal maxima
         token = tl.where(is_greedy, arg, sampled)
         x_token = tl.load(logits + row * stride_row + token).to(tl.float32)
-        tl.store(tokens + row, token.to(tl.int64))
-        tl.store(logprobs + row, (x_token / t - m) - log_sum)
+        logprob = (x_token / t - m) - log_sum  # float32, as sample_plain's
+        tl.store(out + row, token.to(tl.float64))
+        tl.store(out + stride_out + row, logprob.to(tl.float64))
+        if HAS_IDS:
+            tl.store(ids + row, token.to(tl.int64))
 
 
 def sample_plain_fused(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tensor,
@@ -132,9 +144,22 @@ def sample_plain_fused(logits: torch.Tensor, temperature: torch.Tensor, greedy: 
     """`sampling.sample_plain` in two kernels: logits [R, V] (any float dtype, unit stride
     in V), temperature [R] float32, greedy [R] bool, uniform [R] float64 -> (tokens [R]
     long, logprobs [R] float32)."""
+    inputs = torch.stack((temperature.double(), greedy.double(), uniform.double()))
+    out = sample_packed(logits, inputs)
+    return out[0].long(), out[1].float()
+
+
+def sample_packed(logits: torch.Tensor, inputs: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """`sample_plain_fused` in the decode runner's layout, with nothing around the two kernels: inputs
+    [3, R] float64 (temperature, greedy > 0.5, uniform per row, unit stride in R) -> [2, R] float64
+    (token, logprob per row; the logprob computed in float32); with `ids` ([R] int64) the tokens are
+    also written there (the next step's input ids, for `overlap_steps`)."""
     rows, vocab = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
+    if inputs.shape != (3, rows) or inputs.dtype != torch.float64 or inputs.stride(1) != 1:
+        raise ValueError(f"sample_packed needs inputs [3, {rows}] float64 with unit stride in rows; got "
+                         f"{tuple(inputs.shape)} {inputs.dtype} strides {inputs.stride()}")
     num_blocks = triton.cdiv(vocab, CDF_BLOCK)
     per_split = triton.cdiv(num_blocks, SPLITS)
     dev = logits.device
@@ -142,18 +167,14 @@ def sample_plain_fused(logits: torch.Tensor, temperature: torch.Tensor, greedy: 
     block_sum = torch.empty(rows, num_blocks, dtype=torch.float32, device=dev)
     split_max = torch.empty(rows, SPLITS, dtype=torch.float32, device=dev)
     split_arg = torch.empty(rows, SPLITS, dtype=torch.int32, device=dev)
-    tokens = torch.empty(rows, dtype=torch.long, device=dev)
-    logprobs = torch.empty(rows, dtype=torch.float32, device=dev)
+    out = torch.empty(2, rows, dtype=torch.float64, device=dev)
     if rows == 0:
-        return tokens, logprobs
-    temperature = temperature.to(torch.float32).contiguous()
-    greedy = greedy.to(torch.int8).contiguous()
-    _block_stats_kernel[(rows, SPLITS)](logits, logits.stride(0), temperature, greedy, block_max, block_sum, split_max,
-                                        split_arg, vocab, num_blocks, per_split,
+        return out
+    _block_stats_kernel[(rows, SPLITS)](logits, logits.stride(0), inputs, inputs.stride(0), block_max, block_sum,
+                                        split_max, split_arg, vocab, num_blocks, per_split,
                                         BLOCK=CDF_BLOCK, CHUNK=CHUNK_BLOCKS, SPLITS=SPLITS, num_warps=STATS_WARPS)
-    _select_kernel[(rows,)](logits, logits.stride(0), temperature, greedy,
-                            uniform.to(torch.float64).clamp(max=1.0 - 2.0**-40), block_max, block_sum, split_max, split_arg,
-                            tokens, logprobs, vocab, num_blocks,
+    _select_kernel[(rows,)](logits, logits.stride(0), inputs, inputs.stride(0), block_max, block_sum, split_max,
+                            split_arg, out, out.stride(0), ids if ids is not None else out, vocab, num_blocks,
                             BLOCK=CDF_BLOCK, BLOCKS_PAD=triton.next_power_of_2(num_blocks), SPLITS=SPLITS,
-                            num_warps=8)
-    return tokens, logprobs
+                            HAS_IDS=ids is not None, num_warps=8)
+    return out
