@@ -164,7 +164,7 @@ class DecodeRunner:
         n = cache.num_slots
         # A step's inputs, one [6, n] int64 tensor so that one copy from the host fills what the step
         # needs: row 0 positions, rows 1-3 the sampling inputs (temperature, greedy, uniform per slot,
-        # float64 bits), row 4 input ids, row 5 the logit rows; `_rows_to_copy` says how many.
+        # float64 bits), row 4 input ids, row 5 the logit rows; `run` copies rows 0 .. what the step needs.
         self._inputs = torch.zeros(_INPUT_ROWS, n, dtype=torch.long, device=device)
         self.positions = self._inputs[_POSITIONS]
         self.sample_in = self._inputs[_SAMPLES:_SAMPLES + 3].view(torch.float64)
