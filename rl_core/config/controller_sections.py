@@ -189,7 +189,7 @@ class AsyncRLConfig(Section):
     sampler: SamplerConfig = InOrderSamplerConfig()
     """Which groups may train now, and how stale they may be."""
     max_inflight_groups: int = Field(32, ge=1)
-    """Prompt groups being generated at once (group-level in-flight cap)."""
+    """Prompt groups being generated at once (group-level in-flight cap). While the pumps run, the garbage collector's gen-0 threshold is at least 100 allocations per in-flight group (metrics.gc_pauses), so a young collection does not re-traverse the waiting groups mid-step."""
     max_inflight_generations: int | None = Field(None, ge=1)
     """Samples being generated at once (generation-level backpressure): each sample takes a place when it starts and frees it when it finishes, so a slow sample does not hold back its group's other places. It also paces dispatch: a new group is dispatched only while fewer than one group's worth of samples waits for a place, so places are refilled at once without groups queueing (and ageing) behind the limit. null = only the group cap."""
     max_buffered_groups: int = Field(64, ge=1)

@@ -298,7 +298,8 @@ class Controller:
             if self.val_at_start:
                 await self._validate("start")
             freeze_setup_objects()  # full collections then scan only what the run allocates
-            gc_thresholds = run_thresholds()  # fewer re-scans of the buffered groups (metrics.gc_pauses)
+            # fewer re-scans of the buffered and in-flight groups (metrics.gc_pauses)
+            gc_thresholds = run_thresholds(cfg.async_rl.max_inflight_groups)
             self.train.gc_clock = GcClock().start()  # timing/gc_* per step
             t_pumps = self._t_pumps = self.progress.t0 = time.monotonic()
             self._gen_tokens_at_start = self.rollout.stats.generated_tokens

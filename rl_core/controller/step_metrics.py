@@ -21,10 +21,10 @@ import statistics
 import time
 from collections import Counter
 from fractions import Fraction
-from itertools import chain, compress
+from itertools import chain, compress, repeat
 
 from rl_core.algorithms.metrics import finalize_metrics
-from rl_core.columns import DictColumns, group_columns
+from rl_core.columns import DictColumns, GroupSamples, group_columns
 
 
 def _pct(s: list[float], q: float) -> float:
@@ -76,6 +76,8 @@ _INFO_COLUMNS = operator.attrgetter("info_columns")
 _REWARDS = operator.attrgetter("rewards")
 _HAS_SEGMENTS = operator.methodcaller("has", "segments")
 _WORKER_TOTALS = operator.methodcaller("worker_totals")
+_GENERATE_S = operator.attrgetter("generate_s")
+_EPOCH = operator.attrgetter("group.epoch")
 
 
 _KEYS = operator.attrgetter("keys")
@@ -110,7 +112,19 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
         return list(chain.from_iterable(map(operator.attrgetter(name), all_cols)))
 
     rewards, gen_len, in_len = joined("rewards"), joined("generated_lens"), joined("prompt_lens")
-    env_s, gen_s, turns = joined("env_s"), joined("generate_s_each"), joined("turns")
+    env_s = joined("env_s")
+    n = len(rewards)
+    if n and list(map(type, all_cols)).count(GroupSamples) == len(all_cols):
+        # single-turn groups held as columns: one generation time per group (`generate_s_each`
+        # repeats it per sample) and one turn per sample; the means over the same values without
+        # a list of them (`fmean` is `fsum(values) / len(values)`)
+        gen_each = list(map(_GENERATE_S, all_cols))
+        gen_s_mean = math.fsum(chain.from_iterable(map(repeat, gen_each, map(len, all_cols)))) / n
+        gen_s_max = max(compress(gen_each, map(len, all_cols)))
+        turns_mean = 1.0  # fmean of n ones
+    else:
+        gen_s, turns = joined("generate_s_each"), joined("turns")
+        gen_s_mean, gen_s_max, turns_mean = statistics.fmean(gen_s), max(gen_s), statistics.fmean(turns)
     tot_len = list(map(operator.add, in_len, joined("completion_lens")))  # prompt + completion per sample
     truncated = sum(map(operator.methodcaller("count", "length"), map(operator.attrgetter("finish_reasons"), all_cols)))
     # the per-group reads as passes over all groups (C-level maps; no Python loop body per group
@@ -132,7 +146,6 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
         for w, c in totals.items():
             workers[w] = workers.get(w, 0) + c
     comp_groups = [c.component_columns for c in all_cols]  # the named reward components of each group, in order
-    n = len(rewards)
     gen_sorted = sorted(gen_len)
     gen_mean = statistics.fmean(gen_len)  # two keys report it
     step_s = now - t_step0
@@ -154,13 +167,13 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
         "rollout/input_tokens_mean": statistics.fmean(in_len),
         "rollout/total_tokens_mean": statistics.fmean(tot_len),
         "rollout/total_tokens_max": float(max(tot_len)),
-        "rollout/turns_per_sample_mean": statistics.fmean(turns),
+        "rollout/turns_per_sample_mean": turns_mean,
         # agent episodes whose history was rewritten: segments beyond the first (only the last is trained)
         "rollout/agent_segment_breaks": float(breaks),
         "rollout/env_s_mean": statistics.fmean(env_s),
         "rollout/env_s_max": max(env_s),
-        "rollout/generate_s_mean": statistics.fmean(gen_s),
-        "rollout/generate_s_max": max(gen_s),
+        "rollout/generate_s_mean": gen_s_mean,
+        "rollout/generate_s_max": gen_s_max,
         "rollout/dispatched_groups": float(rs.dispatched_groups),
         "rollout/committed_groups": float(rs.committed_groups),
         "rollout/aborted_groups": float(rs.aborted_groups),
@@ -182,7 +195,7 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
         "timing/train_idle_s": idle,
         "timing/rollout_idle_s_total": rs.idle_s,
         "throughput/trained_tokens_per_s": sum(gen_len) / step_s if step_s > 0 else 0.0,
-        "epoch": float(max(t.group.epoch for t in trained) + 1),  # 1-based, as the workflow's epoch_<k> folders
+        "epoch": float(max(map(_EPOCH, trained)) + 1),  # 1-based, as the workflow's epoch_<k> folders
     }
     m["rollout/refill_groups"] = float(rs.refill_groups)
     m["rollout/dynamic_filtered_groups"] = float(pump.dynamic_filtered_groups)

@@ -22,6 +22,14 @@ middle collections re-traverse the buffered groups over and over; measured with
 590 ms controller step at the defaults and about 100 ms at (50,000, 20, 10), and
 the controller's cost per group went from growing with the group count to nearly flat.
 Cyclic garbage lives a little longer (until 50,000 net allocations): a few MB at most.
+The gen-0 threshold also grows with the run's in-flight groups (`YOUNG_PER_INFLIGHT_GROUP`
+net allocations per group of `async_rl.max_inflight_groups`): a group waiting on its backend or
+its decode is a chain of suspended coroutines (their frames, cells, result lists), and a young
+collection that falls mid-step traverses every such group started since the last one. At 1,000
+groups x 16 (2,000 in flight) the net allocations of one step crossed 50,000, and each of those
+collections took 20-55 ms on the event loop (85,000-104,000 young objects: cells, lists,
+coroutines); with the threshold above a step's growth (100,000 or 200,000) the run had 2-3
+collections of 2-3 ms in 9 steps instead of 4-5 of ~20 (docs/controller.md, "Thirteenth round").
 
 Does not own: memory limits or where the metrics go (metrics.logger).
 """
@@ -41,12 +49,17 @@ def freeze_setup_objects() -> int:
 
 
 RUN_THRESHOLDS = (50_000, 20, 10)  # gen-0 allocations, gen-0 runs per gen-1, gen-1 runs per gen-2
+YOUNG_PER_INFLIGHT_GROUP = 100  # gen-0 allocations allowed per in-flight group (above RUN_THRESHOLDS[0])
 
 
-def run_thresholds() -> tuple[int, int, int]:
-    """Raise the collection thresholds for the pumps; returns the previous ones for `gc.set_threshold`."""
+def run_thresholds(inflight_groups: int = 0) -> tuple[int, int, int]:
+    """Raise the collection thresholds for the pumps (gen 0: at least `YOUNG_PER_INFLIGHT_GROUP`
+    per in-flight group, `inflight_groups`); returns the previous ones for `gc.set_threshold`."""
+    if inflight_groups < 0:
+        raise ValueError(f"inflight_groups must be >= 0, got {inflight_groups}")
     old = gc.get_threshold()
-    gc.set_threshold(*(max(a, b) for a, b in zip(RUN_THRESHOLDS, old)))
+    want = (max(RUN_THRESHOLDS[0], YOUNG_PER_INFLIGHT_GROUP * inflight_groups),) + RUN_THRESHOLDS[1:]
+    gc.set_threshold(*(max(a, b) for a, b in zip(want, old)))
     return old
 
 
