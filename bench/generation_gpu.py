@@ -178,8 +178,8 @@ def profile_decode(model, cfg, prompts, new_tokens: int, path: str, compile: boo
                    attention: str = "torch") -> dict:
     """Where a decode step's time goes: the whole `engine.step()`, the graph replay alone
     (CUDA events; when plain rows sample inside the step, the one graph of the step and its
-    sampling), sampling alone (0 then, else the engine's sampler: parameters + kernels + the host copy), and the rest
-    (host work: scheduling, index building, bookkeeping, launches). Also a torch.profiler table of
+    sampling), sampling alone (0 then, else the engine's sampler: parameters + kernels + the
+    host copy), and the rest (host work: scheduling, index building, bookkeeping, launches). Also a torch.profiler table of
     10 steps (written under `out_dir` when given)."""
     from torch.profiler import ProfilerActivity, profile
 

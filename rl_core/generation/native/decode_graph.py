@@ -113,8 +113,8 @@ class DecodeRunner:
     (rows selected, copied) right after its replay, before any other graph can reuse that
     memory for its intermediates. Everything a graph reads lives at a fixed address and is
     updated in place: the static `input_ids`/`positions` buffers (filled from the host each
-    step, or the ids by the step before), parameters (`load_weights` copies into them), FP8 scales (`KVCache.set_scales`
-    copies), the cache itself. So weight refits and KV-scale syncs need no re-capture.
+    step, or the ids by the step before), parameters (`load_weights` copies into them), FP8
+    scales (`KVCache.set_scales` copies), the cache itself. So weight refits and KV-scale syncs need no re-capture.
 
     Sampling in the step: when every sampling row is plain (`sampling.is_plain`), the
     caller passes each row's (temperature, greedy, uniform) and the step also runs
@@ -294,8 +294,8 @@ class DecodeRunner:
         Its sampling overwrites the input ids it started from, so each warm-up run and the replay after
         the capture start from this step's ids again (else they would feed the sampled tokens)."""
         ids = self.input_ids[:s].clone()
-        self._step_graphs[(s, k)] = self._capture_fn(torch.cuda.CUDAGraph(), lambda: self._sample(self._forward(s, k), s),
-                                                     reset=lambda: self.input_ids[:s].copy_(ids))
+        self._step_graphs[(s, k)] = self._capture_fn(
+            torch.cuda.CUDAGraph(), lambda: self._sample(self._forward(s, k), s), reset=lambda: self.input_ids[:s].copy_(ids))
         return self._step_graphs[(s, k)]
 
     def _forward(self, s: int, k: int) -> torch.Tensor:

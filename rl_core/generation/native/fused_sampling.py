@@ -5,9 +5,9 @@ Owns: `sample_plain_fused(logits, temperature, greedy, uniform)`, the same contr
 `sample_packed(logits, inputs, ids)`, the same two kernels in the layout of the CUDA-graph
 decode step (its [3, R] float64 sampling inputs in, its [2, R] float64 result out, and the
 tokens written as the next step's input ids), so that the step's sampling graph holds the
-two kernels and nothing else (no conversions, clamp or stack around them). The unfused `sample_plain` makes several full passes over the
-[R, vocab] logits in float32 (log-softmax, its exponent, block sums); here the logits are
-read about once:
+two kernels and nothing else (no conversions, clamp or stack around them). The unfused
+`sample_plain` makes several full passes over the [R, vocab] logits in float32
+(log-softmax, its exponent, block sums); here the logits are read about once:
 
 1. `_block_stats_kernel`, grid (rows, splits): for every block of `sampling.CDF_BLOCK`
    tokens, the block's maximum of x / T and the sum of exp(x / T - that maximum), plus,
