@@ -25,6 +25,9 @@ Printed side by side in one run; never a test assertion.
   loaded through TMA descriptors (Hopper), at a grid of tiles, against the pointer loads and cuBLAS.
 - `--parts attention-probe`: the attention kernel at equal positions (as in a generation step)
   against a kernel that only reads the same keys and values, and a torch sum of them.
+- `--parts lmhead`: the LM head and the in-step sampling, cuBLAS + `fused_sampling.sample_packed`
+  against `fused_sampling.sample_lm_head` (the sampling's first pass in the head's epilogue) at a
+  grid of tiles, at temperature 1 and 0.7, and with every row greedy.
 - In-step sampling: `fused_sampling.sample_plain_fused` over [rows, vocab] bf16 logits at
   several first-pass shapes (programs per row, CDF blocks per inner step, warps), every row
   greedy (the arg-max reductions run too), and the compiled `sampling.sample_plain` for
@@ -175,6 +178,60 @@ def sampling(rows: int) -> None:
     every = torch.ones(rows, dtype=torch.bool, device="cuda")  # the arg-max reductions too
     report("fused, default, every row greedy", device_us(lambda: fused_sampling.sample_plain_fused(logits, t, every, u)),
            nbytes)
+
+
+def lm_head(rows: int) -> None:
+    """The LM head and the in-step sampling: cuBLAS + `sample_packed` (the logits written, then read by
+    the first pass) against `sample_lm_head` (the first pass in the head's epilogue) at a grid of tiles;
+    the tokens and logprobs of each against the two-pass result on the same logits."""
+    from rl_core.generation.native import fused_sampling as fs
+
+    torch.manual_seed(0)
+    h = torch.randn(rows, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(VOCAB, HIDDEN, device="cuda", dtype=torch.bfloat16) * 0.1  # logits of std ~3
+    nbytes = w.numel() * 2 + h.numel() * 2
+    print(f"LM head + in-step sampling, rows {rows}, vocab {VOCAB} (bytes: the weight read once)")
+    top: list = []  # the best tiles at temperature 1, run again at 0.7
+    for temp in (1.0, 0.7):
+        inputs = torch.zeros(3, rows, dtype=torch.float64, device="cuda")
+        inputs[0] = temp
+        inputs[2] = torch.rand(rows, dtype=torch.float64, device="cuda")
+        logits = F.linear(h, w)
+        report(f"T={temp}: cuBLAS LM head alone", device_us(lambda: F.linear(h, w)), nbytes)
+        report(f"T={temp}: sample_packed alone (two passes over the logits)",
+               device_us(lambda: fs.sample_packed(logits, inputs)), logits.numel() * 2)
+        report(f"T={temp}: cuBLAS LM head + sample_packed", device_us(lambda: fs.sample_packed(F.linear(h, w), inputs)),
+               nbytes)
+        want = fs.sample_packed(logits, inputs)
+        found = []
+        grid = [(bm, bk, warps, stages) for bm in (64, 128, 256) for bk in (64, 128) for warps in (4, 8)
+                for stages in (2, 3, 4) if bm <= max(64, rows) and not (bm == 256 and warps == 4)]
+        for tile in grid if temp == 1.0 else top:  # the second temperature at the first one's best tiles
+            try:
+                got = fs.sample_lm_head(h, w, inputs, tile=tile)
+                us = device_us(lambda: fs.sample_lm_head(h, w, inputs, tile=tile))
+            except Exception as exc:  # a tile that does not fit (shared memory, registers)
+                print(f"    tile {tile}: {type(exc).__name__}: {str(exc)[:120]}")
+                continue
+            same = float((got[0] == want[0]).double().mean())
+            found.append((us, tile, same, float((got[1] - want[1]).abs().max())))
+        found.sort()
+        top = [f[1] for f in found[:3]]
+        for us, tile, same, gap in found[:6]:
+            report(f"T={temp}: sample_lm_head {tile}: same tokens {same:.4f}, logprob gap {gap:.2e}", us, nbytes)
+        if temp == 1.0 and found:
+            tile = found[0][1]
+            for name, work in (("the logits alone (no sampling work in the epilogue)", 0),
+                               ("the logits and the blocks' maxima", 1)):
+                report(f"{name} {tile}", device_us(lambda: fs.sample_lm_head(h, w, inputs, tile=tile, work=work)), nbytes)
+            every = inputs.clone()
+            every[1] = 1.0
+            report(f"every row greedy: sample_lm_head {tile}", device_us(lambda: fs.sample_lm_head(h, w, every, tile=tile)),
+                   nbytes)
+            report("every row greedy: cuBLAS LM head + sample_packed",
+                   device_us(lambda: fs.sample_packed(F.linear(h, w), every)), nbytes)
+            g1, g0 = fs.sample_lm_head(h, w, every, tile=tile), fs.sample_packed(logits, every)
+            print(f"    greedy tokens equal: {float((g1[0] == g0[0]).double().mean()):.4f}")
 
 
 try:  # the probe kernels below (CUDA builds of torch carry triton)
@@ -448,7 +505,7 @@ def main() -> None:
                         help="also time gate_up_silu at a grid of explicit tiles, and the other projections "
                              "against Inductor's max-autotune (minutes: compiles every tile)")
     parser.add_argument("--only-sweep", action="store_true", help="the sweep alone")
-    parser.add_argument("--parts", nargs="+", choices=["mlp", "attention", "sampling", "splitk", "attention-probe", "tma"],
+    parser.add_argument("--parts", nargs="+", choices=["mlp", "attention", "sampling", "splitk", "attention-probe", "tma", "lmhead"],
                         default=["mlp", "attention", "sampling"], help="which kernels to time (default: all)")
     args = parser.parse_args()
     assert torch.cuda.is_available(), "this benchmark needs a CUDA device"
@@ -457,7 +514,7 @@ def main() -> None:
         if not args.only_sweep:
             for part in args.parts:
                 {"mlp": mlp, "attention": attention, "sampling": sampling, "splitk": lambda r: splitk(r, args.sweep or args.only_sweep),
-                 "attention-probe": attention_probe, "tma": tma}[part](rows)
+                 "attention-probe": attention_probe, "tma": tma, "lmhead": lm_head}[part](rows)
         if args.sweep or args.only_sweep:
             sweep_gate_up(rows)
             projections(rows)

@@ -81,19 +81,20 @@ def make_engine(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, 
                 attention: str = "torch"):
     from rl_core.generation import EngineOptions, NativeEngine
 
-    from rl_core.generation.native import fused_stack
+    from rl_core.generation.native import fused_sampling, fused_stack
 
     batch, prompt_len = prompts.shape
     parts = attention.split("+")  # e.g. fused+mlp+cublas: decode_attention, then the stack's variants
     fused_stack.SPLIT_K = "cublas" not in parts  # the stack's output/down projections
     fused_stack.TRITON_QKV = "cublasqkv" not in parts
+    fused_sampling.LM_HEAD = "unfusedhead" not in parts  # the LM head with the sampling's first pass
     try:
         return NativeEngine(cfg, model.state_dict(), EngineOptions(
             device="cuda", dtype=torch.bfloat16, max_batch_size=batch, max_seq_len=prompt_len + new_tokens + 8,
             eos_token_ids=[], decode_path=path, kv_cache_dtype=kv_dtype, decode_compile=compile, overlap_steps=overlap,
             decode_attention=parts[0], decode_mlp="fused" if "mlp" in parts else "torch"))
     finally:
-        fused_stack.SPLIT_K = fused_stack.TRITON_QKV = True
+        fused_stack.SPLIT_K = fused_stack.TRITON_QKV = fused_sampling.LM_HEAD = True
 
 
 IDLE_STEPS = 48  # decode steps profiled by --idle
@@ -291,6 +292,12 @@ def main() -> None:
     parser.add_argument("--cublas-qkv", action="store_true",
                         help="with --fused: also run each fused configuration with the QKV projection on cuBLAS "
                              "(fused_stack.TRITON_QKV off; named +cublasqkv)")
+    parser.add_argument("--unfused-head", action="store_true",
+                        help="with --fused: also run each fused configuration with the LM head on cuBLAS and the "
+                             "sampling's two passes after it (fused_sampling.LM_HEAD off; named +unfusedhead)")
+    parser.add_argument("--lm-head-rows", type=int, default=None,
+                        help="steps of up to this many rows sample through the fused LM head "
+                             "(fused_sampling.LM_HEAD_ROWS; default: the module's)")
     parser.add_argument("--no-pdl", action="store_true",
                         help="with --fused: also run each fused configuration without programmatic dependent launch "
                              "of its Triton kernels (triton_support.PDL off; named +nopdl)")
@@ -307,6 +314,10 @@ def main() -> None:
                              "gaps of >= 5 us (the device waiting for the host) apart from shorter ones")
     args = parser.parse_args()
     assert torch.cuda.is_available(), "this benchmark needs a CUDA device"
+    if args.lm_head_rows is not None:
+        from rl_core.generation.native import fused_sampling
+
+        fused_sampling.LM_HEAD_ROWS = args.lm_head_rows
 
     from transformers import Qwen2ForCausalLM
 
@@ -331,7 +342,8 @@ def main() -> None:
         configs += [c[:4] + ("fused",) for c in configs if c[0] != "eager" and c[1] == "auto"]
         if args.fused_mlp:
             configs += [c[:4] + ("fused+mlp",) for c in configs if c[4] == "fused"]
-        for twin, suffix in ((args.cublas, "+cublas"), (args.cublas_qkv, "+cublasqkv"), (args.no_pdl, "+nopdl")):
+        for twin, suffix in ((args.cublas, "+cublas"), (args.cublas_qkv, "+cublasqkv"), (args.unfused_head, "+unfusedhead"),
+                              (args.no_pdl, "+nopdl")):
             if twin:  # each twin of every fused configuration so far
                 configs += [c[:4] + (c[4] + suffix,) for c in configs if c[4].startswith("fused")]
     def name_of(path, compiled, overlap, attention) -> str:

@@ -14,7 +14,7 @@ from rl_core.types import GenerationRequest, SamplingParams
 from tests.helpers.decode_attention_check import check_gaps, compare
 from tests.helpers.engine_models import make_engine, prompts, run, tiny_model
 from tests.helpers.fused_mlp_check import CASES as MLP_CASES, QWEN, check as check_mlp, compare as compare_mlp
-from tests.helpers.fused_sampling_check import CASES, check, compare as compare_sampling
+from tests.helpers.fused_sampling_check import CASES, check, compare as compare_sampling, compare_lm_head
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -27,6 +27,12 @@ def test_fused_decode_layer_equals_the_torch_layer(heads, kv_heads, head_dim):
 
 def test_fused_sampling_equals_sample_plain():
     check([compare_sampling("cuda", dt, v, n) for dt, v, n in CASES + ((torch.bfloat16, 151936, 64),)])
+
+
+def test_fused_lm_head_sampling_equals_sample_packed():
+    # bf16 on the GPU (the kernel's TMA loads); the Qwen2.5-0.5B head at 64 and 256 rows among them
+    check([compare_lm_head("cuda", torch.bfloat16, v, n, hid) for v, n, hid in
+           ((1280, 19, 64), (3001, 5, 128), (151936, 64, 896), (151936, 256, 896))])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

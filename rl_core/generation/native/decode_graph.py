@@ -22,7 +22,7 @@ from typing import Sequence
 import torch
 
 from rl_core.generation.native import fused_sampling
-from rl_core.generation.native.fused_sampling import sample_packed
+from rl_core.generation.native.fused_sampling import lm_head_usable, sample_lm_head, sample_packed
 from rl_core.generation.native.kv_cache import KVCache
 from rl_core.generation.native.fused_stack import FusedStack
 from rl_core.generation.native.model import CausalLM, decode_layer
@@ -138,7 +138,10 @@ class DecodeRunner:
     Fused attention (`fused_attention=True`): the layers run as a `fused_stack.FusedStack`,
     whose RoPE, cache write and attention are one Triton kernel (decode_attention.py) reading
     each slot's keys up to its own position, and whose residual adds join the next norm; with
-    `compile`, its element-wise parts are compiled."""
+    `compile`, its element-wise parts are compiled, and a step of up to `fused_sampling.LM_HEAD_ROWS`
+    rows that samples runs the LM head with the sampling's first pass in its epilogue
+    (`fused_sampling.sample_lm_head`, where the tensors suit its TMA loads: the logits are then
+    read back only in each row's chosen block)."""
 
     def __init__(self, model: CausalLM, cache: KVCache, use_graphs: bool,
                  slot_sizes: Sequence[int] | None = None, key_sizes: Sequence[int] | None = None,
@@ -156,6 +159,9 @@ class DecodeRunner:
         self._layer_fn = None if self._stack else layers
         # Triton kernels on CUDA (fused_sampling.py) with `compile`; compiled torch ops elsewhere.
         self._packed = compile and fused_sampling.available(device)
+        # With the fused stack, the LM head runs with the sampling's first pass in its epilogue
+        # (fused_sampling.sample_lm_head) where its kernel can read the tensors.
+        self._lm_head = self._packed and self._stack is not None and fused_sampling.LM_HEAD
         self._sample_plain = _compiled(sample_plain, fullgraph=False) if compile and not self._packed else sample_plain
         self.slot_sizes = sorted(slot_sizes) if slot_sizes else slot_buckets(cache.num_slots)
         self.key_sizes = sorted(key_sizes) if key_sizes else key_buckets(cache.max_seq_len)
@@ -262,7 +268,7 @@ class DecodeRunner:
                 graph.replay()
                 self.replays += 1
             else:
-                out = self._sample(self._forward(s, k), s)
+                out = self._step_sampled(s, k)
                 self.eager_runs += 1
             self._fed = out
             return out
@@ -278,6 +284,18 @@ class DecodeRunner:
     def host_out(self) -> torch.Tensor:
         """The pinned host buffer for the packed result of the step just run (two in turn)."""
         return self._host_outs[self._turn]
+
+    def _step_sampled(self, s: int, k: int) -> torch.Tensor:
+        """The step of bucket (s, k) and its sampling (`_sample`): [2, s] float64. With the fused LM
+        head (`_lm_head`, up to `fused_sampling.LM_HEAD_ROWS` rows: where it measured faster than
+        cuBLAS and the two passes), the head's matmul and the sampling's first pass are one kernel."""
+        if self._lm_head and s <= fused_sampling.LM_HEAD_ROWS:
+            hidden = self._forward(s, k, head=False)
+            weight = self.model.head_weight()
+            if lm_head_usable(hidden, weight):
+                return sample_lm_head(hidden, weight, self.sample_in[:, :s], self.input_ids[:s])
+            return self._sample(torch.nn.functional.linear(hidden, weight), s)
+        return self._sample(self._forward(s, k), s)
 
     def _sample(self, logits: torch.Tensor, s: int) -> torch.Tensor:
         """[2, s] float64 (token, logprob) per slot; the tokens also go to `input_ids` (a step fed from
@@ -295,12 +313,12 @@ class DecodeRunner:
         the capture start from this step's ids again (else they would feed the sampled tokens)."""
         ids = self.input_ids[:s].clone()
         self._step_graphs[(s, k)] = self._capture_fn(
-            torch.cuda.CUDAGraph(), lambda: self._sample(self._forward(s, k), s), reset=lambda: self.input_ids[:s].copy_(ids))
+            torch.cuda.CUDAGraph(), lambda: self._step_sampled(s, k), reset=lambda: self.input_ids[:s].copy_(ids))
         return self._step_graphs[(s, k)]
 
-    def _forward(self, s: int, k: int) -> torch.Tensor:
+    def _forward(self, s: int, k: int, head: bool = True) -> torch.Tensor:
         return self.model.decode_slots(self.input_ids[:s], self.positions[:s], self.cache, k, self.slot_index,
-                                       self.key_index, layer_fn=self._layer_fn, stack=self._stack)
+                                       self.key_index, layer_fn=self._layer_fn, stack=self._stack, head=head)
 
     def _capture(self, s: int, k: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         # The static buffers already hold this step's inputs, so the warm-up writes exactly

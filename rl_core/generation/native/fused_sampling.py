@@ -22,6 +22,13 @@ two kernels and nothing else (no conversions, clamp or stack around them). The u
    reported logprob (x_token / T - m) - log(sum): `log_softmax(logits.float() / T)` at
    the token, as sampling.py defines it.
 
+`sample_lm_head(hidden, weight, inputs, ids)` is `sample_packed` of the LM head's logits with
+the first pass moved into the head's matmul (`_lm_head_stats_kernel`: one program per row block
+and CDF block computes the logits tile, stores it, and writes the block's statistics and, for
+greedy rows, its arg-max), so the logits are written once and read back only in the chosen
+block; the decode runner uses it for steps of up to `LM_HEAD_ROWS` rows, where it measured
+faster than cuBLAS and the first pass (docs/generation.md).
+
 The values equal `sample_plain`'s up to float32 rounding of the sums (a sampled token can
 differ only when its uniform lies within that rounding of a CDF boundary; greedy tokens
 are the same).
@@ -34,7 +41,8 @@ from __future__ import annotations
 
 import torch
 
-from rl_core.generation.native.triton_support import interpreting, tl, triton
+from rl_core.generation.native.triton_support import (descriptor, gdc_launch_dependents, gdc_wait, interpreting, pdl_flags, tl,
+                                                      tma_usable, triton)
 from rl_core.generation.native.sampling import CDF_BLOCK
 
 SPLITS = 8  # programs per row in the first pass
@@ -98,8 +106,10 @@ if triton is not None:
 
     @triton.jit
     def _select_kernel(logits, stride_row, inputs, stride_inputs, block_max, block_sum, split_max, split_arg,
-                       out, stride_out, ids, vocab, num_blocks,
+                       out, stride_out, ids, vocab, num_blocks, splits,
                        BLOCK: tl.constexpr, BLOCKS_PAD: tl.constexpr, SPLITS: tl.constexpr, HAS_IDS: tl.constexpr):
+        """The second pass. `splits` arg-max entries per row (SPLITS: that count rounded up to a power of
+        two): `SPLITS` of the first pass, or one per CDF block from `_lm_head_stats_kernel`."""
         row = tl.program_id(0)
         t, is_greedy = _temperature_greedy(inputs, stride_inputs, row)
         one = tl.full([], 1.0, tl.float64)
@@ -126,8 +136,9 @@ if triton is not None:
         last = tl.max(tl.where(p > 0, lanes, -1), axis=0)
         sampled = chosen * BLOCK + tl.minimum(i, last)
         s = tl.arange(0, SPLITS)
-        smax = tl.load(split_max + row * SPLITS + s)
-        sarg = tl.load(split_arg + row * SPLITS + s)
+        s_ok = s < splits
+        smax = tl.load(split_max + row * splits + s, mask=s_ok, other=float("-inf"))
+        sarg = tl.load(split_arg + row * splits + s, mask=s_ok, other=2147483647)
         top = tl.max(smax, axis=0)
         arg = tl.min(tl.where(smax == top, sarg, 2147483647), axis=0)  # first index among equal maxima
         token = tl.where(is_greedy, arg, sampled)
@@ -137,6 +148,61 @@ if triton is not None:
         tl.store(out + stride_out + row, logprob.to(tl.float64))
         if HAS_IDS:
             tl.store(ids + row, token.to(tl.int64))
+
+    from rl_core.generation.native.fused_mlp import rounded
+
+    @triton.jit
+    def _lm_head_stats_kernel(x_desc, w_desc, logits, stride_row, inputs, stride_inputs, block_max, block_sum,
+                              block_top, block_arg, rows, vocab, hidden, num_blocks,
+                              IEEE: tl.constexpr, BF16_BITS: tl.constexpr, PDL: tl.constexpr, BLOCK_M: tl.constexpr,
+                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+                              WORK: tl.constexpr = 2):
+        """The LM head with the first pass in its epilogue: one program per (row block, CDF block of
+        BLOCK_N = `CDF_BLOCK` tokens) computes the tile's logits (x @ W^T, tiles loaded through TMA
+        descriptors), rounds them to the model dtype (the projection's output), stores them, and writes
+        the CDF block's maximum of x / T and sum of exp(x / T - that maximum) per row, and for row
+        blocks holding a greedy row the block's arg-max (first index on ties): `_block_stats_kernel`'s
+        numbers with one arg-max entry per CDF block, and the logits never read back whole. WORK 0: the
+        logits alone, 1: and the maxima, 2: everything (bench/decode_kernels_gpu.py times the parts)."""
+        if PDL:
+            gdc_wait()
+        off_m = tl.program_id(0) * BLOCK_M
+        pid_n = tl.program_id(1)
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k in tl.range(0, hidden, BLOCK_K, num_stages=STAGES):
+            a = x_desc.load([off_m, k])
+            w = w_desc.load([off_n, k])
+            if IEEE:
+                acc += tl.dot(a.to(tl.float32), w.to(tl.float32).T, input_precision="ieee")
+            else:
+                acc = tl.dot(a, w.T, acc)
+        if PDL:
+            gdc_launch_dependents()
+        r = off_m + tl.arange(0, BLOCK_M)
+        c = off_n + tl.arange(0, BLOCK_N)
+        row_ok = r < rows
+        col_ok = c < vocab
+        dtype = logits.dtype.element_ty
+        x = rounded(acc, dtype, BF16_BITS)
+        tl.store(logits + r[:, None] * stride_row + c[None, :], x.to(dtype), mask=row_ok[:, None] & col_ok[None, :])
+        if WORK == 0:
+            return
+        x = tl.where(col_ok[None, :], x, float("-inf"))
+        t = tl.load(inputs + r, mask=row_ok, other=1.0).to(tl.float32)
+        y = x / t[:, None]
+        m = tl.max(y, axis=1)
+        tl.store(block_max + r * num_blocks + pid_n, m, mask=row_ok)
+        if WORK == 1:
+            return
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        s = tl.sum(tl.exp(y - m_safe[:, None]), axis=1)
+        tl.store(block_sum + r * num_blocks + pid_n, s, mask=row_ok)
+        greedy = tl.load(inputs + stride_inputs + r, mask=row_ok, other=0.0) > 0.5
+        if tl.max(greedy.to(tl.int32), axis=0) > 0:  # only greedy rows read the arg-max
+            tl.store(block_top + r * num_blocks + pid_n, tl.max(x, axis=1), mask=row_ok)
+            arg = off_n + tl.argmax(x, axis=1, tie_break_left=True)
+            tl.store(block_arg + r * num_blocks + pid_n, arg.to(tl.int32), mask=row_ok)
 
 
 def sample_plain_fused(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tensor,
@@ -174,7 +240,74 @@ def sample_packed(logits: torch.Tensor, inputs: torch.Tensor, ids: torch.Tensor 
                                         split_max, split_arg, vocab, num_blocks, per_split,
                                         BLOCK=CDF_BLOCK, CHUNK=CHUNK_BLOCKS, SPLITS=SPLITS, num_warps=STATS_WARPS)
     _select_kernel[(rows,)](logits, logits.stride(0), inputs, inputs.stride(0), block_max, block_sum, split_max,
-                            split_arg, out, out.stride(0), ids if ids is not None else out, vocab, num_blocks,
+                            split_arg, out, out.stride(0), ids if ids is not None else out, vocab, num_blocks, SPLITS,
                             BLOCK=CDF_BLOCK, BLOCKS_PAD=triton.next_power_of_2(num_blocks), SPLITS=SPLITS,
                             HAS_IDS=ids is not None, num_warps=8)
+    return out
+
+
+# The LM head + first pass kernel's tile (BLOCK_M, BLOCK_K, warps, stages) by row regime (64: up to 64 rows,
+# else 256); BLOCK_N is the CDF block. The fastest of 12 / 30 tiles on the H200 (bench/decode_kernels_gpu.py
+# --parts lmhead, 2026-12-03). The interpreter and float32 run small tiles with IEEE dots.
+LM_HEAD_TILES = {64: (64, 64, 4, 3), 256: (256, 64, 8, 4)}
+# The decode runner samples through `sample_lm_head` where `lm_head_usable` (a switch for benchmarks:
+# bench/generation_gpu.py's `+unfusedhead` runs without it); read when a runner is built.
+LM_HEAD = True
+# ... for steps of up to this many rows. On the H200 (Qwen2.5-0.5B head, bf16, vocab 151,936): at 64 rows
+# 86 us against 99 us for cuBLAS + `sample_packed` (decode step 1-2% shorter: 0.86-0.87 against 0.87-0.88
+# ms); at 128 rows 110 against 107 us (step 1.20 against 1.10 ms); at 256 rows 171-175 against 163-169 us
+# (the epilogue's exponentials cost as much as the separate pass; step 1.42 against 1.32 ms).
+LM_HEAD_ROWS = 64
+
+
+def lm_head_usable(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `sample_lm_head` runs for these: Triton, a bf16/fp16 CUDA tensor (or the interpreter),
+    tensors TMA can read (Hopper; `triton_support.tma_usable`), and a [vocab, hidden] weight."""
+    return (triton is not None and weight.dim() == 2 and hidden.shape[-1] == weight.shape[1]
+            and (interpreting() or hidden.dtype in (torch.bfloat16, torch.float16))
+            and hidden.dtype == weight.dtype and tma_usable(hidden, weight))
+
+
+def sample_lm_head(hidden: torch.Tensor, weight: torch.Tensor, inputs: torch.Tensor, ids: torch.Tensor | None = None,
+                   tile: tuple[int, int, int, int] | None = None, work: int = 2) -> torch.Tensor:
+    """`sample_packed(F.linear(hidden, weight), inputs, ids)` with the first pass in the LM head's
+    epilogue (`_lm_head_stats_kernel`): the [R, vocab] logits are written once and read back only
+    in the chosen CDF block of each row. hidden [R, H] (the final norm's output), weight [vocab, H]
+    (no bias), any number of rows (the decode runner uses it up to `LM_HEAD_ROWS`); the same values up to float rounding (the logits' products summed in another order
+    than cuBLAS's, the block sums in another order than the first pass's). `tile` (BLOCK_M, BLOCK_K,
+    warps, stages) overrides `LM_HEAD_TILES` (benchmarks); `work` 0 or 1 runs the kernel with part of
+    its epilogue and returns the logits (benchmarks: what the sampling work costs)."""
+    rows = hidden.shape[0]
+    vocab = weight.shape[0]
+    if not lm_head_usable(hidden, weight):
+        raise ValueError(f"sample_lm_head needs a [R, H] input and a [vocab, H] weight of one dtype (bf16/fp16 on a "
+                         f"Hopper GPU) that TMA can read; got {tuple(hidden.shape)} {hidden.dtype} and "
+                         f"{tuple(weight.shape)} {weight.dtype}. Use sample_packed on the logits instead.")
+    if inputs.shape != (3, rows) or inputs.dtype != torch.float64 or inputs.stride(1) != 1:
+        raise ValueError(f"sample_lm_head needs inputs [3, {rows}] float64 with unit stride in rows; got "
+                         f"{tuple(inputs.shape)} {inputs.dtype} strides {inputs.stride()}")
+    ieee = interpreting() or hidden.dtype == torch.float32
+    if interpreting():
+        bm, bk, warps, stages = 16, 32, 4, 2
+    else:
+        bm, bk, warps, stages = tile or LM_HEAD_TILES[64 if rows <= 64 else 256]
+    num_blocks = triton.cdiv(vocab, CDF_BLOCK)
+    dev = hidden.device
+    logits = hidden.new_empty(rows, vocab)
+    block_max, block_sum, block_top = (torch.empty(rows, num_blocks, dtype=torch.float32, device=dev) for _ in range(3))
+    block_arg = torch.empty(rows, num_blocks, dtype=torch.int32, device=dev)
+    out = torch.empty(2, rows, dtype=torch.float64, device=dev)
+    if rows == 0:
+        return out
+    _lm_head_stats_kernel[(triton.cdiv(rows, bm), num_blocks)](
+        descriptor(hidden, [bm, bk]), descriptor(weight, [CDF_BLOCK, bk]), logits, logits.stride(0), inputs,
+        inputs.stride(0), block_max, block_sum, block_top, block_arg, rows, vocab, weight.shape[1], num_blocks,
+        IEEE=ieee, BF16_BITS=interpreting() and hidden.dtype == torch.bfloat16, BLOCK_M=bm, BLOCK_N=CDF_BLOCK,
+        BLOCK_K=bk, STAGES=stages, WORK=work, **pdl_flags(hidden), **({} if interpreting() else dict(num_warps=warps)))
+    if work < 2:
+        return logits
+    pad = triton.next_power_of_2(num_blocks)
+    _select_kernel[(rows,)](logits, logits.stride(0), inputs, inputs.stride(0), block_max, block_sum, block_top,
+                            block_arg, out, out.stride(0), ids if ids is not None else out, vocab, num_blocks, num_blocks,
+                            BLOCK=CDF_BLOCK, BLOCKS_PAD=pad, SPLITS=pad, HAS_IDS=ids is not None, num_warps=8)
     return out

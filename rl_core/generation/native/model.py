@@ -400,14 +400,12 @@ class CausalLM(nn.Module):
             self.last_routes = torch.stack([block.mlp.last_routes for block in self.model.layers], dim=1)
         if layout.logit_index is not None:
             x = x[layout.logit_index]
-        x = self.model.norm(x)
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(x, weight)
+        return F.linear(self.model.norm(x), self.head_weight())
 
     def decode_slots(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, key_len: int,
                      slot_index: torch.Tensor, key_index: torch.Tensor,
                      layer_fn: Callable[..., torch.Tensor] | None = None,
-                     stack: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
+                     stack: Callable[..., torch.Tensor] | None = None, head: bool = True) -> torch.Tensor:
         """Static-shape decode: token `input_ids[s]` at `positions[s]` of slot s for every s in
         0..S-1 (S = len(input_ids)), attending over positions 0..key_len-1 of its slot
         (`key_len` > every position). `slot_index` / `key_index` are arange tensors of at
@@ -415,7 +413,8 @@ class CausalLM(nn.Module):
         `layer_fn` runs one layer (default `decode_layer`; the decode runner passes a
         `torch.compile`d `decode_layer`); `stack` instead runs all layers and the final norm
         (fused_stack.FusedStack, under `decode_attention: fused`). Returns the logits [S, vocab]
-        of every slot; rows of idle slots are meaningless."""
+        of every slot (with `head` False the final norm's output [S, hidden], which `head_weight`
+        maps to the logits); rows of idle slots are meaningless."""
         if self.spec.is_moe:
             raise ValueError("decode_slots (static/graph decode) runs dense models only; use decode_path 'eager' "
                              "for a mixture-of-experts model.")
@@ -424,18 +423,23 @@ class CausalLM(nn.Module):
         cos = self._cos[positions].unsqueeze(1)
         sin = self._sin[positions].unsqueeze(1)
         heads, kv_heads, eps = self.spec.num_heads, self.spec.num_kv_heads, self.spec.rms_norm_eps
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        weight = self.head_weight()
         if stack is not None:  # keys are read up to each slot's position: no mask, no slot index
             norm = self.model.norm
-            return F.linear(stack(x, cos, sin, positions, self.decode_weights(), cache, norm.weight, norm.eps,
-                                  heads=heads, kv_heads=kv_heads, eps=eps), weight)
+            normed = stack(x, cos, sin, positions, self.decode_weights(), cache, norm.weight, norm.eps,
+                           heads=heads, kv_heads=kv_heads, eps=eps)
+            return F.linear(normed, weight) if head else normed
         slots = slot_index[:input_ids.shape[0]]
         hidden = key_index[:key_len][None, :] > positions[:, None]  # [S, K] True = not visible
         for i, weights in enumerate(self.decode_weights()):
             k_scale, v_scale = cache.layer_scales(i)
             x = layer_fn(x, cos, sin, slots, positions, hidden, weights, cache.k[i], cache.v[i], k_scale, v_scale,
                          heads=heads, kv_heads=kv_heads, eps=eps)
-        return F.linear(self.model.norm(x), weight)
+        return F.linear(self.model.norm(x), weight) if head else self.model.norm(x)
+
+    def head_weight(self) -> torch.Tensor:
+        """The LM head's weight [vocab, hidden]: the embedding's for a tied model (no bias)."""
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def decode_weights(self) -> list[tuple[torch.Tensor | None, ...]]:
         """Per layer, the tensors `decode_layer` takes (in the order `decode_layer` documents). Parameters
