@@ -3,7 +3,7 @@
 Owns: drawing prompt batches from the epoch-bounded `PromptSource` (and each batch's seeds in
 one pass: `rollout.group.seeds_of_groups`; its prompts' ids in one tokenizer call where the
 environment has `prompt_ids_many`, begun when the batch is drawn and waited for when its first
-group starts where it has `start_prompt_ids_many`: `_BatchPrompts`); the dispatch valves,
+group starts where it has `start_prompt_ids_many`: `BatchPrompts`); the dispatch valves,
 each a config knob with a metric: the sampler's admission gate, buffer capacity, the
 group in-flight cap, generation-level backpressure (in-flight *samples*), the
 over-sampling bound (unstamped samplers) and the dispatch gate closed by refit drains,
@@ -101,8 +101,8 @@ class RolloutPump:
         self._pending: list = []  # prompts drawn from the source but not dispatched yet
         self._seeds: dict[tuple[int, int], list[int]] = {}  # (epoch, index) -> the seeds of a drawn batch's group
         self._seeds_before: dict[tuple[int, int], list[int]] = {}  # the same for the batch before (not yet started)
-        self._prompts: _BatchPrompts | dict = {}  # (epoch, index) -> its prompt ids, encoded with its batch
-        self._prompts_before: _BatchPrompts | dict = {}  # the same for the batch before (not yet started)
+        self._prompts: BatchPrompts | dict = {}  # (epoch, index) -> its prompt ids, encoded with its batch
+        self._prompts_before: BatchPrompts | dict = {}  # the same for the batch before (not yet started)
         # generation-level backpressure: groups dispatched whose samples are not counted as
         # queued yet (their task has not started), and whether dispatch waits on the queue
         self._unstarted: set[str] = set()
@@ -281,11 +281,11 @@ class RolloutPump:
             self._prompts_before, self._prompts = self._prompts, self._batch_prompt_ids()
         return self._pending.pop(0)
 
-    def _batch_prompt_ids(self) -> "_BatchPrompts | dict":
+    def _batch_prompt_ids(self) -> "BatchPrompts | dict":
         """(epoch, index) -> prompt ids of the drawn batch's groups, encoded in one call where
         the environment can (`BaseEnv.prompt_ids_many`: the same ids as `prompt_ids`; through
         `start_prompt_ids_many` where it has that, whose Rust encode runs while the pump
-        dispatches: `_BatchPrompts`); empty otherwise. A batch whose encoding fails is left to
+        dispatches: `BatchPrompts`); empty otherwise. A batch whose encoding fails is left to
         each group, which then encodes its own prompt and fails (a data error of that group,
         retried or dropped) as without the batch."""
         start = getattr(self.env, "start_prompt_ids_many", None)
@@ -296,11 +296,11 @@ class RolloutPump:
         examples = [ex for _, _, ex in self._pending]
         try:
             if start is not None:
-                return _BatchPrompts(keys, start(examples))
+                return BatchPrompts(keys, start(examples))
             ids = many(examples)
         except Exception:  # noqa: BLE001 - not ignored: each group's own prompt_ids raises it again
             return {}
-        return _BatchPrompts.of(keys, ids)
+        return BatchPrompts.of(keys, ids)
 
     # ------------------------------------------------------------------ the pump
 
@@ -470,7 +470,7 @@ class RolloutPump:
         await self.buffer.commit(group_id, group)
 
 
-class _BatchPrompts:
+class BatchPrompts:
     """(epoch, index) -> prompt ids of a drawn batch's groups (`RolloutPump._batch_prompt_ids`),
     read by `pop` as a dict: the batch's encode, begun when the batch was drawn
     (`start_prompt_ids_many`), is waited for on the first `pop` of one of its keys (the first

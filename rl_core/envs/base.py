@@ -159,28 +159,27 @@ class BaseEnv(ABC):
         """`prompt_ids_many(examples)` begun now and ended by the function returned, which gives
         what `prompt_ids_many` gives (or raises what it raises): for the rollout pump, which
         draws a batch, dispatches its groups and asks for the ids when the first group starts.
-        Where the class keeps BaseEnv's `prompt_ids_many` and `_encode_texts` and the texts
-        the cache does not hold go to the Rust backend (`_backend_ids`), their encode runs on the
+        Where the class keeps BaseEnv's `prompt_ids_many` and the texts the cache does not hold
+        go to the Rust backend (`backend_prompt_ids`), their encode (`_encode_texts`) runs on the
         encode thread (`_ENCODE_POOL`, one thread: the Rust call releases the interpreter lock,
         so the event loop goes on meanwhile) and the function waits for it; the texts, the
         cache and every other encode run here and now (docs/controller.md, "Fourteenth round")."""
-        cls = type(self)
-        if cls.prompt_ids_many is not BaseEnv.prompt_ids_many or cls._encode_texts is not BaseEnv._encode_texts:
+        if type(self).prompt_ids_many is not BaseEnv.prompt_ids_many:
             ids = self.prompt_ids_many(examples)  # a subclass's own batch encode: as it is, now
             return lambda: ids
         if not self._batch_encodes():
             return lambda: None
         texts = [self.prompt_text(e) for e in examples]
-        pending = self._ids_cache().start(self.tokenizer, texts)
+        cache = self._ids_cache()
+        pending = cache.start(self.tokenizer, texts)
         missing = pending.missing
         if not missing or not _backend_ready(self.tokenizer, missing):
-            ids = pending.finish(self._encode_texts(missing) if missing else [])
+            ids = cache.finish(pending, self._encode_texts(missing) if missing else [])
             return lambda: ids
-        job = _ENCODE_POOL.submit(_backend_ids, self.tokenizer, missing)
+        job = _ENCODE_POOL.submit(self._encode_texts, missing)  # `backend_prompt_ids` applies: the Rust call
 
         def result() -> list[list[int]]:
-            encoded = job.result()
-            return pending.finish(encoded if encoded is not None else self._encode_texts(missing))
+            return cache.finish(pending, job.result())
 
         return result
 
@@ -198,8 +197,8 @@ class BaseEnv(ABC):
     def _encode_texts(self, texts: list[str]) -> list[list[int]]:
         """The texts' ids in one call of the tokenizer (`prompt_ids_many`'s encode): the Rust
         backend's `encode_batch_fast` where that gives exactly what transformers' call gives
-        (`_backend_ids`), else transformers' call."""
-        ids = _backend_ids(self.tokenizer, texts)
+        (`backend_prompt_ids`), else transformers' call."""
+        ids = backend_prompt_ids(self.tokenizer, texts)
         if ids is not None:
             return ids
         return self.tokenizer(texts, add_special_tokens=False, return_attention_mask=False,
@@ -360,7 +359,7 @@ def _plain_encode_class(cls: type) -> bool:
             and not hasattr(cls, "_switch_to_input_mode"))
 
 
-def _backend_ids(tokenizer, texts: list[str]) -> list[list[int]] | None:
+def backend_prompt_ids(tokenizer, texts: list[str]) -> list[list[int]] | None:
     """The ids `tokenizer(texts, add_special_tokens=False)["input_ids"]` gives (a tokenizer
     of a class `_plain_encode_class` accepts), from one `encode_batch_fast` of its Rust
     backend (the ids of `encode_batch`, without the character offsets, which transformers'
@@ -380,7 +379,7 @@ def _backend_ids(tokenizer, texts: list[str]) -> list[list[int]] | None:
 
 
 def _backend_ready(tokenizer, texts: list[str]) -> bool:
-    """`_backend_ids`'s test before it encodes: a backend with `encode_batch_fast`, no truncation
+    """`backend_prompt_ids`'s test before it encodes: a backend with `encode_batch_fast`, no truncation
     or padding set, the tokenizer's special-token splitting, a non-empty batch of `str`s."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     return (getattr(backend, "encode_batch_fast", None) is not None and bool(texts)

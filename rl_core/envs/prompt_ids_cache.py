@@ -2,7 +2,7 @@
 
 Owns: `PromptIdsCache`, a bounded map from a prompt text to the ids one tokenizer encoded it
 to, for `BaseEnv.prompt_ids_many` (the rollout pump's batch encode: `encode_many`, or in two
-parts, `start` and `PendingIds.finish`, with the encode between them on another thread:
+parts, `start` and `finish`, with the encode between them on another thread:
 `BaseEnv.start_prompt_ids_many`). A dataset's prompts come
 back every epoch (and a task's texts may repeat within one); the Rust encode costs ~6 us per
 short prompt at 1,000 prompts per step (docs/controller.md, "Eleventh round"), a lookup ~0.2 us.
@@ -45,13 +45,13 @@ class PromptIdsCache:
         (each distinct one once) by one `encode(texts)` call, then held. `encode` must be the
         tokenizer's batch encode; an error of it propagates and nothing is held from that call."""
         pending = self.start(tokenizer, texts)
-        return pending.finish(encode(pending.missing) if pending.missing else [])
+        return self.finish(pending, encode(pending.missing) if pending.missing else [])
 
     def start(self, tokenizer, texts: list[str]) -> "PendingIds":
         """`encode_many` in two parts: the texts looked up now; `missing` (each distinct text
         not held, in order of first appearance) for the caller to encode, possibly on another
-        thread, and hand to `PendingIds.finish` on this one, which holds them and gives what
-        `encode_many` gives. A text another batch held meanwhile is held once."""
+        thread, and hand to `finish` on this one, which holds them and gives what `encode_many`
+        gives. A text another batch held meanwhile is held once."""
         vocab = len(tokenizer)
         if tokenizer is not self._tokenizer or vocab != self._vocab:
             self._ids.clear()
@@ -60,7 +60,29 @@ class PromptIdsCache:
         missing = list(dict.fromkeys(t for t, a in zip(texts, found) if a is None))
         self.misses += len(missing)
         self.hits += len(texts) - len(missing)
-        return PendingIds(self, texts, found, missing, vocab)
+        return PendingIds(texts, found, missing, tokenizer, vocab)
+
+    def finish(self, pending: "PendingIds", encoded: list[list[int]]) -> list[list[int]]:
+        """Each text of `pending` as a fresh list of its ids, in order (`encoded`: the ids of
+        `pending.missing`, in order), the encoded texts held unless the cache was emptied for
+        another tokenizer since `start`."""
+        found = pending.found
+        if not pending.missing:
+            return [a.tolist() for a in found]
+        fresh = dict(zip(pending.missing, encoded))
+        out, given = [], set()
+        for t, a in zip(pending.texts, found):
+            if a is not None:
+                out.append(a.tolist())
+            elif t in given:  # a text twice in the batch: a list of its own each time
+                out.append(list(fresh[t]))
+            else:
+                given.add(t)
+                out.append(fresh[t])
+        if self._tokenizer is pending.tokenizer and self._vocab == pending.vocab:
+            for t, ids in fresh.items():
+                self._hold(t, ids)
+        return out
 
     def _hold(self, text: str, ids: list[int]) -> None:
         n = len(ids)
@@ -75,31 +97,9 @@ class PromptIdsCache:
 
 
 class PendingIds:
-    """A batch looked up by `PromptIdsCache.start`: `missing` to encode, then `finish`."""
+    """A batch looked up by `PromptIdsCache.start`: `missing` to encode, then the cache's `finish`."""
 
-    __slots__ = ("cache", "texts", "found", "missing", "tokenizer", "vocab")
+    __slots__ = ("texts", "found", "missing", "tokenizer", "vocab")
 
-    def __init__(self, cache: PromptIdsCache, texts: list[str], found: list, missing: list[str], vocab: int):
-        self.cache, self.texts, self.found, self.missing = cache, texts, found, missing
-        self.tokenizer, self.vocab = cache._tokenizer, vocab
-
-    def finish(self, encoded: list[list[int]]) -> list[list[int]]:
-        """Each text's ids as a fresh list, in order (`encoded`: the ids of `missing`, in order)."""
-        found = self.found
-        if not self.missing:
-            return [a.tolist() for a in found]
-        fresh = dict(zip(self.missing, encoded))
-        out, given = [], set()
-        for t, a in zip(self.texts, found):
-            if a is not None:
-                out.append(a.tolist())
-            elif t in given:  # a text twice in the batch: a list of its own each time
-                out.append(list(fresh[t]))
-            else:
-                given.add(t)
-                out.append(fresh[t])
-        cache = self.cache
-        if cache._tokenizer is self.tokenizer and cache._vocab == self.vocab:  # (else emptied since: not held)
-            for t, ids in fresh.items():
-                cache._hold(t, ids)
-        return out
+    def __init__(self, texts: list[str], found: list, missing: list[str], tokenizer, vocab: int):
+        self.texts, self.found, self.missing, self.tokenizer, self.vocab = texts, found, missing, tokenizer, vocab

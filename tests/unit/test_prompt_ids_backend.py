@@ -1,4 +1,4 @@
-"""A batch's prompt ids from the Rust backend's `encode_batch_fast` (`envs.base._backend_ids`,
+"""A batch's prompt ids from the Rust backend's `encode_batch_fast` (`envs.base.backend_prompt_ids`,
 used by `BaseEnv.prompt_ids_many`; issue 18 item 3, docs/controller.md "Fourteenth round"):
 the ids must equal transformers' batch call and each text's `encode`, and every backend setting
 transformers' call would change first (truncation, padding, special-token splitting) or a
@@ -14,7 +14,7 @@ from rl_core.config.schema import AdditionEnvConfig
 from rl_core.data.addition import all_examples
 from rl_core.data.dataset import load_jsonl
 from rl_core.envs import make_env
-from rl_core.envs.base import _backend_ids
+from rl_core.envs.base import backend_prompt_ids
 from rl_core.model.tokenizer import SPECIAL_TOKENS, build_tokenizer
 
 TRICKY = ["", " ", "  07+45=", "\n\n", "\t x \r\n y ", "Größe – 数字 ✓ 07+45=", "a" * 3000,
@@ -38,7 +38,7 @@ def _call(tok, texts):
 
 def test_backend_ids_equal_the_transformers_call_and_each_encode(tok):
     texts = _texts()
-    got = _backend_ids(tok, texts)
+    got = backend_prompt_ids(tok, texts)
     assert got is not None
     assert got == _call(tok, texts) == [tok.encode(t, add_special_tokens=False) for t in texts]
     assert all(type(ids) is list and all(type(i) is int for i in ids) for ids in got)
@@ -55,7 +55,7 @@ def test_backend_settings_transformers_would_change_leave_the_batch_to_it(tok):
                   lambda t: setattr(t, "split_special_tokens", True)):
         t = copy.deepcopy(tok)
         setup(t)
-        assert _backend_ids(t, texts) is None
+        assert backend_prompt_ids(t, texts) is None
         env = make_env(AdditionEnvConfig(), t)
         assert env._encode_texts(texts) == _call(t, texts)  # transformers' own result, whatever it is
     assert _call(tok, texts) == want
@@ -64,8 +64,8 @@ def test_backend_settings_transformers_would_change_leave_the_batch_to_it(tok):
 def test_long_prompts_empty_batches_and_non_strings_are_left_to_transformers(tok):
     t = copy.deepcopy(tok)
     t.model_max_length = 100
-    assert _backend_ids(t, ["12+34=" * 200]) is None  # transformers logs a too-long warning for it
-    assert _backend_ids(t, ["12+34="]) == _call(t, ["12+34="])
-    assert _backend_ids(tok, []) is None
-    assert _backend_ids(tok, ["12+34=", ("a", "b")]) is None
-    assert _backend_ids(object(), ["12+34="]) is None  # no Rust backend
+    assert backend_prompt_ids(t, ["12+34=" * 200]) is None  # transformers logs a too-long warning for it
+    assert backend_prompt_ids(t, ["12+34="]) == _call(t, ["12+34="])
+    assert backend_prompt_ids(tok, []) is None
+    assert backend_prompt_ids(tok, ["12+34=", ("a", "b")]) is None
+    assert backend_prompt_ids(object(), ["12+34="]) is None  # no Rust backend

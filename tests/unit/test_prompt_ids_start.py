@@ -1,5 +1,5 @@
 """A drawn batch's prompt ids begun when it is drawn and waited for when its first group starts
-(`BaseEnv.start_prompt_ids_many`, the rollout pump's `_BatchPrompts`; issue 18 item 3,
+(`BaseEnv.start_prompt_ids_many`, the rollout pump's `BatchPrompts`; issue 18 item 3,
 docs/controller.md "Fourteenth round"): the ids must be `prompt_ids_many`'s (and each
 `prompt_ids`), the Rust encode must run on the encode thread, the cache must stay exact with
 batches in flight together, and every failure must leave the groups to encode their own."""
@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from rl_core.config.schema import AdditionEnvConfig
-from rl_core.controller.rollout_pump import _BatchPrompts
+from rl_core.controller.rollout_pump import BatchPrompts
 from rl_core.data.addition import all_examples
 from rl_core.data.dataset import load_jsonl
 from rl_core.envs import base, make_env
@@ -41,13 +41,13 @@ def _held_consistent(env) -> None:
 def test_a_started_batch_gives_prompt_ids_many_and_encodes_on_the_encode_thread(tok, monkeypatch):
     env, plain = make_env(AdditionEnvConfig(), tok), make_env(AdditionEnvConfig(), tok)
     threads = []
-    backend_ids = base._backend_ids
+    backend_ids = base.backend_prompt_ids
 
     def recording(tokenizer, texts):
         threads.append(threading.current_thread().name)
         return backend_ids(tokenizer, texts)
 
-    monkeypatch.setattr(base, "_backend_ids", recording)
+    monkeypatch.setattr(base, "backend_prompt_ids", recording)
     exs = _examples()
     for _ in range(2):  # a first pass encodes, a second looks every text up
         got = env.start_prompt_ids_many(exs)()
@@ -124,7 +124,7 @@ def test_batch_prompts_wait_only_for_their_own_groups():
         return [[1], [2], [3]]
 
     keys = [(0, 5), (0, 6), (0, 7)]
-    batch = _BatchPrompts(keys, result)
+    batch = BatchPrompts(keys, result)
     assert batch.pop((0, 1)) is None and calls == []  # another batch's group: not waited for
     assert batch.pop((0, 6)) == [2] and calls == [1]
     assert batch.pop((0, 6)) is None and batch.pop((0, 5)) == [1] and calls == [1]  # resolved once, popped once
@@ -134,7 +134,7 @@ def test_batch_prompts_wait_only_for_their_own_groups():
         raise ValueError("bad prompt")
 
     for bad in (broken, lambda: None, lambda: [[1], [2]]):  # fails, refused, or the wrong count: none
-        b = _BatchPrompts(keys, bad)
+        b = BatchPrompts(keys, bad)
         assert [b.pop(k) for k in keys] == [None, None, None]
-    assert _BatchPrompts.of(keys, [[1], [2], [3]]) == dict(zip(keys, [[1], [2], [3]]))
-    assert _BatchPrompts.of(keys, None) == {} and _BatchPrompts.of(keys, [[1]]) == {}
+    assert BatchPrompts.of(keys, [[1], [2], [3]]) == dict(zip(keys, [[1], [2], [3]]))
+    assert BatchPrompts.of(keys, None) == {} and BatchPrompts.of(keys, [[1]]) == {}
