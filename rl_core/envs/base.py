@@ -363,12 +363,12 @@ def backend_prompt_ids(tokenizer, texts: list[str]) -> list[list[int]] | None:
     """The ids `tokenizer(texts, add_special_tokens=False)["input_ids"]` gives (a tokenizer
     of a class `_plain_encode_class` accepts), from one `encode_batch_fast` of its Rust
     backend (the ids of `encode_batch`, without the character offsets, which transformers'
-    call computes and this encode never reads: ~6.5 against ~8.4 ms per 1,000 addition prompts,
-    docs/controller.md, "Fourteenth round"); None where that is not guaranteed: a backend
-    without `encode_batch_fast`, an empty batch, one with truncation or padding set or special-token splitting
-    other than the tokenizer's (transformers' call would change them first), a text that is
-    not a `str`, or an id list longer than `model_max_length` (transformers' call logs its
-    warning about it)."""
+    call computes and this encode never reads: ~6.5 against ~8.4 ms per 1,000 addition
+    prompts, docs/controller.md, "Fourteenth round"); None where that is not guaranteed: a
+    backend without `encode_batch_fast`, an empty batch, a backend with truncation or padding
+    set or special-token splitting other than the tokenizer's (transformers' call would change
+    them first), a text that is not a `str`, or an id list longer than `model_max_length`
+    (transformers' call logs its warning about it)."""
     if not _backend_ready(tokenizer, texts):
         return None
     ids = [e.ids for e in tokenizer.backend_tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
@@ -379,8 +379,9 @@ def backend_prompt_ids(tokenizer, texts: list[str]) -> list[list[int]] | None:
 
 
 def _backend_ready(tokenizer, texts: list[str]) -> bool:
-    """`backend_prompt_ids`'s test before it encodes: a backend with `encode_batch_fast`, no truncation
-    or padding set, the tokenizer's special-token splitting, a non-empty batch of `str`s."""
+    """`backend_prompt_ids`'s test before it encodes: a backend with `encode_batch_fast`, no
+    truncation or padding set, the tokenizer's special-token splitting, a non-empty batch of
+    `str`s."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     return (getattr(backend, "encode_batch_fast", None) is not None and bool(texts)
             and backend.truncation is None and backend.padding is None
