@@ -2,7 +2,8 @@
 
 Owns: drawing prompt batches from the epoch-bounded `PromptSource` (and each batch's seeds in
 one pass: `rollout.group.seeds_of_groups`; its prompts' ids in one tokenizer call where the
-environment has `prompt_ids_many`); the dispatch valves,
+environment has `prompt_ids_many`, begun when the batch is drawn and waited for when its first
+group starts where it has `start_prompt_ids_many`: `BatchPrompts`); the dispatch valves,
 each a config knob with a metric: the sampler's admission gate, buffer capacity, the
 group in-flight cap, generation-level backpressure (in-flight *samples*), the
 over-sampling bound (unstamped samplers) and the dispatch gate closed by refit drains,
@@ -100,8 +101,8 @@ class RolloutPump:
         self._pending: list = []  # prompts drawn from the source but not dispatched yet
         self._seeds: dict[tuple[int, int], list[int]] = {}  # (epoch, index) -> the seeds of a drawn batch's group
         self._seeds_before: dict[tuple[int, int], list[int]] = {}  # the same for the batch before (not yet started)
-        self._prompts: dict[tuple[int, int], list[int]] = {}  # (epoch, index) -> its prompt ids, encoded with its batch
-        self._prompts_before: dict[tuple[int, int], list[int]] = {}  # the same for the batch before (not yet started)
+        self._prompts: BatchPrompts | dict = {}  # (epoch, index) -> its prompt ids, encoded with its batch
+        self._prompts_before: BatchPrompts | dict = {}  # the same for the batch before (not yet started)
         # generation-level backpressure: groups dispatched whose samples are not counted as
         # queued yet (their task has not started), and whether dispatch waits on the queue
         self._unstarted: set[str] = set()
@@ -280,21 +281,26 @@ class RolloutPump:
             self._prompts_before, self._prompts = self._prompts, self._batch_prompt_ids()
         return self._pending.pop(0)
 
-    def _batch_prompt_ids(self) -> dict[tuple[int, int], list[int]]:
+    def _batch_prompt_ids(self) -> "BatchPrompts | dict":
         """(epoch, index) -> prompt ids of the drawn batch's groups, encoded in one call where
-        the environment can (`BaseEnv.prompt_ids_many`: the same ids as `prompt_ids`); empty
-        otherwise. A batch whose encoding fails is left to each group, which then encodes its
-        own prompt and fails (a data error of that group, retried or dropped) as without the batch."""
+        the environment can (`BaseEnv.prompt_ids_many`: the same ids as `prompt_ids`; through
+        `start_prompt_ids_many` where it has that, whose Rust encode runs while the pump
+        dispatches: `BatchPrompts`); empty otherwise. A batch whose encoding fails is left to
+        each group, which then encodes its own prompt and fails (a data error of that group,
+        retried or dropped) as without the batch."""
+        start = getattr(self.env, "start_prompt_ids_many", None)
         many = getattr(self.env, "prompt_ids_many", None)
-        if many is None or not self._pending:
+        if (start is None and many is None) or not self._pending:
             return {}
+        keys = [(int(e), int(i)) for i, e, _ in self._pending]
+        examples = [ex for _, _, ex in self._pending]
         try:
-            ids = many([ex for _, _, ex in self._pending])
+            if start is not None:
+                return BatchPrompts(keys, start(examples))
+            ids = many(examples)
         except Exception:  # noqa: BLE001 - not ignored: each group's own prompt_ids raises it again
             return {}
-        if ids is None or len(ids) != len(self._pending):
-            return {}
-        return dict(zip(((int(e), int(i)) for i, e, _ in self._pending), ids))
+        return BatchPrompts.of(keys, ids)
 
     # ------------------------------------------------------------------ the pump
 
@@ -462,3 +468,33 @@ class RolloutPump:
         self.stats.committed_groups += 1
         self.timeline.add("generate", -1 if target is None else target, t0, t1, version)
         await self.buffer.commit(group_id, group)
+
+
+class BatchPrompts:
+    """(epoch, index) -> prompt ids of a drawn batch's groups (`RolloutPump._batch_prompt_ids`),
+    read by `pop` as a dict: the batch's encode, begun when the batch was drawn
+    (`start_prompt_ids_many`), is waited for on the first `pop` of one of its keys (the first
+    of its groups to start), by then mostly done: the pump dispatched the batch's groups
+    meanwhile. An encode that fails, or gives no list of one entry per group, leaves every
+    group to encode its own prompt, as a failed batch encode did before."""
+
+    __slots__ = ("_keys", "_asked", "_result", "_ids")
+
+    def __init__(self, keys: list[tuple[int, int]], result):
+        self._keys, self._asked, self._result, self._ids = keys, frozenset(keys), result, None
+
+    @classmethod
+    def of(cls, keys: list[tuple[int, int]], ids) -> dict:
+        """The dict of an encode done already (`prompt_ids_many`)."""
+        return {} if ids is None or len(ids) != len(keys) else dict(zip(keys, ids))
+
+    def pop(self, key: tuple[int, int], default=None):
+        if self._ids is None:
+            if key not in self._asked:  # another batch's group: this batch's encode is not waited for
+                return default
+            try:
+                ids = self._result()
+            except Exception:  # noqa: BLE001 - not ignored: each group's own prompt_ids raises it again
+                ids = None
+            self._ids, self._keys, self._asked, self._result = self.of(self._keys, ids), None, None, None
+        return self._ids.pop(key, default)
