@@ -248,7 +248,8 @@ def sample_packed(logits: torch.Tensor, inputs: torch.Tensor, ids: torch.Tensor 
 
 # The LM head + first pass kernel's tile (BLOCK_M, BLOCK_K, warps, stages) by row regime (64: up to 64 rows,
 # else 256); BLOCK_N is the CDF block. The fastest of 12 / 30 tiles on the H200 (bench/decode_kernels_gpu.py
-# --parts lmhead, 2026-12-03). The interpreter and float32 run small tiles with IEEE dots.
+# --parts lmhead, 2026-12-03). The interpreter runs small tiles with IEEE dots (float32 runs only there:
+# `lm_head_usable`).
 LM_HEAD_TILES = {64: (64, 64, 4, 3), 256: (256, 64, 8, 4)}
 # The decode runner samples through `sample_lm_head` where `lm_head_usable` (a switch for benchmarks:
 # bench/generation_gpu.py's `+unfusedhead` runs without it); read when a runner is built.
@@ -273,8 +274,9 @@ def sample_lm_head(hidden: torch.Tensor, weight: torch.Tensor, inputs: torch.Ten
     """`sample_packed(F.linear(hidden, weight), inputs, ids)` with the first pass in the LM head's
     epilogue (`_lm_head_stats_kernel`): the [R, vocab] logits are written once and read back only
     in the chosen CDF block of each row. hidden [R, H] (the final norm's output), weight [vocab, H]
-    (no bias), any number of rows (the decode runner uses it up to `LM_HEAD_ROWS`); the same values up to float rounding (the logits' products summed in another order
-    than cuBLAS's, the block sums in another order than the first pass's). `tile` (BLOCK_M, BLOCK_K,
+    (no bias), any number of rows (the decode runner uses it up to `LM_HEAD_ROWS`); the same values
+    up to float rounding (the logits' products summed in another order than cuBLAS's, the block sums
+    in another order than the first pass's). `tile` (BLOCK_M, BLOCK_K,
     warps, stages) overrides `LM_HEAD_TILES` (benchmarks); `work` 0 or 1 runs the kernel with part of
     its epilogue and returns the logits (benchmarks: what the sampling work costs)."""
     rows = hidden.shape[0]
@@ -286,7 +288,6 @@ def sample_lm_head(hidden: torch.Tensor, weight: torch.Tensor, inputs: torch.Ten
     if inputs.shape != (3, rows) or inputs.dtype != torch.float64 or inputs.stride(1) != 1:
         raise ValueError(f"sample_lm_head needs inputs [3, {rows}] float64 with unit stride in rows; got "
                          f"{tuple(inputs.shape)} {inputs.dtype} strides {inputs.stride()}")
-    ieee = interpreting() or hidden.dtype == torch.float32
     if interpreting():
         bm, bk, warps, stages = 16, 32, 4, 2
     else:
@@ -302,7 +303,7 @@ def sample_lm_head(hidden: torch.Tensor, weight: torch.Tensor, inputs: torch.Ten
     _lm_head_stats_kernel[(triton.cdiv(rows, bm), num_blocks)](
         descriptor(hidden, [bm, bk]), descriptor(weight, [CDF_BLOCK, bk]), logits, logits.stride(0), inputs,
         inputs.stride(0), block_max, block_sum, block_top, block_arg, rows, vocab, weight.shape[1], num_blocks,
-        IEEE=ieee, BF16_BITS=interpreting() and hidden.dtype == torch.bfloat16, BLOCK_M=bm, BLOCK_N=CDF_BLOCK,
+        IEEE=interpreting(), BF16_BITS=interpreting() and hidden.dtype == torch.bfloat16, BLOCK_M=bm, BLOCK_N=CDF_BLOCK,
         BLOCK_K=bk, STAGES=stages, WORK=work, **pdl_flags(hidden), **({} if interpreting() else dict(num_warps=warps)))
     if work < 2:
         return logits

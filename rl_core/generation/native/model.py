@@ -423,19 +423,19 @@ class CausalLM(nn.Module):
         cos = self._cos[positions].unsqueeze(1)
         sin = self._sin[positions].unsqueeze(1)
         heads, kv_heads, eps = self.spec.num_heads, self.spec.num_kv_heads, self.spec.rms_norm_eps
-        weight = self.head_weight()
         if stack is not None:  # keys are read up to each slot's position: no mask, no slot index
             norm = self.model.norm
             normed = stack(x, cos, sin, positions, self.decode_weights(), cache, norm.weight, norm.eps,
                            heads=heads, kv_heads=kv_heads, eps=eps)
-            return F.linear(normed, weight) if head else normed
-        slots = slot_index[:input_ids.shape[0]]
-        hidden = key_index[:key_len][None, :] > positions[:, None]  # [S, K] True = not visible
-        for i, weights in enumerate(self.decode_weights()):
-            k_scale, v_scale = cache.layer_scales(i)
-            x = layer_fn(x, cos, sin, slots, positions, hidden, weights, cache.k[i], cache.v[i], k_scale, v_scale,
-                         heads=heads, kv_heads=kv_heads, eps=eps)
-        return F.linear(self.model.norm(x), weight) if head else self.model.norm(x)
+        else:
+            slots = slot_index[:input_ids.shape[0]]
+            hidden = key_index[:key_len][None, :] > positions[:, None]  # [S, K] True = not visible
+            for i, weights in enumerate(self.decode_weights()):
+                k_scale, v_scale = cache.layer_scales(i)
+                x = layer_fn(x, cos, sin, slots, positions, hidden, weights, cache.k[i], cache.v[i], k_scale, v_scale,
+                             heads=heads, kv_heads=kv_heads, eps=eps)
+            normed = self.model.norm(x)
+        return F.linear(normed, self.head_weight()) if head else normed
 
     def head_weight(self) -> torch.Tensor:
         """The LM head's weight [vocab, hidden]: the embedding's for a tied model (no bias)."""
