@@ -29,9 +29,9 @@ Printed side by side in one run; never a test assertion.
   against `fused_sampling.sample_lm_head` (the sampling's first pass in the head's epilogue) at a
   grid of tiles, at temperature 1 and 0.7, and with every row greedy.
 - In-step sampling: `fused_sampling.sample_plain_fused` over [rows, vocab] bf16 logits at
-  several first-pass shapes (programs per row, CDF blocks per inner step, warps), every row
-  greedy (the arg-max reductions run too), and the compiled `sampling.sample_plain` for
-  reference.
+  several first-pass shapes (programs per row, CDF blocks per inner step, warps), at temperature
+  1 (the first pass skips its division), every row greedy (the arg-max reductions run too), and
+  the compiled `sampling.sample_plain` for reference.
 """
 
 from __future__ import annotations
@@ -175,6 +175,9 @@ def sampling(rows: int) -> None:
         report(f"fused, {splits} programs/row, {chunk} blocks/step, {warps} warps{'' if same else ' (DIFFERS)'}",
                us, nbytes)
     fused_sampling.SPLITS, fused_sampling.CHUNK_BLOCKS, fused_sampling.STATS_WARPS = default
+    unit = torch.ones(rows, device="cuda")  # temperature 1: the first pass skips its division
+    report("fused, default, temperature 1", device_us(lambda: fused_sampling.sample_plain_fused(logits, unit, greedy, u)),
+           nbytes)
     every = torch.ones(rows, dtype=torch.bool, device="cuda")  # the arg-max reductions too
     report("fused, default, every row greedy", device_us(lambda: fused_sampling.sample_plain_fused(logits, t, every, u)),
            nbytes)
