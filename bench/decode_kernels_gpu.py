@@ -285,7 +285,7 @@ def tma(rows: int) -> None:
     report("fused_mlp.gate_up_silu, TMA at its tile", device_us(lambda: fused_mlp.gate_up_silu(x, w, None)), nbytes)
     out = torch.empty_like(ref)
     results = []
-    for bm, bn, bk, warps, stages in itertools.product((64, 128), (64, 128, 256), (64, 128), (4, 8), (3, 4)):
+    for bm, bn, bk, warps, stages in itertools.product((64, 128), (32, 64, 128, 256), (64, 128), (4, 8), (2, 3, 4)):
         if (bm * bk + 2 * bn * bk) * 2 * stages > 220_000 or bm * bn * 2 > 128 * 256 or bm > max(64, rows):
             continue
         xd, gd, ud = descriptor(x, [bm, bk]), descriptor(w[:MLP], [bn, bk]), descriptor(w[MLP:], [bn, bk])
