@@ -171,15 +171,21 @@ def check_gaps(rows: list[dict]) -> None:
 def check_fp8_gaps(rows: list[dict]) -> None:
     """An FP8 cache, fp32 and bf16 rows of `compare(..., fp8=True)`: both layers quantize the same
     values, the values exactly (no rotation) and so byte for byte; the keys after RoPE, which the
-    fused kernel rounds once and the torch layer twice (bf16; in float32 a fused multiply-add on
-    CUDA), so a key may land one e4m3 step apart (rarely: at most 1 in 20 written). The outputs then
-    within the model-dtype tolerances of `check_gaps` (the same keys and values read back)."""
+    fused kernel rounds once and the torch layer after each op, so a key may be stored one e4m3
+    step apart (several steps below e4m3's normal range, where a rotation's cancellation leaves
+    the roundings' difference larger than a step): in float32 rarely (a fused multiply-add on
+    CUDA: at most 1 in 100 written, one step), in bf16 where the two bf16 roundings part near an
+    e4m3 rounding boundary (at most 1 in 6 written, none further off than one e4m3 step of the
+    largest key; 7.6% at head_dim 128 in Triton's interpreter, whose float32 -> bf16 rounds toward
+    zero). The outputs: float32 to rounding when every byte agrees (the same keys and values read
+    back); bf16 within twice `check_gaps`' tolerance (some keys an e4m3 step, not a bf16 ulp, apart)."""
     fp32, bf16 = rows
     for row in rows:
-        assert row["fp8"] and row["saturated"] > 0, row
-        assert row["v_bytes"] == 0 and row["k_steps"] <= 1 and row["k_bytes"] <= row["written"] // 20, row
-    assert fp32["out_gap"] < 1e-5 * max(1.0, fp32["out_scale"]), fp32
-    assert bf16["out_gap"] < 0.03 * bf16["out_scale"], bf16
+        assert row["fp8"] and row["saturated"] > 0 and row["v_bytes"] == 0 and row["v_gap"] == 0, row
+    assert fp32["k_bytes"] <= fp32["written"] // 100 and fp32["k_steps"] <= 1, fp32
+    assert fp32["out_gap"] < (1e-5 if fp32["k_bytes"] == 0 else 1e-2) * max(1.0, fp32["out_scale"]), fp32
+    assert bf16["k_bytes"] <= bf16["written"] // 6 and bf16["k_gap"] <= 2 ** -3 * bf16["k_scale"], bf16
+    assert bf16["out_gap"] < 0.06 * bf16["out_scale"], bf16
 
 
 def check_fp8_kernel(rows: list[dict]) -> None:
