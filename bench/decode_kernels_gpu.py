@@ -25,6 +25,9 @@ Printed side by side in one run; never a test assertion.
   loaded through TMA descriptors (Hopper), at a grid of tiles, against the pointer loads and cuBLAS.
 - `--parts attention-probe`: the attention kernel at equal positions (as in a generation step)
   against a kernel that only reads the same keys and values, and a torch sum of them.
+- `--parts attention-fp8` / `attention-probe-fp8`: the same two on an FP8 (e4m3) cache with per-head
+  scales (`kv_cache_dtype: fp8_e4m3`: 1 byte a key/value element, the bytes column counts those);
+  `--parts attention attention-fp8` prints the bf16 and FP8 caches side by side.
 - `--parts lmhead`: the LM head and the in-step sampling, cuBLAS + `fused_sampling.sample_packed`
   against `fused_sampling.sample_lm_head` (the sampling's first pass in the head's epilogue) at a
   grid of tiles, at temperature 1 and 0.7, and with every row greedy.
@@ -351,19 +354,31 @@ def tma(rows: int) -> None:
         report(f"  tile {cfg}, diff {diff:.3g}", us, dw.numel() * 2)
 
 
-def attention_probe(rows: int) -> None:
+def _kv_caches(rows: int, kv_heads: int, length: int, dim: int, gen: torch.Generator,
+               fp8: bool) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], dict]:
+    """Five layers' random (keys, values) [rows, kv_heads, length, dim]: bf16, or e4m3 (values of
+    about N(0, 1) under scales near 1/64, unlike per head), with the `rope_store_attend` keyword
+    arguments that go with them (the scales; none for bf16)."""
+    def one():
+        x = torch.randn(rows, kv_heads, length, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+        return (x * 64).clamp(-448, 448).to(torch.float8_e4m3fn) if fp8 else x
+    caches = [(one(), one()) for _ in range(5)]
+    scales = torch.linspace(1.0, 1.5, kv_heads, device="cuda") / 64
+    return caches, ({"k_scale": scales, "v_scale": scales.flip(0).contiguous()} if fp8 else {})
+
+
+def attention_probe(rows: int, fp8: bool = False) -> None:
     """Where the attention kernel's time goes: at equal positions (as in a generation step, where
     every row has the same length), the kernel against a kernel that only reads the same keys and
-    values (`_kv_read_probe`) and a torch sum over the same bytes."""
+    values (`_kv_read_probe`) and a torch sum over the same bytes; `fp8`: on an FP8 cache."""
     from rl_core.generation.native import decode_attention
 
     heads, kv_heads, dim, length = 14, 2, 64, 512
     gen = torch.Generator(device="cuda").manual_seed(rows)
     qkv = torch.randn(rows, heads + 2 * kv_heads, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
     cos, sin = torch.randn(2, rows, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
-    caches = [(torch.randn(rows, kv_heads, length, dim, device="cuda", dtype=torch.bfloat16, generator=gen),
-               torch.randn(rows, kv_heads, length, dim, device="cuda", dtype=torch.bfloat16, generator=gen))
-              for _ in range(5)]
+    caches, scales = _kv_caches(rows, kv_heads, length, dim, gen, fp8)
+    element = caches[0][0].element_size()
     out = torch.empty(rows * kv_heads, device="cuda")
 
     def cycling(fn):
@@ -376,26 +391,29 @@ def attention_probe(rows: int) -> None:
 
     for pos in (128, 192, 320):
         positions = torch.full((rows,), pos, device="cuda", dtype=torch.long)
-        nbytes = rows * pos * kv_heads * dim * 2 * 2
-        print(f"Attention probe, rows {rows}, every position {pos} (KV bytes read per call)")
+        nbytes = rows * pos * kv_heads * dim * element * 2
+        print(f"Attention probe, rows {rows}, every position {pos}, {'FP8' if fp8 else 'bf16'} cache "
+              "(KV bytes read per call)")
         for tile in ((64, 4, 3), (128, 4, 3), (64, 4, 4), (64, 8, 3), (32, 4, 4)):
             report(f"rope_store_attend, tile {tile}", device_us(cycling(
                 lambda k, v: decode_attention.rope_store_attend(qkv, cos, sin, positions, k, v, heads, kv_heads,
-                                                                tile=tile))), nbytes)
+                                                                tile=tile, **scales))), nbytes)
         for block_n, warps, stages in ((64, 4, 3), (128, 4, 3), (64, 4, 4), (256, 8, 3)):
             report(f"read-only probe, {block_n} keys a step, {warps} warps, {stages} stages", device_us(cycling(
                 lambda k, v: _kv_read_probe[(rows, kv_heads)](positions, k, v, out, k.stride(0), k.stride(1),
                                                               k.stride(2), DIM=dim, BLOCK_N=block_n,
                                                               num_warps=warps, num_stages=stages))), nbytes)
         report("torch: sum of the same keys and values", device_us(cycling(
-            lambda k, v: torch.add(k[:, :, :pos].sum(dtype=torch.float32), v[:, :, :pos].sum(dtype=torch.float32)))),
+            lambda k, v: torch.add(k.view(torch.uint8)[:, :, :pos].sum(dtype=torch.int64),  # the bytes, as integers
+                                   v.view(torch.uint8)[:, :, :pos].sum(dtype=torch.int64)) if fp8 else
+            torch.add(k[:, :, :pos].sum(dtype=torch.float32), v[:, :, :pos].sum(dtype=torch.float32)))),
             nbytes)
 
 
-def attention(rows: int, mean_position: int = 192) -> None:
+def attention(rows: int, mean_position: int = 192, fp8: bool = False) -> None:
     """The RoPE + cache-write + attention kernel at the Qwen2.5-0.5B head shape, positions spread
     evenly around `mean_position` (generation_gpu.py's mean at 64 + 256 / 2), at each tile of
-    `decode_attention.TILES` (the first is the default)."""
+    `decode_attention.TILES` (the first is the default); `fp8`: on an FP8 (e4m3) cache."""
     from rl_core.generation.native import decode_attention
 
     heads, kv_heads, dim, length = 14, 2, 64, 512
@@ -405,12 +423,10 @@ def attention(rows: int, mean_position: int = 192) -> None:
     positions = torch.linspace(mean_position // 3, 5 * mean_position // 3, rows, device="cuda").long()
     # Five layers' caches, called in turn, so that a call does not find its keys in L2 (as in a step,
     # where 24 layers' weights and caches pass through between two calls of one layer).
-    caches = [(torch.randn(rows, kv_heads, length, dim, device="cuda", dtype=torch.bfloat16, generator=gen),
-               torch.randn(rows, kv_heads, length, dim, device="cuda", dtype=torch.bfloat16, generator=gen))
-              for _ in range(5)]
-    nbytes = int(positions.sum()) * kv_heads * dim * 2 * 2  # keys and values read
-    print(f"Decode attention, rows {rows}, positions {int(positions.min())}..{int(positions.max())} "
-          f"(KV bytes read per call)")
+    caches, scales = _kv_caches(rows, kv_heads, length, dim, gen, fp8)
+    nbytes = int(positions.sum()) * kv_heads * dim * caches[0][0].element_size() * 2  # keys and values read
+    print(f"Decode attention, rows {rows}, positions {int(positions.min())}..{int(positions.max())}, "
+          f"{'FP8' if fp8 else 'bf16'} cache (KV bytes read per call)")
 
     def call(**kw):
         turn = [0]
@@ -419,7 +435,7 @@ def attention(rows: int, mean_position: int = 192) -> None:
             k_cache, v_cache = caches[turn[0] % len(caches)]
             turn[0] += 1
             return decode_attention.rope_store_attend(qkv, cos, sin, positions, k_cache, v_cache, heads, kv_heads,
-                                                      **kw)
+                                                      **scales, **kw)
         return once
 
     ref = call()()
@@ -508,7 +524,8 @@ def main() -> None:
                         help="also time gate_up_silu at a grid of explicit tiles, and the other projections "
                              "against Inductor's max-autotune (minutes: compiles every tile)")
     parser.add_argument("--only-sweep", action="store_true", help="the sweep alone")
-    parser.add_argument("--parts", nargs="+", choices=["mlp", "attention", "sampling", "splitk", "attention-probe", "tma", "lmhead"],
+    parser.add_argument("--parts", nargs="+", choices=["mlp", "attention", "attention-fp8", "sampling", "splitk",
+                                                       "attention-probe", "attention-probe-fp8", "tma", "lmhead"],
                         default=["mlp", "attention", "sampling"], help="which kernels to time (default: all)")
     args = parser.parse_args()
     assert torch.cuda.is_available(), "this benchmark needs a CUDA device"
@@ -517,7 +534,9 @@ def main() -> None:
         if not args.only_sweep:
             for part in args.parts:
                 {"mlp": mlp, "attention": attention, "sampling": sampling, "splitk": lambda r: splitk(r, args.sweep or args.only_sweep),
-                 "attention-probe": attention_probe, "tma": tma, "lmhead": lm_head}[part](rows)
+                 "attention-probe": attention_probe, "tma": tma, "lmhead": lm_head,
+                 "attention-fp8": lambda r: attention(r, fp8=True),
+                 "attention-probe-fp8": lambda r: attention_probe(r, fp8=True)}[part](rows)
         if args.sweep or args.only_sweep:
             sweep_gate_up(rows)
             projections(rows)

@@ -7,6 +7,8 @@ Run on a CUDA machine (one GPU):
     .venv/bin/python bench/generation_gpu.py --paths graph --compile --overlap --fused   # + the fused attention kernel
     .venv/bin/python bench/generation_gpu.py --paths graph --compile --overlap --fused --fused-mlp --only-fastest
                                                                    # + the fused gate/up + SiLU kernel
+    .venv/bin/python bench/generation_gpu.py --paths graph --compile --overlap --fused --fused-mlp --only-fastest --fp8
+                                                                   # each also on the FP8 KV cache (+fp8)
 
 Model: Qwen2.5-0.5B shapes (hidden 896, 24 layers, 14 query / 2 KV heads, MLP 4864, vocab
 151,936, tied embeddings), random init, bf16. Workload per batch size B: B prompts of
@@ -272,7 +274,9 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--paths", nargs="+", default=["graph", "eager"], choices=["graph", "static", "eager"])
-    parser.add_argument("--fp8", action="store_true", help="also run the graph path with the FP8 KV cache")
+    parser.add_argument("--fp8", action="store_true",
+                        help="also run the graph path with the FP8 KV cache (named +fp8; with --overlap its overlap "
+                             "twin too, with --fused their fused twins: e.g. graph+compile+overlap+fused+mlp+fp8)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--hbm-tbps", type=float, default=None, help="HBM bandwidth for the roofline (default: measured)")
     parser.add_argument("--skip-hf", action="store_true", help="skip transformers generate()")
@@ -334,29 +338,31 @@ def main() -> None:
     configs = [(p, "auto", False, False) for p in args.paths]
     configs += [(p, "auto", True, False) for p in args.paths if args.compile and p != "eager"]
     configs += [("graph", "auto", args.compile, True)] if args.overlap else []
+    if args.fp8:
+        configs += [("graph", "fp8_e4m3", args.compile, False)] + ([("graph", "fp8_e4m3", args.compile, True)]
+                                                                   if args.overlap else [])
     if args.only_fastest:
         configs = [c for c in configs if c[3]]
-    configs += [("graph", "fp8_e4m3", args.compile, False)] if args.fp8 else []
     configs = [c + ("torch",) for c in configs]
-    if args.fused:
-        configs += [c[:4] + ("fused",) for c in configs if c[0] != "eager" and c[1] == "auto"]
+    if args.fused:  # the fused kernel reads and writes an FP8 cache too
+        configs += [c[:4] + ("fused",) for c in configs if c[0] != "eager"]
         if args.fused_mlp:
             configs += [c[:4] + ("fused+mlp",) for c in configs if c[4] == "fused"]
         for twin, suffix in ((args.cublas, "+cublas"), (args.cublas_qkv, "+cublasqkv"), (args.unfused_head, "+unfusedhead"),
                               (args.no_pdl, "+nopdl")):
             if twin:  # each twin of every fused configuration so far
                 configs += [c[:4] + (c[4] + suffix,) for c in configs if c[4].startswith("fused")]
-    def name_of(path, compiled, overlap, attention) -> str:
+    def name_of(path, kv, compiled, overlap, attention) -> str:
         return (path + ("+compile" if compiled else "") + ("+overlap" if overlap else "")
-                + ("" if attention == "torch" else "+" + attention))
+                + ("" if attention == "torch" else "+" + attention) + ("+fp8" if kv == "fp8_e4m3" else ""))
 
     if args.only:
-        names = {name_of(c[0], c[2], c[3], c[4]) for c in configs}
+        names = {name_of(*c) for c in configs}
         unknown = sorted(set(args.only) - names)
         if unknown:
             parser.error(f"--only {' '.join(unknown)}: not among this run's configurations {sorted(names)} "
-                         "(add --compile / --overlap / --fused / --fused-mlp to include them)")
-        configs = [c for c in configs if name_of(c[0], c[2], c[3], c[4]) in args.only]
+                         "(add --compile / --overlap / --fused / --fused-mlp / --fp8 to include them)")
+        configs = [c for c in configs if name_of(*c) in args.only]
     for batch in args.batch_sizes:
         gen = torch.Generator(device="cuda").manual_seed(batch)
         prompts = torch.randint(0, cfg.vocab_size, (batch, args.prompt_len), device="cuda", generator=gen)
@@ -364,6 +370,8 @@ def main() -> None:
         mean_len = args.prompt_len + args.new_tokens / 2
         roofs = {"measured": batch / (wbytes / (measured * 1e12))}
         roofs["measured, with KV"] = batch / ((wbytes + batch * mean_len * kv_per_token) / (measured * 1e12))
+        if args.fp8:  # 1 byte a key/value element instead of 2
+            roofs["measured, with FP8 KV"] = batch / ((wbytes + batch * mean_len * kv_per_token / 2) / (measured * 1e12))
         if args.hbm_tbps:
             roofs["given"] = batch / (wbytes / (args.hbm_tbps * 1e12))
         print(f"\nbatch {batch}, prompt {args.prompt_len}, {args.new_tokens} new tokens, bf16, Qwen2.5-0.5B shapes")
@@ -375,8 +383,8 @@ def main() -> None:
                            idle=args.idle)
             ratio = f", {m['tok_s'] / hf['tok_s']:.1f}x generate()" if hf is not None else ""
             frac = ", ".join(f"{m['decode_tok_s'] / v:.1%} of {k}" for k, v in roofs.items())
-            name = name_of(path, compiled, overlap, attention)
-            print(f"  native {name:<28} kv {kv:<8}: {m['tok_s']:>10,.0f} tok/s end to end{ratio}; decode step "
+            name = name_of(path, kv, compiled, overlap, attention)
+            print(f"  native {name:<32} kv {kv:<8}: {m['tok_s']:>10,.0f} tok/s end to end{ratio}; decode step "
                   f"{m['step_ms']:.2f} ms = {m['decode_tok_s']:,.0f} tok/s ({frac}); graphs {m['graphs']}, "
                   f"KV cache {m['kv_gib']:.2f} GiB; build {m['build_s']:.1f} s, first run {m['warmup_s']:.1f} s",
                   flush=True)

@@ -251,10 +251,6 @@ class RecipeConfig(Section):
                 fail("generation.native.decode_attention", "fused",
                       "a static or graph decode path (decode_path is 'eager')",
                       "set generation.native.decode_path: auto or graph, or decode_attention: torch.")
-            if gen.native.kv_cache_dtype == "fp8_e4m3":
-                fail("generation.native.decode_attention", "fused",
-                      "kv_cache_dtype 'auto' (the fused kernel reads a cache in the model dtype; it is 'fp8_e4m3')",
-                      "set generation.native.kv_cache_dtype: auto, or decode_attention: torch.")
         if gen.native.decode_mlp == "fused" and gen.native.decode_attention != "fused":
             fail("generation.native.decode_mlp", "fused",
                   "decode_attention 'fused' (the fused MLP kernel runs in the fused decode layer; it is "

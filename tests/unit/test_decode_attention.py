@@ -1,5 +1,6 @@
 """The fused decode-attention kernel (generation/native/decode_attention.py) against the torch
-decode layer, and the fused sampling kernels (fused_sampling.py) against `sample_plain`, in
+decode layer (a cache in the model dtype and an FP8 cache, whose bytes it writes as
+`quantize_fp8` does), and the fused sampling kernels (fused_sampling.py) against `sample_plain`, in
 Triton's CPU interpreter (skipped where triton is not installed: CPU builds
 of torch ship none; the same comparisons run on CUDA in tests/gpu/test_decode_attention_gpu.py),
 and the option's errors, which need no triton."""
@@ -19,7 +20,7 @@ from rl_core.errors import EngineOptionsError, RecipeError
 from rl_core.generation import EngineOptions
 from rl_core.generation.native import decode_attention
 
-from tests.helpers.decode_attention_check import check_gaps
+from tests.helpers.decode_attention_check import check_engine_fp8, check_fp8_gaps, check_fp8_kernel, check_gaps
 from tests.helpers.fused_mlp_check import check as check_mlp
 from tests.helpers.fused_sampling_check import check as check_sampling
 from tests.helpers.engine_models import make_engine, tiny_model
@@ -48,7 +49,31 @@ def _interpreted(module: str) -> list[dict]:
 
 @pytest.mark.skipif(not _triton_importable(), reason="triton is not installed (CPU torch ships none)")
 def test_fused_decode_layer_equals_the_torch_layer_in_the_interpreter():
-    check_gaps(_interpreted("tests.helpers.decode_attention_check"))
+    lines = _interpreted("tests.helpers.decode_attention_check")
+    assert len(lines) == 8, lines
+    check_gaps(lines[:2])
+    check_fp8_gaps(lines[2:4])  # an FP8 cache: the layers against each other
+    check_fp8_kernel(lines[4:7])  # the kernel's FP8 bytes against quantize_fp8 (fp32, bf16, fp16)
+    check_engine_fp8(lines[7]["engine_fp8"])  # greedy engines on an FP8 cache, fused against torch attention
+
+
+def test_the_kernel_refuses_a_cache_and_scales_that_do_not_match():
+    import torch
+
+    from rl_core.generation.native.decode_attention import rope_store_attend
+
+    qkv, cos, pos = torch.zeros(2, 6, 16), torch.ones(2, 16), torch.zeros(2, dtype=torch.long)
+    fp8 = torch.zeros(3, 1, 8, 16, dtype=torch.float8_e4m3fn)
+    scale = torch.ones(1)
+    with pytest.raises(ValueError, match="float8_e4m3fn key cache.*k_scale None.*expected both caches float8"):
+        rope_store_attend(qkv, cos, cos, pos, fp8, fp8.clone(), 4, 1)
+    with pytest.raises(ValueError, match="float32 key cache.*k_scale given.*or both in qkv's dtype"):
+        rope_store_attend(qkv, cos, cos, pos, torch.zeros(3, 1, 8, 16), torch.zeros(3, 1, 8, 16), 4, 1,
+                          k_scale=scale, v_scale=scale)
+    with pytest.raises(ValueError, match=r"k_scale / v_scale are torch.float32 \(2,\).*expected contiguous float32 \[1\]"):
+        rope_store_attend(qkv, cos, cos, pos, fp8, fp8.clone(), 4, 1, k_scale=torch.ones(2), v_scale=scale)
+    with pytest.raises(ValueError, match="the cache is torch.bfloat16 and qkv torch.float32"):
+        rope_store_attend(qkv, cos, cos, pos, fp8.to(torch.bfloat16), fp8.to(torch.bfloat16), 4, 1)
 
 
 @pytest.mark.skipif(not _triton_importable(), reason="triton is not installed (CPU torch ships none)")
@@ -117,9 +142,10 @@ def test_decode_attention_option_errors_name_the_field_and_the_fix():
         EngineOptions(decode_attention="flash")
     with pytest.raises(EngineOptionsError, match="`decode_attention`.*decode_path 'eager'"):
         EngineOptions(decode_attention="fused", decode_path="eager")
-    with pytest.raises(EngineOptionsError, match="`decode_attention`.*fp8_e4m3"):
-        EngineOptions(decode_attention="fused", decode_path="graph", kv_cache_dtype="fp8_e4m3")
     assert EngineOptions(decode_attention="fused", decode_path="static").decode_attention == "fused"
+    # the kernel writes and reads an FP8 cache (the device's limit is the engine's check, check_supported)
+    assert EngineOptions(decode_attention="fused", decode_path="graph", kv_cache_dtype="fp8_e4m3").decode_attention \
+        == "fused"
 
 
 def test_the_engine_refuses_the_fused_kernel_where_it_cannot_run():
@@ -134,12 +160,18 @@ def test_the_engine_refuses_the_fused_kernel_where_it_cannot_run():
 @pytest.mark.parametrize("native, device, match", [
     ({"decode_attention": "fused"}, "cpu", "a CUDA runtime.device"),
     ({"decode_attention": "fused", "decode_path": "eager"}, "cuda", "decode_path is 'eager'"),
-    ({"decode_attention": "fused", "kv_cache_dtype": "fp8_e4m3"}, "cuda", "kv_cache_dtype 'auto'"),
     ({"decode_attention": "fast"}, "cuda", "decode_attention"),
 ])
 def test_recipe_errors_of_decode_attention(native, device, match):
     with pytest.raises(RecipeError, match=f"generation.native.decode_attention.*{match}"):
         validate_dict({"runtime": {"device": device}, "generation": {"native": native}})
+
+
+def test_recipe_takes_the_fused_kernel_with_an_fp8_cache():
+    cfg = validate_dict({"runtime": {"device": "cuda"},
+                         "generation": {"native": {"decode_attention": "fused", "kv_cache_dtype": "fp8_e4m3"}}})
+    opts = EngineOptions.from_recipe(cfg, device="cpu")
+    assert (opts.decode_attention, opts.kv_cache_dtype) == ("fused", "fp8_e4m3")
 
 
 def test_recipe_and_flags_of_decode_mlp():

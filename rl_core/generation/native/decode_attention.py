@@ -21,11 +21,22 @@ step's key bucket). Results equal the unfused step up to float rounding: scores 
 accumulated in float32 from the cache dtype (the unfused bf16 step rounds them to bf16
 first), so in bf16 the two paths agree within bf16 tolerance and in float32 to ~1e-6.
 
+FP8 cache (`kv_cache_dtype: fp8_e4m3`, kv_cache.py; the `FP8` constexpr, so the model-dtype
+kernel is compiled without it): the kernel loads the layer's per-kv-head float32 scales from
+device memory (a captured graph follows `KVCache.set_scales`), stores the rotated key and the
+value as `kv_cache.quantize_fp8` does (float32 x / scale correctly rounded, clamped to +-448,
+rounded to nearest-even e4m3: the same bytes), and attends over what the torch step reads
+back (`kv_cache.dequantize_fp8`: e4m3 -> model dtype, times the scale rounded to the model
+dtype, the product rounded to the model dtype), the new token's own key and value included.
+The scales are applied per element as the torch step does, not folded into the scores and
+the output, so the two paths see the same keys and values and differ only as the
+model-dtype paths do. Keys and values are read as 1 byte each, half of bf16's reads.
+
 Limits (the engine checks them before building; `check_supported` says why not): a CUDA
 device (or Triton's interpreter, `TRITON_INTERPRET=1`, which the CPU tests use when
-triton is installed), a power-of-two head_dim of at least 16, the cache in the model
-dtype (not FP8: the FP8 cache keeps the unfused path), float32/bfloat16/float16, and the
-static step's slot layout (row s is slot s).
+triton is installed), a power-of-two head_dim of at least 16, float32/bfloat16/float16,
+the cache in the model dtype or FP8 e4m3 (FP8 on compute capability 8.9+, Triton's e4m3
+type), and the static step's slot layout (row s is slot s).
 
 Does not own: the projections, norms and MLP (model.py), Triton's import (triton_support.py), the cache storage (kv_cache.py),
 or when the fused step is used (decode_graph.py, from `generation.native.decode_attention`).
@@ -53,8 +64,10 @@ def check_supported(device: torch.device, dtype: torch.dtype, head_dim: int, fp8
         return "the triton package is not installed (it comes with CUDA builds of torch)"
     if device.type != "cuda" and not interpreting():
         return f"it runs on a CUDA device (the cache is on {device})"
-    if fp8_cache:
-        return "it reads the cache in the model dtype (kv_cache_dtype is fp8_e4m3)"
+    if fp8_cache and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        major, minor = torch.cuda.get_device_capability(device)
+        return (f"with kv_cache_dtype fp8_e4m3 it needs compute capability 8.9+ (Triton's e4m3 type; this GPU is "
+                f"{major}.{minor})")
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return f"it runs float32, bfloat16 or float16 models (this one is {dtype})"
     if head_dim < 16 or head_dim & (head_dim - 1):
@@ -65,13 +78,33 @@ def check_supported(device: torch.device, dtype: torch.dtype, head_dim: int, fp8
 if triton is not None:
 
     @triton.jit
-    def _rope_store_attend_kernel(qkv, cos, sin, positions, k_cache, v_cache, out,
+    def _e4m3(y):
+        """float32 y -> float8_e4m3fn as `kv_cache.quantize_fp8` rounds it (clamp to +-448, round to
+        nearest even). The rounding to the e4m3 grid is done here in float32 arithmetic, the same
+        code compiled and interpreted, and the cast after it only converts grid values, which is
+        exact on both: Triton's interpreter rounds float32 -> e4m3 its own way (triton 3.7: 3016
+        of 16384 random values off torch's, most below 2^-6)."""
+        y = tl.minimum(tl.maximum(y, -448.0), 448.0)
+        a = tl.abs(y)
+        # The e4m3 step at |y|: 2^(e-3) for the exponent e of |y| (at least -6, the subnormal step 2^-9).
+        e = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
+        step = ((e + 124) << 23).to(tl.float32, bitcast=True)
+        inverse = ((130 - e) << 23).to(tl.float32, bitcast=True)
+        # a / step is below 16; adding and taking away 2^23 rounds it to an integer, to nearest even
+        # (float32 addition's rounding), and the products with powers of two are exact. The sign
+        # goes back on by a product, so that -0.0 and negatives rounding to 0 keep it (Triton's
+        # negation is 0 - x, which gives +0.0).
+        r = ((a * inverse + 8388608.0) - 8388608.0) * step
+        return (r * tl.where(y.to(tl.int32, bitcast=True) < 0, -1.0, 1.0)).to(tl.float8e4nv)
+
+    @triton.jit
+    def _rope_store_attend_kernel(qkv, cos, sin, positions, k_cache, v_cache, out, k_scale, v_scale,
                                   stride_qkv_row, stride_qkv_head, stride_rope_row,
                                   stride_cache_slot, stride_cache_head, stride_cache_pos, stride_out_row,
                                   scale,
                                   HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
                                   BLOCK_GROUP: tl.constexpr, DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                                  IEEE: tl.constexpr, PDL: tl.constexpr):
+                                  FP8: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
         slot = tl.program_id(0)
         kv_head = tl.program_id(1)
         if PDL:  # launched while the QKV projection finishes: wait for it before any load or store
@@ -88,14 +121,31 @@ if triton is not None:
         q_ptr = row + (kv_head * GROUP + g)[:, None] * stride_qkv_head
         q = tl.load(q_ptr + d[None, :], mask=in_group[:, None], other=0.0).to(tl.float32)
         q_half = tl.load(q_ptr + d_rot[None, :], mask=in_group[:, None], other=0.0).to(tl.float32)
-        q = (q * cos_row[None, :] + q_half * sin_row[None, :]).to(k_cache.dtype.element_ty)
         k_ptr = row + (HEADS + kv_head) * stride_qkv_head
         k_new = tl.load(k_ptr + d).to(tl.float32) * cos_row + tl.load(k_ptr + d_rot).to(tl.float32) * sin_row
-        k_new = k_new.to(k_cache.dtype.element_ty)
-        v_new = tl.load(row + (HEADS + KV_HEADS + kv_head) * stride_qkv_head + d).to(v_cache.dtype.element_ty)
         base = slot * stride_cache_slot + kv_head * stride_cache_head
-        tl.store(k_cache + base + pos * stride_cache_pos + d, k_new)
-        tl.store(v_cache + base + pos * stride_cache_pos + d, v_new)
+        if FP8:
+            # The model dtype is out's. Stored: e4m3(x / scale) of the rotated key and the value in
+            # that dtype; attended: what the torch step reads back, e4m3 -> dtype times the scale in
+            # dtype, the product rounded to dtype (exact in float32 first: 4 by <= 11 significant bits).
+            q = (q * cos_row[None, :] + q_half * sin_row[None, :]).to(out.dtype.element_ty)
+            k_sc = tl.load(k_scale + kv_head)
+            v_sc = tl.load(v_scale + kv_head)
+            k_mul = k_sc.to(out.dtype.element_ty).to(tl.float32)
+            v_mul = v_sc.to(out.dtype.element_ty).to(tl.float32)
+            k_q = _e4m3(tl.math.div_rn(k_new.to(out.dtype.element_ty).to(tl.float32), k_sc))
+            v_q = _e4m3(tl.math.div_rn(tl.load(row + (HEADS + KV_HEADS + kv_head) * stride_qkv_head + d)
+                                       .to(out.dtype.element_ty).to(tl.float32), v_sc))
+            tl.store(k_cache + base + pos * stride_cache_pos + d, k_q)
+            tl.store(v_cache + base + pos * stride_cache_pos + d, v_q)
+            k_new = (k_q.to(tl.float32) * k_mul).to(out.dtype.element_ty)
+            v_new = (v_q.to(tl.float32) * v_mul).to(out.dtype.element_ty)
+        else:
+            q = (q * cos_row[None, :] + q_half * sin_row[None, :]).to(k_cache.dtype.element_ty)
+            k_new = k_new.to(k_cache.dtype.element_ty)
+            v_new = tl.load(row + (HEADS + KV_HEADS + kv_head) * stride_qkv_head + d).to(v_cache.dtype.element_ty)
+            tl.store(k_cache + base + pos * stride_cache_pos + d, k_new)
+            tl.store(v_cache + base + pos * stride_cache_pos + d, v_new)
 
         m_i = tl.full([BLOCK_GROUP], -1.0e30, tl.float32)  # running max (finite: no inf - inf)
         l_i = tl.zeros([BLOCK_GROUP], tl.float32)  # running sum of exp(score - m_i)
@@ -106,6 +156,9 @@ if triton is not None:
             offs = base + n[:, None] * stride_cache_pos + d[None, :]
             k = tl.load(k_cache + offs, mask=valid[:, None], other=0.0)
             v = tl.load(v_cache + offs, mask=valid[:, None], other=0.0)
+            if FP8:
+                k = (k.to(tl.float32) * k_mul).to(out.dtype.element_ty)
+                v = (v.to(tl.float32) * v_mul).to(out.dtype.element_ty)
             if IEEE:
                 s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
             else:
@@ -137,13 +190,32 @@ if triton is not None:
 
 def rope_store_attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                       k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int, kv_heads: int,
-                      tile: tuple[int, int, int] | None = None) -> torch.Tensor:
+                      tile: tuple[int, int, int] | None = None, k_scale: torch.Tensor | None = None,
+                      v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """qkv [S, heads + 2 kv_heads, D] (the QKV projection of one token per slot, biases
     added), cos/sin [S, 1, D] or [S, D] (RoPE rows of each slot's position, `sin` signed as
     in `CausalLM._rope_tables`), positions [S] long, one layer's k/v cache [slots >= S,
     kv_heads, L, D] (updated in place at (s, positions[s])). Returns the attention output
     [S, heads * D] in qkv's dtype. `tile` = (keys per inner step, warps, pipeline stages),
-    default `TILE`, is for benchmarks."""
+    default `TILE`, is for benchmarks. An FP8 cache (float8_e4m3fn, `KVCache(storage="fp8_e4m3")`)
+    takes the layer's float32 scales `k_scale` / `v_scale` [kv_heads] (`KVCache.layer_scales`),
+    read by the kernel from device memory at each launch (so a captured graph follows
+    `set_scales`); a cache in qkv's dtype takes none."""
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    if fp8 != (k_scale is not None) or (k_scale is None) != (v_scale is None) or v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"rope_store_attend: a {k_cache.dtype} key cache and a {v_cache.dtype} value cache with "
+                         f"k_scale {'given' if k_scale is not None else 'None'} and v_scale "
+                         f"{'given' if v_scale is not None else 'None'}; expected both caches float8_e4m3fn with "
+                         f"both scales, or both in qkv's dtype ({qkv.dtype}) with neither.")
+    if fp8 and (k_scale.dtype != torch.float32 or v_scale.dtype != torch.float32
+                or k_scale.shape != (kv_heads,) or v_scale.shape != (kv_heads,)
+                or k_scale.stride(0) != 1 or v_scale.stride(0) != 1):
+        raise ValueError(f"rope_store_attend: k_scale / v_scale are {k_scale.dtype} {tuple(k_scale.shape)} / "
+                         f"{v_scale.dtype} {tuple(v_scale.shape)}; expected contiguous float32 [{kv_heads}] "
+                         "(one layer's KVCache.layer_scales).")
+    if not fp8 and k_cache.dtype != qkv.dtype:
+        raise ValueError(f"rope_store_attend: the cache is {k_cache.dtype} and qkv {qkv.dtype}; expected the "
+                         "cache in qkv's dtype, or float8_e4m3fn with its scales.")
     rows, _, dim = qkv.shape
     group = heads // kv_heads
     qkv = qkv.contiguous()
@@ -157,11 +229,11 @@ def rope_store_attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, p
         return out
     block_n, warps, stages = tile or TILE
     _rope_store_attend_kernel[(rows, kv_heads)](
-        qkv, cos, sin, positions, k_cache, v_cache, out,
+        qkv, cos, sin, positions, k_cache, v_cache, out, k_scale, v_scale,
         qkv.stride(0), qkv.stride(1), cos.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0),
         dim ** -0.5,
         HEADS=heads, KV_HEADS=kv_heads, GROUP=group, BLOCK_GROUP=max(16, triton.next_power_of_2(group)),
-        DIM=dim, BLOCK_N=block_n, IEEE=qkv.dtype == torch.float32 or interpreting(), num_warps=warps,
+        DIM=dim, BLOCK_N=block_n, FP8=fp8, IEEE=qkv.dtype == torch.float32 or interpreting(), num_warps=warps,
         num_stages=stages, **pdl_flags(qkv))
     return out

@@ -97,15 +97,18 @@ class FusedStack:
     def layer(self, x: torch.Tensor, normed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
               positions: torch.Tensor, weights: tuple[torch.Tensor | None, ...], k_cache: torch.Tensor,
               v_cache: torch.Tensor, next_norm: torch.Tensor | None, *, heads: int, kv_heads: int, eps: float,
-              next_eps: float) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One layer from x and its normed input: (x after the layer, x normed by `next_norm`)."""
+              next_eps: float, k_scale: torch.Tensor | None = None,
+              v_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One layer from x and its normed input: (x after the layer, x normed by `next_norm`).
+        `k_scale` / `v_scale`: the layer's FP8 scales when the cache is FP8 (else None)."""
         from rl_core.generation.native.decode_attention import rope_store_attend
 
         _, qkv_w, qkv_b, o_w, o_b, ln2, gate_up_w, gate_up_b, down_w, down_b = weights
         n, dim = x.shape[0], cos.shape[-1]
         qkv = (split_k.linear(normed, qkv_w, qkv_b) if self.triton_qkv else F.linear(normed, qkv_w, qkv_b))
         qkv = qkv.view(n, heads + 2 * kv_heads, dim)
-        out = rope_store_attend(qkv, cos, sin, positions, k_cache, v_cache, heads, kv_heads)
+        out = rope_store_attend(qkv, cos, sin, positions, k_cache, v_cache, heads, kv_heads,
+                                k_scale=k_scale, v_scale=v_scale)
         if self.split_k:
             x, normed = split_k.add_norm(x, split_k.partials(out, o_w, kind="output"), o_b, ln2, eps)
             gated = (self._gate_up if self.fused_mlp else self.gate_up)(normed, gate_up_w, gate_up_b)
@@ -118,15 +121,17 @@ class FusedStack:
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                  layers: Sequence[tuple[torch.Tensor | None, ...]], cache: KVCache, final_norm: torch.Tensor,
                  final_eps: float, *, heads: int, kv_heads: int, eps: float) -> torch.Tensor:
-        """Every layer over the embedded tokens x [S, hidden]; returns the final norm's output."""
-        if cache.fp8:
-            raise ValueError("the fused decode step reads a cache in the model dtype; this cache is FP8-encoded")
+        """Every layer over the embedded tokens x [S, hidden]; returns the final norm's output. An FP8
+        cache is read and written under its scales (`KVCache.layer_scales`, read by the kernel
+        from the scale tensors at each launch)."""
         normed = self.norm(x, layers[0][0], eps)
         last = len(layers) - 1
         for i, weights in enumerate(layers):
             nxt, nxt_eps = (layers[i + 1][0], eps) if i < last else (final_norm, final_eps)
+            k_scale, v_scale = cache.layer_scales(i)
             x, normed = self.layer(x, normed, cos, sin, positions, weights, cache.k[i], cache.v[i], nxt,
-                                   heads=heads, kv_heads=kv_heads, eps=eps, next_eps=nxt_eps)
+                                   heads=heads, kv_heads=kv_heads, eps=eps, next_eps=nxt_eps, k_scale=k_scale,
+                                   v_scale=v_scale)
         return normed
 
 
@@ -134,13 +139,12 @@ def decode_layer_fused(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sl
                        positions: torch.Tensor, hidden: torch.Tensor, weights: tuple[torch.Tensor | None, ...],
                        k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None,
                        v_scale: torch.Tensor | None, *, heads: int, kv_heads: int, eps: float,
-                       fused_mlp: bool = False) -> torch.Tensor:
-    """`model.decode_layer` through one eager `FusedStack` layer: same arguments and result up to
-    float rounding. Row s must be slot s; keys are read up to each row's own position, so
-    `hidden` and `slots` are not used; the cache must be in the model dtype (no FP8 scales)."""
-    if k_scale is not None or v_scale is not None:
-        raise ValueError("decode_layer_fused reads a cache in the model dtype; this cache is FP8-encoded")
-    stack = FusedStack(fused_mlp)
+                       fused_mlp: bool = False, split_k: bool | None = None) -> torch.Tensor:
+    """`model.decode_layer` through one eager `FusedStack` layer (`split_k`: its projections'
+    switch, None = `SPLIT_K`): same arguments and result up to float rounding, an FP8 cache
+    under `k_scale` / `v_scale` included. Row s must be slot s; keys are read up to each row's
+    own position, so `hidden` and `slots` are not used."""
+    stack = FusedStack(fused_mlp, split_k=split_k)
     x, _ = stack.layer(x, rms_norm(x, weights[0], eps), cos, sin, positions, weights, k_cache, v_cache, None,
-                       heads=heads, kv_heads=kv_heads, eps=eps, next_eps=eps)
+                       heads=heads, kv_heads=kv_heads, eps=eps, next_eps=eps, k_scale=k_scale, v_scale=v_scale)
     return x

@@ -122,9 +122,6 @@ class EngineOptions:
         if self.decode_attention == "fused" and self.decode_path == "eager":
             raise bad("decode_attention", "'torch' with decode_path 'eager' (the fused kernel serves the "
                       "static-shape decode step)", "use decode_path 'auto' or 'graph' on CUDA, or 'torch'.")
-        if self.decode_attention == "fused" and self.kv_cache_dtype == "fp8_e4m3":
-            raise bad("decode_attention", "'torch' with kv_cache_dtype 'fp8_e4m3' (the fused kernel reads a cache "
-                      "in the model dtype)", "use kv_cache_dtype 'auto', or decode_attention 'torch'.")
 
         if self.decode_mlp not in DECODE_ATTENTIONS:
             raise bad("decode_mlp", f"one of {', '.join(DECODE_ATTENTIONS)}",
