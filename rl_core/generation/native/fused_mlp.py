@@ -130,9 +130,10 @@ if triton is not None:
 # The TMA kernel's tile (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) for up to 64 rows and beyond: the
 # fastest of 12 / 22 tiles on the H200 (bench/decode_kernels_gpu.py --parts tma, 2026-12-03): 5.50 us
 # at 64 rows against 6.49 for the autotuned pointer kernel, 12.61 against 13.85 at 256. At 256 rows a
-# later sweep with two pipeline stages and 128-row tiles (2026-12-04, 46 tiles) found (128, 64, 64, 4, 2):
-# 12.37 against 12.90 / 12.94 us for (64, 64, 64, 4, 3) in the same run.
-TMA_TILES = {64: (64, 64, 128, 4, 4), 256: (128, 64, 64, 4, 2)}
+# later sweep with two pipeline stages and 128-row tiles (2026-12-04, 46 tiles) found (128, 64, 64, 4, 2)
+# faster alone (12.37 against 12.90 / 12.94 us), but in the engine's decode step (CUDA graph, PDL) batch
+# 256 took 1.44-1.45 ms with it against 1.30 ms with (64, 64, 64, 4, 3) (three processes each): not kept.
+TMA_TILES = {64: (64, 64, 128, 4, 4), 256: (64, 64, 64, 4, 3)}
 
 
 def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
