@@ -416,7 +416,8 @@ def attention(rows: int, mean_position: int = 192, fp8: bool = False) -> None:
     `decode_attention.TILES` (the first is the default); `fp8`: on an FP8 (e4m3) cache."""
     from rl_core.generation.native import decode_attention
 
-    heads, kv_heads, dim, length = 14, 2, 64, 512
+    heads, kv_heads, dim = 14, 2, 64
+    length = max(512, 2 * mean_position)  # positions reach 5/3 of the mean
     gen = torch.Generator(device="cuda").manual_seed(rows)
     qkv = torch.randn(rows, heads + 2 * kv_heads, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
     cos, sin = torch.randn(2, rows, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -527,15 +528,19 @@ def main() -> None:
     parser.add_argument("--parts", nargs="+", choices=["mlp", "attention", "attention-fp8", "sampling", "splitk",
                                                        "attention-probe", "attention-probe-fp8", "tma", "lmhead"],
                         default=["mlp", "attention", "sampling"], help="which kernels to time (default: all)")
+    parser.add_argument("--mean-position", type=int, default=192,
+                        help="attention parts: rows' positions spread evenly over a third to five thirds of this "
+                             "(default 192, generation_gpu.py's 64-token prompts + 256 new tokens; e.g. 2048 for "
+                             "long rollouts)")
     args = parser.parse_args()
     assert torch.cuda.is_available(), "this benchmark needs a CUDA device"
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     for rows in args.rows:
         if not args.only_sweep:
             for part in args.parts:
-                {"mlp": mlp, "attention": attention, "sampling": sampling, "splitk": lambda r: splitk(r, args.sweep or args.only_sweep),
+                {"mlp": mlp, "attention": lambda r: attention(r, args.mean_position), "sampling": sampling, "splitk": lambda r: splitk(r, args.sweep or args.only_sweep),
                  "attention-probe": attention_probe, "tma": tma, "lmhead": lm_head,
-                 "attention-fp8": lambda r: attention(r, fp8=True),
+                 "attention-fp8": lambda r: attention(r, args.mean_position, fp8=True),
                  "attention-probe-fp8": lambda r: attention_probe(r, fp8=True)}[part](rows)
         if args.sweep or args.only_sweep:
             sweep_gate_up(rows)
