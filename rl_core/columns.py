@@ -498,6 +498,35 @@ def logprob_array(values) -> np.ndarray:
     return np.asarray(values, dtype=np.float32)
 
 
+def row_views(flat: np.ndarray, lens: list[int]) -> list[np.ndarray]:
+    """The rows of a 1-D array that holds them end to end (`lens`: each row's length, summing to
+    `len(flat)`), as views of it: one allocation per group instead of one per row."""
+    ends = list(itertools.accumulate(lens))
+    if (ends[-1] if ends else 0) != len(flat):
+        raise ValueError(f"row lengths summing to {ends[-1] if ends else 0} for an array of {len(flat)} values")
+    return list(map(flat.__getitem__, map(slice, [0, *ends[:-1]], ends)))
+
+
+def token_rows(rows: list) -> list[np.ndarray]:
+    """`[token_array(r) for r in rows]` (the same values and dtype) as views of one int64 array
+    (`row_views`): a group call's completions in one allocation (`GroupResults`)."""
+    return _rows_in_one_array(rows, np.int64)
+
+
+def logprob_rows(rows: list) -> list[np.ndarray]:
+    """`[logprob_array(r) for r in rows]` (the same values and dtype) as views of one float32
+    array (`row_views`): a group call's logprobs in one allocation (`GroupResults`)."""
+    return _rows_in_one_array(rows, np.float32)
+
+
+def _rows_in_one_array(rows: list, dtype) -> list[np.ndarray]:
+    """`rows` (lists or 1-D arrays) converted to `dtype` end to end into one array, each row a view
+    of it (numpy's conversion of each value, as `np.asarray(row, dtype)` converts it)."""
+    lens = list(map(len, rows))
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=dtype, count=sum(lens))
+    return row_views(flat, lens)
+
+
 def plain(values):
     """A token or logprob sequence as a Python list (JSON, checkpoints): arrays converted, lists as they are."""
     return values.tolist() if isinstance(values, np.ndarray) else values
