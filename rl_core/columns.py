@@ -7,7 +7,8 @@ sequence of `Sample`s built on first access), the one column interface every con
 group's samples reads (`GroupColumns`, given by `group_columns`: a `GroupSamples` as it is,
 any other group's `Sample`s as the lazy view `SampleColumns`), `DictColumns` (per-sample
 dicts held per key), and the token/logprob array helpers (`token_array`, `logprob_array`,
-`plain`). Does not own: the per-sample records themselves (`Sample`, `GenerationResult`,
+`plain`; a group's rows as views of one array: `token_rows`, `logprob_rows`, `row_views`).
+Does not own: the per-sample records themselves (`Sample`, `GenerationResult`,
 `scored_sample`: types.py), packing into training tensors (packing.py), or what a consumer
 does with the columns.
 """
@@ -29,7 +30,8 @@ class GroupResults:
     the N results of one prompt group as columns, in sample order, each column what the
     `GenerationResult`s of `generate` would hold (no request record, result record or
     `SamplingParams` copy per sample). `token_ids` and `logprobs`: per sample a list or a 1-D
-    NumPy array (`token_array` / `logprob_array`); `token_versions`: None when no sample
+    NumPy array (`token_array` / `logprob_array`, or views of one array per group:
+    `token_rows` / `logprob_rows`); `token_versions`: None when no sample
     records them, else one entry per sample (None or the per-token versions); `workers`: None
     when `worker` produced every sample, else one name per sample; `routed_experts`: None when
     no sample has routes, else one entry per sample. The caller owns the lists handed over."""

@@ -168,9 +168,9 @@ class NativeBackend:
         the results and settles one future with their columns (`GroupResults.of`; with
         `group_arrays` the group's token ids and its logprobs are one array each, every sample's
         a view of it: `columns.token_rows`, `logprob_rows`, two allocations per group instead
-        of two per sample). The event loop builds no request, future or result per sample. A request the
-        engine refuses fails the call (the group's requests added before it are aborted);
-        cancelled, or failed: every sample without a result is aborted."""
+        of two per sample). The event loop builds no request, future or result per sample. A
+        request the engine refuses fails the call (the group's requests added before it are
+        aborted); cancelled, or failed: every sample without a result is aborted."""
         future = self._submit("generate_group", (key, prompt_ids, params, seeds), arrays=self.group_arrays)
         try:
             return await future
