@@ -18,7 +18,7 @@ import numpy as np
 
 from tests.helpers.fakes import FakeBackend, FakeEnv, FakeTrainer, make_parts
 from rl_core.types import GenerationResult
-from rl_core.columns import GroupResults, GroupScores
+from rl_core.columns import GroupResults, GroupScores, row_views
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 16  # samples per group
@@ -209,7 +209,9 @@ class AdditionBackend(FakeBackend):
     answer, one a wrong last digit, one too few digits (each then the end token: 4 or 3 tokens),
     and twelve a long text (a worked sum repeated, `tokens` - i % 6 tokens: even i end on the
     end token, odd i are cut by length). The ids are the tiny tokenizer's; each completion's
-    text is decoded once at start (`PrecomputedDecode` looks it up)."""
+    text is decoded once at start (`PrecomputedDecode` looks it up). With `arrays` the ids are
+    read-only arrays made once and the logprobs a new array per group, each sample's a view of
+    it (what the native backend's group call hands over: `columns.logprob_rows`)."""
 
     def __init__(self, tokens: int, arrays: bool, tok, examples: list[dict], env):
         super().__init__(seed=0, max_latency_s=0.0)
@@ -254,7 +256,8 @@ class AdditionBackend(FakeBackend):
         picked = (self.answers[tuple(prompt_ids)] + self.long)[:n]
         if self.arrays:
             ids = [p[0] for p in picked]
-            lps = [np.full(len(i), -0.5, dtype=np.float32) for i in ids]
+            lens = list(map(len, ids))  # one logprob array per group, a view per sample (the native group call's)
+            lps = row_views(np.full(sum(lens), -0.5, dtype=np.float32), lens)
         else:
             ids = [list(p[0]) for p in picked]
             lps = [[-0.5] * len(i) for i in ids]

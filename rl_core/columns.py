@@ -7,7 +7,8 @@ sequence of `Sample`s built on first access), the one column interface every con
 group's samples reads (`GroupColumns`, given by `group_columns`: a `GroupSamples` as it is,
 any other group's `Sample`s as the lazy view `SampleColumns`), `DictColumns` (per-sample
 dicts held per key), and the token/logprob array helpers (`token_array`, `logprob_array`,
-`plain`). Does not own: the per-sample records themselves (`Sample`, `GenerationResult`,
+`plain`; a group's rows as views of one array: `token_rows`, `logprob_rows`, `row_views`).
+Does not own: the per-sample records themselves (`Sample`, `GenerationResult`,
 `scored_sample`: types.py), packing into training tensors (packing.py), or what a consumer
 does with the columns.
 """
@@ -29,7 +30,8 @@ class GroupResults:
     the N results of one prompt group as columns, in sample order, each column what the
     `GenerationResult`s of `generate` would hold (no request record, result record or
     `SamplingParams` copy per sample). `token_ids` and `logprobs`: per sample a list or a 1-D
-    NumPy array (`token_array` / `logprob_array`); `token_versions`: None when no sample
+    NumPy array (`token_array` / `logprob_array`, or views of one array per group:
+    `token_rows` / `logprob_rows`); `token_versions`: None when no sample
     records them, else one entry per sample (None or the per-token versions); `workers`: None
     when `worker` produced every sample, else one name per sample; `routed_experts`: None when
     no sample has routes, else one entry per sample. The caller owns the lists handed over."""
@@ -496,6 +498,35 @@ def token_array(ids) -> np.ndarray:
 def logprob_array(values) -> np.ndarray:
     """Logprobs as the 1-D float32 array `make_train_chunk` concatenates without conversion."""
     return np.asarray(values, dtype=np.float32)
+
+
+def row_views(flat: np.ndarray, lens: list[int]) -> list[np.ndarray]:
+    """The rows of a 1-D array that holds them end to end (`lens`: each row's length, summing to
+    `len(flat)`), as views of it: one allocation per group instead of one per row."""
+    ends = list(itertools.accumulate(lens))
+    if (ends[-1] if ends else 0) != len(flat):
+        raise ValueError(f"row lengths summing to {ends[-1] if ends else 0} for an array of {len(flat)} values")
+    return list(map(flat.__getitem__, map(slice, [0, *ends[:-1]], ends)))
+
+
+def token_rows(rows: list) -> list[np.ndarray]:
+    """`[token_array(r) for r in rows]` (the same values and dtype) as views of one int64 array
+    (`row_views`): a group call's completions in one allocation (`GroupResults`)."""
+    return _rows_in_one_array(rows, np.int64)
+
+
+def logprob_rows(rows: list) -> list[np.ndarray]:
+    """`[logprob_array(r) for r in rows]` (the same values and dtype) as views of one float32
+    array (`row_views`): a group call's logprobs in one allocation (`GroupResults`)."""
+    return _rows_in_one_array(rows, np.float32)
+
+
+def _rows_in_one_array(rows: list, dtype) -> list[np.ndarray]:
+    """`rows` (lists or 1-D arrays) converted to `dtype` end to end into one array, each row a view
+    of it (numpy's conversion of each value, as `np.asarray(row, dtype)` converts it)."""
+    lens = list(map(len, rows))
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=dtype, count=sum(lens))
+    return row_views(flat, lens)
 
 
 def plain(values):

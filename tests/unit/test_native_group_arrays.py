@@ -92,6 +92,11 @@ def test_generate_group_hands_the_columns_of_one_generate_per_sample():
             assert tv == r.token_versions
             assert (cols.worker if cols.workers is None else cols.workers[i]) == r.worker
         assert list(cols.token_ids[0]) == list(cols.token_ids[2])
+        if group_arrays:  # the group's ids and logprobs: one array each, every sample's a view of it
+            for column in (cols.token_ids, cols.logprobs):
+                base = column[0].base
+                assert base is not None and all(a.base is base for a in column)
+                assert base.size == sum(map(len, column))
 
 
 def test_generate_group_cancelled_or_refused_aborts_the_groups_requests():

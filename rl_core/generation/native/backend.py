@@ -34,7 +34,7 @@ from rl_core.generation.native.engine import NativeEngine
 from rl_core.generation.native.options import EngineOptions
 from rl_core.generation.native.model import load_safetensors_dir
 from rl_core.types import GenerationRequest, GenerationResult, SamplingParams, group_requests
-from rl_core.columns import GroupResults, logprob_array, token_array
+from rl_core.columns import GroupResults, logprob_array, logprob_rows, token_array, token_rows
 
 log = logging.getLogger(__name__)
 
@@ -165,10 +165,12 @@ class NativeBackend:
         builds the per-sample requests the engine takes (`types.group_requests`: ids
         `f"{key}/{i}"`, a params copy per seed) and adds them in sample order, where
         `generate_many`'s commands would add the same requests in the same order; it gathers
-        the results and settles one future with their columns (`GroupResults.of`; `group_arrays`
-        applies). The event loop builds no request, future or result per sample. A request the
-        engine refuses fails the call (the group's requests added before it are aborted);
-        cancelled, or failed: every sample without a result is aborted."""
+        the results and settles one future with their columns (`GroupResults.of`; with
+        `group_arrays` the group's token ids and its logprobs are one array each, every sample's
+        a view of it: `columns.token_rows`, `logprob_rows`, two allocations per group instead
+        of two per sample). The event loop builds no request, future or result per sample. A
+        request the engine refuses fails the call (the group's requests added before it are
+        aborted); cancelled, or failed: every sample without a result is aborted."""
         future = self._submit("generate_group", (key, prompt_ids, params, seeds), arrays=self.group_arrays)
         try:
             return await future
@@ -470,14 +472,18 @@ class NativeBackend:
         if command is not None:
             if command.stream is not None:
                 self._push(command, result.token_ids, result.logprobs, result.top_logprobs)
-            if command.arrays:
-                result.token_ids = token_array(result.token_ids)
-                result.logprobs = logprob_array(result.logprobs)
             gathered = command.group
             if gathered is None:
+                if command.arrays:
+                    result.token_ids = token_array(result.token_ids)
+                    result.logprobs = logprob_array(result.logprobs)
                 self._resolve(command, result)
                 return
             gathered.results[gathered.index[result.request_id]] = result
             gathered.remaining -= 1
             if gathered.remaining == 0:
-                self._resolve(command, GroupResults.of(gathered.results))
+                columns = GroupResults.of(gathered.results)
+                if command.arrays:  # the group's completions and logprobs: one array each, a view per sample
+                    columns.token_ids = token_rows(columns.token_ids)
+                    columns.logprobs = logprob_rows(columns.logprobs)
+                self._resolve(command, columns)
