@@ -123,27 +123,27 @@ if triton is not None:
         q_half = tl.load(q_ptr + d_rot[None, :], mask=in_group[:, None], other=0.0).to(tl.float32)
         k_ptr = row + (HEADS + kv_head) * stride_qkv_head
         k_new = tl.load(k_ptr + d).to(tl.float32) * cos_row + tl.load(k_ptr + d_rot).to(tl.float32) * sin_row
+        # In the model dtype (out's, qkv's): the cache's too unless it is FP8 (rope_store_attend checks).
+        dtype = out.dtype.element_ty
+        q = (q * cos_row[None, :] + q_half * sin_row[None, :]).to(dtype)
+        k_new = k_new.to(dtype)
+        v_new = tl.load(row + (HEADS + KV_HEADS + kv_head) * stride_qkv_head + d).to(dtype)
         base = slot * stride_cache_slot + kv_head * stride_cache_head
         if FP8:
-            # The model dtype is out's. Stored: e4m3(x / scale) of the rotated key and the value in
-            # that dtype; attended: what the torch step reads back, e4m3 -> dtype times the scale in
-            # dtype, the product rounded to dtype (exact in float32 first: 4 by <= 11 significant bits).
-            q = (q * cos_row[None, :] + q_half * sin_row[None, :]).to(out.dtype.element_ty)
+            # Stored: e4m3(x / scale) of the rotated key and the value in the model dtype; attended:
+            # what the torch step reads back, e4m3 -> dtype times the scale in dtype, the product
+            # rounded to dtype (exact in float32 first: 4 by <= 11 significant bits).
             k_sc = tl.load(k_scale + kv_head)
             v_sc = tl.load(v_scale + kv_head)
-            k_mul = k_sc.to(out.dtype.element_ty).to(tl.float32)
-            v_mul = v_sc.to(out.dtype.element_ty).to(tl.float32)
-            k_q = _e4m3(tl.math.div_rn(k_new.to(out.dtype.element_ty).to(tl.float32), k_sc))
-            v_q = _e4m3(tl.math.div_rn(tl.load(row + (HEADS + KV_HEADS + kv_head) * stride_qkv_head + d)
-                                       .to(out.dtype.element_ty).to(tl.float32), v_sc))
+            k_mul = k_sc.to(dtype).to(tl.float32)
+            v_mul = v_sc.to(dtype).to(tl.float32)
+            k_q = _e4m3(tl.math.div_rn(k_new.to(tl.float32), k_sc))
+            v_q = _e4m3(tl.math.div_rn(v_new.to(tl.float32), v_sc))
             tl.store(k_cache + base + pos * stride_cache_pos + d, k_q)
             tl.store(v_cache + base + pos * stride_cache_pos + d, v_q)
-            k_new = (k_q.to(tl.float32) * k_mul).to(out.dtype.element_ty)
-            v_new = (v_q.to(tl.float32) * v_mul).to(out.dtype.element_ty)
+            k_new = (k_q.to(tl.float32) * k_mul).to(dtype)
+            v_new = (v_q.to(tl.float32) * v_mul).to(dtype)
         else:
-            q = (q * cos_row[None, :] + q_half * sin_row[None, :]).to(k_cache.dtype.element_ty)
-            k_new = k_new.to(k_cache.dtype.element_ty)
-            v_new = tl.load(row + (HEADS + KV_HEADS + kv_head) * stride_qkv_head + d).to(v_cache.dtype.element_ty)
             tl.store(k_cache + base + pos * stride_cache_pos + d, k_new)
             tl.store(v_cache + base + pos * stride_cache_pos + d, v_new)
 
@@ -157,8 +157,8 @@ if triton is not None:
             k = tl.load(k_cache + offs, mask=valid[:, None], other=0.0)
             v = tl.load(v_cache + offs, mask=valid[:, None], other=0.0)
             if FP8:
-                k = (k.to(tl.float32) * k_mul).to(out.dtype.element_ty)
-                v = (v.to(tl.float32) * v_mul).to(out.dtype.element_ty)
+                k = (k.to(tl.float32) * k_mul).to(dtype)
+                v = (v.to(tl.float32) * v_mul).to(dtype)
             if IEEE:
                 s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
             else:
