@@ -132,14 +132,18 @@ def device_idle(engine, rows: list, params, steps: int = IDLE_STEPS) -> dict:
 def run_native(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, compile: bool, overlap: bool,
                repeats: int, attention: str = "torch", idle: bool = False) -> dict:
     """One configuration's run. A name with `+nopdl` runs the fused kernels without programmatic dependent
-    launch (`triton_support.PDL` off while its graphs are captured and replayed)."""
-    from rl_core.generation.native import triton_support
+    launch (`triton_support.PDL` off while its graphs are captured and replayed); `+tile64`, the attention
+    kernel at its 64-key tile at every row count (`decode_attention.SMALL_ROWS` 0 meanwhile)."""
+    from rl_core.generation.native import decode_attention, triton_support
 
     triton_support.PDL = "nopdl" not in attention.split("+")
+    small_rows = decode_attention.SMALL_ROWS
+    decode_attention.SMALL_ROWS = 0 if "tile64" in attention.split("+") else small_rows
     try:
         return _run_native(model, cfg, prompts, new_tokens, path, kv_dtype, compile, overlap, repeats, attention, idle)
     finally:
         triton_support.PDL = True
+        decode_attention.SMALL_ROWS = small_rows
 
 
 def _run_native(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, compile: bool, overlap: bool,
@@ -299,6 +303,9 @@ def main() -> None:
     parser.add_argument("--unfused-head", action="store_true",
                         help="with --fused: also run each fused configuration with the LM head on cuBLAS and the "
                              "sampling's two passes after it (fused_sampling.LM_HEAD off; named +unfusedhead)")
+    parser.add_argument("--tile64", action="store_true",
+                        help="with --fused: also run each fused configuration with the attention kernel's 64-key "
+                             "tile at every row count (decode_attention.SMALL_ROWS 0; named +tile64)")
     parser.add_argument("--lm-head-rows", type=int, default=None,
                         help="steps of up to this many rows sample through the fused LM head "
                              "(fused_sampling.LM_HEAD_ROWS; default: the module's)")
@@ -349,7 +356,7 @@ def main() -> None:
         if args.fused_mlp:
             configs += [c[:4] + ("fused+mlp",) for c in configs if c[4] == "fused"]
         for twin, suffix in ((args.cublas, "+cublas"), (args.cublas_qkv, "+cublasqkv"), (args.unfused_head, "+unfusedhead"),
-                              (args.no_pdl, "+nopdl")):
+                              (args.no_pdl, "+nopdl"), (args.tile64, "+tile64")):
             if twin:  # each twin of every fused configuration so far
                 configs += [c[:4] + (c[4] + suffix,) for c in configs if c[4].startswith("fused")]
     def name_of(path, kv, compiled, overlap, attention) -> str:

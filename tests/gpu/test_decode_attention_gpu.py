@@ -15,7 +15,7 @@ import torch
 from rl_core.types import GenerationRequest, SamplingParams
 
 from tests.helpers.decode_attention_check import check_engine_fp8, check_fp8_gaps, check_fp8_kernel, check_gaps, compare
-from tests.helpers.decode_attention_check import compare_fp8_kernel, engine_fp8
+from tests.helpers.decode_attention_check import compare_fp8_kernel, engine_fp8, large_step_tile
 from tests.helpers.engine_models import make_engine, prompts, run, tiny_model
 from tests.helpers.fused_mlp_check import CASES as MLP_CASES, QWEN, check as check_mlp, compare as compare_mlp
 from tests.helpers.fused_sampling_check import CASES, check, compare as compare_sampling, compare_lm_head
@@ -27,6 +27,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def test_fused_decode_layer_equals_the_torch_layer(heads, kv_heads, head_dim):
     positions = (0, 1, 63, 64, 65, 130, 199, 255)
     check_gaps([compare("cuda", dt, heads, kv_heads, head_dim, positions) for dt in (torch.float32, torch.bfloat16)])
+    with large_step_tile():  # the kernel at the tile of steps above decode_attention.SMALL_ROWS rows
+        check_gaps([compare("cuda", dt, heads, kv_heads, head_dim, positions) for dt in (torch.float32, torch.bfloat16)])
     check_fp8_gaps([compare("cuda", dt, heads, kv_heads, head_dim, positions, fp8=True)
                     for dt in (torch.float32, torch.bfloat16)])
 

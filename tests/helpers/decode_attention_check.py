@@ -17,12 +17,26 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import contextmanager
 
 import torch
 
+from rl_core.generation.native import decode_attention
 from rl_core.generation.native.fused_stack import decode_layer_fused
 from rl_core.generation.native.kv_cache import FP8_E4M3_MAX, KVCache, dequantize_fp8, quantize_fp8
 from rl_core.generation.native.model import CausalLM, ModelSpec, attention_input, decode_layer
+
+
+@contextmanager
+def large_step_tile():
+    """The kernel at `decode_attention.TILE` (the tile of steps above `SMALL_ROWS` rows) whatever the
+    rows: the tests' few rows would otherwise take `TILE_SMALL` only."""
+    small = decode_attention.SMALL_ROWS
+    decode_attention.SMALL_ROWS = 0
+    try:
+        yield
+    finally:
+        decode_attention.SMALL_ROWS = small
 
 
 def compare(device: str, dtype: torch.dtype, heads: int = 8, kv_heads: int = 2, head_dim: int = 16,
@@ -239,6 +253,9 @@ def check_engine_fp8(row: dict, dtype: torch.dtype = torch.float32) -> None:
 if __name__ == "__main__":
     for dt in (torch.float32, torch.bfloat16):
         print(json.dumps(compare(sys.argv[1], dt)))
+    with large_step_tile():
+        for dt in (torch.float32, torch.bfloat16):
+            print(json.dumps(compare(sys.argv[1], dt)))
     for dt in (torch.float32, torch.bfloat16):
         print(json.dumps(compare(sys.argv[1], dt, fp8=True)))
     for dt in (torch.float32, torch.bfloat16, torch.float16):

@@ -50,11 +50,12 @@ def _interpreted(module: str) -> list[dict]:
 @pytest.mark.skipif(not _triton_importable(), reason="triton is not installed (CPU torch ships none)")
 def test_fused_decode_layer_equals_the_torch_layer_in_the_interpreter():
     lines = _interpreted("tests.helpers.decode_attention_check")
-    assert len(lines) == 8, lines
-    check_gaps(lines[:2])
-    check_fp8_gaps(lines[2:4])  # an FP8 cache: the layers against each other
-    check_fp8_kernel(lines[4:7])  # the kernel's FP8 bytes against quantize_fp8 (fp32, bf16, fp16)
-    check_engine_fp8(lines[7]["engine_fp8"])  # greedy engines on an FP8 cache, fused against torch attention
+    assert len(lines) == 10, lines
+    check_gaps(lines[:2])  # the kernel at TILE_SMALL (few rows)
+    check_gaps(lines[2:4])  # at TILE, the tile of larger steps
+    check_fp8_gaps(lines[4:6])  # an FP8 cache: the layers against each other
+    check_fp8_kernel(lines[6:9])  # the kernel's FP8 bytes against quantize_fp8 (fp32, bf16, fp16)
+    check_engine_fp8(lines[9]["engine_fp8"])  # greedy engines on an FP8 cache, fused against torch attention
 
 
 def test_the_kernel_refuses_a_cache_and_scales_that_do_not_match():

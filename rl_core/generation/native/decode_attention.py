@@ -55,6 +55,18 @@ from rl_core.generation.native.triton_support import gdc_launch_dependents, gdc_
 # programs with a merge kernel (Flash-Decoding's split-KV) took 2.1x (64 keys a program) and 1.4x
 # (128) as long at 256 slots, and 1.7x / 1.3x at 64: not kept.
 TILE = (64, 4, 3)
+# Steps of up to SMALL_ROWS slots take TILE_SMALL instead: fewer, longer programs read their keys in
+# 128-key tiles. In the engine (bench/generation_gpu.py --tile64, 2026-12-04, one H200, the two side by
+# side) batch 64 with 2048 new tokens took 1.18 ms a decode step against 1.27 ms with TILE, and the same
+# at 256 new tokens (0.87 / 0.86 ms); at 128 slots it gained nothing (1.66 / 1.64 ms at 2048 new tokens,
+# 1.12 / 1.10 at 256), at 256 slots TILE is faster alone. Only where a 128-key tile in the model dtype
+# holds no more bytes than at the measured shape (head_dim 64, bf16: SMALL_TILE_BYTES, 16 KB): larger
+# ones (head_dim 128, float32) take TILE, as before (at head_dim 128 in float32 the 128-key tile's
+# pipeline does not fit in shared memory). Module values, read at each launch (so fixed into a captured
+# graph): benchmarks set SMALL_ROWS to 0 to compare.
+TILE_SMALL = (128, 4, 3)
+SMALL_ROWS = 64
+SMALL_TILE_BYTES = 128 * 64 * 2
 TILES = [(64, 4, 3), (64, 4, 2), (128, 4, 3), (128, 8, 3), (32, 4, 3), (32, 2, 3), (64, 2, 3), (128, 4, 2)]
 
 
@@ -197,7 +209,8 @@ def rope_store_attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, p
     in `CausalLM._rope_tables`), positions [S] long, one layer's k/v cache [slots >= S,
     kv_heads, L, D] (updated in place at (s, positions[s])). Returns the attention output
     [S, heads * D] in qkv's dtype. `tile` = (keys per inner step, warps, pipeline stages),
-    default `TILE`, is for benchmarks. An FP8 cache (float8_e4m3fn, `KVCache(storage="fp8_e4m3")`)
+    default `TILE_SMALL` up to `SMALL_ROWS` rows (where its key tile is at most `SMALL_TILE_BYTES`) and
+    `TILE` otherwise, is for benchmarks. An FP8 cache (float8_e4m3fn, `KVCache(storage="fp8_e4m3")`)
     takes the layer's float32 scales `k_scale` / `v_scale` [kv_heads] (`KVCache.layer_scales`),
     read by the kernel from device memory at each launch (so a captured graph follows
     `set_scales`); a cache in qkv's dtype takes none."""
@@ -227,7 +240,8 @@ def rope_store_attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, p
     out = qkv.new_empty(rows, heads * dim)
     if rows == 0:
         return out
-    block_n, warps, stages = tile or TILE
+    small = rows <= SMALL_ROWS and TILE_SMALL[0] * dim * qkv.element_size() <= SMALL_TILE_BYTES
+    block_n, warps, stages = tile or (TILE_SMALL if small else TILE)
     _rope_store_attend_kernel[(rows, kv_heads)](
         qkv, cos, sin, positions, k_cache, v_cache, out, k_scale, v_scale,
         qkv.stride(0), qkv.stride(1), cos.stride(0),
