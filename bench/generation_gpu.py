@@ -139,11 +139,13 @@ def run_native(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, c
     triton_support.PDL = "nopdl" not in attention.split("+")
     small_rows = decode_attention.SMALL_ROWS
     decode_attention.SMALL_ROWS = 0 if "tile64" in attention.split("+") else small_rows
+    triton_support.ROWS_FIRST = "colsfirst" not in attention.split("+")
     try:
         return _run_native(model, cfg, prompts, new_tokens, path, kv_dtype, compile, overlap, repeats, attention, idle)
     finally:
         triton_support.PDL = True
         decode_attention.SMALL_ROWS = small_rows
+        triton_support.ROWS_FIRST = True
 
 
 def _run_native(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, compile: bool, overlap: bool,
@@ -306,6 +308,9 @@ def main() -> None:
     parser.add_argument("--tile64", action="store_true",
                         help="with --fused: also run each fused configuration with the attention kernel's 64-key "
                              "tile at every row count (decode_attention.SMALL_ROWS 0; named +tile64)")
+    parser.add_argument("--cols-first", action="store_true",
+                        help="with --fused: also run each fused configuration with the TMA matmul kernels' programs "
+                             "numbered column block first (triton_support.ROWS_FIRST off; named +colsfirst)")
     parser.add_argument("--lm-head-rows", type=int, default=None,
                         help="steps of up to this many rows sample through the fused LM head "
                              "(fused_sampling.LM_HEAD_ROWS; default: the module's)")
@@ -356,7 +361,8 @@ def main() -> None:
         if args.fused_mlp:
             configs += [c[:4] + ("fused+mlp",) for c in configs if c[4] == "fused"]
         for twin, suffix in ((args.cublas, "+cublas"), (args.cublas_qkv, "+cublasqkv"), (args.unfused_head, "+unfusedhead"),
-                              (args.no_pdl, "+nopdl"), (args.tile64, "+tile64")):
+                              (args.no_pdl, "+nopdl"), (args.tile64, "+tile64"),
+                              (args.cols_first, "+colsfirst")):
             if twin:  # each twin of every fused configuration so far
                 configs += [c[:4] + (c[4] + suffix,) for c in configs if c[4].startswith("fused")]
     def name_of(path, kv, compiled, overlap, attention) -> str:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from rl_core.generation.native import triton_support
 from rl_core.generation.native.triton_support import (descriptor, gdc_launch_dependents, gdc_wait, interpreting, pdl_flags, tl,
                                                       tma_usable, triton)
 
@@ -91,15 +92,16 @@ if triton is not None:
     @triton.jit
     def _gate_up_silu_tma_kernel(x_desc, gate_desc, up_desc, bias, out, rows, m, hidden, stride_out,
                                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                                 BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+                                 BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
+                                 ROWS_FIRST: tl.constexpr):
         """`_gate_up_silu_kernel` (bf16/fp16) with its tiles loaded through TMA descriptors: x, the
         gate rows and the up rows each their own descriptor (reads past the rows or the gate rows
         give zeros, so only the store is masked). PDL: launched while the kernel before finishes
         (triton_support.pdl), it waits for that kernel before any load or store."""
         if PDL:
             gdc_wait()
-        off_n = tl.program_id(0) * BLOCK_N
-        off_m = tl.program_id(1) * BLOCK_M
+        off_n = tl.program_id(1 if ROWS_FIRST else 0) * BLOCK_N
+        off_m = tl.program_id(0 if ROWS_FIRST else 1) * BLOCK_M
         acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k in tl.range(0, hidden, BLOCK_K, num_stages=STAGES):
@@ -133,6 +135,11 @@ if triton is not None:
 # later sweep with two pipeline stages and 128-row tiles (2026-12-04, 46 tiles) found (128, 64, 64, 4, 2)
 # faster alone (12.37 against 12.90 / 12.94 us), but in the engine's decode step (CUDA graph, PDL) batch
 # 256 took 1.44-1.45 ms with it against 1.30 ms with (64, 64, 64, 4, 3) (three processes each): not kept.
+# Its programs are numbered row block first (`triton_support.ROWS_FIRST`): alone at 256 rows 10.15 against
+# 12.77 us column block first (2026-12-04, the same tile), and the engine's decode step 1.27 / 1.28 against
+# 1.31 ms at batch 256 (with split_k's partials in the same order). Triton's warp specialization
+# (`tl.range(..., warp_specialize=True)`, triton 3.6) gave no gain at 8-warp tiles and wrong results
+# at this 4-warp tile: not used.
 TMA_TILES = {64: (64, 64, 128, 4, 4), 256: (64, 64, 64, 4, 3)}
 
 
@@ -156,10 +163,12 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     if (not ieee if tma is None else tma) and tma_usable(x, gate, up):
         bm, bn, bk, warps, stages = TMA_TILES[64 if rows <= 64 else 256] if not interpreting() else (*_FIXED, 4, 2)
         grid = (triton.cdiv(m, bn), triton.cdiv(rows, bm))
+        if triton_support.ROWS_FIRST:
+            grid = grid[::-1]
         _gate_up_silu_tma_kernel[grid](descriptor(x, [bm, bk]), descriptor(gate, [bn, bk]), descriptor(up, [bn, bk]),
                                        bias if bias is not None else x, out, rows, m, hidden, out.stride(0),
                                        HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages,
-                                       **pdl_flags(x), **({} if interpreting() else dict(num_warps=warps)))
+                                       ROWS_FIRST=triton_support.ROWS_FIRST, **pdl_flags(x), **({} if interpreting() else dict(num_warps=warps)))
         return out
     flags = dict(HAS_BIAS=bias is not None, IEEE=ieee, BF16_BITS=interpreting() and x.dtype == torch.bfloat16)
     row_class = min(max(16, 1 << (rows - 1).bit_length()), 256)  # only the autotuner's key

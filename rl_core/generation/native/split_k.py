@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import torch
 
+from rl_core.generation.native import triton_support
 from rl_core.generation.native.triton_support import (descriptor, gdc_launch_dependents, gdc_wait, interpreting, pdl_flags, tl,
                                                       tma_usable, triton)
 
@@ -104,13 +105,15 @@ if triton is not None:
     @triton.jit
     def _partials_tma_kernel(a_desc, w_desc, bias, out, rows, n, k_total, k_split, BLOCK_M: tl.constexpr,
                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
-                             ROUNDED: tl.constexpr, HAS_BIAS: tl.constexpr, BF16_BITS: tl.constexpr):
+                             ROUNDED: tl.constexpr, HAS_BIAS: tl.constexpr, BF16_BITS: tl.constexpr,
+                             ROWS_FIRST: tl.constexpr):
         """`_partials_kernel` with its tiles loaded through TMA descriptors (reads past the rows or
-        past K give zeros, so only the store is masked)."""
+        past K give zeros, so only the store is masked); ROWS_FIRST: programs numbered row block
+        first (`triton_support.ROWS_FIRST`)."""
         if PDL:
             gdc_wait()
-        off_n = tl.program_id(0) * BLOCK_N
-        off_m = tl.program_id(1) * BLOCK_M
+        off_n = tl.program_id(1 if ROWS_FIRST else 0) * BLOCK_N
+        off_m = tl.program_id(0 if ROWS_FIRST else 1) * BLOCK_M
         pid_s = tl.program_id(2)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k in tl.range(pid_s * k_split, tl.minimum((pid_s + 1) * k_split, k_total), BLOCK_K, num_stages=STAGES):
@@ -217,8 +220,10 @@ def _matmul(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, sp
                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, **pdl_flags(a))
     b = bias if bias is not None else out
     if tma:
-        _partials_tma_kernel[grid](descriptor(a, [bm, bk]), descriptor(weight, [bn, bk]), b, out, rows, n, k_total, k_split,
-                                   STAGES=stages, **flags, **({} if interpreting() else dict(num_warps=warps)))
+        rows_first = triton_support.ROWS_FIRST
+        _partials_tma_kernel[(grid[1], grid[0], grid[2]) if rows_first else grid](
+            descriptor(a, [bm, bk]), descriptor(weight, [bn, bk]), b, out, rows, n, k_total, k_split,
+            STAGES=stages, ROWS_FIRST=rows_first, **flags, **({} if interpreting() else dict(num_warps=warps)))
         return out
     kwargs = {} if interpreting() else dict(num_warps=warps, num_stages=stages)
     _partials_kernel[grid](a, weight, b, out, rows, n, k_total, k_split, a.stride(0), weight.stride(0), IEEE=ieee,

@@ -4,6 +4,7 @@ Owns: `triton` / `tl` (None when the package is missing: the CPU build of torch 
 `interpreting()` (Triton's CPU interpreter, `TRITON_INTERPRET=1`,
 which the CPU tests use to run the kernels without a GPU), and `tma_usable` / `descriptor`: whether
 tensors can be read through the Hopper tensor-memory accelerator (TMA) and their host descriptors;
+`ROWS_FIRST`: the order in which the TMA matmul kernels number their programs;
 `pdl(tensor)` / `pdl_flags(tensor)` / `PDL` and the kernels' `gdc_wait` / `gdc_launch_dependents`: programmatic dependent
 launch (Hopper), under which a kernel is launched while the one before it finishes and waits for
 it (`gdc_wait`, before any load or store) instead of the launch waiting (NVIDIA, CUDA C++
@@ -44,6 +45,12 @@ except Exception:  # pragma: no cover - no triton, or an older one
 # module switch for benchmarks (bench/generation_gpu.py --no-pdl) and tests; read at each launch,
 # so it is fixed into a CUDA graph when the graph is captured.
 PDL = True
+
+# The TMA matmul kernels (fused_mlp's gate/up + SiLU, split_k's partials) number their programs row
+# block first, so that the programs sharing a weight tile run side by side and read it once from
+# memory (program_id(0) over row blocks, 1 over column blocks). A module switch for benchmarks
+# (bench/generation_gpu.py +colsfirst), read at each launch.
+ROWS_FIRST = True
 
 
 def interpreting() -> bool:
