@@ -168,7 +168,8 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         _gate_up_silu_tma_kernel[grid](descriptor(x, [bm, bk]), descriptor(gate, [bn, bk]), descriptor(up, [bn, bk]),
                                        bias if bias is not None else x, out, rows, m, hidden, out.stride(0),
                                        HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages,
-                                       ROWS_FIRST=triton_support.ROWS_FIRST, **pdl_flags(x), **({} if interpreting() else dict(num_warps=warps)))
+                                       ROWS_FIRST=triton_support.ROWS_FIRST, **pdl_flags(x),
+                                       **({} if interpreting() else dict(num_warps=warps)))
         return out
     flags = dict(HAS_BIAS=bias is not None, IEEE=ieee, BF16_BITS=interpreting() and x.dtype == torch.bfloat16)
     row_class = min(max(16, 1 << (rows - 1).bit_length()), 256)  # only the autotuner's key
