@@ -28,8 +28,10 @@ the bytes per step; the "with KV" roofline includes them at the mean sequence le
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -83,20 +85,12 @@ def make_engine(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, 
                 attention: str = "torch"):
     from rl_core.generation import EngineOptions, NativeEngine
 
-    from rl_core.generation.native import fused_sampling, fused_stack
-
     batch, prompt_len = prompts.shape
-    parts = attention.split("+")  # e.g. fused+mlp+cublas: decode_attention, then the stack's variants
-    fused_stack.SPLIT_K = "cublas" not in parts  # the stack's output/down projections
-    fused_stack.TRITON_QKV = "cublasqkv" not in parts
-    fused_sampling.LM_HEAD = "unfusedhead" not in parts  # the LM head with the sampling's first pass
-    try:
-        return NativeEngine(cfg, model.state_dict(), EngineOptions(
-            device="cuda", dtype=torch.bfloat16, max_batch_size=batch, max_seq_len=prompt_len + new_tokens + 8,
-            eos_token_ids=[], decode_path=path, kv_cache_dtype=kv_dtype, decode_compile=compile, overlap_steps=overlap,
-            decode_attention=parts[0], decode_mlp="fused" if "mlp" in parts else "torch"))
-    finally:
-        fused_stack.SPLIT_K = fused_stack.TRITON_QKV = fused_sampling.LM_HEAD = True
+    parts = attention.split("+")  # e.g. fused+mlp+cublas: decode_attention, decode_mlp, then twins (TWINS)
+    return NativeEngine(cfg, model.state_dict(), EngineOptions(
+        device="cuda", dtype=torch.bfloat16, max_batch_size=batch, max_seq_len=prompt_len + new_tokens + 8,
+        eos_token_ids=[], decode_path=path, kv_cache_dtype=kv_dtype, decode_compile=compile, overlap_steps=overlap,
+        decode_attention=parts[0], decode_mlp="fused" if "mlp" in parts else "torch"))
 
 
 IDLE_STEPS = 48  # decode steps profiled by --idle
@@ -129,23 +123,47 @@ def device_idle(engine, rows: list, params, steps: int = IDLE_STEPS) -> dict:
             "intervals": gaps["intervals"], "charged": gaps["innermost"]}
 
 
+# The twins of the fused configurations: (flag, name suffix, module of rl_core.generation.native,
+# module value, its value in the twin, what the twin runs). Some values are read when the engine is
+# built, others at each kernel launch (so while its graphs are captured): `twin_switches` holds them
+# for the whole run.
+TWINS = [
+    ("--cublas", "cublas", "fused_stack", "SPLIT_K", False,
+     "the stack's output and down projections on cuBLAS + the compiled add + norm instead of the split-K kernels"),
+    ("--cublas-qkv", "cublasqkv", "fused_stack", "TRITON_QKV", False, "the QKV projection on cuBLAS"),
+    ("--unfused-head", "unfusedhead", "fused_sampling", "LM_HEAD", False,
+     "the LM head on cuBLAS and the sampling's two passes after it"),
+    ("--no-pdl", "nopdl", "triton_support", "PDL", False,
+     "its Triton kernels launched without programmatic dependent launch"),
+    ("--tile64", "tile64", "decode_attention", "SMALL_ROWS", 0,
+     "the attention kernel's 64-key tile at every row count"),
+    ("--cols-first", "colsfirst", "triton_support", "ROWS_FIRST", False,
+     "the TMA matmul kernels' programs numbered column block first"),
+]
+
+
+@contextmanager
+def twin_switches(attention: str):
+    """The module values of the twins named in a configuration (e.g. fused+mlp+nopdl), set while it
+    builds and runs its engine, then put back."""
+    parts = attention.split("+")
+    changed = [(importlib.import_module(f"rl_core.generation.native.{module}"), name, value)
+               for _, suffix, module, name, value, _ in TWINS if suffix in parts]
+    saved = [(module, name, getattr(module, name)) for module, name, _ in changed]
+    try:
+        for module, name, value in changed:
+            setattr(module, name, value)
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+
 def run_native(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, compile: bool, overlap: bool,
                repeats: int, attention: str = "torch", idle: bool = False) -> dict:
-    """One configuration's run. A name with `+nopdl` runs the fused kernels without programmatic dependent
-    launch (`triton_support.PDL` off while its graphs are captured and replayed); `+tile64`, the attention
-    kernel at its 64-key tile at every row count (`decode_attention.SMALL_ROWS` 0 meanwhile)."""
-    from rl_core.generation.native import decode_attention, triton_support
-
-    triton_support.PDL = "nopdl" not in attention.split("+")
-    small_rows = decode_attention.SMALL_ROWS
-    decode_attention.SMALL_ROWS = 0 if "tile64" in attention.split("+") else small_rows
-    triton_support.ROWS_FIRST = "colsfirst" not in attention.split("+")
-    try:
+    """One configuration's run, its twins' module values set meanwhile (`twin_switches`)."""
+    with twin_switches(attention):
         return _run_native(model, cfg, prompts, new_tokens, path, kv_dtype, compile, overlap, repeats, attention, idle)
-    finally:
-        triton_support.PDL = True
-        decode_attention.SMALL_ROWS = small_rows
-        triton_support.ROWS_FIRST = True
 
 
 def _run_native(model, cfg, prompts, new_tokens: int, path: str, kv_dtype: str, compile: bool, overlap: bool,
@@ -189,7 +207,13 @@ def profile_decode(model, cfg, prompts, new_tokens: int, path: str, compile: boo
     (CUDA events; when plain rows sample inside the step, the one graph of the step and its
     sampling), sampling alone (0 then, else the engine's sampler: parameters + kernels + the
     host copy), and the rest (host work: scheduling, index building, bookkeeping, launches). Also a torch.profiler table of
-    10 steps (written under `out_dir` when given)."""
+    10 steps (written under `out_dir` when given); the twins' module values set meanwhile."""
+    with twin_switches(attention):
+        return _profile_decode(model, cfg, prompts, new_tokens, path, compile, out_dir, attention)
+
+
+def _profile_decode(model, cfg, prompts, new_tokens: int, path: str, compile: bool, out_dir: str | None,
+                    attention: str) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from rl_core.generation.native.sampling import SamplingBatch, sample_tokens
@@ -295,28 +319,13 @@ def main() -> None:
     parser.add_argument("--fused-mlp", action="store_true",
                         help="with --fused: also run each fused configuration with decode_mlp fused (the gate/up "
                              "projection and SiLU gate in one Triton kernel)")
-    parser.add_argument("--cublas", action="store_true",
-                        help="with --fused: also run each fused configuration with the stack's output and down "
-                             "projections on cuBLAS + the compiled add + norm (fused_stack.SPLIT_K off; named +cublas) "
-                             "instead of the split-K kernels")
-    parser.add_argument("--cublas-qkv", action="store_true",
-                        help="with --fused: also run each fused configuration with the QKV projection on cuBLAS "
-                             "(fused_stack.TRITON_QKV off; named +cublasqkv)")
-    parser.add_argument("--unfused-head", action="store_true",
-                        help="with --fused: also run each fused configuration with the LM head on cuBLAS and the "
-                             "sampling's two passes after it (fused_sampling.LM_HEAD off; named +unfusedhead)")
-    parser.add_argument("--tile64", action="store_true",
-                        help="with --fused: also run each fused configuration with the attention kernel's 64-key "
-                             "tile at every row count (decode_attention.SMALL_ROWS 0; named +tile64)")
-    parser.add_argument("--cols-first", action="store_true",
-                        help="with --fused: also run each fused configuration with the TMA matmul kernels' programs "
-                             "numbered column block first (triton_support.ROWS_FIRST off; named +colsfirst)")
+    for flag, suffix, module, name, value, what in TWINS:
+        parser.add_argument(flag, action="store_true",
+                            help=f"with --fused: also run each fused configuration with {what} ({module}.{name} "
+                                 f"{value}; named +{suffix})")
     parser.add_argument("--lm-head-rows", type=int, default=None,
                         help="steps of up to this many rows sample through the fused LM head "
                              "(fused_sampling.LM_HEAD_ROWS; default: the module's)")
-    parser.add_argument("--no-pdl", action="store_true",
-                        help="with --fused: also run each fused configuration without programmatic dependent launch "
-                             "of its Triton kernels (triton_support.PDL off; named +nopdl)")
     parser.add_argument("--only-fastest", action="store_true",
                         help="with --compile --overlap: run only graph+compile+overlap (and its fused twin)")
     parser.add_argument("--profile", action="store_true",
@@ -360,11 +369,9 @@ def main() -> None:
         configs += [c[:4] + ("fused",) for c in configs if c[0] != "eager"]
         if args.fused_mlp:
             configs += [c[:4] + ("fused+mlp",) for c in configs if c[4] == "fused"]
-        for twin, suffix in ((args.cublas, "+cublas"), (args.cublas_qkv, "+cublasqkv"), (args.unfused_head, "+unfusedhead"),
-                              (args.no_pdl, "+nopdl"), (args.tile64, "+tile64"),
-                              (args.cols_first, "+colsfirst")):
-            if twin:  # each twin of every fused configuration so far
-                configs += [c[:4] + (c[4] + suffix,) for c in configs if c[4].startswith("fused")]
+        for flag, suffix, *_ in TWINS:
+            if getattr(args, flag[2:].replace("-", "_")):  # each twin of every fused configuration so far
+                configs += [c[:4] + (c[4] + "+" + suffix,) for c in configs if c[4].startswith("fused")]
     def name_of(path, kv, compiled, overlap, attention) -> str:
         return (path + ("+compile" if compiled else "") + ("+overlap" if overlap else "")
                 + ("" if attention == "torch" else "+" + attention) + ("+fp8" if kv == "fp8_e4m3" else ""))
