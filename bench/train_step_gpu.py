@@ -352,7 +352,7 @@ def main() -> int:
             if name not in table:
                 results[name] = {"backend": name, "failed": f"unknown variant (known: {', '.join(table)})"}
                 continue
-            if name.startswith("megatron") and importlib.util.find_spec("megatron.core") is None:
+            if name.startswith("megatron") and importlib.util.find_spec("megatron") is None:
                 results[name] = {"backend": name, "skipped": "megatron-core is not installed"}
                 continue
             if left < 20 and not cpu:

@@ -26,7 +26,7 @@ import torch
 from tests.helpers.trainers import assert_same_step, max_weight_diff, run_check, tiny_hf_dir
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-needs_megatron = pytest.mark.skipif(importlib.util.find_spec("megatron.core") is None,
+needs_megatron = pytest.mark.skipif(importlib.util.find_spec("megatron") is None,
                                     reason="megatron-core is not installed")
 CUDA = ("runtime.device=cuda",)
 TIGHT, BF16 = 1e-4, 5e-2
