@@ -10,7 +10,8 @@ from tests.helpers.interpreted import print_gaps
 
 # (rows, k, n, splits, bias): ragged tiles and slices, one row, one slice, more slices than blocks
 CASES = ((5, 96, 40, 3, False), (33, 200, 70, 4, True), (1, 64, 32, 1, False), (9, 40, 24, 8, True))
-QWEN = ((256, 4864, 896, None, False), (256, 896, 896, None, True), (64, 4864, 896, None, False))
+QWEN = ((256, 4864, 896, None, False), (256, 896, 896, None, True), (64, 4864, 896, None, False),
+        (64, 896, 896, None, True))
 
 
 def compare(device: str, dtype: torch.dtype, rows: int, k: int, n: int, splits: int | None,

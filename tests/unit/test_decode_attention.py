@@ -130,6 +130,20 @@ def test_split_k_projection_and_add_norm_equal_torch_in_the_interpreter():
         check_split_k(getattr(torch, line["dtype"]), line["gaps"])
 
 
+def test_split_k_tma_tiles_launch_with_pointer_loads_where_tma_is_not_usable():
+    from rl_core.generation.native import split_k
+
+    assert any(tile[6] for tile in split_k.TILES.values())
+    for tile in split_k.TILES.values():
+        assert split_k.launch_tile(tile, True) == tile
+        bm, bn, bk, splits, warps, stages, tma = split_k.launch_tile(tile, False)
+        assert not tma and (bm, bn, splits, warps) == (tile[0], tile[1], tile[3], tile[4])
+        assert bk <= split_k.POINTER_BLOCK_K and stages <= split_k.POINTER_STAGES
+        assert (bm * bk + bk * bn) * 2 * stages <= 96 * 1024  # fits GPUs of ~100 KB of shared memory a block
+    pointer = (64, 64, 128, 2, 4, 5, False)  # a pointer tile is launched as given
+    assert split_k.launch_tile(pointer, False) == pointer
+
+
 def test_decode_mlp_option_errors_name_the_field_and_the_fix():
     with pytest.raises(EngineOptionsError, match="`decode_mlp` got 'triton'.*one of torch, fused"):
         EngineOptions(decode_mlp="triton")

@@ -40,17 +40,34 @@ from rl_core.generation.native.triton_support import (descriptor, gdc_launch_dep
                                                       tma_usable, triton)
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, splits, warps, stages, TMA) for bf16/fp16 on CUDA, by (64: up to 64 rows,
-# else 256; kind): the fastest of 48-108 tiles on the H200 at 64 and 256 rows of the Qwen2.5-0.5B shapes
-# (bench/decode_kernels_gpu.py --parts splitk / tma, 2026-12-03; within ~0.3 us of the next few). TMA:
-# the tiles loaded through TMA descriptors where `tma_usable` (Hopper): at 256 rows of the down
-# projection 7.7 against 8.4 us for the pointer loads; at 64 rows the pointer loads were faster. The
-# 64-row QKV tile: 3.18 against 3.56 us for (64, 64, 128) alone; in the engine with the step's glue
-# changes of docs/generation.md ("The step's glue"), batch 64 0.91 -> 0.87 ms.
+# else 256; kind): the fastest of 20-115 tiles on the H200 at 64 and 256 rows of the Qwen2.5-0.5B shapes
+# with the weights L2-cold (bench/split_k_cold_sweep.py, 2026-12-04: 16-48 copies of each weight cycled,
+# so that every call reads its weight from HBM, as a decode step's 24 layers do). An earlier sweep with
+# one weight, L2-warm (bench/decode_kernels_gpu.py --parts splitk / tma), picked tiles that are fast
+# there and slow in the engine: the down projection at 256 rows 8.98 us warm / 11.15 us cold at its
+# tile, 9.02 us cold at the tile below. Deeper pipelines (4-5 stages) and 128-256 deep K blocks keep
+# more of the weight in flight. In the engine: batch 256 decode step 1.27 -> 1.17 ms, batch 64
+# 0.87 -> 0.81 ms (docs/generation.md, "L2-cold tiles"). Where TMA is not usable (before Hopper) a tile
+# runs with pointer loads at `POINTER_STAGES` and K blocks of at most `POINTER_BLOCK_K`
+# (`launch_tile`): the deep TMA pipelines would need up to 192 KB of shared memory.
 DEFAULT_TILE = (64, 64, 128, 4, 4, 3, False)
 TILES: dict[tuple[int, str], tuple[int, int, int, int, int, int, bool]] = {
-    (256, "down"): (128, 64, 64, 4, 8, 4, True), (256, "output"): (64, 64, 128, 2, 4, 3, False),
-    (64, "down"): (64, 64, 128, 8, 4, 3, False), (64, "output"): (64, 32, 128, 4, 4, 3, False),
-    (256, "qkv"): (64, 64, 128, 1, 4, 3, True), (64, "qkv"): (64, 32, 128, 1, 4, 3, True)}
+    (256, "down"): (64, 64, 128, 2, 4, 5, True), (256, "output"): (64, 64, 128, 2, 4, 5, True),
+    (64, "down"): (64, 32, 256, 4, 4, 4, True), (64, "output"): (64, 32, 256, 2, 4, 3, True),
+    (256, "qkv"): (64, 64, 128, 1, 4, 5, True), (64, "qkv"): (64, 32, 256, 1, 4, 4, True)}
+POINTER_STAGES, POINTER_BLOCK_K = 3, 128
+
+
+def launch_tile(tile: tuple[int, int, int, int, int, int, bool], tma_ok: bool) -> tuple[int, int, int, int, int, int, bool]:
+    """A `TILES` tile as it launches: as given where TMA is usable or the tile asks for pointer loads;
+    a TMA tile on a device without TMA with pointer loads, at most `POINTER_STAGES` stages and
+    `POINTER_BLOCK_K`-deep K blocks (at most 96 KB of shared memory for the tiles above)."""
+    bm, bn, bk, splits, warps, stages, tma = tile
+    if not tma or tma_ok:
+        return tile
+    return bm, bn, min(bk, POINTER_BLOCK_K), splits, warps, min(stages, POINTER_STAGES), False
+
+
 _FIXED = (16, 32, 32)  # float32 and the interpreter: (BLOCK_M, BLOCK_N, BLOCK_K)
 
 if triton is not None:
@@ -205,7 +222,8 @@ def _matmul(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, sp
     if tile is None and (ieee or a.device.type != "cuda"):
         bm, bn, bk, split_n, warps, stages, tma = *_FIXED, splits or 2, 4, 2, False
     else:
-        bm, bn, bk, split_n, warps, stages, tma = tile or TILES.get((64 if rows <= 64 else 256, kind), DEFAULT_TILE)
+        bm, bn, bk, split_n, warps, stages, tma = tile or launch_tile(
+            TILES.get((64 if rows <= 64 else 256, kind), DEFAULT_TILE), tma_usable(a, weight))
         split_n = splits or split_n
     tma = tma and tma_usable(a, weight)
     k_split = triton.cdiv(triton.cdiv(k_total, split_n), bk) * bk  # each slice a whole number of blocks
