@@ -219,13 +219,14 @@ def _matmul(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, sp
                          f"{tuple(weight.shape)} (strides {weight.stride()}), input {tuple(a.shape)}")
     a = a.contiguous()
     ieee = a.dtype == torch.float32 or interpreting()
+    tma_ok = tma_usable(a, weight)
     if tile is None and (ieee or a.device.type != "cuda"):
         bm, bn, bk, split_n, warps, stages, tma = *_FIXED, splits or 2, 4, 2, False
     else:
         bm, bn, bk, split_n, warps, stages, tma = tile or launch_tile(
-            TILES.get((64 if rows <= 64 else 256, kind), DEFAULT_TILE), tma_usable(a, weight))
+            TILES.get((64 if rows <= 64 else 256, kind), DEFAULT_TILE), tma_ok)
         split_n = splits or split_n
-    tma = tma and tma_usable(a, weight)
+    tma = tma and tma_ok
     k_split = triton.cdiv(triton.cdiv(k_total, split_n), bk) * bk  # each slice a whole number of blocks
     split_n = triton.cdiv(k_total, k_split)
     if to_dtype and split_n != 1:
