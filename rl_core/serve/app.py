@@ -5,7 +5,8 @@ Owns: the routes (`/health`, `/v1/models`, `/v1/completions`, `/v1/chat/completi
 secret of managed servers, OpenAI-style error bodies (`{"error": {message, type, param,
 code}}`: 4xx for what the client sent, 500 `server_error` for engine failures, 503 when
 stopped), and how one HTTP request becomes engine requests (choice i of request r runs as
-`"r/i"`; `/rl/abort` and a client disconnect abort all of them) and a response.
+`"r/i"`; `/rl/abort` of r and a client disconnect abort all of them, `/rl/abort` of "r/i" that
+choice alone) and a response.
 
 Does not own: the engine or its thread (rl_core.generation), request schemas
 (protocol.py), text handling (text.py), or process start-up (rl_core.launch.serve).
@@ -222,9 +223,13 @@ class Server:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def abort(self, request_ids: list[str]) -> int:
+        """Abort requests in flight by their id (every choice), or one choice by `<id>/<choice>`."""
         n = 0
         for rid in request_ids:
-            for engine_id in self.inflight.get(rid, []):
+            ids = self.inflight.get(rid)
+            if ids is None:
+                ids = [rid] if rid in self.inflight.get(rid.rpartition("/")[0], ()) else []
+            for engine_id in ids:
                 await self.backend.abort(engine_id)
                 n += 1
         self.counters["aborted_requests"] += n

@@ -17,14 +17,16 @@ context); chat roles are system, developer, user, assistant, tool.
 Extensions beyond the OpenAI API (also accepted by vLLM, where named the same):
 `top_k`, `stop_token_ids`, `return_token_ids` (each choice then carries `token_ids`,
 `prompt_token_ids`, and rl_core's `start_version`, `end_version`, `token_versions`), and
-`request_id` (the id under which `/rl/abort` finds the request).
+`request_id` (the id under which `/rl/abort` finds the request; choice c of it is
+`<request_id>/<c>`, abortable alone). rl_core's own: `seeds` (one seed per choice index,
+instead of `seed`: how HttpBackend sends a prompt group in one request).
 
 Does not own: routing, auth or response shapes (app.py), text handling (text.py).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -64,6 +66,9 @@ class SamplingBody(Body):
     """Extension: token ids that end a choice (besides the model's end-of-sequence ids)."""
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
     """Seed of choice 0; choice i uses (seed + i) mod 2^63 (so choices differ and stay reproducible)."""
+    seeds: list[Annotated[int, Field(ge=0, le=MAX_SEED)]] | None = None
+    """Extension: one seed per choice (length n; choice i of every prompt uses seeds[i]), instead
+    of `seed`. HttpBackend sends a prompt group this way: its samples' seeds are derived apart."""
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
@@ -86,6 +91,11 @@ class SamplingBody(Body):
             raise ValueError("logit_bias is not supported by the native engine; leave it out")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options needs stream: true")
+        if self.seeds is not None:
+            if self.seed is not None:
+                raise ValueError("seeds and seed were both sent; send seeds (one per choice) or seed, not both")
+            if len(self.seeds) != self.n:
+                raise ValueError(f"seeds holds {len(self.seeds)} seeds for n={self.n} choices; send one per choice")
         return self
 
     def stop_strings(self) -> tuple[str, ...]:
@@ -100,7 +110,8 @@ class SamplingBody(Body):
         return SamplingParams(
             temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0), greedy=self.temperature == 0,
             max_tokens=max_tokens, stop_token_ids=tuple(self.stop_token_ids), stop_strings=self.stop_strings(),
-            seed=None if self.seed is None else (self.seed + choice) % (MAX_SEED + 1), top_logprobs=top_logprobs)
+            seed=self.seeds[choice] if self.seeds is not None else
+            None if self.seed is None else (self.seed + choice) % (MAX_SEED + 1), top_logprobs=top_logprobs)
 
     def max_tokens_field(self) -> str:
         return "max_tokens"

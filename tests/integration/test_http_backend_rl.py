@@ -28,7 +28,9 @@ def test_rl_steps_through_a_local_http_server(run_recipe):
     last = train[-1]
     assert last["generation/servers"] == 1 and last["generation/healthy_servers"] == 1
     assert last["generation/weight_updates"] >= STEPS - 1 and last["generation/infra_errors"] == 0
-    assert last["generation/requests"] >= STEPS * 16 * 8
+    assert last["generation/samples"] >= STEPS * 16 * 8
+    # single-turn groups go to the server as one request each (n choices, one seed each)
+    assert last["generation/group_requests"] == last["generation/requests"] >= STEPS * 16
     # refit went through READY version directories under <run dir>/weights (older ones pruned)
     weights = run_dir / "weights"
     assert latest_ready_version(weights) == STEPS and (version_dir(weights, STEPS) / READY).is_file()

@@ -11,21 +11,26 @@ import os
 import signal
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
+import numpy as np
 import pytest
 import torch
 from tests.helpers.serving import SECRET, make_model, make_model_dir, make_tokenizer, running_server
 
+from rl_core.columns import GroupResults
 from rl_core.generation import EngineOptions, GenerationError, GenerationRequestError, HttpBackend, NativeEngine
 from rl_core.generation.http.fleet import FleetPolicy
 from rl_core.generation.http.servers import EngineArgs
 from rl_core.protocols import GenerationBackend
-from rl_core.types import GenerationRequest, SamplingParams
+from rl_core.rollout.group import GroupOptions, group_call_ok
+from rl_core.types import GenerationRequest, SamplingParams, group_requests
 from rl_core.weights.filesystem import READY, version_dir
 
 pytestmark = pytest.mark.timeout(600)
 SERVER_ARGS = ("--max-batch-size", "16")
+SINGLE_TURN = SimpleNamespace(runs_episodes=False, max_turns=1)  # what group_call_ok asks of an environment
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +118,71 @@ def test_each_result_names_the_server_that_generated_it(servers):
     assert set(per_server) == set(servers)
     by_worker = {url: sum(1 for r in results if r.worker == url) for url in servers}
     assert by_worker == per_server and sum(by_worker.values()) == len(reqs)
+
+
+def test_a_group_in_one_request_equals_its_samples_generated_one_by_one(servers, model_dir):
+    # generate_group: one completions request (n choices, the `seeds` extension) per group; sample i
+    # is what generate of f"{key}/{i}" with seeds[i] gives, and the engine's reference
+    seeds = [(1 << 62) + 7 * i for i in range(6)]
+    params = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=12)
+    prompt = [5, 6, 11, 9]
+    singles = group_requests("g0", prompt, params, seeds)
+    want = reference(model_dir, singles)
+
+    async def main():
+        backend = HttpBackend(servers, health_check_interval_s=0.5)
+        await backend.start()
+        assert group_call_ok(backend, SINGLE_TURN, GroupOptions())  # the rollout sends groups in one call
+        group = await backend.generate_group("g0", prompt, params, seeds)
+        outstanding = [ep.outstanding for ep in backend.endpoints]
+        one_by_one = await asyncio.gather(*(backend.generate(r) for r in singles))
+        metrics = backend.metrics()
+        await backend.shutdown()
+        return group, one_by_one, outstanding, metrics
+
+    group, one_by_one, outstanding, metrics = run(main())
+    assert type(group) is GroupResults and len(group) == len(seeds) and outstanding == [0, 0]
+    assert group.worker in servers and group.workers is None
+    for i, single in enumerate(one_by_one):
+        ref = want[f"g0/{i}"]
+        assert list(group.token_ids[i]) == single.token_ids == ref.token_ids
+        assert group.token_ids[i].dtype == np.int64 and group.logprobs[i].dtype == np.float32
+        assert np.allclose(group.logprobs[i], ref.logprobs, atol=1e-4)
+        assert group.finish_reasons[i] == single.finish_reason == ref.finish_reason
+        assert group.token_versions[i] == [0] * len(ref.token_ids) and group.start_versions[i] == 0
+    assert len({tuple(t) for t in group.token_ids}) > 1  # the seeds differ, so do the samples
+    assert metrics["requests"] == 1 + len(seeds) and metrics["group_requests"] == 1  # the group was one request
+    assert metrics["samples"] == 2 * len(seeds)
+
+
+def test_aborting_one_sample_of_a_group_leaves_the_others_and_cancel_frees_all(servers):
+    async def main():
+        backend = HttpBackend(servers[:1], health_check_interval_s=0.5, control_secret=SECRET)
+        await backend.start()
+        params = SamplingParams(temperature=1.0, max_tokens=450)
+        task = asyncio.create_task(backend.generate_group("ga", [5, 6, 7], params, [1, 2, 3]))
+        await wait_until(lambda: "ga/1" in backend._inflight)
+        await asyncio.sleep(0.1)
+        await backend.abort("ga/1")
+        group = await task
+        async with httpx.AsyncClient() as http:
+            cancelled = asyncio.create_task(backend.generate_group("gc", [5, 6], params, [4, 5]))
+            await wait_until(lambda: "gc/0" in backend._inflight)
+            await asyncio.sleep(0.1)
+            cancelled.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await cancelled
+            deadline = time.monotonic() + 10
+            while (await http.get(f"{servers[0]}/health")).json()["running"]:
+                assert time.monotonic() < deadline, "the cancelled group still runs on the server"
+                await asyncio.sleep(0.05)
+        await backend.shutdown()
+        return group
+
+    group = run(main())
+    assert group.finish_reasons[1] == "abort" and 0 < len(group.token_ids[1]) < 450
+    assert len(group.logprobs[1]) == len(group.token_ids[1])
+    assert group.finish_reasons[0] != "abort" and group.finish_reasons[2] != "abort"
 
 
 def test_least_outstanding_picks_the_idlest_routable_server():
@@ -218,6 +288,7 @@ def test_plain_openai_server_kind_generates_but_cannot_load_weights(servers, mod
     async def main():
         backend = HttpBackend(servers[:1], server_kind="openai")
         await backend.start()
+        assert not group_call_ok(backend, SINGLE_TURN, GroupOptions())  # its seeds per choice are its own
         result = await backend.generate(req)
         with pytest.raises(GenerationError, match="cannot load new weights"):
             await backend.update_weights(1, str(model_dir))

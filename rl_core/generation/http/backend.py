@@ -2,7 +2,9 @@
 
 Owns: driving `rl-core serve` servers (started here on 127.0.0.1, or given by URL) or any
 OpenAI-compatible server that returns token ids (`server_kind="openai"`; no weight
-updates then) through one `httpx.AsyncClient`: retries of infrastructure failures with
+updates then) through the fleet's one HTTP client (aiohttp): a request a sample (`generate`),
+or one a prompt group on rl_core servers (`generate_group`: `n` choices with the `seeds`
+extension, the group call `rl_core.rollout.group` prefers); retries of infrastructure failures with
 backoff (data errors raise `GenerationRequestError` at once; seeds travel with the
 request, each attempt has its own server-side id), weight updates fanned out to every
 server (a published version directory, or the trainer's broadcast group), aborts through
@@ -21,20 +23,23 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import operator
 import secrets
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import httpx
 import torch
 
 from rl_core.generation.base import GenerationError
-from rl_core.generation.http.fleet import (Endpoint, FleetPolicy, GenerationRequestError, ServerFleet, error_message,
-                                           is_infra_status)
+from rl_core.columns import GroupResults, logprob_array, token_array
+from rl_core.generation.http.fleet import (TRANSPORT_ERRORS, Endpoint, FleetPolicy, GenerationRequestError, ServerFleet,
+                                           error_message, from_json, is_infra_status)
 from rl_core.generation.http.servers import EngineArgs, LocalServer
 from rl_core.server_contract import DEFAULT_CONTROL_SECRET_ENV
-from rl_core.types import GenerationRequest, GenerationResult
+from rl_core.types import GenerationRequest, GenerationResult, SamplingParams
+
+_INDEX = operator.itemgetter("index")
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +84,10 @@ class HttpBackend:
             endpoints = [Endpoint("", local=LocalServer(i, model_dir, engine_args or EngineArgs(), self.api_key,
                                                         log_dir, self.model_name, weight_version))
                          for i in range(num_local_servers)]
-        self.counters = {k: 0 for k in ("requests", "retries", "infra_errors", "data_errors", "aborts",
-                                        "weight_updates", "server_restarts", "stale_servers_caught_up")}
+        # requests: HTTP completions requests (a group request counts once); samples: the samples they asked for
+        self.counters = {k: 0 for k in ("requests", "group_requests", "samples", "retries", "infra_errors",
+                                        "data_errors", "aborts", "weight_updates", "server_restarts",
+                                        "stale_servers_caught_up")}
         policy = FleetPolicy(kind=server_kind, routing=routing, request_timeout_s=request_timeout_s,
                              connect_timeout_s=connect_timeout_s, startup_timeout_s=startup_timeout_s,
                              max_retries=max_retries, retry_backoff_s=retry_backoff_s,
@@ -88,10 +95,13 @@ class HttpBackend:
                              max_local_server_restarts=max_local_server_restarts)
         self.fleet = ServerFleet(endpoints, policy, self.counters)
         self.fleet.catch_up = self._catch_up
+        if server_kind == "openai":
+            self.generate_group = None  # a plain server seeds its choices its own way: a request a sample
         self._prepared = False
         self._started = False
         self._update_lock: asyncio.Lock | None = None
-        self._inflight: dict[str, tuple[Endpoint, str, asyncio.Task]] = {}
+        # request id -> (server, the server's id of it, the POST, whether the POST is a group's)
+        self._inflight: dict[str, tuple[Endpoint, str, asyncio.Task, bool]] = {}
         self._pending: set[str] = set()
         self._aborted: set[str] = set()
         self.last_update_s = 0.0
@@ -167,11 +177,10 @@ class HttpBackend:
 
     # ------------------------------------------------------------------ generation
 
-    def _body(self, request: GenerationRequest) -> dict[str, Any]:
-        p = request.params
+    def _body(self, prompt_ids, p: SamplingParams) -> dict[str, Any]:
         greedy = p.is_greedy
         body: dict[str, Any] = {
-            "model": self.model_name, "prompt": list(request.prompt_ids), "max_tokens": p.max_tokens,
+            "model": self.model_name, "prompt": list(prompt_ids), "max_tokens": p.max_tokens,
             "temperature": 0.0 if greedy else p.temperature, "top_p": 1.0 if greedy else p.top_p,
             "logprobs": 0, "return_token_ids": True,
         }
@@ -185,76 +194,143 @@ class HttpBackend:
             body["stop_token_ids"] = list(p.stop_token_ids)
         return body
 
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        if request.params.top_logprobs:
+    def _check(self, params: SamplingParams) -> None:
+        if params.top_logprobs:
             raise GenerationRequestError("top_logprobs are not available through the HTTP backend (the OpenAI "
                                          "format names tokens by text, not id); request 0")
         if self.fleet.client is None:
             raise RuntimeError("HttpBackend.start() must be awaited before generate")
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        self._check(request.params)
         rid = request.request_id
-        if rid in self._pending:
-            raise GenerationRequestError(f"request_id {rid!r} is already in flight (ids must be unique)")
-        self._pending.add(rid)
-        self.counters["requests"] += 1
         started = time.monotonic()
-        body = self._body(request)
+        answer = await self._complete(rid, [rid], self._body(request.prompt_ids, request.params))
+        if answer is None:
+            return self._aborted_result(request, started)
+        ep, data = answer
+        return self._result(request, ep, data, started)
+
+    async def generate_group(self, key: str, prompt_ids: list[int], params: SamplingParams,
+                             seeds: list[int]) -> GroupResults:
+        """One prompt group in one completions request (`n` = len(seeds), the rl_core extension
+        `seeds`: choice i samples with seeds[i]), so sample i is what `generate` of
+        `f"{key}/{i}"` with seed seeds[i] gives (`protocols.GroupGenerationBackend`). One
+        request a group instead of one a sample: the controller's CPU per sample falls ~16x at
+        16 samples a group (`bench/http_client_cost.py`). rl_core servers only: a plain OpenAI
+        server derives its choices' seeds its own way (`server_kind: openai` turns this off)."""
+        self._check(params)
+        n = len(seeds)
+        sample_ids = [f"{key}/{i}" for i in range(n)]
+        body = self._body(prompt_ids, params)
+        body.pop("seed", None)
+        body.update(n=n, seeds=[int(s) for s in seeds])
+        answer = await self._complete(key, sample_ids, body)
+        if answer is None:
+            return GroupResults([[] for _ in sample_ids], [[] for _ in sample_ids], ["abort"] * n, [self._version] * n,
+                                [self._version] * n, [[] for _ in sample_ids], worker="")
+        ep, data = answer
+        choices = data.get("choices")
+        if not isinstance(choices, list) or len(choices) != n:
+            raise GenerationError(f"server {ep.url} answered {len(choices) if isinstance(choices, list) else 'no'} "
+                                  f"choices for a request of n={n} (group {key!r})")
+        version = self._version if ep.version is None else ep.version
+        tokens, logprobs, finishes, starts, ends, versions = [], [], [], [], [], []
+        for choice in sorted(choices, key=_INDEX):
+            ids, lps = self._columns(ep, choice)
+            tokens.append(token_array(ids))
+            logprobs.append(logprob_array(lps))
+            finishes.append(choice.get("finish_reason") or "stop")
+            starts.append(int(choice.get("start_version", version)))
+            ends.append(int(choice.get("end_version", version)))
+            versions.append(choice.get("token_versions") or [version] * len(ids))
+        return GroupResults(tokens, logprobs, finishes, starts, ends, versions, worker=ep.url)
+
+    async def _complete(self, key: str, sample_ids: list[str], body: dict) -> tuple[Endpoint, dict] | None:
+        """POST `body` to /v1/completions on a routable server until it answers: infrastructure
+        failures are retried elsewhere (with backoff, at most max_retries times), data errors
+        raise `GenerationRequestError`. `sample_ids`: the request ids the answer's choices stand
+        for (abortable by `abort`; one for `generate`, `f"{key}/{i}"` for a group). Returns the
+        server and its answer, or None when every sample was aborted before it was sent."""
+        busy = [rid for rid in sample_ids if rid in self._pending]
+        if busy:
+            raise GenerationRequestError(f"request_id {busy[0]!r} is already in flight (ids must be unique)")
+        self._pending.update(sample_ids)
+        group = len(sample_ids) > 1 or sample_ids[0] != key
+        self.counters["requests"] += 1
+        self.counters["group_requests"] += group
+        self.counters["samples"] += len(sample_ids)
         try:
             for attempt in itertools.count():
-                if rid in self._aborted:
-                    return self._aborted_result(request, started)
+                if all(rid in self._aborted for rid in sample_ids):
+                    return None
                 ep = await self.fleet.pick()
-                server_rid = f"{rid}@{attempt}"
+                server_rid = f"{key}@{attempt}"
                 payload = {**body, "request_id": server_rid} if self.kind == "rl_core" else body
                 if ep.max_model_len and body["max_tokens"] > ep.max_model_len:
                     # the server refuses more than its context (400); the engine would stop there anyway
                     payload = {**payload, "max_tokens": ep.max_model_len}
-                post = asyncio.ensure_future(self.fleet.client.post(f"{ep.url}/v1/completions", json=payload))
-                self._inflight[rid] = (ep, server_rid, post)
-                ep.outstanding += 1
+                post = asyncio.ensure_future(self.fleet.send("POST", f"{ep.url}/v1/completions", json=payload))
+                for i, rid in enumerate(sample_ids):  # a group's choice i runs on the server as "<id>/i"
+                    self._inflight[rid] = (ep, f"{server_rid}/{i}" if group else server_rid, post, group)
+                ep.outstanding += len(sample_ids)  # routing balances samples, not requests
                 ep.requests += 1
                 try:
-                    response = await post
+                    status, raw = await post
                 except asyncio.CancelledError:
-                    if rid in self._aborted and post.cancelled():
-                        return self._aborted_result(request, started)
+                    if post.cancelled() and all(rid in self._aborted for rid in sample_ids):
+                        return None
                     if self.kind == "rl_core":  # the caller gave up: free the server at once
                         asyncio.ensure_future(self._abort_on(ep, server_rid))
                     raise
-                except httpx.TransportError as exc:
+                except TRANSPORT_ERRORS as exc:
                     error = f"{type(exc).__name__}: {exc}"
                 else:
-                    if response.status_code == 200:
-                        return self._result(request, ep, response.json(), started)
-                    error = f"HTTP {response.status_code}: {error_message(response)}"
-                    if not is_infra_status(response.status_code):
+                    if status == 200:
+                        return ep, from_json(raw)
+                    error = f"HTTP {status}: {error_message(raw)}"
+                    if not is_infra_status(status):
                         self.counters["data_errors"] += 1
-                        raise GenerationRequestError(f"server {ep.url} refused request {rid!r}: {error}")
+                        raise GenerationRequestError(f"server {ep.url} refused request {key!r}: {error}")
                 finally:
-                    ep.outstanding -= 1
-                    self._inflight.pop(rid, None)
+                    ep.outstanding -= len(sample_ids)
+                    for rid in sample_ids:
+                        self._inflight.pop(rid, None)
                 self.counters["infra_errors"] += 1
                 self.fleet.suspect(ep, error)
                 if attempt >= self.fleet.policy.max_retries:
-                    raise GenerationError(f"request {rid!r} failed {attempt + 1} times on generation servers "
+                    raise GenerationError(f"request {key!r} failed {attempt + 1} times on generation servers "
                                           f"(generation.http.max_retries = {self.fleet.policy.max_retries}); "
                                           f"last: {ep.url}: {error}")
                 self.counters["retries"] += 1
                 await asyncio.sleep(self.fleet.policy.backoff(attempt))
             raise AssertionError("unreachable")
         finally:
-            self._pending.discard(rid)
-            self._aborted.discard(rid)
+            self._pending.difference_update(sample_ids)
+            self._aborted.difference_update(sample_ids)
+
+    @staticmethod
+    def _columns(ep: Endpoint, choice: dict) -> tuple[list, list]:
+        """A choice's token ids and logprobs, checked."""
+        try:
+            tokens = choice["token_ids"]
+            logprobs = (choice.get("logprobs") or {})["token_logprobs"]
+        except (KeyError, TypeError) as exc:
+            raise GenerationError(f"server {ep.url} answered without token ids or logprobs ({exc!r}); rl_core "
+                                  "needs `return_token_ids` and `logprobs` support (rl-core serve, vLLM >= 0.10.2)")
+        if not isinstance(tokens, list) or not isinstance(logprobs, list) or len(logprobs) != len(tokens):
+            raise GenerationError(f"server {ep.url} returned {len(tokens)} tokens but {len(logprobs)} logprobs"
+                                  if isinstance(tokens, list) and isinstance(logprobs, list) else
+                                  f"server {ep.url} returned token ids or logprobs that are not lists")
+        return tokens, logprobs
 
     def _result(self, request: GenerationRequest, ep: Endpoint, data: dict, started: float) -> GenerationResult:
         try:
             choice = data["choices"][0]
-            tokens = [int(t) for t in choice["token_ids"]]
-            logprobs = [float(x) for x in (choice.get("logprobs") or {})["token_logprobs"]]
         except (KeyError, IndexError, TypeError) as exc:
-            raise GenerationError(f"server {ep.url} answered without token ids or logprobs ({exc!r}); rl_core "
-                                  "needs `return_token_ids` and `logprobs` support (rl-core serve, vLLM >= 0.10.2)")
-        if len(logprobs) != len(tokens):
-            raise GenerationError(f"server {ep.url} returned {len(tokens)} tokens but {len(logprobs)} logprobs")
+            raise GenerationError(f"server {ep.url} answered without choices ({exc!r})")
+        tokens, logprobs = self._columns(ep, choice)
+        tokens, logprobs = [int(t) for t in tokens], [float(x) for x in logprobs]
         version = self._version if ep.version is None else ep.version
         versions = choice.get("token_versions") or [version] * len(tokens)
         return GenerationResult(
@@ -274,12 +350,15 @@ class HttpBackend:
                 self._aborted.add(request_id)
                 self.counters["aborts"] += 1
             return
-        ep, server_rid, post = where
+        ep, server_rid, post, group = where
         self._aborted.add(request_id)
         self.counters["aborts"] += 1
         if self.kind == "rl_core" and await self._abort_on(ep, server_rid):
             return  # the server returns the partial result
-        post.cancel()
+        if not group:
+            post.cancel()  # nobody else needs this request's answer
+        # else one sample of a group request the server does not hold (not arrived yet, or
+        # done): the group's other samples need the answer, so this one ends as generated
 
     async def _abort_on(self, ep: Endpoint, server_rid: str) -> bool:
         """Abort on the server; False if it did not hold the request (not arrived yet, or done)."""
