@@ -17,6 +17,13 @@ the fakes spend in their own bodies (building results, scoring) is taken out
 (`FakeCalls`: calls counted in the run, cost per call calibrated after it); what is left
 is the controller's own work per RL step, including its calls into the fakes.
 
+`--calls http` replaces the fake backend by the real `HttpBackend` (aiohttp, one completions
+request a group, packed answers: what `generation.backend: http` does with rl_core servers)
+against the instant local server of `bench/http_client_cost.py` (a subprocess that answers at
+once with `--tokens` tokens a choice, stopped by its PID at the end): the HTTP client's CPU is
+then counted as the controller's, as it is in a real run with generation servers. The server's
+own CPU is another process's and not counted. Refit only tells the server the new version.
+
 The backend hands token ids and logprobs over as NumPy arrays (what the native backend's
 group calls do, the default backend's: packing is then a memory copy) or as
 fresh Python lists (what the HTTP and vLLM backends, and every backend's per-sample
@@ -56,7 +63,7 @@ combination's mean over the rounds.
 
 Run: nice -n 10 .venv/bin/python bench/controller_scale.py [--groups 100 300 1000]
      [--steps 10] [--tokens 256] [--chunk 1] [--results lists|arrays|both]
-     [--calls group many per-sample] [--scoring group per-sample] [--env fake addition]
+     [--calls group many per-sample http] [--scoring group per-sample] [--env fake addition]
      [--decode looked-up loop thread] [--rounds 1]
      [--per-sample-calls]
      [--profile 1000]
@@ -90,6 +97,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tests.helpers.fakes import FakeEnv, FakeTrainer, make_parts  # noqa: E402
 from rl_core.config import validate_dict  # noqa: E402
 from rl_core.controller.controller import Controller  # noqa: E402
+from http_client_cost import start_server  # noqa: E402
+from rl_core.generation.http.backend import HttpBackend  # noqa: E402
 from controller_scale_fakes import (CALLS, N, AdditionBackend, InstantBackend, SilentTokenizer,  # noqa: E402
                                     TimedEnv, addition_parts, env_scoring_cost)
 
@@ -110,6 +119,25 @@ def recipe(groups: int, steps: int, chunk: int, tokens: int):
     })
 
 
+HTTP_URL: list = [None, 0]  # --calls http: the instant server's URL and completion tokens
+
+
+class InstantServerBackend(HttpBackend):
+    """`--calls http`: the real HttpBackend (aiohttp, a completions request per group, packed
+    answers) against `http_client_cost.py`'s instant server. Refit tells the server the new
+    version only (its answers carry it, as a real server's do); a real refit's file writes or
+    broadcast are the weight sync's cost, not timed here (the fake backends skip them too)."""
+
+    def __init__(self, urls):
+        super().__init__(urls, model_name="m", health_check_interval_s=600.0)
+
+    async def update_weights(self, version, weights) -> None:
+        for ep in self.endpoints:
+            await self.fleet.request("POST", ep, "/rl/update_weights", json={"version": version, "path": "-"})
+            ep.version = version
+        self._version = version
+
+
 def run_controller(groups: int, steps: int, chunk: int, tokens: int, tmp: Path, profile: bool = False,
                    arrays: bool = False, calls: str = "group", scoring: str = "group", env: str = "fake",
                    decode: str = "looked-up"):
@@ -118,7 +146,7 @@ def run_controller(groups: int, steps: int, chunk: int, tokens: int, tmp: Path, 
         parts = addition_parts(cfg, tokens, arrays, scoring, groups * (steps + 2), decode)
         backend = parts.backend
     else:
-        backend = InstantBackend(tokens, arrays, calls)
+        backend = InstantServerBackend([HTTP_URL[0]]) if calls == "http" else InstantBackend(tokens, arrays, calls)
         parts = make_parts(cfg, backend=backend, trainer=FakeTrainer(), num_examples=groups * (steps + 2))
         parts.tokenizer = SilentTokenizer()
         parts.env = TimedEnv(group_scoring=scoring == "group")
@@ -150,8 +178,8 @@ def run_controller(groups: int, steps: int, chunk: int, tokens: int, tmp: Path, 
     if env == "addition":
         CALLS.calibrate_addition(backend, backend.looked_up)
         env_s = env_scoring_cost(parts.env, backend, backend.looked_up, scoring) * groups
-    else:
-        CALLS.calibrate(backend, parts.env)
+    else:  # HttpBackend's work is all the controller's: only the environment's is taken out
+        CALLS.calibrate(backend if isinstance(backend, InstantBackend) else InstantBackend(tokens, True), parts.env)
     cpu = [b[1] - a[1] for a, b in zip(marks, marks[1:])]
     fakes = [CALLS.spent_between(a[2], b[2]) for a, b in zip(marks, marks[1:])]
     wall_steps = [b[0] - a[0] for a, b in zip(marks, marks[1:])]
@@ -166,6 +194,8 @@ def backend_sample_ids(backend) -> list:
     """One group's completions (for the mean completion length reported)."""
     if isinstance(backend, AdditionBackend):
         return backend.answer_group(next(iter(backend.answers)), list(range(N))).token_ids
+    if not isinstance(backend, InstantBackend):  # the instant server's choices
+        return [range(HTTP_URL[1])] * N
     return [range(backend.tokens - (i & 1)) for i in range(N)]
 
 
@@ -205,7 +235,9 @@ def memory_per_group(groups: int, tokens: int, arrays: bool) -> float:
 
 CALL_NAMES = {"group": "a generate_group call per group (columns)",
               "many": "a generate_many call per group (a request and a result per sample)",
-              "per-sample": "a generate call per sample"}
+              "per-sample": "a generate call per sample",
+              "http": "the real HttpBackend, a completions request per group to an instant local server (packed "
+                      "answers; the HTTP client's CPU counted)"}
 
 
 SCORING_NAMES = {"group": "a score_group call per group (columns)", "per-sample": "a score call per sample"}
@@ -275,6 +307,7 @@ def main():
     ap.add_argument("--calls", choices=list(CALL_NAMES), nargs="+", default=["group"],
                     help="how the fake backend is called: generate_group per group (the results as columns), "
                          "generate_many per group (a request and a result per sample), or generate per sample; "
+                         "or http: the real HttpBackend against an instant local server (arrays only); "
                          "several alternate within each round")
     ap.add_argument("--scoring", choices=list(SCORING_NAMES), nargs="+", default=["group"],
                     help="how the fake environment scores a group generated in one group call: one score_group call "
@@ -309,6 +342,19 @@ def main():
           f"{' / '.join(SCORING_NAMES[c] for c in scoring_list)}; {' / '.join(ENV_NAMES[e] for e in env_list)}; "
           f"{args.rounds} round(s); "
           "CPU time of the fakes' own work (calibrated per call) taken out")
+    server = None
+    if "http" in calls_list:
+        server, HTTP_URL[0] = start_server(args.tokens)
+        HTTP_URL[1] = args.tokens
+    try:
+        run_all(args, calls_list, scoring_list, env_list)
+    finally:
+        if server is not None:
+            server.terminate()  # by its PID
+            server.wait(timeout=10)
+
+
+def run_all(args, calls_list: list, scoring_list: list, env_list: list) -> None:
     modes = ["arrays", "lists"] if args.results == "both" else [args.results]
     decode_list = list(dict.fromkeys(args.decode))
     # (mode, calls, scoring, env, decode) -> the largest count's row per round
@@ -319,6 +365,8 @@ def main():
                 print(f"round {rnd + 1} of {args.rounds}:")
             for mode in modes:
                 for calls in calls_list:
+                    if calls == "http" and mode == "lists":
+                        continue  # HttpBackend's packed answers come as arrays
                     for env in env_list:
                         for scoring in scoring_list:
                             for decode in (decode_list if env != "fake" else ["looked-up"]):

@@ -73,9 +73,9 @@ class GroupGenerationBackend(Protocol):
     """The optional group calls of a `GenerationBackend`: a backend implements either, both or
     neither. rl_core.rollout.group uses them for single-turn groups without generation-level
     backpressure, `generate_group` when the backend has it, else `generate_many`; other groups,
-    and backends with neither (the vLLM backends), get a `generate` call per sample. The native
-    backend and the HTTP backend on rl_core servers (one completions request a group) have
-    `generate_group`.
+    and backends with neither (the in-process vLLM backend), get a `generate` call per sample.
+    The native backend, the HTTP backend on rl_core servers and the vLLM server backend (one
+    request a group) have `generate_group`.
     A group call counts only when defined by the class that defines `generate` or a subclass
     of it, and an instance can turn one off by setting the attribute to None."""
 
@@ -87,8 +87,10 @@ class GroupGenerationBackend(Protocol):
         those requests), the requests entering the backend in sample order. The caller builds
         no request, params copy or result per sample; `prompt_ids` and `params` are shared by
         the samples and never modified. Cancelled: every unfinished sample is aborted (its
-        request id `f"{key}/{i}"` can also be aborted with `abort`). One failed sample fails
-        the call (the others are aborted)."""
+        request id `f"{key}/{i}"` can also be aborted with `abort`, where the backend can stop
+        one sample of a group: the native and HTTP backends, not vLLM's server). One failed
+        sample fails the call (the others are aborted). The rollout derives a group's seeds
+        consecutively (`rollout.group.seed_last`), as servers seed a request's `n` choices."""
 
     async def generate_many(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """The results of `requests`, in their order: each exactly what `generate(request)`

@@ -1,8 +1,9 @@
 """Generating and scoring one prompt group (used by the rollout pump and by validation).
 
 Owns: per-sample seed derivation (a sample's randomness depends only on the run seed, the
-epoch, the example and the sample index, never on timing; `seeds_of_groups` derives many
-groups' seeds in one pass, the same values), turning recipe sampling knobs
+epoch, the example and the sample index, never on timing: a group's samples have consecutive
+seeds from a hash of the rest, as servers derive the seeds of a request's `n` choices;
+`seeds_of_groups` derives many groups' seeds in one pass, the same values), turning recipe sampling knobs
 into engine `SamplingParams`, fanning the N samples of a group out to a backend (one
 group call per single-turn group for backends that have one: `generate_group`, the group
 as columns, else `generate_many`, a request and a result per sample; else a task per
@@ -67,20 +68,21 @@ def seed_prefix(*parts: int) -> int:
     return h
 
 
+_MASK63 = (1 << 63) - 1
+
+
 def seed_last(prefix: int, last: int) -> int:
-    """derive_seed(*parts, last) from seed_prefix(*parts): the group's samples share the prefix."""
-    return _splitmix64(prefix ^ (int(last) & _MASK64)) >> 1
+    """Sample `last`'s seed in the group whose parts hash to `prefix` (`seed_prefix(*parts)`):
+    (derive_seed(*parts) + last) mod 2^63. A group's samples have consecutive seeds, as the `n`
+    choices of one request to vLLM (`seed + i`) or rl-core serve derive theirs, so a group can
+    go to a server as one request with one seed and sample the same tokens."""
+    return ((prefix >> 1) + int(last)) & _MASK63
 
 
 def seeds_last(prefix: int, n: int) -> list[int]:
-    """[seed_last(prefix, i) for i in range(n)], with `_splitmix64` inlined (one call per group)."""
-    out = []
-    for i in range(n):
-        x = ((prefix ^ i) + 0x9E3779B97F4A7C15) & _MASK64
-        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-        out.append((x ^ (x >> 31)) >> 1)
-    return out
+    """[seed_last(prefix, i) for i in range(n)] (one call per group)."""
+    base = prefix >> 1
+    return [(base + i) & _MASK63 for i in range(n)]
 
 
 def seeds_of_groups(parts: list[tuple[int, ...]], n: int) -> list[list[int]]:
@@ -96,7 +98,13 @@ def seeds_of_groups(parts: list[tuple[int, ...]], n: int) -> list[list[int]]:
     h = np.full(len(parts), 0x5EED, dtype=np.uint64)
     for j in range(cols.shape[1]):
         h = _splitmix64_array(h ^ cols[:, j])
-    return (_splitmix64_array(h[:, None] ^ np.arange(n, dtype=np.uint64)) >> np.uint64(1)).tolist()
+    return _consecutive_seeds(h >> np.uint64(1), n)  # derive_seed(*p) + i
+
+
+def _consecutive_seeds(base: np.ndarray, n: int) -> list[list[int]]:
+    """[[(b + i) mod 2^63 for i in range(n)] for b in base] (uint64 `base`, each below 2^63: the
+    sums stay below 2^64)."""
+    return ((base[:, None] + np.arange(n, dtype=np.uint64)) & np.uint64(_MASK63)).tolist()
 
 
 def _splitmix64_array(x: np.ndarray) -> np.ndarray:
@@ -346,10 +354,10 @@ async def generate_group(backend: GenerationBackend, env: Environment, tokenizer
     each sample is a task with its own `generate` call.
 
     `seeds`: the samples' seeds when the caller computed them already (`seeds_of_groups`),
-    else derived here; sample i's seed is derive_seed(*seed_parts, i) either way."""
+    else derived here; sample i's seed is (derive_seed(*seed_parts) + i) mod 2^63 either way."""
     opts = opts or GroupOptions()
     if seeds is None:
-        seeds = seeds_last(seed_prefix(*seed_parts), n)  # seeds[i] == derive_seed(*seed_parts, i)
+        seeds = seeds_last(seed_prefix(*seed_parts), n)  # seeds[i] == seed_last(seed_prefix(*seed_parts), i)
     elif len(seeds) != n:
         raise ValueError(f"{len(seeds)} seeds for a group of {n} samples")
     call = group_call(backend, env, opts)

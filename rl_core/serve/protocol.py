@@ -19,7 +19,8 @@ Extensions beyond the OpenAI API (also accepted by vLLM, where named the same):
 `prompt_token_ids`, and rl_core's `start_version`, `end_version`, `token_versions`), and
 `request_id` (the id under which `/rl/abort` finds the request; choice c of it is
 `<request_id>/<c>`, abortable alone). rl_core's own: `seeds` (one seed per choice index,
-instead of `seed`: how HttpBackend sends a prompt group in one request).
+instead of `seed`: how HttpBackend sends a prompt group in one request) and, for completions,
+`return_token_arrays` (each choice's ids, logprobs and versions packed, no text).
 
 Does not own: routing, auth or response shapes (app.py), text handling (text.py).
 """
@@ -35,6 +36,7 @@ from rl_core.types import SamplingParams
 MAX_TOP_LOGPROBS = 20
 MAX_TEMPERATURE = 10.0
 MAX_SEED = 2**63 - 1
+MAX_N = 128  # choices per prompt of one request
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -58,7 +60,7 @@ class SamplingBody(Body):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=-1)
     """Extension: keep the k most likely tokens (0 or -1 = off)."""
-    n: int = Field(1, ge=1, le=128)
+    n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: Union[str, list[str], None] = None
@@ -129,6 +131,12 @@ class CompletionRequest(SamplingBody):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+    return_token_arrays: bool = False
+    """Extension (rl_core): each choice carries its tokens packed, instead of `text` and the
+    OpenAI `logprobs` layout: `token_ids_i32` and `token_logprobs_f32` (hex of little-endian
+    int32 / float32 arrays), `start_version`, `end_version`, and `token_versions` only when the
+    weight version changed during the choice. HttpBackend asks for this: decoding the JSON
+    lists of a group's answer costs the controller more than the rest of the request."""
 
     @model_validator(mode="after")
     def _completion_only(self):
@@ -140,6 +148,11 @@ class CompletionRequest(SamplingBody):
             raise ValueError(f"best_of ({self.best_of}) must equal n ({self.n}) or be left out")
         if isinstance(self.prompt, list) and not self.prompt:
             raise ValueError("prompt is an empty list")
+        if self.return_token_arrays and self.stream:
+            raise ValueError("return_token_arrays is not available with stream: true; leave one out")
+        if self.return_token_arrays and self.logprobs:
+            raise ValueError(f"return_token_arrays carries each chosen token's logprob only; send logprobs 0, not "
+                             f"{self.logprobs} (alternatives come in the OpenAI layout, without return_token_arrays)")
         return self
 
     def prompts(self) -> list[str | list[int]]:

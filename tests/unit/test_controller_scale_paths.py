@@ -79,12 +79,16 @@ def test_make_train_chunk_rejects_misaligned_samples_and_packs_nothing():
     assert empty.input_ids.shape == (0, 0) and empty.num_samples == 0
 
 
-def test_group_seeds_equal_derive_seed():
+def test_group_seeds_are_consecutive_from_derive_seed():
+    # sample i of a group: (derive_seed(*parts) + i) mod 2^63, as a server's n choices of one
+    # request with seed derive_seed(*parts) are seeded (vLLM: seed + i), wrapping below 2^63
     rng = random.Random(0)
     for _ in range(200):
         parts = [rng.randrange(-3, 1 << 66) for _ in range(rng.randrange(4))]
         i = rng.randrange(64)
-        assert seed_last(seed_prefix(*parts), i) == derive_seed(*parts, i)
+        assert seed_last(seed_prefix(*parts), i) == (derive_seed(*parts) + i) % 2 ** 63
+    top = (2 ** 63 - 3) << 1  # a prefix whose group's seeds wrap
+    assert [seed_last(top, i) for i in range(5)] == [2 ** 63 - 3, 2 ** 63 - 2, 2 ** 63 - 1, 0, 1]
     p = SamplingParams(temperature=0.7, stop_token_ids=(1, 2))
     q = with_seed(p, 11)
     assert q.seed == 11 and p.seed is None and (q.temperature, q.stop_token_ids) == (0.7, (1, 2))

@@ -155,6 +155,26 @@ def test_a_group_in_one_request_equals_its_samples_generated_one_by_one(servers,
     assert metrics["samples"] == 2 * len(seeds)
 
 
+def test_a_group_larger_than_a_request_may_ask_goes_a_request_a_sample(servers, monkeypatch):
+    import rl_core.generation.http.backend as backend_mod
+
+    monkeypatch.setattr(backend_mod, "MAX_N", 4)  # rl-core serve takes n <= 128; a group of 6 against 4
+    params, seeds = SamplingParams(temperature=1.0, max_tokens=6), [11, 12, 13, 14, 15, 16]
+
+    async def main():
+        backend = HttpBackend(servers, health_check_interval_s=0.5)
+        await backend.start()
+        group = await backend.generate_group("big", [5, 6, 7], params, seeds)
+        singles = await asyncio.gather(*(backend.generate(r) for r in group_requests("one", [5, 6, 7], params, seeds)))
+        counters = dict(backend.counters)
+        await backend.shutdown()
+        return group, singles, counters
+
+    group, singles, counters = run(main())
+    assert counters["group_requests"] == 0 and counters["requests"] == 12
+    assert [list(t) for t in group.token_ids] == [r.token_ids for r in singles]
+
+
 def test_aborting_one_sample_of_a_group_leaves_the_others_and_cancel_frees_all(servers):
     async def main():
         backend = HttpBackend(servers[:1], health_check_interval_s=0.5, control_secret=SECRET)

@@ -4,6 +4,7 @@ infrastructure error (seen once in CI: `generation/infra_errors` 1 in a clean ru
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 
 import uvicorn
@@ -19,7 +20,15 @@ def test_client_expiry_is_below_every_server_timeout():
     assert "timeout_keep_alive=SERVER_KEEPALIVE_S" in inspect.getsource(serve)
 
 
-def test_fleet_client_uses_the_short_expiry():
-    fleet = ServerFleet([], FleetPolicy(), {})
-    fleet.open(api_key=None)
-    assert fleet.client._transport._pool._keepalive_expiry == CLIENT_KEEPALIVE_S
+def test_fleet_client_uses_the_short_expiry_and_no_connection_cap():
+    async def main():
+        fleet = ServerFleet([], FleetPolicy(), {})
+        fleet.open(api_key=None)  # an aiohttp session: opened on the running loop
+        connector = fleet.client.connector
+        try:
+            return connector._keepalive_timeout, connector.limit
+        finally:
+            await fleet.close()
+
+    expiry, limit = asyncio.run(main())
+    assert expiry == CLIENT_KEEPALIVE_S and limit == 0  # 0: no cap (aiohttp's default would be 100)

@@ -7,10 +7,12 @@ and it refuses to start there without one."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import subprocess
 import time
 
 import httpx
+import numpy as np
 import openai
 import pytest
 import torch
@@ -100,6 +102,41 @@ def test_token_id_prompts_n_choices_and_seeds(client, model_dir):
                                  for p in range(2) for i in range(2)])
     assert tokens == [ref[f"{p}/{i}"].token_ids for p in range(2) for i in range(2)]
     assert first.usage.prompt_tokens == 7
+
+
+def test_seeds_per_choice_and_packed_token_arrays(client, model_dir):
+    # the rl_core extensions HttpBackend sends a prompt group with: `seeds` (choice i samples with
+    # seeds[i]) and `return_token_arrays` (ids, logprobs, versions packed; no text)
+    seeds = [3, (1 << 62) + 11, 5]
+    base = dict(model="tiny-chat", prompt=[5, 6, 7, 8], n=3, max_tokens=10, temperature=1.0)
+    lists = client.completions.create(**base, logprobs=0, extra_body={"return_token_ids": True, "seeds": seeds})
+    packed = client.completions.create(**base, extra_body={"seeds": seeds, "return_token_arrays": True})
+    ref = engine_run(model_dir, [GenerationRequest(f"s{i}", base["prompt"], SamplingParams(max_tokens=10, seed=seed))
+                                 for i, seed in enumerate(seeds)])
+    for i, (a, b) in enumerate(zip(lists.choices, packed.choices)):
+        extra = b.model_extra
+        ids = np.frombuffer(bytes.fromhex(extra["token_ids_i32"]), dtype="<i4").tolist()
+        lps = np.frombuffer(bytes.fromhex(extra["token_logprobs_f32"]), dtype="<f4")
+        assert ids == a.model_extra["token_ids"] == ref[f"s{i}"].token_ids
+        assert np.array_equal(lps, np.asarray(a.logprobs.token_logprobs, dtype=np.float32))  # float32: exact
+        assert (extra["start_version"], extra["end_version"]) == (0, 0) and "token_versions" not in extra
+        assert b.index == i and b.finish_reason == a.finish_reason and b.text is None and b.logprobs is None
+    assert len({tuple(c.model_extra["token_ids"]) for c in lists.choices}) == 3
+    assert packed.usage.completion_tokens == lists.usage.completion_tokens
+
+
+def test_packed_choice_carries_its_versions_when_the_weights_changed_during_it():
+    from rl_core.generation.http.backend import HttpBackend
+    from rl_core.generation.http.fleet import Endpoint
+    from rl_core.serve.app import _packed
+    from rl_core.types import GenerationResult
+
+    res = GenerationResult("r", [1], [7, 150000, 3], [-0.5, -1.25, -3.0], "length", 2, 3, token_versions=[2, 3, 3])
+    choice = {"index": 0, "finish_reason": "length", **json.loads(json.dumps(_packed(res)))}
+    assert choice["token_versions"] == [2, 3, 3] and (choice["start_version"], choice["end_version"]) == (2, 3)
+    ids, lps = HttpBackend._columns(Endpoint("http://x"), choice)
+    assert ids.dtype == np.int64 and ids.tolist() == [7, 150000, 3] and lps.tolist() == [-0.5, -1.25, -3.0]
+    assert "token_versions" not in _packed(GenerationResult("r", [1], [7], [-0.5], "stop", 4, 4, token_versions=[4]))
 
 
 def test_chat_completion_uses_the_chat_template(client, model_dir, tokenizer):

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from rl_core.generation.base import GenerationError
@@ -37,7 +38,8 @@ from rl_core.generation.http.fleet import (TRANSPORT_ERRORS, Endpoint, FleetPoli
                                            error_message, from_json, is_infra_status)
 from rl_core.generation.http.servers import EngineArgs, LocalServer
 from rl_core.server_contract import DEFAULT_CONTROL_SECRET_ENV
-from rl_core.types import GenerationRequest, GenerationResult, SamplingParams
+from rl_core.serve.protocol import MAX_N
+from rl_core.types import GenerationRequest, GenerationResult, SamplingParams, group_requests
 
 _INDEX = operator.itemgetter("index")
 
@@ -97,6 +99,9 @@ class HttpBackend:
         self.fleet.catch_up = self._catch_up
         if server_kind == "openai":
             self.generate_group = None  # a plain server seeds its choices its own way: a request a sample
+        # rl_core servers answer with packed arrays (`return_token_arrays`), not the OpenAI lists;
+        # bench/http_client_cost.py turns this off to price the lists
+        self.token_arrays = True
         self._prepared = False
         self._started = False
         self._update_lock: asyncio.Lock | None = None
@@ -192,6 +197,8 @@ class HttpBackend:
             body["stop"] = list(p.stop_strings)
         if p.stop_token_ids:
             body["stop_token_ids"] = list(p.stop_token_ids)
+        if self.kind == "rl_core" and self.token_arrays:  # ids, logprobs, versions packed (serve.protocol)
+            body["return_token_arrays"] = True
         return body
 
     def _check(self, params: SamplingParams) -> None:
@@ -216,11 +223,15 @@ class HttpBackend:
         """One prompt group in one completions request (`n` = len(seeds), the rl_core extension
         `seeds`: choice i samples with seeds[i]), so sample i is what `generate` of
         `f"{key}/{i}"` with seed seeds[i] gives (`protocols.GroupGenerationBackend`). One
-        request a group instead of one a sample: the controller's CPU per sample falls ~16x at
-        16 samples a group (`bench/http_client_cost.py`). rl_core servers only: a plain OpenAI
-        server derives its choices' seeds its own way (`server_kind: openai` turns this off)."""
+        request a group instead of one a sample, its answer packed (`return_token_arrays`): the
+        controller's CPU a sample falls several times (`bench/http_client_cost.py`). rl_core
+        servers only: a plain OpenAI server derives its choices' seeds its own way
+        (`server_kind: openai` turns this off)."""
         self._check(params)
         n = len(seeds)
+        if n > MAX_N:  # more choices than a request may ask for: a request a sample
+            return GroupResults.of(list(await asyncio.gather(*(
+                self.generate(r) for r in group_requests(key, prompt_ids, params, seeds)))))
         sample_ids = [f"{key}/{i}" for i in range(n)]
         body = self._body(prompt_ids, params)
         body.pop("seed", None)
@@ -231,19 +242,22 @@ class HttpBackend:
                                 [self._version] * n, [[] for _ in sample_ids], worker="")
         ep, data = answer
         choices = data.get("choices")
-        if not isinstance(choices, list) or len(choices) != n:
-            raise GenerationError(f"server {ep.url} answered {len(choices) if isinstance(choices, list) else 'no'} "
-                                  f"choices for a request of n={n} (group {key!r})")
+        indexes = [c.get("index") if isinstance(c, dict) else None for c in choices] \
+            if isinstance(choices, list) else None
+        if indexes is None or sorted(indexes, key=str) != sorted(range(n), key=str):
+            raise GenerationError(f"server {ep.url} answered choices with indexes {indexes} for a request of n={n} "
+                                  f"(group {key!r}); expected each of 0..{n - 1} once")
         version = self._version if ep.version is None else ep.version
         tokens, logprobs, finishes, starts, ends, versions = [], [], [], [], [], []
         for choice in sorted(choices, key=_INDEX):
             ids, lps = self._columns(ep, choice)
-            tokens.append(token_array(ids))
+            tokens.append(token_array(ids))  # no copy of the arrays of `return_token_arrays`
             logprobs.append(logprob_array(lps))
             finishes.append(choice.get("finish_reason") or "stop")
-            starts.append(int(choice.get("start_version", version)))
+            start = int(choice.get("start_version", version))
+            starts.append(start)
             ends.append(int(choice.get("end_version", version)))
-            versions.append(choice.get("token_versions") or [version] * len(ids))
+            versions.append(choice.get("token_versions") or [start] * len(ids))  # sent when the version changed
         return GroupResults(tokens, logprobs, finishes, starts, ends, versions, worker=ep.url)
 
     async def _complete(self, key: str, sample_ids: list[str], body: dict) -> tuple[Endpoint, dict] | None:
@@ -310,8 +324,20 @@ class HttpBackend:
             self._aborted.difference_update(sample_ids)
 
     @staticmethod
-    def _columns(ep: Endpoint, choice: dict) -> tuple[list, list]:
-        """A choice's token ids and logprobs, checked."""
+    def _columns(ep: Endpoint, choice: dict) -> tuple:
+        """A choice's token ids and logprobs, checked: 1-D int64 and float32 arrays from an rl_core
+        server (`return_token_arrays`), else the answer's lists."""
+        packed = choice.get("token_ids_i32")
+        if packed is not None:
+            try:
+                tokens = np.frombuffer(bytes.fromhex(packed), dtype="<i4").astype(np.int64)
+                logprobs = np.frombuffer(bytes.fromhex(choice["token_logprobs_f32"]), dtype="<f4")
+            except (KeyError, TypeError, ValueError) as exc:
+                raise GenerationError(f"server {ep.url} answered token arrays that do not decode ({exc!r}); "
+                                      "expected hex of little-endian int32 ids and float32 logprobs")
+            if tokens.size != logprobs.size:
+                raise GenerationError(f"server {ep.url} returned {tokens.size} tokens but {logprobs.size} logprobs")
+            return tokens, logprobs.astype(np.float32, copy=False)
         try:
             tokens = choice["token_ids"]
             logprobs = (choice.get("logprobs") or {})["token_logprobs"]
@@ -330,13 +356,17 @@ class HttpBackend:
         except (KeyError, IndexError, TypeError) as exc:
             raise GenerationError(f"server {ep.url} answered without choices ({exc!r})")
         tokens, logprobs = self._columns(ep, choice)
-        tokens, logprobs = [int(t) for t in tokens], [float(x) for x in logprobs]
+        if isinstance(tokens, np.ndarray):
+            tokens, logprobs = tokens.tolist(), logprobs.tolist()
+        else:
+            tokens, logprobs = [int(t) for t in tokens], [float(x) for x in logprobs]
         version = self._version if ep.version is None else ep.version
-        versions = choice.get("token_versions") or [version] * len(tokens)
+        start = int(choice.get("start_version", version))
+        versions = choice.get("token_versions") or [start] * len(tokens)  # sent when the version changed
         return GenerationResult(
             request_id=request.request_id, prompt_ids=list(request.prompt_ids), token_ids=tokens, logprobs=logprobs,
             finish_reason=choice.get("finish_reason") or "stop",
-            start_version=int(choice.get("start_version", version)), end_version=int(choice.get("end_version", version)),
+            start_version=start, end_version=int(choice.get("end_version", version)),
             token_versions=[int(v) for v in versions], started_at=started, finished_at=time.monotonic(), worker=ep.url)
 
     def _aborted_result(self, request: GenerationRequest, started: float) -> GenerationResult:
