@@ -131,6 +131,13 @@ class InstantServerBackend(HttpBackend):
     def __init__(self, urls):
         super().__init__(urls, model_name="m", health_check_interval_s=600.0)
 
+    async def start(self) -> None:
+        import httpx
+
+        for url in (ep.url for ep in self.endpoints):  # each run starts from version 0, as the trainer
+            httpx.post(f"{url}/rl/update_weights", json={"version": 0, "path": "-"}).raise_for_status()
+        await super().start()
+
     async def update_weights(self, version, weights) -> None:
         for ep in self.endpoints:
             await self.fleet.request("POST", ep, "/rl/update_weights", json={"version": version, "path": "-"})

@@ -10,7 +10,6 @@ Starlette's TestClient; one CLI case also runs as a real subprocess."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
