@@ -73,9 +73,9 @@ class GroupGenerationBackend(Protocol):
     """The optional group calls of a `GenerationBackend`: a backend implements either, both or
     neither. rl_core.rollout.group uses them for single-turn groups without generation-level
     backpressure, `generate_group` when the backend has it, else `generate_many`; other groups,
-    and backends with neither (the in-process vLLM backend), get a `generate` call per sample.
-    The native backend, the HTTP backend on rl_core servers and the vLLM server backend (one
-    request a group) have `generate_group`.
+    and backends with neither, get a `generate` call per sample. The native backend, the HTTP
+    backend on rl_core servers and both vLLM backends (one request a group) have
+    `generate_group`.
     A group call counts only when defined by the class that defines `generate` or a subclass
     of it, and an instance can turn one off by setting the attribute to None."""
 
@@ -88,7 +88,7 @@ class GroupGenerationBackend(Protocol):
         no request, params copy or result per sample; `prompt_ids` and `params` are shared by
         the samples and never modified. Cancelled: every unfinished sample is aborted (its
         request id `f"{key}/{i}"` can also be aborted with `abort`, where the backend can stop
-        one sample of a group: the native and HTTP backends, not vLLM's server). One failed
+        one sample of a group: the native and HTTP backends, not vLLM's). One failed
         sample fails the call (the others are aborted). The rollout derives a group's seeds
         consecutively (`rollout.group.seed_last`), as servers seed a request's `n` choices."""
 

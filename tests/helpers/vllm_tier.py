@@ -47,3 +47,32 @@ def perturbed_weights(trainer, scale=0.05, seed=1):
     gen = torch.Generator().manual_seed(seed)
     return {k: (v + scale * torch.randn(v.shape, generator=gen) * v.abs().mean()).contiguous()
             for k, v in trainer.export_weights().items() if not k.endswith("lm_head.weight")}
+
+
+def check_group_call(loop, backend, tokenizer, worker: str) -> None:
+    """A vLLM backend's group call: the rollout's consecutive seeds make one request of n (vLLM
+    seeds sample i with seed + i) sample what a request per sample samples; seeds that are
+    not consecutive (given by hand) go as a request a sample, the same samples."""
+    from rl_core.columns import GroupResults
+    from rl_core.rollout.group import GroupOptions, group_call_ok
+    from rl_core.types import SamplingParams, group_requests
+
+    env = type("SingleTurn", (), {"runs_episodes": False, "max_turns": 1})()
+    assert group_call_ok(backend, env, GroupOptions())
+    params = SamplingParams(temperature=1.0, max_tokens=16)
+    prompt = encode_prompt(tokenizer, 3)
+    seeds = [(1 << 62) + 5 + i for i in range(8)]
+    added = backend._stats["requests_added"]
+    group = loop.run_until_complete(backend.generate_group("vg", prompt, params, seeds))
+    assert backend._stats["requests_added"] == added + 1  # one request for the group
+    singles = generate_all(loop, backend, group_requests("vs", prompt, params, seeds))
+    assert type(group) is GroupResults and len(group) == 8
+    assert group.worker == worker and group.workers is None
+    same = sum(list(group.token_ids[i]) == r.token_ids for i, r in enumerate(singles))
+    assert same >= 7, f"only {same} of 8 samples equal their own request's"  # batch composition may move a logit
+    assert len({tuple(t) for t in group.token_ids}) > 1
+    assert all(list(v) == [backend.weight_version] * len(t) for v, t in zip(group.token_versions, group.token_ids))
+    added = backend._stats["requests_added"]
+    apart = loop.run_until_complete(backend.generate_group("va", prompt, params, seeds[::-1]))
+    assert backend._stats["requests_added"] == added + 8
+    assert sum(list(a) == list(b) for a, b in zip(apart.token_ids, group.token_ids[::-1])) >= 7

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from rl_core.types import GenerationRequest, SamplingParams
-from tests.helpers.vllm_tier import encode_prompt, generate_all, perturbed_weights, trainer_logprobs
+from tests.helpers.vllm_tier import (check_group_call, encode_prompt, generate_all, perturbed_weights,
+                                    trainer_logprobs)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -55,6 +56,10 @@ def test_greedy_and_seeded_requests_are_reproducible_and_match_the_native_engine
         n = done[f"n{i}"]
         assert n.token_ids == r.token_ids
         assert max(abs(x - y) for x, y in zip(n.logprobs, r.logprobs)) < 1e-3
+
+
+def test_group_in_one_request_equals_its_samples_one_by_one(tiny_backend, loop, tokenizer):
+    check_group_call(loop, tiny_backend, tokenizer, worker="vllm")
 
 
 def test_weight_update_changes_outputs_and_versions(tiny_backend, loop, tokenizer, trainer):

@@ -11,7 +11,8 @@ import pytest
 
 from rl_core.types import GenerationRequest, SamplingParams
 
-from tests.helpers.vllm_tier import encode_prompt, generate_all, perturbed_weights, trainer_logprobs
+from tests.helpers.vllm_tier import (check_group_call, encode_prompt, generate_all, perturbed_weights,
+                                    trainer_logprobs)
 
 
 @pytest.fixture(scope="module")
@@ -48,31 +49,7 @@ def test_server_logprobs_agree_with_the_trainer_and_the_async_engine(server, tin
 
 
 def test_server_group_in_one_request_equals_its_samples_one_by_one(server, loop, tokenizer):
-    # the rollout's consecutive seeds: vLLM seeds choice i of an n-request with seed + i, so the
-    # group call (one request) samples what a request per sample samples
-    from rl_core.columns import GroupResults
-    from rl_core.rollout.group import GroupOptions, group_call_ok
-    from rl_core.types import group_requests
-
-    env = type("SingleTurn", (), {"runs_episodes": False, "max_turns": 1})()
-    assert group_call_ok(server, env, GroupOptions())
-    params = SamplingParams(temperature=1.0, max_tokens=16)
-    prompt = encode_prompt(tokenizer, 3)
-    seeds = [(1 << 62) + 5 + i for i in range(8)]
-    added = server._stats["requests_added"]
-    group = loop.run_until_complete(server.generate_group("vg", prompt, params, seeds))
-    assert server._stats["requests_added"] == added + 1  # one request for the group
-    singles = generate_all(loop, server, group_requests("vs", prompt, params, seeds))
-    assert type(group) is GroupResults and len(group) == 8 and group.worker == server.url
-    same = sum(list(group.token_ids[i]) == r.token_ids for i, r in enumerate(singles))
-    assert same >= 7, f"only {same} of 8 samples equal their own request's"  # batch composition may move a logit
-    assert len({tuple(t) for t in group.token_ids}) > 1
-    assert all(v == [server.weight_version] * len(t) for v, t in zip(group.token_versions, group.token_ids))
-    # seeds that are not consecutive (given by hand) go as a request a sample, the same samples
-    added = server._stats["requests_added"]
-    apart = loop.run_until_complete(server.generate_group("va", prompt, params, seeds[::-1]))
-    assert server._stats["requests_added"] == added + 8
-    assert sum(list(a) == list(b) for a, b in zip(apart.token_ids, group.token_ids[::-1])) >= 7
+    check_group_call(loop, server, tokenizer, worker=server.url)
 
 
 def test_server_weight_update_changes_logprobs_and_versions(server, loop, tokenizer, trainer):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import operator
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,9 +30,12 @@ from typing import Any, Mapping
 import torch
 
 from rl_core.generation.vllm.common import (EXTENSION_CLS, FINISH_REASONS, ChildReaper, VLLMError, backend_metrics,
-                                            safetensors_files, scoped_env, state_dict_bytes, to_vllm_sampling,
-                                            token_versions_from_spans, vllm_engine_env)
-from rl_core.types import GenerationRequest, GenerationResult
+                                            consecutive_seeds, safetensors_files, scoped_env, state_dict_bytes,
+                                            to_vllm_sampling, token_versions_from_spans, vllm_engine_env)
+from rl_core.columns import GroupResults
+from rl_core.types import GenerationRequest, GenerationResult, SamplingParams, group_requests, with_seed
+
+_OUTPUT_INDEX = operator.attrgetter("index")
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +160,46 @@ class VLLMBackend:
         if final is None or not final.outputs:
             raise VLLMError(f"vLLM returned no output for request {rid!r}")
         return self._result(request, final.outputs[0], start_version, started)
+
+    async def generate_group(self, key: str, prompt_ids: list[int], params: SamplingParams,
+                             seeds: list[int]) -> GroupResults:
+        """One prompt group as one `AsyncLLM` request of `n` = len(seeds) samples with seed
+        seeds[0]: vLLM seeds sample i with seed + i and the rollout derives a group's seeds
+        consecutively (`rollout.group.seed_last`), so sample i is what `generate` of
+        `f"{key}/{i}"` with seeds[i] gives (`protocols.GroupGenerationBackend`), for one
+        request instead of n. Seeds that are not consecutive below 2^63, or more samples than
+        `max_num_seqs`, go as a request a sample. Cancelling the call aborts every sample; one
+        sample alone cannot be aborted (`abort(f"{key}/{i}")` leaves it running)."""
+        from vllm import SamplingParams as VSamplingParams
+        from vllm import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        n = len(seeds)
+        if not consecutive_seeds(seeds) or n > self.options.max_num_seqs:
+            return GroupResults.of(list(await asyncio.gather(*(
+                self.generate(r) for r in group_requests(key, prompt_ids, params, seeds)))))
+        engine = self._engine_or_raise()
+        if key in self._inflight:
+            raise ValueError(f"request id {key!r} is already in flight; request ids must be unique.")
+        sp = VSamplingParams(**to_vllm_sampling(with_seed(params, int(seeds[0])), n=n),
+                             output_kind=RequestOutputKind.FINAL_ONLY)
+        start_version, started = self._version, time.monotonic()
+        self._inflight[key] = done = asyncio.Event()
+        self._stats["requests_added"] += 1
+        final = None
+        try:
+            async for out in engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), sp, key):
+                final = out
+        except Exception as exc:
+            raise VLLMError(f"vLLM failed on request {key!r}: {exc!r}") from exc
+        finally:
+            del self._inflight[key]
+            done.set()
+        outputs = sorted(final.outputs, key=_OUTPUT_INDEX) if final is not None else []
+        if [o.index for o in outputs] != list(range(n)):
+            raise VLLMError(f"vLLM returned outputs {[o.index for o in outputs]} for a group of {n} ({key!r})")
+        requests = group_requests(key, prompt_ids, params, seeds)
+        return GroupResults.of([self._result(r, o, start_version, started) for r, o in zip(requests, outputs)])
 
     def _result(self, request: GenerationRequest, out, start_version: int, started: float) -> GenerationResult:
         tokens = [int(t) for t in out.token_ids]

@@ -106,6 +106,18 @@ def to_vllm_sampling(params: SamplingParams, *, n: int = 1) -> dict[str, Any]:
     return kw
 
 
+MAX_SEED = 2**63 - 1  # rl_core's seeds are below 2^63 (rollout.group)
+
+
+def consecutive_seeds(seeds) -> bool:
+    """Whether `seeds` are s, s + 1, ... without passing 2^63 - 1: then one vLLM request of
+    `n` = len(seeds) with seed s samples them (vLLM seeds a request's sample i with seed + i)."""
+    if not seeds or seeds[0] is None:
+        return False
+    first = int(seeds[0])
+    return first + len(seeds) - 1 <= MAX_SEED and all(int(s) == first + i for i, s in enumerate(seeds))
+
+
 def token_versions_from_spans(spans: Any, num_tokens: int, fallback: int) -> list[int]:
     """Per-token weight versions from vLLM `weight_versions` spans [(version, start, end)]
     over output-token indexes (objects or dicts); tokens outside every span get `fallback`."""

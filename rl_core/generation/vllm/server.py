@@ -47,11 +47,9 @@ import torch
 from rl_core.generation.http.fleet import CLIENT_KEEPALIVE_S, from_json, to_json
 from rl_core.generation.vllm.backend import VLLMOptions
 from rl_core.generation.vllm.common import (EXTENSION_CLS, FINISH_REASONS, ChildReaper, VLLMError, backend_metrics,
-                                            safetensors_files,
-                                            state_dict_bytes, token_versions_from_spans, to_vllm_sampling,
-                                            vllm_engine_env)
+                                            consecutive_seeds, safetensors_files, state_dict_bytes,
+                                            token_versions_from_spans, to_vllm_sampling, vllm_engine_env)
 from rl_core.columns import GroupResults, logprob_array, token_array
-from rl_core.serve.protocol import MAX_SEED
 from rl_core.types import GenerationRequest, GenerationResult, SamplingParams, group_requests, with_seed
 
 ROOT = Path(__file__).resolve().parents[3]  # the directory holding rl_core/: so the spawned server imports this rl_core (worker extension)
@@ -213,14 +211,11 @@ class VLLMServerBackend:
         sample. The group's samples are aborted together (cancelling the call); vLLM has no
         route to abort one choice, so `abort(f"{key}/{i}")` leaves it running."""
         n = len(seeds)
-        first = None if not seeds or seeds[0] is None else int(seeds[0])
-        consecutive = first is not None and first + n - 1 <= MAX_SEED and \
-            all(int(s) == first + i for i, s in enumerate(seeds))
-        if not consecutive or n > self.options.max_num_seqs:
+        if not consecutive_seeds(seeds) or n > self.options.max_num_seqs:
             return GroupResults.of(list(await asyncio.gather(*(
                 self.generate(r) for r in group_requests(key, prompt_ids, params, seeds)))))
         choices, start_version, _ = await self._generate(key, prompt_ids,
-                                                         to_vllm_sampling(with_seed(params, first), n=n))
+                                                         to_vllm_sampling(with_seed(params, int(seeds[0])), n=n))
         if sorted(c.get("index", -1) for c in choices) != list(range(n)):
             raise VLLMError(f"the vLLM server answered choices {[c.get('index') for c in choices]} for n={n} "
                             f"(group {key!r})")
