@@ -98,10 +98,10 @@ def seeds_of_groups(parts: list[tuple[int, ...]], n: int) -> list[list[int]]:
     h = np.full(len(parts), 0x5EED, dtype=np.uint64)
     for j in range(cols.shape[1]):
         h = _splitmix64_array(h ^ cols[:, j])
-    return _consecutive_seeds(h >> np.uint64(1), n)  # derive_seed(*p) + i
+    return consecutive_from(h >> np.uint64(1), n)  # derive_seed(*p) + i
 
 
-def _consecutive_seeds(base: np.ndarray, n: int) -> list[list[int]]:
+def consecutive_from(base: np.ndarray, n: int) -> list[list[int]]:
     """[[(b + i) mod 2^63 for i in range(n)] for b in base] (uint64 `base`, each below 2^63: the
     sums stay below 2^64)."""
     return ((base[:, None] + np.arange(n, dtype=np.uint64)) & np.uint64(_MASK63)).tolist()

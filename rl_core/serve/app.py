@@ -264,7 +264,7 @@ class Server:
             return _sse(self._stream_completions(body, prompts, jobs, stops, head, base))
         results = await self._generate_all(base, jobs, request)
         if body.return_token_arrays:
-            return {**head, "choices": [{"index": job.choice, "finish_reason": res.finish_reason, **_packed(res)}
+            return {**head, "choices": [{"index": job.choice, "finish_reason": res.finish_reason, **packed_choice(res)}
                                         for job, res in zip(jobs, results)],
                     "usage": self._usage(prompts, results)}
         choices = []
@@ -445,7 +445,7 @@ def _read_ready_version(path: Path, version: int) -> dict:
     return read_version(path.parent, version)
 
 
-def _packed(result: GenerationResult) -> dict:
+def packed_choice(result: GenerationResult) -> dict:
     """A choice's tokens as `return_token_arrays` carries them (see protocol.CompletionRequest)."""
     # hex, not base64: CPython decodes hex ~3x faster per byte (bytes.fromhex against binascii)
     out = {"token_ids_i32": np.asarray(result.token_ids, dtype="<i4").tobytes().hex(),

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from rl_core.controller.step_metrics import sqrt_of_fraction
-from rl_core.rollout.group import (GroupOptions, _consecutive_seeds, derive_seed, seed_last, seed_prefix,
+from rl_core.rollout.group import (GroupOptions, consecutive_from, derive_seed, seed_last, seed_prefix,
                                    seeds_last, seeds_of_groups)
 from rl_core.types import Sample
 from rl_core.columns import GroupColumns, GroupSamples, SampleColumns, group_columns
@@ -86,8 +86,8 @@ def test_seeds_of_many_groups_in_one_pass_equal_the_seeds_of_each_group():
     assert seeds_of_groups([], 16) == []
     assert seeds_of_groups([(5,), (6,)], 3) == [[derive_seed(p) + i for i in range(3)] for p in (5, 6)]
     top = np.array([2 ** 63 - 3, 7], dtype=np.uint64)  # bases of groups, the first one's seeds wrap
-    assert _consecutive_seeds(top, 5) == [seeds_last(int(b) << 1, 5) for b in top.tolist()]
-    assert _consecutive_seeds(top, 5)[0] == [2 ** 63 - 3, 2 ** 63 - 2, 2 ** 63 - 1, 0, 1]
+    assert consecutive_from(top, 5) == [seeds_last(int(b) << 1, 5) for b in top.tolist()]
+    assert consecutive_from(top, 5)[0] == [2 ** 63 - 3, 2 ** 63 - 2, 2 ** 63 - 1, 0, 1]
 
 
 def test_a_group_given_its_seeds_is_the_group_that_derives_them():

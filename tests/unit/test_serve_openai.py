@@ -128,15 +128,15 @@ def test_seeds_per_choice_and_packed_token_arrays(client, model_dir):
 def test_packed_choice_carries_its_versions_when_the_weights_changed_during_it():
     from rl_core.generation.http.backend import HttpBackend
     from rl_core.generation.http.fleet import Endpoint
-    from rl_core.serve.app import _packed
+    from rl_core.serve.app import packed_choice
     from rl_core.types import GenerationResult
 
     res = GenerationResult("r", [1], [7, 150000, 3], [-0.5, -1.25, -3.0], "length", 2, 3, token_versions=[2, 3, 3])
-    choice = {"index": 0, "finish_reason": "length", **json.loads(json.dumps(_packed(res)))}
+    choice = {"index": 0, "finish_reason": "length", **json.loads(json.dumps(packed_choice(res)))}
     assert choice["token_versions"] == [2, 3, 3] and (choice["start_version"], choice["end_version"]) == (2, 3)
     ids, lps = HttpBackend._columns(Endpoint("http://x"), choice)
     assert ids.dtype == np.int64 and ids.tolist() == [7, 150000, 3] and lps.tolist() == [-0.5, -1.25, -3.0]
-    assert "token_versions" not in _packed(GenerationResult("r", [1], [7], [-0.5], "stop", 4, 4, token_versions=[4]))
+    assert "token_versions" not in packed_choice(GenerationResult("r", [1], [7], [-0.5], "stop", 4, 4, token_versions=[4]))
 
 
 def test_chat_completion_uses_the_chat_template(client, model_dir, tokenizer):
