@@ -144,7 +144,7 @@ class VLLMBackend:
         rid = request.request_id
         if rid in self._inflight:
             raise ValueError(f"request id {rid!r} is already in flight; request ids must be unique.")
-        sp = VSamplingParams(**to_vllm_sampling(request.params), output_kind=RequestOutputKind.FINAL_ONLY)
+        sp = VSamplingParams(**to_vllm_sampling(request.params), output_kind=RequestOutputKind.FINAL_ONLY, flat_logprobs=True)
         start_version, started = self._version, time.monotonic()
         self._inflight[rid] = done = asyncio.Event()
         self._stats["requests_added"] += 1
@@ -182,7 +182,7 @@ class VLLMBackend:
         if key in self._inflight:
             raise ValueError(f"request id {key!r} is already in flight; request ids must be unique.")
         sp = VSamplingParams(**to_vllm_sampling(with_seed(params, int(seeds[0])), n=n),
-                             output_kind=RequestOutputKind.FINAL_ONLY)
+                             output_kind=RequestOutputKind.FINAL_ONLY, flat_logprobs=True)
         start_version, started = self._version, time.monotonic()
         self._inflight[key] = done = asyncio.Event()
         self._stats["requests_added"] += 1
@@ -203,7 +203,14 @@ class VLLMBackend:
 
     def _result(self, request: GenerationRequest, out, start_version: int, started: float) -> GenerationResult:
         tokens = [int(t) for t in out.token_ids]
-        logprobs = [float(pos[t].logprob) for t, pos in zip(tokens, out.logprobs or [])]
+        flat = out.logprobs
+        if not getattr(request.params, "top_logprobs", 0) and hasattr(flat, "start_indices") and \
+                flat.token_ids == tokens and len(flat.logprobs) == len(tokens):
+            # `flat_logprobs` (vLLM's FlatLogprobs): the sampled tokens' logprobs as one list,
+            # one entry a position; reading them through its per-position dicts costs ~3x more
+            logprobs = list(flat.logprobs)
+        else:
+            logprobs = [float(pos[t].logprob) for t, pos in zip(tokens, flat or [])]
         if len(logprobs) != len(tokens):
             raise VLLMError(f"vLLM returned {len(logprobs)} logprobs for {len(tokens)} tokens "
                             f"(request {request.request_id!r})")
