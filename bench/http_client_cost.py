@@ -205,53 +205,41 @@ async def httpx_per_sample(url: str, total: int, concurrency: int, vllm: bool = 
         return await _timed(call, 1, total, concurrency)
 
 
-async def backend_cost(url: str, total: int, concurrency: int, group: int, arrays: bool = True) -> float:
-    from rl_core.generation.http.backend import HttpBackend
+async def drive(backend, total: int, concurrency: int, group: int) -> float:
+    """Start `backend`, time a `generate` a sample (`group` 1) or a `generate_group` a group of
+    `group` (consecutive seeds), shut it down; client CPU seconds a sample."""
     from rl_core.types import GenerationRequest, SamplingParams
 
-    backend = HttpBackend([url], model_name="m", health_check_interval_s=60.0)
-    backend.token_arrays = arrays
     await backend.start()
-    params = SamplingParams(temperature=1.0, max_tokens=256)
-    prompt = list(range(12))
+    params, prompt, seeds = SamplingParams(temperature=1.0, max_tokens=256), list(range(12)), list(range(1000, 1000 + group))
     try:
         if group == 1:
             async def call(i: int):
                 await backend.generate(GenerationRequest(f"r{i}-{time.monotonic_ns()}", prompt,
                                                          SamplingParams(temperature=1.0, max_tokens=256, seed=i)))
         else:
-            seeds = list(range(group))
-
             async def call(i: int):
                 await backend.generate_group(f"g{i}-{time.monotonic_ns()}", prompt, params, seeds)
 
         return await _timed(call, group, total, concurrency)
     finally:
         await backend.shutdown()
+
+
+async def backend_cost(url: str, total: int, concurrency: int, group: int, arrays: bool = True) -> float:
+    from rl_core.generation.http.backend import HttpBackend
+
+    backend = HttpBackend([url], model_name="m", health_check_interval_s=60.0)
+    backend.token_arrays = arrays
+    return await drive(backend, total, concurrency, group)
 
 
 async def vllm_cost(url: str, total: int, concurrency: int, group: int) -> float:
     from rl_core.generation.vllm.backend import VLLMOptions
     from rl_core.generation.vllm.server import VLLMServerBackend
-    from rl_core.types import GenerationRequest, SamplingParams
 
-    backend = VLLMServerBackend(VLLMOptions(model="m", max_num_seqs=256), server_url=url)
-    await backend.start()
-    prompt = list(range(12))
-    try:
-        if group == 1:
-            async def call(i: int):
-                await backend.generate(GenerationRequest(f"r{i}-{time.monotonic_ns()}", prompt,
-                                                         SamplingParams(temperature=1.0, max_tokens=256, seed=i)))
-        else:
-            params, seeds = SamplingParams(temperature=1.0, max_tokens=256), list(range(1000, 1000 + group))
-
-            async def call(i: int):
-                await backend.generate_group(f"g{i}-{time.monotonic_ns()}", prompt, params, seeds)
-
-        return await _timed(call, group, total, concurrency)
-    finally:
-        await backend.shutdown()
+    return await drive(VLLMServerBackend(VLLMOptions(model="m", max_num_seqs=256), server_url=url), total,
+                       concurrency, group)
 
 
 def line(name: str, per_sample: float) -> str:

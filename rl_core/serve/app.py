@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import secrets
 import time
 import uuid
@@ -28,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-import numpy as np
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -39,7 +37,7 @@ from rl_core.generation.native.backend import NativeBackend
 from rl_core.server_contract import CONTROL_SECRET_HEADER, DEFAULT_CONTROL_SECRET_ENV
 from rl_core.metrics.gc_pauses import freeze_setup_objects, unfreeze
 from rl_core.serve.protocol import (AbortRequest, ChatCompletionRequest, CompletionRequest, ReceiveWeightsRequest,
-                                    UpdateWeightsRequest, WeightGroupRequest, SamplingBody)
+                                    SamplingBody, UpdateWeightsRequest, WeightGroupRequest, packed_choice, param_of)
 from rl_core.serve.text import TextCodec, TextStream, chat_logprobs, completion_logprobs, cut_at_stop
 from rl_core.types import GenerationRequest, GenerationResult
 from rl_core.weights.broadcast import BroadcastHeaderError
@@ -223,8 +221,7 @@ class Server:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def abort(self, request_ids: list[str]) -> int:
-        """Abort requests in flight by their id (every choice), or one choice by `<id>/<choice>`."""
+    async def abort(self, request_ids: list[str]) -> int:  # a request by its id, or one choice by <id>/<choice>
         n = 0
         for rid in request_ids:
             ids = self.inflight.get(rid)
@@ -263,10 +260,9 @@ class Server:
         if body.stream:
             return _sse(self._stream_completions(body, prompts, jobs, stops, head, base))
         results = await self._generate_all(base, jobs, request)
-        if body.return_token_arrays:
-            return {**head, "choices": [{"index": job.choice, "finish_reason": res.finish_reason, **packed_choice(res)}
-                                        for job, res in zip(jobs, results)],
-                    "usage": self._usage(prompts, results)}
+        if body.return_token_arrays:  # rl_core's packed choices (protocol.packed_choice)
+            packed = [{"index": j.choice, "finish_reason": r.finish_reason, **packed_choice(r)} for j, r in zip(jobs, results)]
+            return {**head, "choices": packed, "usage": self._usage(prompts, results)}
         choices = []
         for job, res in zip(jobs, results):
             text, _ = cut_at_stop(self.codec.decode(res.token_ids), stops)
@@ -445,37 +441,6 @@ def _read_ready_version(path: Path, version: int) -> dict:
     return read_version(path.parent, version)
 
 
-def packed_choice(result: GenerationResult) -> dict:
-    """A choice's tokens as `return_token_arrays` carries them (see protocol.CompletionRequest)."""
-    # hex, not base64: CPython decodes hex ~3x faster per byte (bytes.fromhex against binascii)
-    out = {"token_ids_i32": np.asarray(result.token_ids, dtype="<i4").tobytes().hex(),
-           "token_logprobs_f32": np.asarray(result.logprobs, dtype="<f4").tobytes().hex(),
-           "start_version": result.start_version, "end_version": result.end_version}
-    if result.start_version != result.end_version:
-        out["token_versions"] = list(result.token_versions)
-    return out
-
-
-def _param_of(errors: list[dict]) -> str | None:
-    """The field a validation error is about: the common path of the errors (a union's member
-    names dropped: `prompt`, not `prompt.str`), or, for a check across fields ("logit_bias is
-    not supported ..."), the field its message starts with."""
-    locs = [[str(x) for x in e.get("loc", ()) if x != "body"] for e in errors]
-    if locs and locs[0]:
-        common = locs[0]
-        for loc in locs[1:]:
-            n = 0
-            while n < min(len(common), len(loc)) and common[n] == loc[n]:
-                n += 1
-            common = common[:n]
-        return ".".join(common or locs[0])
-    for e in errors:
-        m = re.match(r"(?:Value error, )?([a-z_]+)\b", str(e.get("msg", "")))
-        if e.get("type") == "value_error" and m:
-            return m.group(1)
-    return None
-
-
 def _short(value: Any, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
@@ -539,7 +504,7 @@ def create_app(backend: NativeBackend, tokenizer: Any, settings: ServerSettings)
                     parts.append(str(e.get("msg")).removeprefix("Value error, "))
                 else:
                     parts.append(f"{loc or 'body'}: {e.get('msg')} (got {_short(e.get('input'))})")
-            err = ApiError(400, "invalid request: " + "; ".join(parts)[:1000], param=_param_of(errors))
+            err = ApiError(400, "invalid request: " + "; ".join(parts)[:1000], param=param_of(errors))
         count(err.status)
         return err.response()
 

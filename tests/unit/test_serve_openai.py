@@ -128,7 +128,7 @@ def test_seeds_per_choice_and_packed_token_arrays(client, model_dir):
 def test_packed_choice_carries_its_versions_when_the_weights_changed_during_it():
     from rl_core.generation.http.backend import HttpBackend
     from rl_core.generation.http.fleet import Endpoint
-    from rl_core.serve.app import packed_choice
+    from rl_core.serve.protocol import packed_choice
     from rl_core.types import GenerationResult
 
     res = GenerationResult("r", [1], [7, 150000, 3], [-0.5, -1.25, -3.0], "length", 2, 3, token_versions=[2, 3, 3])

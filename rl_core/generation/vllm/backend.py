@@ -136,27 +136,8 @@ class VLLMBackend:
     # ------------------------------------------------------------------ protocol
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
-        from vllm import SamplingParams as VSamplingParams
-        from vllm import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
-
-        engine = self._engine_or_raise()
         rid = request.request_id
-        if rid in self._inflight:
-            raise ValueError(f"request id {rid!r} is already in flight; request ids must be unique.")
-        sp = VSamplingParams(**to_vllm_sampling(request.params), output_kind=RequestOutputKind.FINAL_ONLY, flat_logprobs=True)
-        start_version, started = self._version, time.monotonic()
-        self._inflight[rid] = done = asyncio.Event()
-        self._stats["requests_added"] += 1
-        final = None
-        try:
-            async for out in engine.generate(TokensPrompt(prompt_token_ids=list(request.prompt_ids)), sp, rid):
-                final = out
-        except Exception as exc:
-            raise VLLMError(f"vLLM failed on request {rid!r}: {exc!r}") from exc
-        finally:
-            del self._inflight[rid]
-            done.set()
+        final, start_version, started = await self._run(rid, request.prompt_ids, to_vllm_sampling(request.params))
         if final is None or not final.outputs:
             raise VLLMError(f"vLLM returned no output for request {rid!r}")
         return self._result(request, final.outputs[0], start_version, started)
@@ -170,36 +151,42 @@ class VLLMBackend:
         request instead of n. Seeds that are not consecutive below 2^63, or more samples than
         `max_num_seqs`, go as a request a sample. Cancelling the call aborts every sample; one
         sample alone cannot be aborted (`abort(f"{key}/{i}")` leaves it running)."""
-        from vllm import SamplingParams as VSamplingParams
-        from vllm import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
-
         n = len(seeds)
         if not consecutive_seeds(seeds) or n > self.options.max_num_seqs:
             return GroupResults.of(list(await asyncio.gather(*(
                 self.generate(r) for r in group_requests(key, prompt_ids, params, seeds)))))
-        engine = self._engine_or_raise()
-        if key in self._inflight:
-            raise ValueError(f"request id {key!r} is already in flight; request ids must be unique.")
-        sp = VSamplingParams(**to_vllm_sampling(with_seed(params, int(seeds[0])), n=n),
-                             output_kind=RequestOutputKind.FINAL_ONLY, flat_logprobs=True)
-        start_version, started = self._version, time.monotonic()
-        self._inflight[key] = done = asyncio.Event()
-        self._stats["requests_added"] += 1
-        final = None
-        try:
-            async for out in engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), sp, key):
-                final = out
-        except Exception as exc:
-            raise VLLMError(f"vLLM failed on request {key!r}: {exc!r}") from exc
-        finally:
-            del self._inflight[key]
-            done.set()
+        final, start_version, started = await self._run(key, prompt_ids,
+                                                        to_vllm_sampling(with_seed(params, int(seeds[0])), n=n))
         outputs = sorted(final.outputs, key=_OUTPUT_INDEX) if final is not None else []
         if [o.index for o in outputs] != list(range(n)):
             raise VLLMError(f"vLLM returned outputs {[o.index for o in outputs]} for a group of {n} ({key!r})")
         requests = group_requests(key, prompt_ids, params, seeds)
         return GroupResults.of([self._result(r, o, start_version, started) for r, o in zip(requests, outputs)])
+
+    async def _run(self, rid: str, prompt_ids, sampling: dict):
+        """One `AsyncLLM` request to its end (flat logprobs, the final output only): its last
+        `RequestOutput` (None if none came), the weight version at its start and when it started."""
+        from vllm import SamplingParams as VSamplingParams
+        from vllm import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        engine = self._engine_or_raise()
+        if rid in self._inflight:
+            raise ValueError(f"request id {rid!r} is already in flight; request ids must be unique.")
+        sp = VSamplingParams(**sampling, output_kind=RequestOutputKind.FINAL_ONLY, flat_logprobs=True)
+        start_version, started = self._version, time.monotonic()
+        self._inflight[rid] = done = asyncio.Event()
+        self._stats["requests_added"] += 1
+        final = None
+        try:
+            async for out in engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), sp, rid):
+                final = out
+        except Exception as exc:
+            raise VLLMError(f"vLLM failed on request {rid!r}: {exc!r}") from exc
+        finally:
+            del self._inflight[rid]
+            done.set()
+        return final, start_version, started
 
     def _result(self, request: GenerationRequest, out, start_version: int, started: float) -> GenerationResult:
         tokens = [int(t) for t in out.token_ids]
