@@ -1,8 +1,9 @@
-"""The split-K projections' tiles swept with L2-cold weights, then the engine with the fastest ones.
+"""The split-K projections' and the gate/up + SiLU kernel's tiles swept with L2-cold weights, then the
+engine with the fastest ones.
 
 Run on a CUDA machine (one GPU, Hopper for the TMA tiles):
 
-    python bench/split_k_cold_sweep.py [--rows 256] [--engine-runs 4]
+    python bench/split_k_cold_sweep.py [--rows 256] [--engine-runs 4] [--sweeps down qkv output gate-up]
 
 `split_k.TILES` picks one tile per (row regime, projection). A sweep that calls a kernel over and
 over with one weight finds that weight in L2 from the second call on (the H200's L2 holds 50 MB;
@@ -15,8 +16,10 @@ previous kernel leaves it). Timing: `decode_kernels_gpu.device_us`, a CUDA graph
 call per copy, so launch overhead is not counted.
 
 Printed, for the down and output projections (split-K partials + the add + norm that sums them)
-and the QKV projection (`split_k.linear`, one slice): the landed tile's cold and warm time and the
-fastest six tiles with their max |diff| to F.linear (bf16 rounding). Then the engine
+and the QKV projection (`split_k.linear`, one slice), and the gate/up + SiLU kernel (`fused_mlp.gate_up_silu`, its
+TMA tile `fused_mlp.TMA_TILES`: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages); 8 copies of its 17 MB weight):
+the landed tile's cold and warm time and the fastest six tiles with their max |diff| to F.linear (bf16
+rounding; for gate/up, to the eager silu(gate) * up). Then the engine
 (`generation_gpu.run_native`, the fused stack: graphs + decode_compile + overlap_steps + fused
 attention + fused MLP; `--rows` sequences, 64-token prompts, 256 new tokens) with the fastest tiles
 and with the landed ones, alternating, `--engine-runs` runs in all: the median decode step of each.
@@ -39,10 +42,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import decode_kernels_gpu as dk  # noqa: E402
 import generation_gpu as gg  # noqa: E402
 
-from rl_core.generation.native import split_k  # noqa: E402
+from rl_core.generation.native import fused_mlp, split_k  # noqa: E402
 
 HIDDEN, MLP, QKV = 896, 4864, 1152
 EPS = 1e-6
+SWEEPS = ("down", "qkv", "output", "gate-up")
 
 
 def tiles(bms, bns, bks, splits, tma=(True,)):
@@ -54,12 +58,23 @@ def tiles(bms, bns, bks, splits, tma=(True,)):
         yield bm, bn, bk, s, 8 if bm * bn >= 128 * 64 else 4, st, tm
 
 
+def gate_up_tiles(bms, bns, bks):
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of the gate/up kernel: an x tile and two weight tiles
+    a stage within ~200 KB of shared memory, two accumulators of at most 64 x 128 each a warp group;
+    4 and 8 warps."""
+    for bm, bn, bk, st, w in itertools.product(bms, bns, bks, (2, 3, 4, 5), (4, 8)):
+        if (bm * bk + 2 * bn * bk) * 2 * st > 200_000 or bm * bn > 64 * 128 * w // 4:
+            continue
+        yield bm, bn, bk, w, st
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=256, help="rows of the step (also the engine's batch)")
     parser.add_argument("--copies", type=int, default=16, help="copies of the down weight (3x as many of the others)")
-    parser.add_argument("--budget-s", type=float, nargs=3, default=(40.0, 25.0, 25.0), metavar=("DOWN", "QKV", "OUT"),
-                        help="seconds each sweep may take (tiles compile as they go)")
+    parser.add_argument("--budget-s", type=float, nargs=4, default=(40.0, 25.0, 25.0, 40.0),
+                        metavar=("DOWN", "QKV", "OUT", "GATE_UP"), help="seconds each sweep may take (tiles compile as they go)")
+    parser.add_argument("--sweeps", nargs="+", choices=SWEEPS, default=list(SWEEPS), help="which kernels to sweep")
     parser.add_argument("--engine-runs", type=int, default=4, help="engine runs, the fastest and the landed tiles in turn")
     parser.add_argument("--engine-budget-s", type=float, default=100.0, help="no engine run starts after this many seconds")
     args = parser.parse_args()
@@ -74,7 +89,8 @@ def main() -> None:
     x, ln = rand(rows, HIDDEN), rand(HIDDEN, scale=0.1) + 1
     specs = {"down": (rand(rows, MLP), [rand(HIDDEN, MLP, scale=MLP ** -0.5) for _ in range(args.copies)]),
              "output": (rand(rows, HIDDEN), [rand(HIDDEN, HIDDEN, scale=HIDDEN ** -0.5) for _ in range(3 * args.copies)]),
-             "qkv": (rand(rows, HIDDEN), [rand(QKV, HIDDEN, scale=HIDDEN ** -0.5) for _ in range(3 * args.copies)])}
+             "qkv": (rand(rows, HIDDEN), [rand(QKV, HIDDEN, scale=HIDDEN ** -0.5) for _ in range(3 * args.copies)]),
+             "gate-up": (x, [rand(2 * MLP, HIDDEN, scale=HIDDEN ** -0.5) for _ in range(args.copies // 2)])}
     qkv_bias = rand(QKV)
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; {rows} rows, weights L2-cold")
     best = {}
@@ -82,7 +98,21 @@ def main() -> None:
     def sweep(kind: str, grid: list, budget_s: float) -> None:
         a, ws = specs[kind]
         started = time.time()
-        if kind == "qkv":
+        tables = {"gate-up": (fused_mlp.TMA_TILES, key)}
+        table, entry = tables.get(kind, (split_k.TILES, (key, kind)))
+        if kind == "gate-up":
+            def gate_up(a, w, t):
+                fused_mlp.TMA_TILES[key] = t  # read at launch; restored below
+                return fused_mlp.gate_up_silu(a, w, None)
+
+            def call(t):
+                return lambda i: gate_up(a, ws[i], t)
+            g, u = F.linear(a, ws[0]).chunk(2, dim=-1)
+            ref = (F.silu(g.float()).to(a.dtype) * u).float()
+
+            def diff(t):
+                return float((gate_up(a, ws[0], t).float() - ref).abs().max())
+        elif kind == "qkv":
             def call(t):
                 return lambda i: split_k.linear(a, ws[i], qkv_bias, tile=t)
             ref = F.linear(a, ws[0], qkv_bias).float()
@@ -101,7 +131,7 @@ def main() -> None:
             turn = itertools.cycle(range(len(ws)))
             return dk.device_us(lambda: fn(next(turn)), calls=len(ws), replays=10, repeats=5)
 
-        landed = split_k.TILES[(key, kind)]
+        landed = table[entry]
         results = []
         for t in [landed] + [t for t in grid if t != landed]:
             if time.time() - started > budget_s:
@@ -112,7 +142,10 @@ def main() -> None:
                 results.append((cold_us(call(t)), t, d))
             except Exception as exc:  # out of shared memory or registers: not a candidate
                 print(f"  {kind} tile {t}: {type(exc).__name__} {str(exc)[:80]}", flush=True)
+            finally:
+                table[entry] = landed
         warm = dk.device_us(lambda: call(landed)(0))
+        table[entry] = landed
         landed_cold = next(us for us, t, _ in results if t == landed)
         results.sort()
         print(f"{kind} at {rows} rows, {len(ws)} weight copies: {len(results)} tiles; landed {landed} cold "
@@ -122,9 +155,12 @@ def main() -> None:
         best[kind] = results[0][1]
 
     bms = (64,) if key == 64 else (64, 128)
-    sweep("down", list(tiles(bms, (32, 64, 128, 256), (64, 128, 256), (2, 3, 4, 6, 8))), args.budget_s[0])
-    sweep("qkv", list(tiles(bms, (32, 64, 128), (64, 128, 256), (1,))), args.budget_s[1])
-    sweep("output", list(tiles((64,), (32, 64, 128), (64, 128, 256), (1, 2, 3, 4))), args.budget_s[2])
+    grids = {"down": lambda: tiles(bms, (32, 64, 128, 256), (64, 128, 256), (2, 3, 4, 6, 8)),
+             "qkv": lambda: tiles(bms, (32, 64, 128), (64, 128, 256), (1,)),
+             "output": lambda: tiles((64,), (32, 64, 128), (64, 128, 256), (1, 2, 3, 4)),
+             "gate-up": lambda: gate_up_tiles(bms, (32, 64, 128), (64, 128))}
+    for kind in args.sweeps:
+        sweep(kind, list(grids[kind]()), args.budget_s[SWEEPS.index(kind)])
     print(f"sweeps done at {time.time() - t0:.0f} s", flush=True)
 
     from transformers import Qwen2ForCausalLM
@@ -135,22 +171,26 @@ def main() -> None:
         model = Qwen2ForCausalLM(cfg).to(torch.bfloat16).eval()
     prompts = torch.randint(0, cfg.vocab_size, (rows, 64), device="cuda",
                             generator=torch.Generator(device="cuda").manual_seed(rows))
-    landed = dict(split_k.TILES)
-    fastest = dict(landed)
-    fastest.update({(key, k): v for k, v in best.items()})
+    landed, landed_mlp = dict(split_k.TILES), dict(fused_mlp.TMA_TILES)
+    fastest, fastest_mlp = dict(landed), dict(landed_mlp)
+    fastest.update({(key, k): v for k, v in best.items() if k != "gate-up"})
+    if "gate-up" in best:
+        fastest_mlp[key] = best["gate-up"]
     for k in best:
-        print(f"  {k}: landed {landed[(key, k)]} -> fastest cold {best[k]}")
+        print(f"  {k}: landed {landed_mlp[key] if k == 'gate-up' else landed[(key, k)]} -> fastest cold {best[k]}")
     for run in range(args.engine_runs):
         if time.time() - t0 > args.engine_budget_s:
             break
-        tag, table = ("fastest cold", fastest) if run % 2 == 0 else ("landed", landed)
+        tag, table, mlp_table = ("fastest cold", fastest, fastest_mlp) if run % 2 == 0 else ("landed", landed, landed_mlp)
         split_k.TILES.clear()
         split_k.TILES.update(table)
+        fused_mlp.TMA_TILES.update(mlp_table)
         try:
             m = gg.run_native(model, cfg, prompts, 256, "graph", "auto", True, True, 1, "fused+mlp")
         finally:
             split_k.TILES.clear()
             split_k.TILES.update(landed)
+            fused_mlp.TMA_TILES.update(landed_mlp)
         print(f"engine batch {rows}, {tag} tiles: decode step {m['step_ms']:.3f} ms, {m['tok_s']:,.0f} tok/s end to end "
               f"(at {time.time() - t0:.0f} s)", flush=True)
 
