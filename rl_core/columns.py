@@ -7,7 +7,8 @@ sequence of `Sample`s built on first access), the one column interface every con
 group's samples reads (`GroupColumns`, given by `group_columns`: a `GroupSamples` as it is,
 any other group's `Sample`s as the lazy view `SampleColumns`), `DictColumns` (per-sample
 dicts held per key), and the token/logprob array helpers (`token_array`, `logprob_array`,
-`plain`; a group's rows as views of one array: `token_rows`, `logprob_rows`, `row_views`).
+`plain`; a group's rows as views of one array: `token_rows`, `logprob_rows`, `row_views`), and
+`generate_each` (a group call as a `generate` call per sample, for groups one request cannot carry).
 Does not own: the per-sample records themselves (`Sample`, `GenerationResult`,
 `scored_sample`: types.py), packing into training tensors (packing.py), or what a consumer
 does with the columns.
@@ -15,6 +16,7 @@ does with the columns.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import operator
@@ -23,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from rl_core.types import GenerationResult, Sample, scored_sample
+from rl_core.types import GenerationResult, Sample, group_requests, scored_sample
 
 class GroupResults:
     """What a backend's group call (`protocols.GroupGenerationBackend.generate_group`) returns:
@@ -62,6 +64,13 @@ class GroupResults:
     def __len__(self) -> int:
         return len(self.finish_reasons)
 
+
+
+async def generate_each(generate, key: str, prompt_ids: list[int], params, seeds: list[int]) -> GroupResults:
+    """A group call (`protocols.GroupGenerationBackend.generate_group`) as one `generate` call per
+    sample, concurrently (the requests of `types.group_requests`): what a backend does with a group
+    that one request cannot carry (too many samples, seeds its server cannot derive)."""
+    return GroupResults.of(list(await asyncio.gather(*map(generate, group_requests(key, prompt_ids, params, seeds)))))
 
 
 class GroupScores:

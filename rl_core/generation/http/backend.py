@@ -33,13 +33,13 @@ import numpy as np
 import torch
 
 from rl_core.generation.base import GenerationError
-from rl_core.columns import GroupResults, logprob_array, token_array
+from rl_core.columns import GroupResults, generate_each, logprob_array, token_array
 from rl_core.generation.http.fleet import (TRANSPORT_ERRORS, Endpoint, FleetPolicy, GenerationRequestError, ServerFleet,
                                            error_message, from_json, is_infra_status)
 from rl_core.generation.http.servers import EngineArgs, LocalServer
 from rl_core.server_contract import DEFAULT_CONTROL_SECRET_ENV
 from rl_core.serve.protocol import MAX_N
-from rl_core.types import GenerationRequest, GenerationResult, SamplingParams, group_requests
+from rl_core.types import GenerationRequest, GenerationResult, SamplingParams
 
 _INDEX = operator.itemgetter("index")
 
@@ -230,8 +230,7 @@ class HttpBackend:
         self._check(params)
         n = len(seeds)
         if n > MAX_N:  # more choices than a request may ask for: a request a sample
-            return GroupResults.of(list(await asyncio.gather(*(
-                self.generate(r) for r in group_requests(key, prompt_ids, params, seeds)))))
+            return await generate_each(self.generate, key, prompt_ids, params, seeds)
         sample_ids = [f"{key}/{i}" for i in range(n)]
         body = self._body(prompt_ids, params)
         body.pop("seed", None)

@@ -32,7 +32,7 @@ import torch
 from rl_core.generation.vllm.common import (EXTENSION_CLS, FINISH_REASONS, ChildReaper, VLLMError, backend_metrics,
                                             consecutive_seeds, safetensors_files, scoped_env, state_dict_bytes,
                                             to_vllm_sampling, token_versions_from_spans, vllm_engine_env)
-from rl_core.columns import GroupResults
+from rl_core.columns import GroupResults, generate_each
 from rl_core.types import GenerationRequest, GenerationResult, SamplingParams, group_requests, with_seed
 
 _OUTPUT_INDEX = operator.attrgetter("index")
@@ -153,8 +153,7 @@ class VLLMBackend:
         sample alone cannot be aborted (`abort(f"{key}/{i}")` leaves it running)."""
         n = len(seeds)
         if not consecutive_seeds(seeds) or n > self.options.max_num_seqs:
-            return GroupResults.of(list(await asyncio.gather(*(
-                self.generate(r) for r in group_requests(key, prompt_ids, params, seeds)))))
+            return await generate_each(self.generate, key, prompt_ids, params, seeds)
         final, start_version, started = await self._run(key, prompt_ids,
                                                         to_vllm_sampling(with_seed(params, int(seeds[0])), n=n))
         outputs = sorted(final.outputs, key=_OUTPUT_INDEX) if final is not None else []

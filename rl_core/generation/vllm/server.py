@@ -49,8 +49,8 @@ from rl_core.generation.vllm.backend import VLLMOptions
 from rl_core.generation.vllm.common import (EXTENSION_CLS, FINISH_REASONS, ChildReaper, VLLMError, backend_metrics,
                                             consecutive_seeds, safetensors_files, state_dict_bytes,
                                             token_versions_from_spans, to_vllm_sampling, vllm_engine_env)
-from rl_core.columns import GroupResults, logprob_array, token_array
-from rl_core.types import GenerationRequest, GenerationResult, SamplingParams, group_requests, with_seed
+from rl_core.columns import GroupResults, generate_each, logprob_array, token_array
+from rl_core.types import GenerationRequest, GenerationResult, SamplingParams, with_seed
 
 ROOT = Path(__file__).resolve().parents[3]  # the directory holding rl_core/: so the spawned server imports this rl_core (worker extension)
 _INDEX = operator.itemgetter("index")
@@ -212,8 +212,7 @@ class VLLMServerBackend:
         route to abort one choice, so `abort(f"{key}/{i}")` leaves it running."""
         n = len(seeds)
         if not consecutive_seeds(seeds) or n > self.options.max_num_seqs:
-            return GroupResults.of(list(await asyncio.gather(*(
-                self.generate(r) for r in group_requests(key, prompt_ids, params, seeds)))))
+            return await generate_each(self.generate, key, prompt_ids, params, seeds)
         choices, start_version, _ = await self._generate(key, prompt_ids,
                                                          to_vllm_sampling(with_seed(params, int(seeds[0])), n=n))
         if sorted(c.get("index", -1) for c in choices) != list(range(n)):
