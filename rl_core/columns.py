@@ -68,9 +68,19 @@ class GroupResults:
 
 async def generate_each(generate, key: str, prompt_ids: list[int], params, seeds: list[int]) -> GroupResults:
     """A group call (`protocols.GroupGenerationBackend.generate_group`) as one `generate` call per
-    sample, concurrently (the requests of `types.group_requests`): what a backend does with a group
-    that one request cannot carry (too many samples, seeds its server cannot derive)."""
-    return GroupResults.of(list(await asyncio.gather(*map(generate, group_requests(key, prompt_ids, params, seeds)))))
+    sample, concurrently, started in sample order (the requests of `types.group_requests`): what a
+    backend does with a group that one request cannot carry (too many samples, seeds its server
+    cannot derive). As the group call promises, one failed sample fails the call and the others
+    are cancelled (the backends' `generate` aborts a cancelled request), and so are all of them
+    when the call is cancelled; it returns once they have ended."""
+    tasks = [asyncio.ensure_future(generate(r)) for r in group_requests(key, prompt_ids, params, seeds)]
+    try:
+        return GroupResults.of(list(await asyncio.gather(*tasks)))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks)  # their abort paths run before the failure propagates
+        raise
 
 
 class GroupScores:

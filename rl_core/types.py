@@ -81,6 +81,9 @@ class GenerationResult:
     worker: str = ""  # which generation worker produced it: an HTTP/vLLM server's URL, "native", "vllm"
 
 
+MAX_SEED = 2**63 - 1  # sampling seeds are 0 .. 2^63 - 1: a group's seeds wrap mod 2^63 (rollout.group.seed_last)
+
+
 def group_requests(key: str, prompt_ids: list[int], params: SamplingParams, seeds: list[int]
                    ) -> list[GenerationRequest]:
     """The per-sample requests a group call stands for: request i is `f"{key}/{i}"` over the

@@ -40,8 +40,8 @@ from rl_core.config.schema import SamplingParamsConfig
 from rl_core.rollout.decode import decode_group, decode_text
 from rl_core.resilience import with_deadline
 from rl_core.protocols import Environment, GenerationBackend
-from rl_core.types import (GenerationRequest, GenerationResult, Sample, SamplingParams, group_requests, scored_sample,
-                           with_seed)
+from rl_core.types import (MAX_SEED, GenerationRequest, GenerationResult, Sample, SamplingParams, group_requests,
+                           scored_sample, with_seed)
 from rl_core.columns import GroupResults, GroupSamples, GroupScores, plain
 
 _MASK64 = (1 << 64) - 1
@@ -68,7 +68,7 @@ def seed_prefix(*parts: int) -> int:
     return h
 
 
-_MASK63 = (1 << 63) - 1
+_MASK63 = MAX_SEED  # seeds wrap mod 2^63
 
 
 def seed_last(prefix: int, last: int) -> int:

@@ -15,9 +15,13 @@ import pytest
 import torch
 
 from rl_core.config import load_recipe
-from rl_core.launch.job import make_executor, wait_for_jobs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+# both are rl_core dependencies; a GPU image with rl_core installed without its dependencies may lack them
+pytest.importorskip("submitit", reason="the workflow's controller job needs submitit (pip install rl_core)")
+pytest.importorskip("snakemake", reason="the workflow needs snakemake (pip install rl_core)")
+
+from rl_core.launch.job import make_executor, wait_for_jobs  # noqa: E402  (imports submitit)
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -383,3 +383,52 @@ def test_environments_whose_infos_differ_per_sample_give_the_same_samples():
         assert g.info_columns.column("segments", 1) == [s.info.get("segments", 1) for s in ref]
         for a, b in zip(g, ref):
             _same_sample(a, b)
+
+
+def _each_backend(fail_at=None):
+    """A `generate` that answers in order of its seeds, fails sample `fail_at` once every sample
+    has started, and records which requests it saw start, finish and get cancelled."""
+    seen = {"started": [], "cancelled": [], "finished": []}
+    all_started = asyncio.Event()
+
+    async def generate(request):
+        seen["started"].append(request.request_id)
+        if len(seen["started"]) == n_samples:
+            all_started.set()
+        try:
+            await all_started.wait()
+            i = int(request.request_id.rsplit("/", 1)[1])
+            if i == fail_at:
+                raise RuntimeError(f"sample {i} failed")
+            if fail_at is not None:
+                await asyncio.sleep(3600)  # the others run until the failure cancels them
+            await asyncio.sleep(0.001 * (n_samples - i))  # later samples finish first
+        except asyncio.CancelledError:
+            seen["cancelled"].append(request.request_id)
+            raise
+        seen["finished"].append(request.request_id)
+        return GenerationResult(request.request_id, request.prompt_ids, [request.params.seed], [-0.5], "length", 3, 3)
+
+    n_samples = 4
+    return generate, seen
+
+
+def test_generate_each_returns_sample_order_and_cancels_the_others_on_a_failure():
+    from rl_core.columns import generate_each
+
+    params = SamplingParams(max_tokens=1, temperature=1.0)
+    generate, seen = _each_backend()
+    got = asyncio.run(generate_each(generate, "g", [1, 2], params, [10, 11, 12, 13]))
+    assert seen["started"] == ["g/0", "g/1", "g/2", "g/3"]  # started in sample order
+    assert seen["finished"] == ["g/3", "g/2", "g/1", "g/0"]
+    assert got.token_ids == [[10], [11], [12], [13]] and got.finish_reasons == ["length"] * 4  # sample order
+
+    generate, seen = _each_backend(fail_at=2)
+
+    async def failing():
+        with pytest.raises(RuntimeError, match="sample 2 failed"):
+            await generate_each(generate, "g", [1, 2], params, [10, 11, 12, 13])
+        # the call raised only once the other three had been cancelled (a backend aborts them there)
+        return sorted(seen["cancelled"]), seen["finished"]
+
+    assert asyncio.run(failing()) == (["g/0", "g/1", "g/3"], [])

@@ -19,7 +19,7 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-from rl_core.types import SamplingParams
+from rl_core.types import MAX_SEED, SamplingParams
 
 EXTENSION_CLS = "rl_core.generation.vllm.ext.WeightReloadExtension"
 MIN_TEMPERATURE = 0.01  # vLLM clamps 0 < T < 0.01 up to 0.01 (its logprobs would use 0.01)
@@ -104,9 +104,6 @@ def to_vllm_sampling(params: SamplingParams, *, n: int = 1) -> dict[str, Any]:
     if params.stop_token_ids:
         kw["stop_token_ids"] = [int(t) for t in params.stop_token_ids]
     return kw
-
-
-MAX_SEED = 2**63 - 1  # rl_core's seeds are below 2^63 (rollout.group)
 
 
 def consecutive_seeds(seeds) -> bool:
