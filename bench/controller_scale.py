@@ -341,6 +341,9 @@ def main():
     calls_list = ["per-sample"] if args.per_sample_calls else list(dict.fromkeys(args.calls))
     scoring_list = list(dict.fromkeys(args.scoring))
     env_list = list(dict.fromkeys(args.env))
+    if calls_list == ["http"] and args.results == "lists":
+        ap.error("--calls http runs with --results arrays (HttpBackend's packed answers come as arrays); "
+                 "--results lists has no rows to run for it")
     if "addition" in env_list and (calls_list != ["group"] or args.tokens < 16):
         ap.error("--env addition needs --calls group and --tokens of at least 16")
     print(f"controller-only cost: {N} samples/group, {args.tokens} completion tokens/sample, {args.steps} steps, "
