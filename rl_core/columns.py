@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from rl_core.resilience import gather_or_cancel
 from rl_core.types import GenerationResult, Sample, group_requests, scored_sample
 
 class GroupResults:
@@ -73,14 +74,8 @@ async def generate_each(generate, key: str, prompt_ids: list[int], params, seeds
     cannot derive). As the group call promises, one failed sample fails the call and the others
     are cancelled (the backends' `generate` aborts a cancelled request), and so are all of them
     when the call is cancelled; it returns once they have ended."""
-    tasks = [asyncio.ensure_future(generate(r)) for r in group_requests(key, prompt_ids, params, seeds)]
-    try:
-        return GroupResults.of(list(await asyncio.gather(*tasks)))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.wait(tasks)  # their abort paths run before the failure propagates
-        raise
+    return GroupResults.of(await gather_or_cancel(
+        [asyncio.ensure_future(generate(r)) for r in group_requests(key, prompt_ids, params, seeds)]))
 
 
 class GroupScores:

@@ -4,7 +4,8 @@ Owns: deciding whether an exception is an *infrastructure* failure (worth retryi
 elsewhere or later: timeouts, dead or unreachable backends, transport errors, HTTP 5xx /
 408 / 429, out-of-memory) or a *data* failure (deterministic: a bad example, an
 environment bug, HTTP 4xx), the per-group attempt counters with their separate budgets,
-the exponential backoff, and the error raised when a budget is exhausted.
+the exponential backoff, the error raised when a budget is exhausted, and ending sibling
+tasks when one fails (`gather_or_cancel`, `cancel_and_wait`).
 
 Does not own: what is retried (the rollout pump decides), drop budgets (rollout pump),
 or train-step retries (train pump).
@@ -91,3 +92,21 @@ async def with_deadline(coro, timeout_s: float | None, what: str):
         return await asyncio.wait_for(coro, timeout_s)
     except asyncio.TimeoutError:
         raise TimeoutError(f"{what} missed its {timeout_s:g}s deadline") from None
+
+
+async def cancel_and_wait(tasks) -> None:
+    """Cancel `tasks` and wait until every one has ended, so that their cancellation paths (an
+    abort in the engine, a server's abort route) have run; their outcomes are dropped."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def gather_or_cancel(tasks) -> list:
+    """The results of `tasks`, in order. When one fails, or the caller is cancelled, the others
+    are cancelled and waited for (`cancel_and_wait`) before the exception propagates."""
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        await cancel_and_wait(tasks)
+        raise

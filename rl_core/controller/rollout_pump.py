@@ -33,7 +33,7 @@ from rl_core.buffer.replay_buffer import ReplayBuffer, SlotState
 from rl_core.controller.events import Timeline, VersionClock, notify, wait_until
 from rl_core.protocols import Environment, GenerationBackend
 from rl_core.algorithms.shaping import shape_group
-from rl_core.resilience import Attempts, FailureKind, GroupDropped, backoff_s
+from rl_core.resilience import Attempts, FailureKind, GroupDropped, backoff_s, cancel_and_wait
 from rl_core.rollout.group import GenerationSlots, GroupOptions, generate_group, seeds_of_groups
 from rl_core.types import PromptGroup, SamplingParams
 from rl_core.columns import group_columns
@@ -343,10 +343,7 @@ class RolloutPump:
         consume them: over-sampled groups of an unstamped sampler, or groups run ahead past
         `stop_step` with no final checkpoint (a checkpoint waits for every in-flight group first)."""
         self.waiting_on = "aborting groups no step will train"
-        tasks = list(self.inflight.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(list(self.inflight.values()))
 
     def _raise_failed(self) -> None:
         if self._failure is not None:

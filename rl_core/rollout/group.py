@@ -38,7 +38,7 @@ import numpy as np
 
 from rl_core.config.schema import SamplingParamsConfig
 from rl_core.rollout.decode import decode_group, decode_text
-from rl_core.resilience import with_deadline
+from rl_core.resilience import gather_or_cancel, with_deadline
 from rl_core.protocols import Environment, GenerationBackend
 from rl_core.types import (MAX_SEED, GenerationRequest, GenerationResult, Sample, SamplingParams, group_requests,
                            scored_sample, with_seed)
@@ -68,21 +68,18 @@ def seed_prefix(*parts: int) -> int:
     return h
 
 
-_MASK63 = MAX_SEED  # seeds wrap mod 2^63
-
-
 def seed_last(prefix: int, last: int) -> int:
     """Sample `last`'s seed in the group whose parts hash to `prefix` (`seed_prefix(*parts)`):
     (derive_seed(*parts) + last) mod 2^63. A group's samples have consecutive seeds, as the `n`
     choices of one request to vLLM (`seed + i`) or rl-core serve derive theirs, so a group can
     go to a server as one request with one seed and sample the same tokens."""
-    return ((prefix >> 1) + int(last)) & _MASK63
+    return ((prefix >> 1) + int(last)) & MAX_SEED
 
 
 def seeds_last(prefix: int, n: int) -> list[int]:
     """[seed_last(prefix, i) for i in range(n)] (one call per group)."""
     base = prefix >> 1
-    return [(base + i) & _MASK63 for i in range(n)]
+    return [(base + i) & MAX_SEED for i in range(n)]
 
 
 def seeds_of_groups(parts: list[tuple[int, ...]], n: int) -> list[list[int]]:
@@ -105,7 +102,7 @@ def seeds_of_groups(parts: list[tuple[int, ...]], n: int) -> list[list[int]]:
 def consecutive_from(base: np.ndarray, n: int) -> list[list[int]]:
     """[[(b + i) mod 2^63 for i in range(n)] for b in base] (uint64 `base`, each below 2^63: the
     sums stay below 2^64)."""
-    return ((base[:, None] + np.arange(n, dtype=np.uint64)) & np.uint64(_MASK63)).tolist()
+    return ((base[:, None] + np.arange(n, dtype=np.uint64)) & np.uint64(MAX_SEED)).tolist()
 
 
 def _splitmix64_array(x: np.ndarray) -> np.ndarray:
@@ -371,12 +368,7 @@ async def generate_group(backend: GenerationBackend, env: Environment, tokenizer
                                                    with_seed(params, seeds[i]), f"{key}/{i}",
                                                    opts, ticket)) for i in range(n)]
     try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
+        return await gather_or_cancel(tasks)
     finally:
         if ticket is not None:
             ticket.close()

@@ -26,6 +26,7 @@ import secrets
 from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable
 
+from rl_core.resilience import cancel_and_wait
 from rl_core.types import GenerationRequest, GenerationResult, SamplingParams
 
 
@@ -147,11 +148,7 @@ class EpisodeSession:
     async def close(self) -> None:
         """End the episode: later calls are refused, calls in flight are cancelled (aborted in the engine)."""
         self.closed = True
-        tasks = list(self._inflight.values())
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(list(self._inflight.values()))
 
     # ------------------------------------------------------------------ the trajectory
 

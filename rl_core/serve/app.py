@@ -34,6 +34,7 @@ from safetensors import SafetensorError
 
 from rl_core.generation.base import GenerationError, StreamDelta
 from rl_core.generation.native.backend import NativeBackend
+from rl_core.resilience import cancel_and_wait
 from rl_core.server_contract import CONTROL_SECRET_HEADER, DEFAULT_CONTROL_SECRET_ENV
 from rl_core.metrics.gc_pauses import freeze_setup_objects, unfreeze
 from rl_core.serve.protocol import (AbortRequest, ChatCompletionRequest, CompletionRequest, ReceiveWeightsRequest,
@@ -217,9 +218,7 @@ class Server:
                 yield job, item
         finally:
             self.inflight.pop(base, None)
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(tasks)
 
     async def abort(self, request_ids: list[str]) -> int:  # a request by its id, or one choice by <id>/<choice>
         n = 0
