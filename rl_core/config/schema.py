@@ -78,10 +78,12 @@ from rl_core.config.run_sections import (  # noqa: F401  (re-exported: the schem
     ClusterConfig,
     EvaluationConfig,
     LoggingConfig,
+    MlflowConfig,
     NodeGroupConfig,
     RuntimeConfig,
     SlurmJobConfig,
     ValidationConfig,
+    WandbConfig,
 )
 
 
