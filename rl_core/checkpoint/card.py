@@ -39,8 +39,9 @@ def base_model(resolved: dict[str, Any]) -> tuple[str | None, str]:
             return named, f"`{named}` (loaded from `{path}`)"
         return None, f"the HF model directory `{path}`"
     tiny = model["tiny"]
-    return None, (f"rl_core's tiny random-init {tiny.get('architecture', 'qwen2')} model (hidden size "
-                  f"{tiny.get('hidden_size')}, {tiny.get('num_layers')} layers) after its supervised warm-up")
+    warm = " after its supervised warm-up" if model.get("warmup", {}).get("enabled") else ""
+    return None, (f"rl_core's tiny random-init {tiny.get('architecture')} model (hidden size "
+                  f"{tiny.get('hidden_size')}, {tiny.get('num_hidden_layers')} layers){warm}")
 
 
 def _task(resolved: dict[str, Any]) -> str:

@@ -71,7 +71,8 @@ def save_run_checkpoint(path: str | Path, *, trainer, tokenizer, controller_stat
     def fill(tmp: Path) -> None:
         trainer.save_pretrained(tmp / "model")
         tokenizer.save_pretrained(str(tmp / "model"))
-        write_card(tmp / "model", render_card(resolved_config, rl_step=trainer_state["version"], held_out=held_out))
+        if "model" in resolved_config:  # a run's recipe (callers that checkpoint without one get no card)
+            write_card(tmp / "model", render_card(resolved_config, rl_step=trainer_state["version"], held_out=held_out))
         if critic is not None:  # PPO's value model, with its optimizer
             critic.save(tmp / "critic")
         torch.save({"optimizer": trainer_state["optimizer"]}, tmp / "optimizer.pt")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from collections import defaultdict
 
 import pytest
@@ -57,7 +56,7 @@ def _same(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> bool:
 
 
 @pytest.fixture(scope="module")
-def tracked_run(tmp_path_factory, warm_policy):
+def tracked_run(tmp_path_factory):
     import os
 
     from rl_core.config import load_recipe
@@ -71,9 +70,9 @@ def tracked_run(tmp_path_factory, warm_policy):
                                         "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4",
                                         "validation.max_val_samples=16", "validation.val_period=2",
                                         "checkpoint.save_every_steps=2", "checkpoint.keep_last=4",
-                                        "logging.progress=off", "logging.trackers=[tensorboard,wandb,mlflow]"])
+                                        "logging.progress=off", "logging.trackers=[tensorboard,wandb,mlflow]",
+                                        "model.warmup.enabled=false"])  # the trackers, not learning, are tested
         run_dir = tmp / "tracked"
-        shutil.copytree(warm_policy, run_dir / "init_policy")
         summary = train_from_recipe(cfg)
     finally:
         os.chdir(cwd)
@@ -108,25 +107,29 @@ def test_the_final_policy_and_each_checkpoint_carry_a_model_card(tracked_run):
     from huggingface_hub import ModelCard
 
     from rl_core.checkpoint import read_manifest, verify_checkpoint
+    from rl_core.metrics.logger import read_jsonl
 
     cfg, run_dir, summary = tracked_run
+    held_out = {r["step"]: r for r in read_jsonl(run_dir / "metrics.jsonl", "val")}
+    assert sorted(held_out) == [0, 2, STEPS]
     card = ModelCard.load(run_dir / "final_policy" / "README.md")
     assert card.data.library_name == "transformers" and card.data.pipeline_tag == "text-generation"
     assert card.data.base_model is None  # the tiny model is trained from scratch, not from a Hub model
     assert {"rl_core", "reinforcement-learning", "grpo", "env-addition"} <= set(card.data.tags)
-    assert f"RL steps: {STEPS}" in card.text and "## Recipe" in card.text and "environment `addition`" in card.text
-    assert f"held-out accuracy: {summary['val_end']['accuracy']:.4f} on 16 prompts" in card.text
+    assert f"# tracked, RL step {STEPS}" in card.text and "## Recipe" in card.text
+    assert "tiny random-init qwen2 model (hidden size 128, 2 layers)" in card.text  # no warm-up in this run
+    assert "environment `addition`" in card.text and "| prompts x samples per RL step | 4 x 4 |" in card.text
+    end = summary["val_end"]["accuracy"]
+    assert end == held_out[STEPS]["val/accuracy"]
+    assert f"held-out accuracy: {end:.4f} on 16 prompts (pass@1 {end:.4f}), weight version {STEPS}" in card.text
+
     steps = sorted((run_dir / "steps").glob("step_*"))
     assert [p.name for p in steps] == ["step_000002", "step_000004"]
     for ck in steps:
-        verify_checkpoint(ck)
+        verify_checkpoint(ck)  # the card is one of the files the manifest lists and hashes
         assert "model/README.md" in read_manifest(ck)["files"]
-        step_card = ModelCard.load(ck / "model" / "README.md")
-        version = int(ck.name.split("_")[1])
-        assert f"# tracked, RL step {version}" in step_card.text
-        val = next(v for v in summary.get("validations", []) if v["weight_version"] == version) \
-            if summary.get("validations") else None
-        if val is not None:
-            assert f"held-out accuracy: {val['accuracy']:.4f}" in step_card.text
-        else:  # in-training validation at step 2 (val_period): the card says what it measured
-            assert "held-out accuracy: " in step_card.text and "weight version" in step_card.text
+    mid = ModelCard.load(steps[0] / "model" / "README.md")  # validated at step 2 (val_period) before it was saved
+    assert "# tracked, RL step 2" in mid.text
+    assert f"held-out accuracy: {held_out[2]['val/accuracy']:.4f} on 16 prompts" in mid.text
+    last = ModelCard.load(steps[1] / "model" / "README.md")  # saved before the end-of-run validation
+    assert f"# tracked, RL step {STEPS}" in last.text and "held-out accuracy: not measured" in last.text
