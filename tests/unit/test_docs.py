@@ -5,6 +5,7 @@
   a heading of that file (GitHub's anchor rule: lower case, punctuation dropped, spaces -> `-`).
 - docs/benchmarks.md holds the one table of measured figures (figure, value, hardware, date,
   commit, command); every other page is at most 20% history by `history_share` below.
+- Every `docs/page.md, "Section"` that code, tests or benches cite names a heading of that page.
 
 `history_share` is deliberately simple. Blocks are runs of non-blank lines (a table, and each list
 item, is a block of its own). A table row counts as history when it holds a date (2026-12-05), a GPU name
@@ -123,6 +124,27 @@ def test_benchmarks_page_is_one_table_with_the_columns():
     assert text.count(header) == 1, f"docs/benchmarks.md needs exactly one table headed {header!r}"
     rows = [line for line in text.split(header, 1)[1].splitlines()[1:] if line.startswith("|")]
     assert len(rows) >= 20 and all(line.count("|") - line.count("\\|") == 7 for line in rows)
+
+
+SECTION_REF = re.compile(r'docs/([a-z-]+\.md)[,:]?\s+"([^"]+)"')
+
+
+def section_refs(text: str) -> list[tuple[str, str]]:
+    """(page, section) of every `docs/page.md, "Section"` in code or tests (wrapped lines joined)."""
+    return SECTION_REF.findall(re.sub(r"\s*\n\s*(?:#\s*)?", " ", text))
+
+
+def test_section_references_in_code_and_tests_name_a_heading():
+    assert section_refs('see docs/generation.md, "The vLLM\n    backends" and') == [("generation.md", "The vLLM backends")]
+    headings = {p.name: [h.lower() for h in re.findall(r"^#+ (.*)$", p.read_text(), re.M)] for p in DOCS}
+    bad = []
+    for path in sorted((ROOT / "rl_core").rglob("*.py")) + sorted((ROOT / "tests").rglob("*.py")) + sorted((ROOT / "bench").glob("*.py")):
+        if path == Path(__file__).resolve():
+            continue  # this file's own examples
+        for page, section in section_refs(path.read_text()):
+            if not any(section.lower() in h for h in headings.get(page, [])):
+                bad.append(f"{path.relative_to(ROOT)}: docs/{page} \"{section}\"")
+    assert not bad, f"references to a docs section that no heading carries: {bad}"
 
 
 @pytest.mark.parametrize("path", [p for p in DOCS if p.name not in ("benchmarks.md",)], ids=lambda p: p.name)
