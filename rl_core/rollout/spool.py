@@ -1,18 +1,16 @@
 """The rollout spool: one JSON file per RL step with the rollouts that step trained on.
 
 Owns: writing each step's trained groups (token ids, generation logprobs, rewards,
-advantages, versions, staleness, masks; the routed experts of MoE rollouts) atomically to `<dir>/step_{n:06d}.json`, and
-dropping records past a resume point. A killed run keeps every finished step's file;
-the workflow compiles an epoch's spool into `rollouts.h5` (rl_core.archive).
+advantages, versions, staleness, masks; the routed experts of MoE rollouts) atomically to
+`<dir>/step_{n:06d}.json`, and dropping records past a resume point; a killed run keeps every
+finished step's file. Numbering, as in metrics.jsonl, TensorBoard and the folder names:
+`step` is the 1-based RL step (its update makes weight version `step`), `weight_version` the
+version the step's update started from (`step - 1`), a group's `epoch` the 1-based pass over
+the data and `target_step` the RL step it was drawn for.
 
-Numbering (the same as metrics.jsonl, TensorBoard and the folder names): `step` is the
-1-based RL step (the record of the first RL step is `step_000001.json`, its update makes
-weight version 1, its metrics are logged at step 1, its checkpoint is `step_000001`);
-`weight_version` is the policy version the step's update started from (`step - 1`); a
-group's `epoch` is the 1-based pass over the training data (`epoch_1/` holds the first
-when an epoch is one pass) and its `target_step` the 1-based RL step it was drawn for.
+Does not own: the HDF5 archive or its inspection (rl_core.archive).
 
-Does not own: the HDF5 archive or its inspection.
+Read more: docs/workflow.md, "The rollout archive".
 """
 
 from __future__ import annotations
