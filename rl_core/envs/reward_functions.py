@@ -15,7 +15,8 @@ It returns a real number (an int or a bool counts as its value); anything else, 
 infinity, is an error naming the function. Each function is a named reward component
 (`reward_names`: the names, `EnvResult.rewards`: the raw values); the reward is
 `sum(weight_i * value_i)`. GDPO (`advantage.estimator: gdpo`) normalises each component per
-group and weights them with `advantage.reward_weights` (default: 1 each).
+group and weights them with `advantage.reward_weights` (default: 1 each). `info["correct"]`
+(what accuracy counts) follows `env.success` (docs/environments.md, "What counts as correct").
 
 Errors: a function that raises (or returns a non-number) raises `RewardFunctionError`,
 naming the function, from the environment's `score`; the rollout pump treats it like any
@@ -55,6 +56,7 @@ class RewardFunctionsEnv(BaseEnv):
         super().__init__(config, tokenizer)
         self.functions = load_reward_functions(list(config.functions))
         self.reward_names = tuple(f.name for f in self.functions)
+        self.success = config.criterion()
 
     def prompt_for_functions(self, example: dict[str, Any]) -> str | list[dict[str, str]]:
         """What a function receives as `prompt`: the chat messages with the chat template, else the text."""
@@ -77,4 +79,5 @@ class RewardFunctionsEnv(BaseEnv):
                                           f"({type(value).__name__}); it must return a finite float")
             values[f.name] = float(value)
         total = sum(f.weight * values[f.name] for f in self.functions)
-        return EnvResult(reward=total, rewards=values, info={"ended": completion.ended})
+        return EnvResult(reward=total, rewards=values,
+                         info={"ended": completion.ended, "correct": self.success.passes(total, values)})

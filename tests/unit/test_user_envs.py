@@ -159,7 +159,8 @@ def _score(env, tok, example, text):
 
 
 def test_reward_functions_weighted_sum_and_components(rewards_module, tok):
-    env = make_env(_rf_config((f"{rewards_module}:exact", 1.0), (f"{rewards_module}:length", 0.5)), tok)
+    env = make_env(_rf_config((f"{rewards_module}:exact", 1.0), (f"{rewards_module}:length", 0.5),
+                              success={"component": "exact"}), tok)
     assert isinstance(env, Environment) and env.reward_names == ("exact", "length")
     ex = {"prompt": "07+45=", "answer": "250", "level": 2}
     res = _score(env, tok, ex, "250")
@@ -200,7 +201,8 @@ def test_bad_reward_function_targets(rewards_module, fn, match):
     from rl_core.config.env_plugins import load_reward_functions
 
     with pytest.raises(RecipeError, match=r"env.functions\[1\].target.*" + match):
-        load_reward_functions(_rf_config((f"{rewards_module}:exact", 1.0), (f"{rewards_module}:{fn}", 1.0)).functions)
+        load_reward_functions(_rf_config((f"{rewards_module}:exact", 1.0), (f"{rewards_module}:{fn}", 1.0),
+                                         success={"component": "exact"}).functions)
 
 
 # --------------------------------------------------------------------------- custom environments
