@@ -19,6 +19,7 @@ import pytest
 
 from rl_core.metrics.logger import read_jsonl
 from tests.helpers.paths import ROOT
+from tests.helpers.user_code import user_module
 
 REWARDS = '''
 def correct(prompt, completion, example):
@@ -41,8 +42,6 @@ def _data(path, first: int, n: int) -> str:
 def test_a_bonus_that_wins_over_right_answers_shows_as_a_fall(tmp_path, monkeypatch, capsys):
     from rl_core.launch.cli import main
 
-    (tmp_path / "headline_rewards_mod.py").write_text(REWARDS)
-    monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(ROOT)
     env = ("env={type: reward_functions, functions: [{target: 'headline_rewards_mod:correct'}, "
            "{target: 'headline_rewards_mod:two_digits', weight: 2.0}], success: {component: correct}}")
@@ -52,7 +51,8 @@ def test_a_bonus_that_wins_over_right_answers_shows_as_a_fall(tmp_path, monkeypa
                  "model.warmup={target_accuracy: 1.0, batch_size: 32, eval_every_steps: 25, num_eval_prompts: 16}",
                  f"grpo.max_num_steps={STEPS}", "grpo.max_num_epochs=4", "trainer.lr=1.0e-3",
                  "checkpoint.save_every_steps=0", "validation.max_val_samples=32"]
-    assert main(["train", str(ROOT / "recipes" / "tiny-addition-short.yaml"), *overrides]) == 0
+    with user_module(tmp_path, monkeypatch, "headline_rewards_mod", REWARDS):
+        assert main(["train", str(ROOT / "recipes" / "tiny-addition-short.yaml"), *overrides]) == 0
     out = capsys.readouterr().out
     found = HEADLINE.findall(out)
     assert len(found) == 1, out

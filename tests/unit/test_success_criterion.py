@@ -7,7 +7,6 @@ spool, the archive and the validation record's per-component means."""
 from __future__ import annotations
 
 import json
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -22,6 +21,8 @@ from rl_core.errors import RecipeError
 from rl_core.model.tokenizer import build_tokenizer
 from rl_core.rollout.group import is_correct
 from rl_core.types import EnvResult, PromptGroup, Sample
+from tests.helpers.fakes import FakeChatTokenizer
+from tests.helpers.user_code import user_module
 
 REWARDS = '''
 def right(prompt, completion, example):
@@ -43,10 +44,8 @@ def tok():
 
 @pytest.fixture
 def rewards_module(tmp_path, monkeypatch):
-    (tmp_path / "success_rewards_mod.py").write_text(REWARDS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield "success_rewards_mod"
-    sys.modules.pop("success_rewards_mod", None)
+    with user_module(tmp_path, monkeypatch, "success_rewards_mod", REWARDS) as name:
+        yield name
 
 
 def _score(env, tok, example, text, ended=True):
@@ -167,35 +166,22 @@ def test_reasoning_gym_partial_credit_is_not_correct(tok):
     assert _verdicts(_score(env, tok, ex, "<answer>5</answer>")) == (pytest.approx(1.1), True)
 
 
-class _ChatTok:
-    eos_token_id = 0
-    unk_token_id = 1
-    chat_template = "{{ messages }}"
-
-    def convert_tokens_to_ids(self, t):
-        return 2
-
-    def convert_ids_to_tokens(self, i):
-        return {0: "<eos>", 2: "<|im_end|>"}[i]
-
-
 def test_agent_results_follow_the_criterion(tmp_path, monkeypatch):
     from rl_core.envs.agent import AgentEnv, AgentError, HttpServiceEnv
 
-    (tmp_path / "success_agent_mod.py").write_text("async def agent(client, example):\n    return 1.0\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    cfg = validate_dict({"env": {"type": "agent", "target": "success_agent_mod:agent",
-                                 "reward_names": ["solved", "tidy"], "success": {"component": "solved"}}}).env
-    env = AgentEnv(cfg, _ChatTok())
+    with user_module(tmp_path, monkeypatch, "success_agent_mod", "async def agent(client, example):\n    return 1.0\n"):
+        cfg = validate_dict({"env": {"type": "agent", "target": "success_agent_mod:agent",
+                                     "reward_names": ["solved", "tidy"], "success": {"component": "solved"}}}).env
+        env = AgentEnv(cfg, FakeChatTokenizer())
     assert _verdicts(env.to_result({"solved": 0.0, "tidy": 1.0})) == (1.0, False)
     assert _verdicts(env.to_result({"solved": 1.0, "tidy": 0.0})) == (1.0, True)
     # an EnvResult the agent built: the recipe's criterion decides
     assert not env.to_result(EnvResult(0.5, {"solved": 0.0}, info={"correct": True})).info["correct"]
     with pytest.raises(AgentError, match=r"no reward component 'solved', which env.success.component names"):
         env.to_result(EnvResult(0.5, {"tidy": 1.0}))
-    sys.modules.pop("success_agent_mod", None)
     # no criterion: the agent's own verdict where it gives one, else reward > 0
-    service = HttpServiceEnv(validate_dict({"env": {"type": "http", "url": "http://127.0.0.1:9"}}).env, _ChatTok())
+    service = HttpServiceEnv(validate_dict({"env": {"type": "http", "url": "http://127.0.0.1:9"}}).env,
+                             FakeChatTokenizer())
     assert _verdicts(service.to_result(0.2)) == (0.2, True)
     assert _verdicts(service.to_result(EnvResult(0.2, info={"correct": False}))) == (0.2, False)
     assert _verdicts(service.to_result({"x": 0.0})) == (0.0, False)

@@ -16,6 +16,7 @@ from rl_core.errors import DataError, RecipeError
 from rl_core.model.tokenizer import build_tokenizer
 from rl_core.protocols import Environment
 from rl_core.resilience import FailureKind, classify
+from tests.helpers.user_code import user_module
 
 ROWS = [{"question": f"{a}+{b}=", "solution": str(a + b), "level": a % 3} for a, b in [(1, 2), (3, 4), (5, 6)]]
 CHATS = [{"chat": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"{a}+1=?"}],
@@ -143,10 +144,8 @@ value = 3
 
 @pytest.fixture
 def rewards_module(tmp_path, monkeypatch):
-    (tmp_path / "my_rewards_mod.py").write_text(REWARDS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield "my_rewards_mod"
-    sys.modules.pop("my_rewards_mod", None)
+    with user_module(tmp_path, monkeypatch, "my_rewards_mod", REWARDS) as name:
+        yield name
 
 
 def _rf_config(*targets, **kw):
