@@ -52,6 +52,7 @@ def compile_spool(spool_dir: str | os.PathLike, out_path: str | os.PathLike,
                                                 "start_version", "end_version", "env_mask", "completion_mask",
                                                 "turn_starts", "turn_versions", "segments")}
     components: dict[str, list[float]] = {}
+    correct: list = []  # per sample: the environment's verdict (None in spools written before it was recorded)
     routes: list[list[list[int]]] = []  # per sample, per position: layers x k expert ids
     for path in _spool_files(Path(spool_dir)):
         rec = json.loads(path.read_text())
@@ -80,6 +81,7 @@ def compile_spool(spool_dir: str | os.PathLike, out_path: str | os.PathLike,
                 samples["turn_versions"].append(s.get("turn_versions") or [])
                 samples["segments"].append(int(s.get("segments") or 1))
                 routes.append(s.get("routed_experts") or [])
+                correct.append(s.get("correct"))
                 for name, value in (s.get("rewards") or {}).items():
                     col = components.setdefault(name, [math.nan] * n)
                     col.append(float(value))
@@ -130,6 +132,8 @@ def compile_spool(spool_dir: str | os.PathLike, out_path: str | os.PathLike,
                 ds.attrs["width"] = widths.pop()
                 for i, r in enumerate(routes):
                     ds[i] = np.asarray(r, dtype=np.int32).reshape(-1)
+            if n and None not in correct:
+                sa.create_dataset("correct", data=np.asarray(correct, dtype=bool))
             rw = sa.create_group("rewards")
             for name, col in components.items():
                 rw.create_dataset(name, data=np.asarray(col, dtype=np.float32))
@@ -199,6 +203,8 @@ class RolloutArchive:
             if k in s:
                 out[k] = s[k][i].tolist()
         out["segments"] = int(s["segments"][i]) if "segments" in s else 1
+        if "correct" in s:
+            out["correct"] = bool(s["correct"][i])
         if "routed_experts" in s:  # [positions][layers x k]
             flat, width = s["routed_experts"][i], int(s["routed_experts"].attrs["width"])
             out["routed_experts"] = flat.reshape(-1, width).tolist()
@@ -209,7 +215,10 @@ class RolloutArchive:
         reward = s["reward"][...]
         comps = {k: float(np.nanmean(v[...])) if np.isfinite(v[...]).any() else math.nan
                  for k, v in s["rewards"].items()}
-        correct = s["rewards"]["correct"][...] if "correct" in s["rewards"] else (reward > 0).astype(np.float32)
+        if "correct" in s:  # the environment's verdict per sample
+            correct = s["correct"][...].astype(np.float32)
+        else:  # an archive from before it was recorded
+            correct = s["rewards"]["correct"][...] if "correct" in s["rewards"] else (reward > 0).astype(np.float32)
         steps = st["step"][...]
         stale = g["staleness"][...]
         return {

@@ -97,7 +97,8 @@ def with_seed(params: SamplingParams, seed: int) -> SamplingParams:
 
 @dataclass
 class EnvResult:
-    """What an environment says about one completion."""
+    """What an environment says about one completion. `info["correct"]` (a bool), where given,
+    is whether the sample counts as correct (accuracy, pass@k); else reward > 0 counts."""
 
     reward: float
     rewards: dict[str, float] = field(default_factory=dict)  # named components (multi-reward)

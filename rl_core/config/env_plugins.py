@@ -79,7 +79,7 @@ def load_reward_functions(specs: list[Any]) -> list[RewardFunction]:
                                          f"(its signature is {sig})",
                                          "give the function the three parameters (prompt, completion, example) "
                                          "and return a float.") from None
-        out.append(RewardFunction(spec.name or spec.target.split(":")[1], spec.target, float(spec.weight), fn))
+        out.append(RewardFunction(spec.component, spec.target, float(spec.weight), fn))
     return out
 
 

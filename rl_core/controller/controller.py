@@ -157,9 +157,11 @@ class Controller:
         res["label"] = label
         self.validations.append(res)
         k = self.cfg.validation.num_val_generations_per_prompt
-        self.logger.log(res["weight_version"], {f"val/{m}": res[m] for m in
-                                                ("accuracy", f"pass@{k}", "reward_mean", "mean_length",
-                                                 "truncation_rate", "seconds")}, kind="val")
+        self.logger.log(res["weight_version"], {**{f"val/{m}": res[m] for m in
+                                                   ("accuracy", f"pass@{k}", "reward_mean", "mean_length",
+                                                    "truncation_rate", "seconds")},
+                                                **{f"val/reward/{name}": v for name, v in
+                                                   res["reward_components"].items()}}, kind="val")
         self.progress.message(f"[validate:{label}] weight version {res['weight_version']}: accuracy "
                               f"{res['accuracy']:.3f}, pass@{k} {res[f'pass@{k}']:.3f} on {res['num_prompts']} "
                               f"prompts ({res['seconds']:.1f}s)")

@@ -313,7 +313,9 @@ class BaseEnv(ABC):
 
     @abstractmethod
     def score_completion(self, example: dict[str, Any], completion: Completion) -> EnvResult:
-        """Rewards of a stopped or truncated completion (hook)."""
+        """Rewards of a stopped or truncated completion (hook). Its `info["correct"]` says whether
+        the sample is right (what accuracy counts); without it reward > 0 counts, so set it
+        where the reward has a shaping term (a format bonus, partial credit)."""
 
 
 _FINISH_SET = frozenset(FINISH_REASONS)

@@ -6,7 +6,7 @@ before templating (text, or chat messages with `use_chat_template`), the complet
 without its end token, and a copy of the example. A real number (bool and int count) is
 required; anything else, NaN or infinity, or an exception raises `RewardFunctionError` naming
 the function (a *data* failure for the rollout pump). Each function is a named component;
-`reward = sum(weight_i * value_i)`; GDPO normalises each component per group. Truncated
+`reward = sum(weight_i * value_i)`; `env.success` decides correctness; GDPO normalises each component per group. Truncated
 completions are scored like any other; aborted ones are not (BaseEnv: reward 0, masked).
 
 Does not own: templating and end tokens (base.py), the advantage (rl_core.algorithms).
@@ -42,6 +42,7 @@ class RewardFunctionsEnv(BaseEnv):
         super().__init__(config, tokenizer)
         self.functions = load_reward_functions(list(config.functions))
         self.reward_names = tuple(f.name for f in self.functions)
+        self.success = config.criterion()
 
     def prompt_for_functions(self, example: dict[str, Any]) -> str | list[dict[str, str]]:
         """What a function receives as `prompt`: the chat messages with the chat template, else the text."""
@@ -64,4 +65,5 @@ class RewardFunctionsEnv(BaseEnv):
                                           f"({type(value).__name__}); it must return a finite float")
             values[f.name] = float(value)
         total = sum(f.weight * values[f.name] for f in self.functions)
-        return EnvResult(reward=total, rewards=values, info={"ended": completion.ended})
+        return EnvResult(reward=total, rewards=values,
+                         info={"ended": completion.ended, "correct": self.success.passes(total, values)})

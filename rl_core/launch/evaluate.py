@@ -25,7 +25,8 @@ from rl_core.errors import CheckpointError
 from rl_core.fsutil import atomic_write_json
 from rl_core.launch.job import make_executor, use_allocated_cpus, wait_for_jobs
 
-METRICS = ("accuracy", "pass_at_k", "reward_mean", "mean_length", "truncation_rate", "num_prompts", "weight_version")
+METRICS = ("accuracy", "pass_at_k", "reward_mean", "reward_components", "mean_length", "truncation_rate", "num_prompts",
+           "weight_version")
 
 
 def eval_sets(cfg: RecipeConfig) -> dict[str, str]:

@@ -165,11 +165,12 @@ VALIDATION_SCALARS = ("accuracy", "reward_mean", "mean_length", "truncation_rate
 
 def log_validations_tensorboard(results: list[dict], tb_dir: str | Path) -> Path:
     """Held-out validations' scalars as TensorBoard events (`val/accuracy`, `val/pass@n`,
-    `val/pass_at_k/<k>`, ...), each at its weight version, which is the RL step of metrics.jsonl
-    (0 for the initial policy): in the workflow the before-RL and end-of-epoch validations, one
-    curve in results/<run>/tensorboard/validation. One event file, written in step order
-    (TensorBoard reads a run's events in file order; validations finish in any order), that
-    replaces the one an earlier call wrote (suffix `.rl_core-validation`), no other file."""
+    `val/pass_at_k/<k>`, `val/reward/<component>`, ...), each at its weight version, which is
+    the RL step of metrics.jsonl (0 for the initial policy): in the workflow the before-RL and
+    end-of-epoch validations, one curve in results/<run>/tensorboard/validation. One event
+    file, written in step order (TensorBoard reads a run's events in file order; validations
+    finish in any order), that replaces the one an earlier call wrote (suffix
+    `.rl_core-validation`), no other file."""
     from torch.utils.tensorboard import SummaryWriter
 
     d = Path(tb_dir)
@@ -186,6 +187,8 @@ def log_validations_tensorboard(results: list[dict], tb_dir: str | Path) -> Path
                     writer.add_scalar(f"val/{key}", float(value), step)
             for k, value in (result.get("pass_at_k") or {}).items():
                 writer.add_scalar(f"val/pass_at_k/{k}", float(value), step)
+            for name, value in (result.get("reward_components") or {}).items():
+                writer.add_scalar(f"val/reward/{name}", float(value), step)
     finally:
         writer.close()
     return next(d.glob(f"events.out.tfevents.*{suffix}"))

@@ -483,6 +483,8 @@ async def _generate_group_at_once(backend: GenerationBackend, call: str, env: En
 
 
 def is_correct(sample: Sample) -> bool:
-    """`info['correct']` when the environment reports it, else reward > 0."""
+    """Whether a scored sample counts as correct (accuracy, pass@k, the best checkpoint): the
+    environment's `info['correct']` where it reports one (`protocols.Environment.score`), else
+    reward > 0. The step metrics' `train/accuracy` reads the same rule from a group's columns."""
     c = sample.info.get("correct")
     return bool(c) if c is not None else sample.reward > 0
