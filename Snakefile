@@ -2,7 +2,7 @@
 # controller job) -> archive_rollouts / validate_epoch -> evaluate -> report.
 #   snakemake --cores 2                          the embedded default (config/config.yaml)
 #   snakemake --profile profiles/slurm           the same on Slurm
-# Stages, outputs and rerun recipes: README.md, section "Workflow".
+# Stages, outputs and rerun recipes: docs/workflow.md.
 from snakemake.utils import min_version
 
 min_version("9.0")

@@ -8,7 +8,7 @@ directory: `final_policy/` of `rl-core train` and `model/` of every run checkpoi
 epoch checkpoint carries it, listed in its manifest like every other file).
 
 Does not own: when a policy is saved (launch, checkpoint.run_state) or the validation
-itself (rollout.validation). See README, "Where outputs go".
+itself (rollout.validation). See docs/workflow.md, "Model cards".
 """
 
 from __future__ import annotations

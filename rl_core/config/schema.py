@@ -31,6 +31,7 @@ from rl_core.config.model_sections import (  # noqa: F401  (re-exported: the sch
     ReasoningGymEnvConfig,
     RewardFunctionSpec,
     RewardFunctionsEnvConfig,
+    SuccessCriterion,
     TinyModelConfig,
     WarmupConfig,
 )

@@ -1,20 +1,16 @@
 """The single controller: wires the parts and runs the two pumps concurrently.
 
 Owns: building the run's moving parts (`setup()`: logger, buffer, pumps, refitter, watchdog,
-the restored state) and driving them (`run()`) on one asyncio event loop: start the generation
-backend, validate at start, run the rollout pump and the train pump side by side until the trainer reaches `stop_step` (the first failure of either
-stops both), periodic and final validation pinned to one weight version, metric logging,
-progress, the rollout spool, step checkpoints at quiescent points, the timeline, and the
-run summary. `step_observers` are called after each RL step with its `RLStepRecord`.
+the restored state) and driving them (`run()`) on one asyncio event loop: start the
+generation backend, validate at start, run the rollout and train pumps side by side until
+the trainer reaches `stop_step` (the first failure of either stops both), validation pinned
+to one weight version (at the train pump's step boundary, after refit, before the version
+is published; rollout admission not paused), metric logging, progress, the rollout spool,
+step checkpoints at quiescent points (dispatch closed, every in-flight group committed), the
+timeline and the run summary; `step_observers` get each step's `RLStepRecord`.
 
 Does not own: building the parts from a recipe (rl_core.launch), the policy of either
-pump, or the checkpoint format (rl_core.checkpoint).
-
-Validation during training runs at the train pump's step boundary, after refit and
-before the new version is published: the weight version cannot change while it runs;
-rollout admission is not paused, so groups already admitted keep generating alongside.
-A checkpoint is taken at the same boundary after dispatch is closed and every in-flight
-group has committed, so it holds the exact state (ready groups included) to resume from.
+pump, or the checkpoint format (rl_core.checkpoint). Read more: docs/controller.md.
 """
 
 from __future__ import annotations
@@ -161,9 +157,11 @@ class Controller:
         res["label"] = label
         self.validations.append(res)
         k = self.cfg.validation.num_val_generations_per_prompt
-        self.logger.log(res["weight_version"], {f"val/{m}": res[m] for m in
-                                                ("accuracy", f"pass@{k}", "reward_mean", "mean_length",
-                                                 "truncation_rate", "seconds")}, kind="val")
+        self.logger.log(res["weight_version"], {**{f"val/{m}": res[m] for m in
+                                                   ("accuracy", f"pass@{k}", "reward_mean", "mean_length",
+                                                    "truncation_rate", "seconds")},
+                                                **{f"val/reward/{name}": v for name, v in
+                                                   res["reward_components"].items()}}, kind="val")
         self.progress.message(f"[validate:{label}] weight version {res['weight_version']}: accuracy "
                               f"{res['accuracy']:.3f}, pass@{k} {res[f'pass@{k}']:.3f} on {res['num_prompts']} "
                               f"prompts ({res['seconds']:.1f}s)")

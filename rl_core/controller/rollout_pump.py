@@ -1,22 +1,16 @@
 """The rollout pump: prompts -> generation -> environment -> replay buffer.
 
-Owns: drawing prompt batches from the epoch-bounded `PromptSource` (and each batch's seeds in
-one pass: `rollout.group.seeds_of_groups`; its prompts' ids in one tokenizer call where the
-environment has `prompt_ids_many`, begun when the batch is drawn and waited for when its first
-group starts where it has `start_prompt_ids_many`: `BatchPrompts`); the dispatch valves,
-each a config knob with a metric: the sampler's admission gate, buffer capacity, the
-group in-flight cap, generation-level backpressure (in-flight *samples*), the
-over-sampling bound (unstamped samplers) and the dispatch gate closed by refit drains,
-checkpoints and (optionally) validation; one task per prompt group with retries under
-separate infra/data budgets, exponential backoff and deadlines; the drop budget (shrink a
-step, or replace the dropped group with a fresh prompt); aborting in-flight groups the
-sampler declares stale, and at the run's end (`stop`) those no step will train; committing
-finished groups with their start/end weight versions
-(and the target step the train pump may have moved them to: partial rollouts); its
-resumable state; and what it is waiting on (watchdog, progress).
+Owns: drawing prompt batches from the epoch-bounded `PromptSource` (a batch's seeds in one
+pass, its prompt ids begun when drawn: `BatchPrompts`); the dispatch valves, each a knob with
+a metric (admission gate, buffer capacity, group in-flight cap, generation-level
+backpressure, the over-sampling bound, the dispatch gate closed by drains, checkpoints and
+validation); one task per prompt group with retries under separate infra/data budgets,
+backoff and deadlines; the drop budget (shrink or replace); aborting groups the sampler
+declares stale, and at the run's end those no step will train; committing finished groups
+with their versions and target step; its resumable state and what it waits on.
 
 Does not own: staleness policy (sampler), training, refit, or the failure taxonomy
-(rl_core.resilience).
+(rl_core.resilience). Read more: docs/controller.md, "Backpressure valves", "Resilience".
 """
 
 from __future__ import annotations

@@ -4,16 +4,13 @@ Owns: loading and checking the agent function (`env.target`, an async function
 `agent(client, example, **kwargs)`), the run's session server (started in the controller's
 event loop at the first episode, stopped by `aclose`), one `openai.AsyncOpenAI` client per
 episode bound to the episode's session URL (no client-side retries: a retried call would be
-a second model turn), and turning what the agent returns into an `EnvResult`: a float is
-the reward; a dict of floats is named reward components (they must match
-`env.reward_names`) whose sum is the reward.
+a second model turn), and turning what the agent returns into an `EnvResult` (a float is the
+reward; a dict of floats is named components matching `env.reward_names`, summed; `env.success` sets
+`info["correct"]`). The observation `prompt_ids` (the prompt as a user message after `env.system_prompt`) is what the
+warm-up trains on; what the model sees in an episode is whatever the agent sends.
 
-The observation `prompt_ids` (the example's prompt as a user message through the chat
-template, after `env.system_prompt`) is what the supervised warm-up trains on and what the
-run's bookkeeping measures; what the model sees in an episode is whatever the agent sends.
-How episodes become samples: rl_core.rollout.sessions; the guide: docs/agents.md.
-
-Does not own: the rollout (rl_core.rollout.group.generate_episode) or HTTP (session_server).
+Does not own: the rollout (rl_core.rollout.group.generate_episode), HTTP (session_server) or
+how episodes become samples (rl_core.rollout.sessions). Read more: docs/agents.md.
 """
 
 from __future__ import annotations
@@ -123,7 +120,23 @@ class AgentEnv(BaseEnv):
         return self.to_result(out)
 
     def to_result(self, out: Any) -> EnvResult:
-        target = getattr(self.config, "target", None) or f"service {getattr(self.config, 'url', '?')}"
+        """The episode's `EnvResult` from what the agent (or service) returned, with `info["correct"]`
+        set by `env.success` where the recipe gives one."""
+        result = self._result(out)
+        success = getattr(self.config, "success", None)
+        if success is not None:
+            if success.component is not None and success.component not in result.rewards:
+                raise AgentError(f"agent {self._source()} returned no reward component {success.component!r}, which "
+                                 f"env.success.component names (it returned {sorted(result.rewards) or 'one float'})")
+            result.info["correct"] = success.passes(result.reward, result.rewards)
+        return result
+
+    def _source(self) -> str:
+        """The agent's import path, or the service's URL (error messages)."""
+        return getattr(self.config, "target", None) or f"service {getattr(self.config, 'url', '?')}"
+
+    def _result(self, out: Any) -> EnvResult:
+        target = self._source()
         if isinstance(out, EnvResult):
             return out
         if isinstance(out, bool) or not isinstance(out, (int, float, dict)):

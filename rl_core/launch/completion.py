@@ -7,7 +7,7 @@ override fields (`grpo.max_num_steps=`) from the recipe schema; anything else co
 file names. zsh runs the same function through its `bashcompinit`. Install with
 `source <(rl-core completion bash)` (or `zsh`) in the shell's rc file.
 
-Does not own: the parser (cli.py). See README, "Quickstart".
+Does not own: the parser (cli.py). See docs/usage.md, "Quickstart".
 """
 
 from __future__ import annotations

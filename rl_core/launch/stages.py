@@ -1,25 +1,17 @@
 """The workflow's stages as plain functions (called by workflow/scripts and the submitit job).
 
-Owns: what each Snakemake stage computes and writes, and the epoch plan:
-- `plan_epochs`: which RL steps belong to which epoch (cheap: counts lines, no torch);
-- `validate_recipe`: recipe + overrides -> resolved_config.json;
-- `make_data`: the recipe's `data.generate` files (a reasoning_gym task's train/val sets);
-- `init_policy`: the initial policy HF directory;
-- `train_epoch`: run the controller from the previous epoch's checkpoint to the end of
-  epoch k, resuming from the newest intact step checkpoint of this epoch if a previous
-  attempt was killed (damaged newer ones are moved to `epoch_k/damaged_checkpoints/`, and
-  the model shape of what it continues from is checked against the recipe); ends in
-  `epoch_k/checkpoint/` (atomic, manifest last);
-- `validate_checkpoint`: accuracy / pass@k of a checkpoint on a prompt file;
-- `log_validations`: the validations to the trackers (TensorBoard, W&B, MLflow) at their RL steps.
+Owns: what each Snakemake stage computes and writes: `plan_epochs` (which RL steps belong to
+which epoch; counts lines, no torch), `validate_recipe` (-> resolved_config.json), `make_data`
+(the recipe's `data.generate` files), `init_policy`, `train_epoch` (the controller from the
+previous epoch's checkpoint to the end of epoch k, resuming from the newest intact step
+checkpoint of a killed attempt, the shape of what it continues from checked; ends in
+`epoch_k/checkpoint/`, atomic), `validate_checkpoint` (accuracy / pass@k of a checkpoint on a
+prompt file) and `log_validations` (to the trackers: TensorBoard, W&B, MLflow). In
+reproducible mode an epoch also generates the next `lookahead` steps' groups and keeps them
+in its checkpoint, so the workflow equals one continuous run bit for bit.
 
-Epoch k (1-based) holds RL steps [first_step, end_step): step s trains on prompt batch s,
-and batch s belongs to rollout-side epoch s // batches_per_epoch. In reproducible mode an
-epoch run also generates the groups of the next `lookahead` steps (with the weights they
-are pinned to) and keeps them in its checkpoint, so a workflow run equals a single
-continuous run bit for bit.
-
-Does not own: the controller, the checkpoint format, the Snakefile, or submitit.
+Does not own: the controller, the checkpoint format, the Snakefile, or submitit. Read more:
+docs/workflow.md, "The stages".
 """
 
 from __future__ import annotations
@@ -173,15 +165,17 @@ VALIDATION_SCALARS = ("accuracy", "reward_mean", "mean_length", "truncation_rate
 
 def validation_scalars(result: dict) -> dict[str, float]:
     """A validation's scalars under their tracker names: `val/accuracy`, `val/pass@n`,
-    `val/pass_at_k/<k>`, `val/reward_mean`, ..."""
+    `val/pass_at_k/<k>`, `val/reward/<component>`, `val/reward_mean`, ..."""
     out = {f"val/{key}": float(value) for key, value in result.items()
            if key in VALIDATION_SCALARS or key.startswith("pass@")}
     out.update({f"val/pass_at_k/{k}": float(v) for k, v in (result.get("pass_at_k") or {}).items()})
+    out.update({f"val/reward/{name}": float(v) for name, v in (result.get("reward_components") or {}).items()})
     return out
 
 
 def log_validations_tensorboard(results: list[dict], tb_dir: str | Path) -> Path:
-    """Held-out validations' scalars (`validation_scalars`) as TensorBoard events, each at its
+    """Held-out validations' scalars (`validation_scalars`: `val/accuracy`, `val/pass@n`,
+    `val/pass_at_k/<k>`, `val/reward/<component>`, ...) as TensorBoard events, each at its
     weight version, which is the RL step of metrics.jsonl (0 for the initial policy): in the
     workflow the before-RL and end-of-epoch validations, one curve in
     results/<run>/tensorboard/validation. One event file, written in step order (TensorBoard

@@ -1,23 +1,16 @@
 """The Python side of the Snakemake workflow: the parse-time plan and running a stage in a rule.
 
-Owns:
-- `load_workflow`: at parse time (imported by `workflow/rules/common.smk`, so it must stay
-  torch-free) it checks the workflow config (`config/config.yaml` plus any `--config`)
-  against `workflow/schemas/config.schema.yaml`, loads the recipe with its overrides,
-  plans the epochs (`stages.plan_epochs`) and checks a branch source; every problem is a
-  `RecipeError` paragraph (which field, what was received, what was expected, the fix),
-  raised before any job runs. It returns a `WorkflowPlan`: the run's paths, one place.
-- `write_stage_digests` / `stage_config`: change detection (one digest file per stage, the
-  stage rules' input) and the resolved recipe a stage job runs with.
-- `link_init_policy`: a branch's initial policy, the source run's, linked.
-- `branch_epoch`: the `branch_epoch` rule (a new run starting from another run's epoch:
-  the source epoch's files are hard-linked, its checkpoint verified first).
-- `run_in_rule`: how a rule's script runs a stage: all output (Python and child
-  processes) into the rule's `log:`, a `UserError` shown on the terminal as one paragraph
-  with exit status 2, any other failure as one line pointing at the log.
+Owns: `load_workflow` (at parse time, imported by `workflow/rules/common.smk`, so torch-free:
+the workflow config checked against `workflow/schemas/config.schema.yaml`, the recipe loaded
+with its overrides, the epochs planned, a branch source checked; every problem a `RecipeError`
+paragraph raised before any job runs; returns the `WorkflowPlan`, the run's paths in one
+place); `write_stage_digests` / `stage_config` (change detection: one digest file per stage,
+and the resolved recipe a stage job runs with); `link_init_policy` and `branch_epoch` (a
+branch from another run's epoch, its files hard-linked, the checkpoint verified first); and
+`run_in_rule` (a rule's output into its `log:`, a `UserError` as one paragraph, exit 2).
 
 Does not own: the rules (workflow/rules/*.smk), what the stages compute (stages.py), the
-submitit jobs (job.py, evaluate.py).
+submitit jobs (job.py, evaluate.py). Read more: docs/workflow.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Drawing the report: five PNG plots (per RL step and per epoch) and a self-contained HTML page.
 
-Owns: the plots (matplotlib with the Agg backend: no display needed) -
-`reward`, `accuracy`, `pass_at_k`, `staleness`, `throughput`, each a figure with a
-per-step panel (epoch boundaries dashed) and a per-epoch panel - written as PNG files and
-embedded in `report.html` as data URIs, plus the tables (run summary, per epoch,
-evaluation). Writes are atomic.
+Owns: the plots (matplotlib with the Agg backend: no display needed) - `reward` (the
+total and its named components), `accuracy`, `pass_at_k`, `staleness`, `throughput`, each a
+figure with a per-step panel (epoch boundaries dashed) and a per-epoch panel - written as
+PNG files and embedded in `report.html` as data URIs, plus the tables (run summary, per
+epoch, evaluation). Writes are atomic.
 
 Does not own: reading result files (collect.py).
 """
@@ -98,9 +98,10 @@ def _figure(name: str, data: RunData) -> bytes:
     rows = data.per_epoch()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
     fig.suptitle(PLOT_TITLES[name])
-    if name == "reward":
-        _step_panel(left, data, [("reward", "mean reward")], "reward", smooth=True)
-        _epoch_panel(right, rows, [("reward", "mean reward")], "reward")
+    if name == "reward":  # the total and each named component (`reward/<name>`)
+        series = [("reward", "mean reward")] + [(key, key) for key in data.reward_components()]
+        _step_panel(left, data, series, "reward", smooth=True)
+        _epoch_panel(right, rows, series, "reward")
     elif name == "accuracy":
         _step_panel(left, data, [("accuracy", "train accuracy")], "accuracy", smooth=True)
         labelled = False
@@ -193,7 +194,8 @@ def _html(data: RunData, images: dict[str, bytes]) -> str:
                      f'src="data:image/png;base64,{b64}"><figcaption>{html.escape(PLOT_TITLES[name])} '
                      f'(<a href="report/{name}.png">{name}.png</a>)</figcaption></figure>')
     parts.append("<h2>Per epoch</h2>" + _table(rows, [
-        ("epoch", "epoch"), ("num_steps", "steps"), ("reward", "mean reward"), ("accuracy", "train accuracy"),
+        ("epoch", "epoch"), ("num_steps", "steps"), ("reward", "mean reward"),
+        *[(key, key) for key in data.reward_components()], ("accuracy", "train accuracy"),
         ("val_accuracy", "val accuracy"), ("val_pass_at_k", f"val pass@{k}"), ("val_mean_length", "val length"),
         ("staleness_mean", "staleness mean"), ("staleness_max", "staleness max"),
         ("generated_tokens_per_s", "generated tok/s"), ("trained_tokens_per_s", "trained tok/s"),

@@ -2,10 +2,11 @@
 
 Owns: generating n samples per held-out prompt with validation-only sampling parameters
 (greedy by default) on one pinned weight version, and the metrics: accuracy (mean
-correctness over all samples), `pass@n` (share of prompts with at least one correct
-sample among its n), `pass_at_k` (the unbiased estimator of pass@k for every k in 1..n,
-Chen et al. 2021, eq. 1: `pass_at_k["1"]` equals accuracy and `pass_at_k[str(n)]` equals
-`pass@n`), mean completion length, truncation rate. Used during training (by the
+correctness over all samples: the environment's `info["correct"]`, `group.is_correct`),
+`pass@n` (share of prompts with at least one correct sample among its n), `pass_at_k` (the
+unbiased estimator of pass@k for every k in 1..n, Chen et al. 2021, eq. 1: `pass_at_k["1"]`
+equals accuracy and `pass_at_k[str(n)]` equals `pass@n`), the mean reward and the mean of
+each named reward component (`reward_components`), mean completion length, truncation rate. Used during training (by the
 controller) and on saved checkpoints (by the workflow's validate/evaluate stages).
 
 Does not own: when validation runs, or pinning the version (the caller must not refit
@@ -42,6 +43,15 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     for i in range(n - c + 1, n + 1):
         miss *= 1.0 - k / i
     return 1.0 - miss
+
+
+def component_means(samples) -> dict[str, float]:
+    """Mean of each named reward component over the samples that report it (environment order)."""
+    sums: dict[str, list[float]] = {}
+    for s in samples:
+        for name, value in s.rewards.items():
+            sums.setdefault(name, []).append(value)
+    return {name: statistics.fmean(values) for name, values in sums.items()}
 
 
 class Validator:
@@ -81,6 +91,7 @@ class Validator:
             "pass_at_k": {str(j): statistics.fmean(pass_at_k(k, sum(row), j) for row in correct)
                           for j in range(1, k + 1)},
             "reward_mean": statistics.fmean(s.reward for s in samples),
+            "reward_components": component_means(samples),
             "mean_length": statistics.fmean(len(s.completion_ids) for s in samples),
             "truncation_rate": statistics.fmean(1.0 if s.truncated else 0.0 for s in samples),
             "seconds": time.monotonic() - t0,

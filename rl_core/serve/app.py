@@ -11,8 +11,7 @@ choice alone) and a response.
 Does not own: the engine or its thread (rl_core.generation), request schemas
 (protocol.py), text handling (text.py), or process start-up (rl_core.launch.serve).
 
-See docs/generation.md, "`rl-core serve`": the endpoint table, the field policy, limits
-and errors, managed mode and the auth rules.
+Read more: docs/generation.md, "`rl-core serve`" (endpoints, field policy, limits, auth).
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ def test_a_killed_local_job_is_reported_at_once(tmp_path, cluster):
 
 def test_a_local_controller_job_stops_on_a_plain_kill(tmp_path, cluster):
     """submitit only logs "Bypassing signal SIGTERM"; the controller job's own handler stops it
-    (README Recovery: `kill <pid>` of a local controller job). Not under Slurm."""
+    (docs/workflow.md, Recovery: `kill <pid>` of a local controller job). Not under Slurm."""
     ex = make_executor("local", tmp_path, cluster.evaluation, cluster, "t")
     job = ex.submit(sigterm_self_after_install)
     with pytest.raises(JobError, match="ended without a result"):

@@ -1,7 +1,7 @@
 """Change detection in one invocation: each documented change class, as a single `snakemake` run
 on a copy of the finished reference run, reruns exactly the stages it can change; a dry run
 afterwards has nothing to do, and the accuracy line printed at the end is the new one.
-Also: `snakemake --report` of the finished run holds its plots, and the README's branch
+Also: `snakemake --report` of the finished run holds its plots, and docs/workflow.md's branch
 command does not rebuild the initial policy."""
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def test_snakemake_report_holds_the_plots(reference_run, tmp_path):
 
 
 def test_branch_command_of_the_readme_links_the_initial_policy(reference_run, tmp_path):
-    """README, rerun (a) with the default target: the initial policy and epoch 1 are the source's
+    """docs/workflow.md, rerun (a) with the default target: the initial policy and epoch 1 are the source's
     (hard links), epoch 2 trains with the new knob, then nothing is left to do."""
     wd = copy_run(reference_run, tmp_path / "wd")
     args = ["--cores", "2", *short_config("lr-branch", ["trainer.lr=3e-4"], f"branch_from=results/{RUN}/epoch_1")]
@@ -180,7 +180,7 @@ def test_a_data_file_edited_in_place_reruns_the_stages_that_read_it(reference_ru
 
 
 def test_revalidate_command_of_the_readme_redraws_the_report(reference_run, tmp_path):
-    """README, rerun (b): forcing one checkpoint's validation re-validates it, re-evaluates (the
+    """docs/workflow.md, rerun (b): forcing one checkpoint's validation re-validates it, re-evaluates (the
     best checkpoint is picked by validation accuracy) and redraws the report, in one invocation;
     then nothing is left to do (a plain `--force` of the file would leave the evaluation and the
     report for a second invocation)."""

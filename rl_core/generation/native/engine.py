@@ -4,19 +4,13 @@ Owns: the life of a request inside the engine (waiting queue -> slot -> finished
 schedule of one step (decodes, then prefill chunks, then admissions, within
 `max_step_tokens` fed and `max_num_kv_tokens` held; the newest sequences are preempted
 over the KV budget), stop conditions, weight refits and KV invalidation, the per-token
-weight versions and MoE routes of each request, and per-step statistics. One `step()`
-is one forward over every running sequence. Built from one `EngineOptions` record, whose
-values it checks against the model and device.
-
-Not thread-safe: one thread drives an engine (backend.py owns the thread).
+weight versions and MoE routes of each request, and per-step statistics. One `step()` is
+one forward over every running sequence. Built from one `EngineOptions` record, whose
+values it checks against the model and device. Not thread-safe: one thread drives it.
 
 Does not own: the model maths (model.py), the cache layout (kv_cache.py), sampling
 (sampling.py), graph capture (decode_graph.py), the scale rule (kv_calibration.py), the
-records of requests, steps and counters (engine_state.py), the settings and their
-model-free checks (options.py).
-
-See docs/generation.md, "The native engine": scheduling, stop rules, the KV budget,
-versions, FP8 KV, the decode paths and `overlap_steps`; docs/moe.md for the routes.
+records (engine_state.py), the settings (options.py). Read more: docs/generation.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,17 @@
 """Our own decoder forward for Llama / Qwen2 / Mixtral causal LMs, running on the slot KV cache.
 
 Owns: `ModelSpec` (the shape read from an HF `config.json` or transformers config),
-`CausalLM` (an `nn.Module` whose parameter names are the HF names, so an HF state dict
-loads and refits by name), its forward over one `StepLayout` (packed new tokens, written
-into and attending over the cache), a cache-free `sequence_logits` for scoring, and the
-safetensors loading helpers (`SafetensorsDir` reads lazily). The maths mirrors `transformers`' Llama/Qwen2 modelling code
-(fp32 CPU logits agree to ~1e-6).
+`CausalLM` (an `nn.Module` whose parameter names are the HF names, so an HF state dict loads
+and refits by name), its forward over one `StepLayout`, a cache-free `sequence_logits` for
+scoring, `decode_slots` (a static-shape decode step over slots 0..S-1 and keys 0..K-1, the
+mask built on the device, which CUDA graphs capture), `kv_amax` (for FP8 scales), and the
+safetensors loading helpers (`SafetensorsDir` reads lazily). The maths mirrors transformers' Llama/Qwen2 code (fp32 CPU
+logits agree to ~1e-6). Supported: "llama", "qwen2", "mixtral" (moe.py; the eager forward
+records routes in `last_routes`; `decode_slots` is dense-only), SiLU MLP, default RoPE, no
+sliding window; anything else raises `ValueError` naming the config field.
 
-Two more entry points: `decode_slots`, a static-shape decode step (one token for each of
-the slots 0..S-1, attending over the first K positions of each slot, with the mask built
-on the device from the positions) that CUDA graphs can capture (decode_graph.py); and
-`kv_amax`, the per-(layer, kv head) absolute maxima of keys and values over a few
-sequences, from which the engine calibrates FP8 KV-cache scales.
-
-Does not own: which requests run or when (engine.py), the cache storage and per-step
-index tensors (kv_cache.py), or sampling (sampling.py).
-
-Supported: `model_type` "llama", "qwen2" and "mixtral" (sparse mixture of experts, moe.py:
-the eager forward records each token's routed experts in `last_routes` [tokens, layers, k];
-`decode_slots` is dense-only), SiLU MLP, default RoPE (no rope scaling), no sliding
-window. Anything else raises `ValueError` naming the config field.
+Does not own: which requests run or when (engine.py), the cache storage and per-step index
+tensors (kv_cache.py), or sampling (sampling.py). Read more: docs/generation.md.
 """
 
 from __future__ import annotations
