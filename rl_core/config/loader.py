@@ -244,6 +244,16 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] | None = None, pre
     return cfg
 
 
+def _tracker_problems(cfg: RecipeConfig) -> list[dict]:
+    """A tracker in logging.trackers whose library is not installed (found without importing it)."""
+    import importlib.util
+
+    return [{"field": "logging.trackers", "value": cfg.logging.trackers,
+             "expected": f"the {name!r} package installed for the {name!r} tracker (it is not importable here)",
+             "fix": f'pip install "rl_core[{name}]" (with -c constraints.txt), or remove {name!r} from logging.trackers.'}
+            for name in cfg.logging.trackers if name != "tensorboard" and importlib.util.find_spec(name) is None]
+
+
 def preflight(cfg: RecipeConfig, source: str | None = None) -> None:
     """Checks that need the file system but nothing heavy: data files (every row), model
     directory, the output directory, the environment's plug-ins (a `custom` class, reward
@@ -278,6 +288,7 @@ def preflight(cfg: RecipeConfig, source: str | None = None) -> None:
         problems.append({"field": "critic.model_path", "value": cfg.critic.model_path,
                          "expected": "an HF model directory containing config.json (or a directory saved by the critic)",
                          "fix": "point critic.model_path at a saved transformers model, or remove it to start the critic from the initial policy."})
+    problems += _tracker_problems(cfg)
     if problems:
         raise RecipeError(problems, source)
     check_output_dir(run_dir(cfg), "output_dir", source)

@@ -79,10 +79,12 @@ from rl_core.config.run_sections import (  # noqa: F401  (re-exported: the schem
     ClusterConfig,
     EvaluationConfig,
     LoggingConfig,
+    MlflowConfig,
     NodeGroupConfig,
     RuntimeConfig,
     SlurmJobConfig,
     ValidationConfig,
+    WandbConfig,
 )
 
 

@@ -244,7 +244,7 @@ class Controller:
         and the refitter, then apply the restored state. `run()` calls it when not called yet."""
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.logger = MetricsLogger(self.run_dir, cfg.logging.tensorboard, cfg.logging.jsonl)
+        self.logger = MetricsLogger.for_run(cfg, self.run_dir)
         self.progress = Progress(max(1, self.stop_step - self.start_step), cfg.logging.progress)
         cond = asyncio.Condition()
         clock = VersionClock(cond, self.p.trainer.version)

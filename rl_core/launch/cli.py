@@ -197,8 +197,18 @@ def cmd_serve(args) -> int:
     return serve(args)
 
 
+def cmd_completion(args) -> int:
+    from rl_core.launch.completion import completion_script
+
+    sys.stdout.write(completion_script(build_parser(), args.shell))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from rl_core import package_version
+
     parser = argparse.ArgumentParser(prog="rl-core", description="Asynchronous RL post-training for language models.")
+    parser.add_argument("--version", action="version", version=f"rl-core {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("validate", help="check a recipe, write its resolved config, build nothing")
@@ -261,6 +271,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="serve a model with the native engine over an OpenAI-compatible HTTP API")
     add_serve_args(p)
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("completion", help="print the shell completion script (bash or zsh): "
+                                          "`source <(rl-core completion bash)` in ~/.bashrc")
+    p.add_argument("shell", choices=["bash", "zsh"])
+    p.set_defaults(func=cmd_completion)
     return parser
 
 

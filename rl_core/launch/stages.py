@@ -6,9 +6,9 @@ which epoch; counts lines, no torch), `validate_recipe` (-> resolved_config.json
 previous epoch's checkpoint to the end of epoch k, resuming from the newest intact step
 checkpoint of a killed attempt, the shape of what it continues from checked; ends in
 `epoch_k/checkpoint/`, atomic), `validate_checkpoint` (accuracy / pass@k of a checkpoint on a
-prompt file) and `log_validations_tensorboard`. In reproducible mode an epoch also generates
-the next `lookahead` steps' groups and keeps them in its checkpoint, so the workflow equals one
-continuous run bit for bit.
+prompt file) and `log_validations` (to the trackers: TensorBoard, W&B, MLflow). In
+reproducible mode an epoch also generates the next `lookahead` steps' groups and keeps them
+in its checkpoint, so the workflow equals one continuous run bit for bit.
 
 Does not own: the controller, the checkpoint format, the Snakefile, or submitit. Read more:
 docs/workflow.md, "The stages".
@@ -163,35 +163,62 @@ def train_epoch(resolved_config_path: str, epoch: int, prev_checkpoint: str, epo
 VALIDATION_SCALARS = ("accuracy", "reward_mean", "mean_length", "truncation_rate")
 
 
+def validation_scalars(result: dict) -> dict[str, float]:
+    """A validation's scalars under their tracker names: `val/accuracy`, `val/pass@n`,
+    `val/pass_at_k/<k>`, `val/reward/<component>`, `val/reward_mean`, ..."""
+    out = {f"val/{key}": float(value) for key, value in result.items()
+           if key in VALIDATION_SCALARS or key.startswith("pass@")}
+    out.update({f"val/pass_at_k/{k}": float(v) for k, v in (result.get("pass_at_k") or {}).items()})
+    out.update({f"val/reward/{name}": float(v) for name, v in (result.get("reward_components") or {}).items()})
+    return out
+
+
 def log_validations_tensorboard(results: list[dict], tb_dir: str | Path) -> Path:
-    """Held-out validations' scalars as TensorBoard events (`val/accuracy`, `val/pass@n`,
-    `val/pass_at_k/<k>`, `val/reward/<component>`, ...), each at its weight version, which is
-    the RL step of metrics.jsonl (0 for the initial policy): in the workflow the before-RL and
-    end-of-epoch validations, one curve in results/<run>/tensorboard/validation. One event
-    file, written in step order (TensorBoard reads a run's events in file order; validations
-    finish in any order), that replaces the one an earlier call wrote (suffix
-    `.rl_core-validation`), no other file."""
-    from torch.utils.tensorboard import SummaryWriter
+    """Held-out validations' scalars (`validation_scalars`: `val/accuracy`, `val/pass@n`,
+    `val/pass_at_k/<k>`, `val/reward/<component>`, ...) as TensorBoard events, each at its
+    weight version, which is the RL step of metrics.jsonl (0 for the initial policy): in the
+    workflow the before-RL and end-of-epoch validations, one curve in
+    results/<run>/tensorboard/validation. One event file, written in step order (TensorBoard
+    reads a run's events in file order; validations finish in any order), that replaces the one
+    an earlier call wrote (suffix `.rl_core-validation`), no other file."""
+    from rl_core.metrics.trackers import TensorBoardSink
 
     d = Path(tb_dir)
     d.mkdir(parents=True, exist_ok=True)
     suffix = ".rl_core-validation"
     for old in d.glob(f"events.out.tfevents.*{suffix}"):  # written by an earlier call
         old.unlink()
-    writer = SummaryWriter(log_dir=str(d), filename_suffix=suffix)
+    sink = TensorBoardSink(d, filename_suffix=suffix)
     try:
         for result in sorted(results, key=lambda r: int(r["weight_version"])):
-            step = int(result["weight_version"])
-            for key, value in result.items():
-                if key in VALIDATION_SCALARS or key.startswith("pass@"):
-                    writer.add_scalar(f"val/{key}", float(value), step)
-            for k, value in (result.get("pass_at_k") or {}).items():
-                writer.add_scalar(f"val/pass_at_k/{k}", float(value), step)
-            for name, value in (result.get("reward_components") or {}).items():
-                writer.add_scalar(f"val/reward/{name}", float(value), step)
+            sink.write(int(result["weight_version"]), validation_scalars(result), {})
     finally:
-        writer.close()
+        sink.close()
     return next(d.glob(f"events.out.tfevents.*{suffix}"))
+
+
+def log_validations(results: list[dict], cfg: RecipeConfig, run_dir: str | Path) -> list[str]:
+    """The workflow's validations to every tracker of `logging.trackers`: TensorBoard as above,
+    W&B and MLflow as one run `<run_name>/validation` of the run's group / experiment, which
+    replaces the one an earlier call made (ids in <run dir>/trackers-validation.json). Returns
+    what it wrote, for the rule's log."""
+    from rl_core.metrics.trackers import open_sinks
+
+    run_dir = Path(run_dir)
+    wrote = []
+    if "tensorboard" in cfg.logging.trackers:
+        wrote.append(str(log_validations_tensorboard(results, run_dir / "tensorboard" / "validation")))
+    others = [t for t in cfg.logging.trackers if t != "tensorboard"]
+    sinks = open_sinks(cfg, run_dir, trackers=others, name=f"{cfg.run_name}/validation",
+                       state_file="trackers-validation.json", job_type="validation", replace=True)
+    try:
+        for result in sorted(results, key=lambda r: int(r["weight_version"])):
+            for sink in sinks:
+                sink.write(int(result["weight_version"]), validation_scalars(result), {})
+    finally:
+        for sink in sinks:
+            sink.close()
+    return wrote + [f"{name}: {cfg.run_name}/validation" for name in others]
 
 
 def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json: str, split: str = "val",

@@ -125,13 +125,16 @@ def build_parts(cfg: RecipeConfig, policy_dir: str | Path, *, trainer_state: dic
                  val_examples=val_examples, stop_token_ids=stop_ids, pad_id=pad, setup=setup, critic=critic)
 
 
-def save_policy(parts, out_dir: str | Path) -> Path:
-    """The trained policy as an HF directory (weights + tokenizer), written atomically."""
+def save_policy(parts, out_dir: str | Path, card: str | None = None) -> Path:
+    """The trained policy as an HF directory (weights + tokenizer + the model card `card`), written atomically."""
+    from rl_core.checkpoint.card import write_card
     from rl_core.fsutil import atomic_dir
 
     with atomic_dir(out_dir, "final-policy") as tmp:
         parts.trainer.save_pretrained(tmp)
         parts.tokenizer.save_pretrained(str(tmp))
+        if card is not None:
+            write_card(tmp, card)
     return Path(out_dir)
 
 
@@ -142,6 +145,7 @@ def run_controller(cfg: RecipeConfig, run_dir: str | Path, *, policy_dir: str | 
     """Build the parts (from `policy_dir`, or from a `LoadedCheckpoint` to resume) and run the
     controller until RL step `stop_step`; step checkpoints go to `checkpoint_dir/step_NNNNNN`."""
     from rl_core.checkpoint import prune, save_run_checkpoint
+    from rl_core.checkpoint.card import held_out_at, render_card
     from rl_core.controller.controller import Controller
     from rl_core.train import close_trainer
 
@@ -164,7 +168,8 @@ def run_controller(cfg: RecipeConfig, run_dir: str | Path, *, policy_dir: str | 
             if state.get("open_step") is not None:  # between the mini-steps of RL step `version`
                 name += f"_opt{parts.trainer.optimizer_steps:06d}"
             save_run_checkpoint(ckdir / name, trainer=parts.trainer, tokenizer=parts.tokenizer,
-                                controller_state=state, resolved_config=resolved, critic=parts.critic)
+                                controller_state=state, resolved_config=resolved, critic=parts.critic,
+                                held_out=held_out_at(controller.validations, version))
             prune(ckdir, cfg.checkpoint.keep_last)
 
     controller = Controller(cfg, parts, run_dir, total, stop_step=stop_step, restore=restore,
@@ -173,7 +178,9 @@ def run_controller(cfg: RecipeConfig, run_dir: str | Path, *, policy_dir: str | 
     try:
         summary = asyncio.run(controller.run())
         if final_policy_dir is not None:
-            save_policy(parts, final_policy_dir)
+            version = parts.trainer.version
+            save_policy(parts, final_policy_dir, render_card(resolved, rl_step=version,
+                                                             held_out=held_out_at(controller.validations, version)))
     finally:
         close_trainer(parts.trainer)  # multi-process trainers: release the worker ranks
     return summary

@@ -28,7 +28,7 @@ from rl_core.generation.native.decode_graph import DecodeRunner
 from rl_core.generation.native.engine_state import EngineStats, StepRecord, LaunchedStep, EngineSequence
 from rl_core.generation.native.kv_cache import KV_STORAGE, KVCache, StepLayout
 from rl_core.generation.native.kv_calibration import KVScaleSync
-from rl_core.generation.native.model import CausalLM, ModelSpec, load_safetensors_dir, read_config
+from rl_core.generation.native.model import CausalLM, ModelSpec, SafetensorsDir, read_config
 from rl_core.generation.native.options import EngineOptions
 from rl_core.generation.native.sampling import SamplingBatch, draw_uniforms, new_generator, sample_tokens
 from rl_core.types import GenerationRequest, GenerationResult
@@ -126,7 +126,7 @@ class NativeEngine:
     def from_pretrained(cls, model_dir: str | Path, options: EngineOptions | None = None) -> "NativeEngine":
         """From an HF directory (config.json, *.safetensors; eos ids of config.json and
         generation_config.json are merged)."""
-        return cls(read_config(model_dir), load_safetensors_dir(model_dir), options)
+        return cls(read_config(model_dir), SafetensorsDir(model_dir), options)
 
     # ------------------------------------------------------------------ queries
 
