@@ -1,19 +1,16 @@
 """A branch run's files from its source run, without ever changing the source.
 
 Owns: `link_init_policy` (rule branch_init_policy), `branch_epoch` (rule branch_epoch),
-`reuse_result` (rules branch_archive, branch_validation, branch_init_validation: the source's
-`rollouts.h5` / `validation.json` of a linked epoch, copied instead of recomputed) and
+`reuse_result` (rules branch_archive, branch_validation, branch_init_validation: a linked
+epoch's `rollouts.h5` / `validation.json`, the source's, copied instead of recomputed) and
 `reusable_validation` (whether a source's validation still holds for the branch).
-
-The rule of what is shared: a hard link shares the inode, so its bytes, mode and mtime too.
-Only payloads written once and never opened for writing again are linked: the files of a
-checkpoint or policy directory (built in a temporary directory and renamed into place,
-rl_core.fsutil.atomic_dir) and the rollout spool's step files (each written atomically).
-Everything Snakemake touches (declared output files, the `.snakemake_timestamp` of directory
-outputs) or rl_core appends to (metrics.jsonl, timeline.jsonl, TensorBoard events) is
-copied; Snakemake's markers are not copied at all (it writes the branch's own).
-Does not own: the branch's plan and its checks (workflow.py `_plan_branch`), the rules
-(workflow/rules/branch.smk). README.md, "Rerun from a checkpoint", tells the user's side.
+A hard link shares the inode (bytes, mode, mtime), so only payloads written once are linked:
+the files of a checkpoint or policy directory (built in a temporary directory and renamed
+into place, fsutil.atomic_dir) and the spool's step files (each written atomically). What
+Snakemake touches (output files) or rl_core appends to (metrics, timeline, TensorBoard) is
+copied; Snakemake's `.snakemake_timestamp` markers are left for Snakemake to write.
+Does not own: the branch's plan and checks (workflow.py), the rules (workflow/rules/branch.smk).
+Read more: docs/workflow.md, "Rerun from a checkpoint".
 """
 
 from __future__ import annotations
