@@ -79,6 +79,10 @@ if WF.branch_from:
 
     if WF.reuses_init_validation():
 
+        # preferred to validate_init (both can write init_validation.json; validate_init stays
+        # defined as it was, so that runs made before this rule existed keep their validation)
+        ruleorder: branch_init_validation > validate_init
+
         rule branch_init_validation:
             localrule: True
             input:

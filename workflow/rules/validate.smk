@@ -2,29 +2,25 @@
 # "before RL" baseline), with the recipe's `validation` sampling knobs.
 
 
-# a branch whose initial policy (the source's) was validated there with the same knobs reuses that result
-# (rule branch_init_validation, workflow/rules/branch.smk)
-if not WF.reuses_init_validation():
-
-    rule validate_init:
-        input:
-            digest=WF.stage_digest("validate"),
-            data=WF.data_inputs("validate"),
-            checkpoint=WF.init_policy,
-        output:
-            report(f"{WF.run_dir}/init_validation.json", caption="../report/validation.rst", category="Validation",
-                   subcategory="before RL"),
-        resources:
-            mem_mb=4000,
-            runtime=30,
-        conda:
-            "../envs/rl_core.yaml"
-        log:
-            f"{WF.run_dir}/logs/validate_init.log",
-        benchmark:
-            f"{WF.run_dir}/benchmarks/validate_init.tsv"
-        script:
-            "../scripts/validate_checkpoint.py"
+rule validate_init:
+    input:
+        digest=WF.stage_digest("validate"),
+        data=WF.data_inputs("validate"),
+        checkpoint=WF.init_policy,
+    output:
+        report(f"{WF.run_dir}/init_validation.json", caption="../report/validation.rst", category="Validation",
+               subcategory="before RL"),
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    conda:
+        "../envs/rl_core.yaml"
+    log:
+        f"{WF.run_dir}/logs/validate_init.log",
+    benchmark:
+        f"{WF.run_dir}/benchmarks/validate_init.tsv"
+    script:
+        "../scripts/validate_checkpoint.py"
 
 
 rule validate_epoch:
