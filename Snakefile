@@ -18,6 +18,7 @@ report: "workflow/report/workflow.rst"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/branch.smk"
 include: "workflow/rules/validate.smk"
 include: "workflow/rules/eval.smk"
 include: "workflow/rules/report.smk"

@@ -37,6 +37,17 @@ _KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
 # --------------------------------------------------------------------------- YAML + overrides
 
 
+def recipes_hint() -> str:
+    """Where to find a recipe, for an error about a missing one: the recipes/ folder of the working
+    directory when it has one (a clone, a project of `rl-core new`), else how to get one."""
+    here = Path("recipes")
+    found = sorted(str(p) for p in here.glob("*.yaml")) if here.is_dir() else []
+    if found:
+        return f"the recipes in {here.resolve()}/ are {', '.join(found)}"
+    return (f"{Path.cwd()} has no recipes/ folder; `rl-core new DIR` writes a project with the shipped recipes "
+            "(DIR/recipes/) and their data, to run from DIR")
+
+
 def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     if not path.is_file():
         if chain:
@@ -44,7 +55,7 @@ def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict:
                                      "fix the `extends:` path (relative paths are relative to the recipe that extends).",
                                      source=str(chain[-1]))
         raise RecipeError.single("(recipe file)", str(path), "an existing YAML recipe file",
-                                 f"check the path; recipes ship in {Path('recipes').resolve()}/.")
+                                 f"check the path; {recipes_hint()}.")
     if path.resolve() in chain:
         raise RecipeError.single("extends", str(path), "no cycle of `extends:`", "remove the cyclic extends.",
                                  source=str(chain[-1]))

@@ -180,7 +180,7 @@ class Controller:
         self.logger.log(step + 1, metrics)
         if self.spool is not None:
             await asyncio.to_thread(self.spool.write, step + 1, step, trained)  # RL step numbered as in metrics.jsonl
-        self.progress.update(step + 1 - self.start_step, reward=metrics["train/reward_mean"],
+        self.progress.update(step + 1, reward=metrics["train/reward_mean"],
                              acc=metrics["train/accuracy"], stale=metrics["staleness/max"],
                              tok_s=metrics["throughput/generated_tokens_per_s"])
         vcfg = self.cfg.validation
@@ -245,7 +245,7 @@ class Controller:
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.logger = MetricsLogger.for_run(cfg, self.run_dir)
-        self.progress = Progress(max(1, self.stop_step - self.start_step), cfg.logging.progress)
+        self.progress = Progress(self.total_steps, cfg.logging.progress, start=self.start_step, stop=self.stop_step)
         cond = asyncio.Condition()
         clock = VersionClock(cond, self.p.trainer.version)
         self.buffer = ReplayBuffer(cfg.async_rl.max_buffered_groups, cond)

@@ -170,17 +170,15 @@ def cmd_init_policy(args) -> int:
 
 def cmd_train(args) -> int:
     from rl_core.config import load_recipe
-    from rl_core.launch.train import train_from_recipe
+    from rl_core.launch.train import headline, train_from_recipe
 
     cfg = load_recipe(args.recipe, args.overrides)
     summary = train_from_recipe(cfg, resume_from=args.resume_from, recipe=args.recipe)
     if not summary:  # a worker rank of a multi-process trainer: rank 0 reports
         return 0
-    vs, ve = summary.get("val_start"), summary.get("val_end")
     print(json.dumps({k: summary[k] for k in ("run_name", "rl_steps", "wall_s", "max_staleness")}, indent=None))
-    if vs and ve:
-        print(f"held-out accuracy: {vs['accuracy']:.3f} before RL -> {ve['accuracy']:.3f} after "
-              f"{summary['rl_steps']} RL steps ({(ve['accuracy'] - vs['accuracy']) * 100:+.1f} points)")
+    if (line := headline(summary)) is not None:
+        print(line)
     return 0
 
 
@@ -276,6 +274,11 @@ def build_parser() -> argparse.ArgumentParser:
                                           "`source <(rl-core completion bash)` in ~/.bashrc")
     p.add_argument("shell", choices=["bash", "zsh"])
     p.set_defaults(func=cmd_completion)
+
+    from rl_core.launch.new_project import add_new_args
+
+    add_new_args(sub.add_parser("new", help="write a runnable workflow project (Snakefile, workflow/, profiles/, "
+                                            "config/, recipes/, data/) into a new folder"))
     return parser
 
 

@@ -227,8 +227,6 @@ def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json
 
     `validation`: a ValidationConfig to use instead of the recipe's (the evaluate stage
     passes one built from the recipe's `evaluation` section)."""
-    import asyncio
-
     from transformers import AutoTokenizer
 
     from rl_core.checkpoint import verify_checkpoint
@@ -237,7 +235,7 @@ def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json
     from rl_core.fsutil import atomic_write_json
     from rl_core.generation import make_native_engine
     from rl_core.generation.native.backend import NativeBackend
-    from rl_core.launch.train import setup_process
+    from rl_core.launch.train import run_async, setup_process
     from rl_core.train import trainer_device
     from rl_core.rollout.validation import Validator
 
@@ -268,7 +266,7 @@ def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json
             await backend.shutdown()
             await env.aclose()
 
-    result = asyncio.run(go())
+    result = run_async(go())
     result.update({"checkpoint": str(ck), "split": split, "data_file": data_file or cfg.data.val_file})
     atomic_write_json(out_json, result)
     return result

@@ -14,10 +14,70 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import threading
 from pathlib import Path
+from typing import Any, Coroutine, TypeVar
 
 from rl_core.config import RecipeConfig, run_dir, write_resolved
 from rl_core.train import trainer_device
+
+T = TypeVar("T")
+
+
+def run_async(main: Coroutine[Any, Any, T]) -> T:
+    """Run `main` to completion on an event loop of its own and return its result.
+
+    In a thread without a running loop (a script, the CLI) that is `asyncio.run`. Where a loop
+    is already running in this thread (a Jupyter notebook, an async application), the new loop
+    runs in a worker thread while this thread waits, so the caller sees an ordinary blocking
+    call in both cases; an interrupt (Ctrl-C, the notebook's stop button) cancels the run and
+    waits for it to wind down before it is raised here."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(main)
+    box: dict[str, Any] = {}
+    started, done = threading.Event(), threading.Event()
+
+    async def wrapped() -> T:
+        box["task"], box["loop"] = asyncio.current_task(), asyncio.get_running_loop()
+        started.set()
+        return await main
+
+    def worker() -> None:
+        try:
+            box["result"] = asyncio.run(wrapped())
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            box["error"] = exc
+        finally:
+            started.set()
+            done.set()
+
+    # waited on with an Event, not Thread.join: a join interrupted by KeyboardInterrupt marks the
+    # thread as ended while it still runs, and a second join returns at once
+    threading.Thread(target=worker, name="rl_core-event-loop", daemon=True).start()
+    try:
+        done.wait()
+    except KeyboardInterrupt:
+        started.wait()
+        try:
+            box["loop"].call_soon_threadsafe(box["task"].cancel)
+        except (KeyError, RuntimeError):  # it never started, or it has just ended (its loop closed)
+            pass
+        done.wait()
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+def headline(summary: dict) -> str | None:
+    """The run's last line: held-out accuracy before and after RL (None without both validations)."""
+    vs, ve = summary.get("val_start"), summary.get("val_end")
+    if not (vs and ve):
+        return None
+    return (f"held-out accuracy: {vs['accuracy']:.3f} before RL -> {ve['accuracy']:.3f} after "
+            f"{summary['rl_steps']} RL steps ({(ve['accuracy'] - vs['accuracy']) * 100:+.1f} points)")
 
 
 def check_device(cfg: RecipeConfig) -> str:
@@ -176,7 +236,7 @@ def run_controller(cfg: RecipeConfig, run_dir: str | Path, *, policy_dir: str | 
                             checkpoint_fn=checkpoint_fn, checkpoint_every=cfg.checkpoint.save_every_steps,
                             spool_dir=spool_dir, val_at_start=val_at_start, val_at_end=val_at_end)
     try:
-        summary = asyncio.run(controller.run())
+        summary = run_async(controller.run())
         if final_policy_dir is not None:
             version = parts.trainer.version
             save_policy(parts, final_policy_dir, render_card(resolved, rl_step=version,
@@ -188,6 +248,9 @@ def run_controller(cfg: RecipeConfig, run_dir: str | Path, *, policy_dir: str | 
 
 def train_from_recipe(cfg: RecipeConfig, resume_from: str | Path | None = None, recipe: str = "RECIPE") -> dict:
     """`rl-core train`: the whole run in this process; returns the controller's summary.
+
+    Also the Python API (examples/notebook.ipynb): it blocks until the run ends, also when
+    called where an event loop is running (a Jupyter notebook), see `run_async`.
 
     Step checkpoints go to <run dir>/steps/; if the run dir already holds one (a killed
     run), training resumes from the newest *intact* one (damaged newer ones are moved to

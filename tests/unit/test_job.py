@@ -16,7 +16,7 @@ from submitit.slurm.slurm import _make_sbatch_string
 from rl_core.config import load_recipe
 from rl_core.launch.job import (JobError, TrainEpochJob, controller_lock, make_executor, read_lock,
                                 slurm_parameters, stop_on_sigterm_locally, wait_for_jobs)
-from rl_core.launch.workflow import branch_epoch
+from rl_core.launch.branch import branch_epoch
 from tests.helpers.jobs import sigterm_self_after_install
 
 

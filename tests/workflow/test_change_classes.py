@@ -143,13 +143,15 @@ def test_snakemake_report_holds_the_plots(reference_run, tmp_path):
 
 def test_branch_command_of_the_readme_links_the_initial_policy(reference_run, tmp_path):
     """docs/workflow.md, rerun (a) with the default target: the initial policy and epoch 1 are the source's
-    (hard links), epoch 2 trains with the new knob, then nothing is left to do."""
+    (payload hard-linked), epoch 2 trains with the new knob, then nothing is left to do."""
     wd = copy_run(reference_run, tmp_path / "wd")
     args = ["--cores", "2", *short_config("lr-branch", ["trainer.lr=3e-4"], f"branch_from=results/{RUN}/epoch_1")]
     out = snakemake(wd, *args, check=True)
     ran = job_stats(out.stdout + out.stderr)
     assert ran.get("branch_init_policy") == 1 and "init_policy" not in ran, ran
-    assert (ran["branch_epoch"], ran["train_epoch"], ran["validate_init"]) == (1, 1, 1), ran
+    # the initial policy is the source's, and so is its before-RL validation (same validation knobs)
+    assert (ran["branch_epoch"], ran["train_epoch"], ran["branch_init_validation"]) == (1, 1, 1), ran
+    assert "validate_init" not in ran, ran
     src, b = wd / "results" / RUN, wd / "results" / "lr-branch"
     for rel in ("init_policy/model.safetensors", "epoch_1/checkpoint/model/model.safetensors"):
         assert (b / rel).stat().st_ino == (src / rel).stat().st_ino, rel
