@@ -1,8 +1,8 @@
 """Terminal progress for long work: one redrawn status line on a terminal, periodic log
 lines otherwise (CI logs, Snakemake logs).
 
-Owns: formatting step / total, reward, accuracy, tokens/s and ETA. Does not own: metric
-computation or persistence (logger.py).
+Owns: formatting step / total, reward, accuracy, tokens/s and ETA, and notices of repeated
+events (retries), rate-limited. Does not own: metric computation or persistence (logger.py).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ class Progress:
         self._last_logged = -1
         self._every = max(1, self.total // 20)
         self._open_line = False
+        self._notices: dict[str, tuple[float | None, int]] = {}  # key -> (last printed, count since)
 
     def update(self, step: int, **fields: float) -> None:
         """step = number of completed steps."""
@@ -63,6 +64,18 @@ class Progress:
             self._open_line = False
         self.stream.write(text + "\n")
         self.stream.flush()
+
+    def notice(self, key: str, text: str, every_s: float = 5.0) -> None:
+        """A repeated event (a retried failure): the first of `key` is printed at once, later ones
+        at most once every `every_s` seconds, with how many came since the last one printed."""
+        now = time.monotonic()
+        last, count = self._notices.get(key, (None, 0))
+        count += 1
+        if last is not None and now - last < every_s:
+            self._notices[key] = (last, count)
+            return
+        self._notices[key] = (now, 0)
+        self.message(text if last is None else f"{text} ({count} since the last such notice)")
 
     def close(self) -> None:
         if self._open_line:
