@@ -10,6 +10,7 @@ invariants (those stay `assert`s).
 
 from __future__ import annotations
 
+import functools
 import os
 import sysconfig
 import traceback
@@ -22,6 +23,7 @@ def short_repr(value: Any, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+@functools.lru_cache(maxsize=1)
 def _installed_dirs() -> tuple[str, ...]:
     """rl_core's own directory and the Python installation's (standard library, site-packages)."""
     paths = sysconfig.get_paths()
