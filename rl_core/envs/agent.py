@@ -69,6 +69,12 @@ class AgentEnv(BaseEnv):
         self._http = None
         self._lock: asyncio.Lock | None = None
 
+    @property
+    def agent_name(self) -> str:
+        """The agent as errors name it: `agent <env.target>`, or `environment service <env.url>`."""
+        target = getattr(self.config, "target", None)
+        return f"agent {target}" if target else f"environment service {self.config.url}"
+
     # ------------------------------------------------------------------ the session server
 
     async def session_server(self):
@@ -126,34 +132,30 @@ class AgentEnv(BaseEnv):
         success = getattr(self.config, "success", None)
         if success is not None:
             if success.component is not None and success.component not in result.rewards:
-                raise AgentError(f"agent {self._source()} returned no reward component {success.component!r}, which "
+                raise AgentError(f"{self.agent_name} returned no reward component {success.component!r}, which "
                                  f"env.success.component names (it returned {sorted(result.rewards) or 'one float'})")
             result.info["correct"] = success.passes(result.reward, result.rewards)
         return result
 
-    def _source(self) -> str:
-        """The agent's import path, or the service's URL (error messages)."""
-        return getattr(self.config, "target", None) or f"service {getattr(self.config, 'url', '?')}"
-
     def _result(self, out: Any) -> EnvResult:
-        target = self._source()
+        target = self.agent_name
         if isinstance(out, EnvResult):
             return out
         if isinstance(out, bool) or not isinstance(out, (int, float, dict)):
-            raise AgentError(f"agent {target} returned {type(out).__name__}; expected a float reward or a dict of "
+            raise AgentError(f"{target} returned {type(out).__name__}; expected a float reward or a dict of "
                              "named float rewards")
         if isinstance(out, dict):
             if self.reward_names and sorted(out) != sorted(self.reward_names):
-                raise AgentError(f"agent {target} returned rewards {sorted(out)}; env.reward_names says "
+                raise AgentError(f"{target} returned rewards {sorted(out)}; env.reward_names says "
                                  f"{sorted(self.reward_names)}")
             bad = [k for k, v in out.items() if isinstance(v, bool) or not isinstance(v, (int, float))
                    or not math.isfinite(v)]
             if bad:
-                raise AgentError(f"agent {target} returned non-numeric or non-finite rewards for {bad}")
+                raise AgentError(f"{target} returned non-numeric or non-finite rewards for {bad}")
             rewards = {str(k): float(v) for k, v in out.items()}
             return EnvResult(reward=sum(rewards.values()), rewards=rewards)
         if not math.isfinite(out):
-            raise AgentError(f"agent {target} returned a non-finite reward {out!r}")
+            raise AgentError(f"{target} returned a non-finite reward {out!r}")
         return EnvResult(reward=float(out))
 
     def score_completion(self, example: dict[str, Any], completion: Completion) -> EnvResult:

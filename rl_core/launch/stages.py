@@ -236,6 +236,8 @@ def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json
     from rl_core.generation import make_native_engine
     from rl_core.generation.native.backend import NativeBackend
     from rl_core.launch.train import run_async, setup_process
+    from rl_core.metrics.progress import Progress
+    from rl_core.resilience import retry_notice
     from rl_core.train import trainer_device
     from rl_core.rollout.validation import Validator
 
@@ -256,7 +258,11 @@ def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json
                                 weight_version=version)
     backend = NativeBackend(engine, group_arrays=True)
     stop = tuple(dict.fromkeys(i for i in (*env.end_token_ids, tokenizer.eos_token_id) if i is not None))
-    validator = Validator(validation or cfg.validation, env, tokenizer, examples, cfg.grpo.seed, stop)
+    notices = Progress(1, "log")
+    validator = Validator(validation or cfg.validation, env, tokenizer, examples, cfg.grpo.seed, stop,
+                          failure=cfg.async_rl.failure,
+                          on_retry=lambda kind, exc: notices.notice(kind.value, retry_notice(
+                              kind, exc, f"validation {split}", cfg.async_rl.failure)))
 
     async def go():
         await backend.start()

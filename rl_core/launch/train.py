@@ -247,7 +247,9 @@ def run_controller(cfg: RecipeConfig, run_dir: str | Path, *, policy_dir: str | 
 
 
 def train_from_recipe(cfg: RecipeConfig, resume_from: str | Path | None = None, recipe: str = "RECIPE") -> dict:
-    """`rl-core train`: the whole run in this process; returns the controller's summary.
+    """`rl-core train`: the whole run in this process; returns the controller's summary. The
+    trained rollouts go to <run dir>/rollouts.spool/ step by step, and at the end into
+    <run dir>/rollouts.h5 (`rl-core inspect`), as in a workflow epoch.
 
     Also the Python API (examples/notebook.ipynb): it blocks until the run ends, also when
     called where an event loop is running (a Jupyter notebook), see `run_async`.
@@ -304,8 +306,19 @@ def train_from_recipe(cfg: RecipeConfig, resume_from: str | Path | None = None, 
         print(f"[resume] continuing from {latest} (RL step {resume.rl_step}; {how})", flush=True)
         truncate_metrics(rd / "metrics.jsonl", resume.rl_step)
     policy = ensure_policy(cfg, rd / "init_policy", recipe) if resume is None else None
-    return run_controller(cfg, rd, policy_dir=policy, resume=resume, checkpoint_dir=rd / "steps",
-                          val_at_start=None if resume is None else False, final_policy_dir=rd / "final_policy")
+    from rl_core.rollout.spool import RolloutSpool
+
+    spool = RolloutSpool(rd / "rollouts.spool")  # the trained rollouts of each step, as a workflow epoch keeps
+    spool.truncate_after(resume.rl_step if resume is not None else 0)
+    summary = run_controller(cfg, rd, policy_dir=policy, resume=resume, checkpoint_dir=rd / "steps",
+                             spool_dir=spool.dir, val_at_start=None if resume is None else False,
+                             final_policy_dir=rd / "final_policy")
+    if spool.steps():  # rollouts.h5 for `rl-core inspect`, as the workflow's archive_rollouts rule writes
+        from rl_core.archive import compile_spool
+
+        compile_spool(spool.dir, rd / "rollouts.h5", attrs={"run": cfg.run_name})
+        summary["rollouts"] = str(rd / "rollouts.h5")
+    return summary
 
 
 def truncate_metrics(path: Path, step: int) -> None:

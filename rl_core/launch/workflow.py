@@ -392,6 +392,8 @@ def run_in_rule(smk: Any, fn: Callable[[], Any], append_log: bool = False) -> No
     try:
         fn()
     except UserError as exc:
+        if exc.__cause__ is not None:  # a run's failure (a user's agent raised...): its traceback, in the log only
+            traceback.print_exc()
         print(f"{rule}: {exc}", flush=True)
         tell(f"\n{rule}: {exc}\n(log: {log_path})")
         sys.stdout.flush()

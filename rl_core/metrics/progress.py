@@ -2,7 +2,8 @@
 lines otherwise (CI logs, Snakemake logs).
 
 Owns: formatting step / total (the run's RL steps, numbered as in metrics.jsonl), reward,
-accuracy, tokens/s and ETA. Does not own: metric computation or persistence (logger.py).
+accuracy, tokens/s and ETA, and notices of repeated events (retries), rate-limited. Does not
+own: metric computation or persistence (logger.py).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Progress:
         self._last_logged = self.start - 1
         self._every = max(1, (self.stop - self.start) // 20)
         self._open_line = False
+        self._notices: dict[str, tuple[float | None, int]] = {}  # key -> (last printed, count since)
 
     def update(self, step: int, **fields: float) -> None:
         """step = the run's number of completed steps (global)."""
@@ -72,6 +74,18 @@ class Progress:
             self._open_line = False
         self.stream.write(text + "\n")
         self.stream.flush()
+
+    def notice(self, key: str, text: str, every_s: float = 5.0) -> None:
+        """A repeated event (a retried failure): the first of `key` is printed at once, later ones
+        at most once every `every_s` seconds, with how many came since the last one printed."""
+        now = time.monotonic()
+        last, count = self._notices.get(key, (None, 0))
+        count += 1
+        if last is not None and now - last < every_s:
+            self._notices[key] = (last, count)
+            return
+        self._notices[key] = (now, 0)
+        self.message(text if last is None else f"{text} ({count} since the last such notice)")
 
     def close(self) -> None:
         if self._open_line:

@@ -307,6 +307,11 @@ async def generate_episode(backend: GenerationBackend, env: Environment, tokeniz
         await server.registry.close(session)
         if first[0] is not None:  # the agent never called the model
             first[0].take()
+    if not session.turns:  # nothing to train on: a data failure of the group, naming the agent
+        agent = getattr(env, "agent_name", None) or f"the {env.name} environment's agent"
+        raise ValueError(f"{agent} returned {scored.reward!r} without calling the model: an episode is trained on the "
+                         "model calls it makes through its client, so it must make at least one (e.g. "
+                         "`await client.chat.completions.create(model=\"policy\", messages=...)`) before it returns")
     traj = session.trajectory()
     if traj.segments > 1:
         server.registry.segment_breaks += traj.segments - 1
