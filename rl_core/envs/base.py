@@ -58,7 +58,7 @@ class BaseEnv(ABC):
     max_turns: int = 1
     """Turns of a multi-turn rollout (generate -> `observe` -> generate ...); 1 = single turn."""
     runs_episodes: bool = False
-    """True for environments whose episodes an agent drives (`run_agent`, rl_core.envs.agent)."""
+    """True for environments whose episodes an agent drives (`protocols.EpisodeEnvironment`: rl_core.envs.agent)."""
 
     async def aclose(self) -> None:
         """Release what the environment started (servers, clients); called once at the end of a run."""
