@@ -6,10 +6,10 @@ failure of either pump stops both): validation pinned to one weight version and 
 at quiescent points (both at the train pump's step boundary), metrics, spool, summary.
 Does not own: building the parts (rl_core.launch), either pump's policy, the checkpoint format.
 
-| pump    | waits for                                                    | unblocked by                         |
-| rollout | sampler gate, buffer slot, in-flight caps, dispatch gate      | version published, slot or cap freed |
-| train   | ready groups of its step; its ledger requests served          | a group committed; the rollout pump  |
-| refit   | barrier: its steps' groups committed; drain: none in flight  | groups committed (buffer, ledger)    |
+| pump    | waits for                                                   | unblocked by                         |
+| rollout | sampler gate, a buffer slot, in-flight caps, dispatch gate  | version published, slot or cap freed |
+| train   | ready groups of its step; its ledger requests served        | a group committed; the rollout pump  |
+| refit   | barrier: its steps' groups committed; drain: none in flight | groups committed (buffer, ledger)    |
 The pumps meet only at the buffer, the version clock and the ledger: docs/architecture.md, "Data flow".
 """
 

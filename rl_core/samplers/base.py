@@ -8,12 +8,9 @@ A sampler decides, for the controller: whether the rollout pump may dispatch now
 (`can_admit` / `admit`, which may stamp a target step), which ready groups train now
 (`select`), which ready groups can never train and must go (`evict`), which in-flight
 groups are already too old to be worth finishing (`should_abort_inflight`), and, with partial
-rollouts, which straggler trades its step with a ready later group (`carry_over`). It owns its
-staleness rule and its `state_dict`, and declares what the controller sizes from it: how far
-dispatch can ever run ahead (`lookahead`) and the buffer slots it needs (`required_capacity`).
-It reads the buffer; it never changes it.
-
-Does not own: waiting (the pumps wait on its answers), the buffer, or the trainer.
+rollouts, which straggler trades its step with a ready later group (`carry_over`); and what
+the controller sizes from it (`lookahead`, `required_capacity`). It owns its staleness rule and
+its `state_dict`. Does not own: waiting (the pumps wait on it), the buffer, or the trainer.
 """
 
 from __future__ import annotations
