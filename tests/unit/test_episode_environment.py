@@ -7,7 +7,6 @@ imported and checked once per process."""
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 
 import httpx
@@ -20,8 +19,9 @@ from rl_core.envs.agent import AgentEnv, HttpServiceEnv
 from rl_core.protocols import Environment, EpisodeEnvironment
 from rl_core.rollout.group import GroupOptions, generate_group
 from rl_core.types import EnvResult, SamplingParams
-from tests.helpers.fakes import FakeBackend, FakeEnv, make_parts
+from tests.helpers.fakes import FakeBackend, FakeChatTokenizer, FakeEnv, make_parts
 from tests.helpers.recipes import controller_recipe
+from tests.helpers.user_code import user_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,24 +77,12 @@ def test_an_episode_needs_the_runs_session_server():
         asyncio.run(main())
 
 
-class _ChatTok:
-    eos_token_id = 0
-    unk_token_id = 1
-    chat_template = "{{ messages }}"
-
-    def convert_tokens_to_ids(self, t):
-        return 2
-
-    def convert_ids_to_tokens(self, i):
-        return {0: "<eos>", 2: "<|im_end|>"}[i]
-
-
 def test_http_service_env_is_built_through_agent_env(monkeypatch):
     monkeypatch.chdir(ROOT)  # the recipe's data files
     cfg = load_recipe("recipes/tiny-addition.yaml", ["env.type=http", "env.url=http://127.0.0.1:8765",
                                                     "env.reward_names=[a,b]", "env.episode_timeout_s=7",
                                                     "env.system_prompt=be brief"])
-    env = HttpServiceEnv(cfg.env, _ChatTok())
+    env = HttpServiceEnv(cfg.env, FakeChatTokenizer())
     assert (env.agent, env.kwargs, env.episode_timeout_s, env.reward_names, env.system_prompt) == \
         (None, {}, 7.0, ("a", "b"), "be brief")
     assert env.end_token_ids == (2, 0) and env.url == "http://127.0.0.1:8765"
@@ -102,8 +90,6 @@ def test_http_service_env_is_built_through_agent_env(monkeypatch):
 
 
 def test_the_agent_function_is_imported_and_checked_once(tmp_path, monkeypatch):
-    (tmp_path / "once_agents.py").write_text("async def agent(client, example, turns=2):\n    return 1.0\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(ROOT)  # the recipe's data files
     calls = []
     real = agent_module.load_target
@@ -113,10 +99,9 @@ def test_the_agent_function_is_imported_and_checked_once(tmp_path, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(agent_module, "load_target", counting)
-    try:
+    with user_module(tmp_path, monkeypatch, "once_agents", "async def agent(client, example, turns=2):\n"
+                                                           "    return 1.0\n"):
         cfg = load_recipe("recipes/tiny-addition.yaml", ["env.type=agent", "env.target=once_agents:agent",
                                                         "env.kwargs={turns: 3}"])  # checked here, at load
-        env = AgentEnv(cfg.env, _ChatTok())
-    finally:
-        sys.modules.pop("once_agents", None)
+        env = AgentEnv(cfg.env, FakeChatTokenizer())
     assert calls == ["once_agents:agent"] and env.agent.__name__ == "agent" and env.kwargs == {"turns": 3}
