@@ -90,4 +90,5 @@ class PumpLedger:
     def load_state_dict(self, state: dict) -> None:
         for k, v in state["stats"].items():
             setattr(self.rollout_stats, k, v)
-        self.dropped_per_step = Counter({int(k): v for k, v in state.get("dropped_per_step", {}).items()})
+        self.dropped_per_step.clear()  # in place: the rollout pump holds this counter
+        self.dropped_per_step.update({int(k): v for k, v in state.get("dropped_per_step", {}).items()})

@@ -62,6 +62,8 @@ class RolloutPump:
         self.fail = a.failure
         self.over_sampling = a.over_sampling_ratio
         self.ledger = ledger  # shared with the train pump: counters, demand, requests (see ledger.py)
+        self.stats: RolloutStats = ledger.rollout_stats  # this pump's counters, read by step_metrics
+        self.dropped_per_step: Counter[int] = ledger.dropped_per_step  # read by the train pump's quota
         self.on_retry = on_retry  # told of every retried failure (the controller's console notices)
         self.seed = cfg.grpo.seed
         self.opts = GroupOptions(
@@ -92,16 +94,6 @@ class RolloutPump:
             self.opts.gen_slots.on_queue_shrunk = self._queue_shrunk
 
     # ------------------------------------------------------------------ state
-
-    @property
-    def stats(self) -> RolloutStats:
-        """The pump's run counters (kept in the ledger, which `step_metrics` reads)."""
-        return self.ledger.rollout_stats
-
-    @property
-    def dropped_per_step(self) -> Counter:
-        """Target step -> groups dropped for it (in the ledger: the train pump's quota reads it)."""
-        return self.ledger.dropped_per_step
 
     def state_dict(self) -> dict:
         """Only valid at a quiescent point (nothing in flight)."""
