@@ -1,9 +1,8 @@
 """Plain records passed between the parts: requests, samples, prompt groups, train chunks.
 
-Owns: the data shapes every seam agrees on (the train pump and the checkpoint share
-`TrainedGroup` and `OpenStep` through here), `group_requests` (the per-sample requests a
-group call stands for), and `scored_sample` (the one place a scored completion becomes a
-`Sample`). Does not own: the column-wise records of a group (`GroupResults`,
+Owns: the data shapes every seam agrees on (a weight sync's `SyncReport` too),
+`group_requests` (the per-sample requests a group call stands for), and `scored_sample` (the
+one place a scored completion becomes a `Sample`). Imports nothing of rl_core. Does not own: the column-wise records of a group (`GroupResults`,
 `GroupSamples`, the `GroupColumns` interface: columns.py), packing samples into padded
 training tensors (packing.py), behaviour (protocols.py) or any policy about what to train
 (samplers, algorithms).
@@ -23,12 +22,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from rl_core.buffer.replay_buffer import Slot
 
 
 @dataclass
@@ -165,9 +161,9 @@ class PromptGroup:
 
     @property
     def rewards(self) -> list[float]:
-        from rl_core.columns import group_columns  # columns.py builds on these records
-
-        return list(group_columns(self.samples).rewards)
+        """Each sample's reward (a GroupSamples builds its Samples here; the hot paths read
+        the columns, `rl_core.columns.group_columns`)."""
+        return [s.reward for s in self.samples]
 
 
 @dataclass
@@ -247,26 +243,20 @@ class TrainChunk:
 
 
 @dataclass
-class TrainedGroup:
-    """A prompt group the train pump took for an RL step, with its advantages."""
+class SyncReport:
+    """What one weight sync moved and how long it took (`rl_core.protocols.WeightSync.push`)."""
 
-    slot: Slot  # its buffer slot (rl_core.buffer.replay_buffer.Slot)
-    group: PromptGroup
-    advantages: list[float]
-    staleness: int  # trainer version at train time - weight version at dispatch
+    kind: str
+    version: int
+    bytes: int
+    seconds: float
+    parts: dict[str, float] = field(default_factory=dict)  # e.g. write_s, load_s, send_s
 
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bytes / self.seconds if self.seconds > 0 else 0.0
 
-@dataclass
-class OpenStep:
-    """An RL step interrupted between two of its PPO mini-steps: what the train pump needs to
-    continue it at `next_ministep` (after a checkpoint between mini-steps, or a failure once
-    some mini-steps had updated the policy). Built by the train pump, written and read back by
-    rl_core.checkpoint.run_state, handed back to the train pump on resume."""
-
-    step: int  # the RL step
-    next_ministep: int  # index of the first mini-step not yet done (epoch * num_minibatches + j)
-    trained: list[TrainedGroup]  # the step's groups, in training order
-    chunk: TrainChunk  # the step's whole batch (previous-policy logprobs included when computed)
-    served_weights: dict[str, torch.Tensor] | None = None  # the step's starting weights (generation serves them)
-    metric_sums: dict[str, float] = field(default_factory=dict)  # the finished mini-steps' metric sums
-    metric_counts: dict[str, int] = field(default_factory=dict)  # and how many mini-steps reported each
+    def as_metrics(self) -> dict[str, float]:
+        out = {"bytes": float(self.bytes), "update_s": self.seconds, "bytes_per_s": self.bytes_per_s}
+        out.update(self.parts)
+        return out
