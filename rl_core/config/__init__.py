@@ -7,7 +7,6 @@ reject a bad recipe before anything expensive is built.
 from rl_core.config.loader import (
     RESOLVED_CONFIG,
     apply_overrides,
-    atomic_write_text,
     load_recipe,
     load_resolved,
     preflight,
@@ -18,6 +17,6 @@ from rl_core.config.loader import (
 from rl_core.config.schema import RecipeConfig, SamplingParamsConfig
 
 __all__ = [
-    "RESOLVED_CONFIG", "RecipeConfig", "SamplingParamsConfig", "apply_overrides", "atomic_write_text",
-    "load_recipe", "load_resolved", "preflight", "run_dir", "validate_dict", "write_resolved",
+    "RESOLVED_CONFIG", "RecipeConfig", "SamplingParamsConfig", "apply_overrides", "load_recipe", "load_resolved",
+    "preflight", "run_dir", "validate_dict", "write_resolved",
 ]
