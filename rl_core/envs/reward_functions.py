@@ -1,7 +1,9 @@
 """`env.type: reward_functions`: rewards from plain Python functions named by import path.
 
-Owns: the environment that calls the functions (rl_core.config.env_plugins loads and checks
-them at recipe load, so a bad target stops `rl-core validate` before any model is built).
+Owns: importing and checking the functions (`load_reward_functions`: importable callables
+taking `(prompt, completion, example)`; the recipe's preflight, rl_core.launch.preflight,
+calls it so a bad target stops `rl-core validate` before any model is built) and the
+environment that calls them.
 
 The contract of a reward function (docs/environments.md):
     fn(prompt, completion, example) -> float
@@ -29,14 +31,49 @@ Does not own: templating and end tokens (base.py), the advantage (rl_core.algori
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
-from rl_core.config.env_plugins import load_reward_functions
 from rl_core.envs import register_env
 from rl_core.envs.base import BaseEnv, Completion
+from rl_core.errors import RecipeError
+from rl_core.plugins import load_target
 from rl_core.types import EnvResult
+
+
+@dataclass(frozen=True)
+class RewardFunction:
+    """One loaded `env.functions[i]`."""
+
+    name: str
+    target: str
+    weight: float
+    fn: Callable[..., Any]
+
+
+def load_reward_functions(specs: list[Any]) -> list[RewardFunction]:
+    """Import and check every `env.functions[i]` (a RecipeError naming `env.functions[i].target`)."""
+    out = []
+    for i, spec in enumerate(specs):
+        field = f"env.functions[{i}].target"
+        fn = load_target(spec.target, field=field, kind="callable")
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):
+            sig = None
+        if sig is not None:
+            try:
+                sig.bind(None, "", {})
+            except TypeError:
+                raise RecipeError.single(field, spec.target, f"a function called as fn(prompt, completion, example) "
+                                         f"(its signature is {sig})",
+                                         "give the function the three parameters (prompt, completion, example) "
+                                         "and return a float.") from None
+        out.append(RewardFunction(spec.name or spec.target.split(":")[1], spec.target, float(spec.weight), fn))
+    return out
 
 
 class RewardFunctionError(RuntimeError):
