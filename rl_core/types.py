@@ -161,9 +161,12 @@ class PromptGroup:
 
     @property
     def rewards(self) -> list[float]:
-        """Each sample's reward (a GroupSamples builds its Samples here; the hot paths read
-        the columns, `rl_core.columns.group_columns`)."""
-        return [s.reward for s in self.samples]
+        """Each sample's reward, as `rl_core.columns.group_columns(samples).rewards` reads it: a
+        GroupSamples whose `Sample`s were never built (`built` false) from its column, without
+        building them; `Sample` records from the records."""
+        if getattr(self.samples, "built", True):
+            return [s.reward for s in self.samples]
+        return list(self.samples.rewards)
 
 
 @dataclass
