@@ -32,7 +32,7 @@ import pytest
 
 import rl_core.controller.train_pump as train_pump
 import rl_core.train.torch_trainer as torch_trainer
-from rl_core.config import load_recipe
+from rl_core.launch.preflight import load_recipe
 from rl_core.controller.controller import Controller
 from rl_core.envs.addition import AdditionEnv
 from rl_core.envs.chain import ChainAdditionEnv, third_operand

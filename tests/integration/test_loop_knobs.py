@@ -29,7 +29,7 @@ import re
 import pytest
 import torch
 
-from rl_core.config import load_recipe
+from rl_core.launch.preflight import load_recipe
 from rl_core.controller.controller import Controller
 from rl_core.launch.train import build_parts
 
