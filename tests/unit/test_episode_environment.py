@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rl_core.config import load_recipe
+from rl_core.launch.preflight import load_recipe
 from rl_core.controller.controller import Controller
 from rl_core.envs import agent as agent_module
 from rl_core.envs.agent import AgentEnv, HttpServiceEnv
