@@ -6,6 +6,8 @@ OUT is set, or --json PATH):
     python bench/train_step_gpu.py            # every backend on the GPU
     python bench/train_step_gpu.py --smoke    # CPU, tiny shape: checks the code paths only
     python bench/train_step_gpu.py --host-overhead   # CPU: host time per step of torch vs fsdp2 vs megatron
+    python bench/train_step_gpu.py --ragged   # the ragged long-tail batch: padded vs packed, and the full batch
+    python bench/train_step_gpu.py --ragged --smoke   # the same on the CPU, tiny shape
 
 Shape: Qwen2.5-0.5B (hidden 896, 24 layers, 14 query / 2 key-value heads, MLP 4864, vocabulary
 151936, tied embeddings, RoPE base 1e6), random weights, bf16 compute. One RL step = one
@@ -42,6 +44,10 @@ Variants, each in its own process (fresh memory and global state), measured side
   fp32 master copy; megatron with torch's AdamW), to compare the sharded backends' own cost like for like.
 - ...+dyn: fsdp2 / megatron with their compiled pieces at dynamic=True (every size a symbol, the parameters'
   too under FSDP2), as before they moved to automatic dynamic shapes.
+- ...+ragged+padded / +sorted / +packed: the ragged long-tail batch (`--ragged-batch` samples of lengths up
+  to `--ragged-cap`, bench/train_step_ragged.py) by sample count (as many as `--max-tokens` holds at the cap),
+  by that token budget sorted, and packed (`trainer.packing`); useful tokens/s and TFLOP/s of useful work,
+  against the padded variant and the backend's full batch (`...+mb2x`) of the same call.
 Before its warm-up steps each variant runs one step 16 tokens shorter, as an RL run's lengths vary: the
 compiled pieces see two shapes and make the sizes that changed dynamic before anything is timed.
 `--profile` adds one profiled step per variant: device time by kernel category, the top kernels and
@@ -74,6 +80,7 @@ import time
 from pathlib import Path
 
 from train_step_profile import count_ops, host_profile, print_profiles, profile_step, triton_sources
+from train_step_ragged import RAGGED_MODES, print_ragged_table, ragged_chunk, ragged_overrides, ragged_summary
 
 PEAK_TFLOPS = 771.0
 BUDGET_S = float(os.environ.get("RL_CORE_BENCH_BUDGET_S", "225"))  # whole-run time box, seconds
@@ -152,6 +159,16 @@ SMOKE_BACKENDS = {
     "megatron": ["trainer.backend=megatron"],
     "megatron+compile": ["trainer.backend=megatron", "trainer.megatron.compile=true"],
 }
+# the ragged long-tail batch (bench/train_step_ragged.py): each base backend padded, sorted by a token budget, packed
+RAGGED_BASES = {"torch+compile": BACKENDS["torch+compile"],
+                "fsdp2+compile+noreshard+unit24": BACKENDS["fsdp2+compile+noreshard+unit24+mb2x"],
+                "megatron": BACKENDS["megatron"]}
+BACKENDS.update({f"{base}+ragged+{mode}": sets for base, sets in RAGGED_BASES.items() for mode in RAGGED_MODES})
+SMOKE_BACKENDS.update({f"{base}+ragged+{mode}": SMOKE_BACKENDS[base] for base in ("torch", "fsdp2", "megatron")
+                       for mode in RAGGED_MODES})
+RAGGED_DEFAULT = [name for base in RAGGED_BASES
+                  for name in (f"{base}+mb2x", f"{base}+ragged+padded", f"{base}+ragged+packed")]
+SMOKE_RAGGED_DEFAULT = ["torch"] + [f"{b}+ragged+{m}" for b in ("torch", "fsdp2", "megatron") for m in RAGGED_MODES]
 
 # --host-overhead: the depth of the GPU shape (the per-layer hooks and launches scale with it), negligible width
 HOST_SHAPE = dict(SMOKE_SHAPE, num_hidden_layers=24, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
@@ -248,6 +265,10 @@ def run_one(args) -> None:
         torch.set_num_threads(1)  # host work is single-threaded; one thread keeps the CPU numbers steadier
     microbatch = args.microbatch * (2 if args.run.endswith("+mb2x") else 1)
     sets = [f"runtime.device={device}", f"trainer.microbatch_size={microbatch}"] + _table(args)[args.run]
+    ragged = "+ragged+" in args.run
+    if ragged:  # padded: as many samples as the token budget holds at the cap; sorted / packed: the budget
+        sets += ragged_overrides(args.run.rsplit("+", 1)[1], max(1, args.max_tokens // args.ragged_cap),
+                                 args.max_tokens)
     cfg = validate_dict(apply_overrides({}, sets))
     shape = _shape(args)
     if "+foreach" in args.run:  # fsdp2 / megatron with torch's multi-tensor AdamW, as before the fused update
@@ -268,7 +289,8 @@ def run_one(args) -> None:
                                                     else kw["dynamic"]})
 
         torch.compile, torch.nn.Module.compile = compile_dynamic, module_compile_dynamic
-    c = chunk(shape["vocab_size"], args.batch, args.seq)
+    c = (ragged_chunk(shape["vocab_size"], args.ragged_batch, args.ragged_cap) if ragged
+         else chunk(shape["vocab_size"], args.batch, args.seq))
     t0 = time.perf_counter()
     trainer = make_trainer(cfg, args.model_dir)
     build_s = time.perf_counter() - t0
@@ -276,7 +298,8 @@ def run_one(args) -> None:
     try:
         # one step at a shorter length first: as in an RL run, where every step's length differs, the compiled
         # pieces see a second shape and mark what changed (batch, sequence) dynamic before the timed steps
-        time_steps(trainer, loss, chunk(shape["vocab_size"], args.batch, args.seq - 16), 0, 1, device)
+        if not ragged:  # (the ragged batch's microbatches already come in several shapes)
+            time_steps(trainer, loss, chunk(shape["vocab_size"], args.batch, args.seq - 16), 0, 1, device)
         times, metrics = time_steps(trainer, loss, c, args.warmup, args.steps, device)
         prof = profile_step(trainer, loss, c, device) if args.profile else None
         if prof and device == "cuda":
@@ -295,6 +318,10 @@ def run_one(args) -> None:
            "loss": metrics.get("loss"), "grad_norm": metrics.get("grad_norm"),
            "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None,
            "profile": prof, "host_profile": host, "aten_ops": ops}
+    if ragged:  # useful work only: the full-batch formula above does not apply
+        for key in ("tflops", "mfu", "step_tflop", "trainer_flops_per_s"):
+            out.pop(key)
+        out.update(ragged_summary(c, cfg, shape, step_s))
     Path(args.json).write_text(json.dumps(out))
 
 
@@ -314,6 +341,12 @@ def main() -> int:
                     help="also profile one step of each variant (device time by kernel category, top kernels)")
     ap.add_argument("--host-profile", action="store_true",
                     help="also cProfile one step of each variant (the host's Python work, top functions by own time)")
+    ap.add_argument("--ragged", action="store_true",
+                    help="the ragged long-tail batch: each backend padded vs packed, and its full batch (default variants)")
+    ap.add_argument("--ragged-batch", type=int, default=None, help="samples of the ragged batch (64; smoke 16)")
+    ap.add_argument("--ragged-cap", type=int, default=None, help="the ragged batch's length cap (4096; smoke 48)")
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help="token budget of the ragged sorted/packed microbatches (16384; smoke 96)")
     ap.add_argument("--json", default=None, help="where to write all results (default $OUT/train_step_gpu.json)")
     ap.add_argument("--run", default=None, help=argparse.SUPPRESS)  # child mode
     ap.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
@@ -327,6 +360,9 @@ def main() -> int:
     args.microbatch = args.microbatch or (2 if args.smoke else 8)
     if args.smoke:
         args.warmup, args.steps = min(args.warmup, 1), min(args.steps, 2)
+    args.ragged_batch = args.ragged_batch or (16 if args.smoke else 64)
+    args.ragged_cap = args.ragged_cap or (48 if args.smoke else 4096)
+    args.max_tokens = args.max_tokens or (96 if args.smoke else 16384)
     if args.run:
         run_one(args)
         return 0
@@ -334,7 +370,8 @@ def main() -> int:
     t_start = time.monotonic()
     cpu = args.smoke or args.host_overhead
     table = _table(args)
-    names = [b.strip() for b in args.backends.split(",")] if args.backends else list(table)
+    names = [b.strip() for b in args.backends.split(",")] if args.backends else (
+        (SMOKE_RAGGED_DEFAULT if args.smoke else RAGGED_DEFAULT) if args.ragged else list(table))
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]) + os.pathsep +
            os.environ.get("PYTHONPATH", ""), "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -361,7 +398,9 @@ def main() -> int:
             out = Path(tmp) / f"{name}.json"
             cmd = [sys.executable, __file__, "--run", name, "--model-dir", str(model_dir), "--json", str(out),
                    "--batch", str(args.batch), "--seq", str(args.seq), "--microbatch", str(args.microbatch),
-                   "--warmup", str(args.warmup + (1 if "compile" in name else 0)), "--steps", str(args.steps)]
+                   "--warmup", str(args.warmup + (1 if "compile" in name else 0)), "--steps", str(args.steps),
+                   "--ragged-batch", str(args.ragged_batch), "--ragged-cap", str(args.ragged_cap),
+                   "--max-tokens", str(args.max_tokens)]
             if args.smoke:
                 cmd.append("--smoke")
             if args.host_overhead:
@@ -382,7 +421,8 @@ def main() -> int:
     if args.host_overhead:
         _print_host_table(results, args)
     else:
-        _print_table(results, args)
+        _print_table({k: v for k, v in results.items() if "+ragged+" not in k}, args)
+        print_ragged_table(results, PEAK_TFLOPS)
     if args.profile:
         print_profiles(results)
     for name, r in results.items():

@@ -87,6 +87,10 @@ class TrainerConfig(Section):
     """AdamW epsilon."""
     microbatch_size: int = Field(64, ge=1)
     """Samples per forward/backward pass (per process for fsdp2/megatron); gradients accumulate over a step."""
+    max_tokens_per_microbatch: int = Field(0, ge=0)
+    """Token budget of a microbatch (0 = off: `microbatch_size` consecutive samples): the samples are sorted longest first and cut in that order into microbatches of at most this many tokens as the model sees them (the sum of their lengths with `packing`, samples x the longest without) and at most `microbatch_size` samples; a sample longer than the budget goes alone. For the training pass, the logprob passes and the critic; fsdp2/megatron first share the chunk's samples out over the data-parallel ranks by tokens (longest first, each to the rank with the fewest). The step is the same whatever the split (the loss is summed and normalised once per step), to rounding (docs/performance.md)."""
+    packing: bool = False
+    """Sequence packing: each microbatch's samples run through the model as one row of their real tokens (no padding), every sample restarting at position 0, with variable-length attention within each sample (torch's FlashAttention varlen kernels on CUDA in bf16/fp16, else one causal SDPA over the samples as rows: rl_core.train.varlen); per-token outputs go back to the padded layout, so losses, masks, router replay and the critic see the same values as without it, to rounding. Every backend; also the critic. Llama, Qwen2/3, Mistral, Mixtral and Qwen MoE policies; megatron needs `trainer.megatron.attention: sdpa` (docs/performance.md, \"Sequence packing\")."""
     max_grad_norm: float | None = Field(1.0, gt=0)
     """Clip the global gradient norm to this (null = no clipping)."""
     logprob_chunk_tokens: int = Field(0, ge=0)
@@ -116,6 +120,9 @@ class TrainerConfig(Section):
                       "backend's model)", "use trainer.fsdp.compile for fsdp2 or trainer.megatron.compile for megatron, "
                       "or set trainer.backend: torch.")
         m = self.megatron
+        if self.packing and self.backend == "megatron" and m.attention != "sdpa":
+            fail("trainer.packing", True, f"false with trainer.megatron.attention '{m.attention}' (Megatron's local "
+                 "attention takes no packed sequences)", "set trainer.megatron.attention: sdpa, or trainer.packing: false.")
         if m.pipeline_model_parallel_size != 1:
             fail("trainer.megatron.pipeline_model_parallel_size", m.pipeline_model_parallel_size,
                   "1 (pipeline parallelism is not supported by the megatron backend)",

@@ -1,0 +1,152 @@
+"""Variable-length attention for packed microbatches (`trainer.packing`), for every trainer.
+
+Owns: `varlen_attention`, causal attention of sequences laid end to end ([tokens, heads, dim],
+sequence offsets `cu_seqlens`, rl_core.packing.PackedRows), and its two paths, picked per call
+by `attention_path`: `varlen`, torch's FlashAttention-2 variable-length kernels
+(`torch.nn.attention.varlen`, CUDA and bf16/fp16 only; Dao 2023, arXiv:2307.08691), no
+padding and no mask; `padded`, everywhere else: the sequences scattered into a [sequences,
+longest] batch for one causal SDPA call (right padding under a causal mask: no query sees a
+padding key) and gathered back, so only the attention pays for padding. Also the transformers
+attention function packed HF models run (`use_packed_attention`) and the model families it
+serves (`packing_unsupported_reason`).
+
+Does not own: the packed layout and microbatch plans (rl_core.packing), Megatron's core
+attention (megatron.py calls `varlen_attention`). Read more: docs/performance.md, "Sequence packing".
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+
+ATTENTION_NAME = "rl_core_packed"  # the attention implementation packed HF models are set to
+# HF model families whose attention goes through transformers' AttentionInterface and receives the
+# model call's keyword arguments (cu_seq_lens_q, max_length_q): the ones packing supports
+PACKED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe", "qwen3_moe"})
+FORCE_PATH: str | None = None  # a path for every call (bench/train_step_cpu.py compares them); None = auto
+
+
+def packing_unsupported_reason(model_or_config) -> str | None:
+    """None when packing supports this HF model (or config), else why not."""
+    cfg = getattr(model_or_config, "config", model_or_config)
+    kind = getattr(cfg, "model_type", None)
+    if kind not in PACKED_MODEL_TYPES:
+        return (f"model type {kind!r} is not one whose attention takes packed sequences here "
+                f"(supported: {', '.join(sorted(PACKED_MODEL_TYPES))})")
+    return None
+
+
+@functools.cache
+def _flash_varlen():
+    """(torch's `varlen_attn`, its parameters) where this torch has them, else None. Its signature
+    moved between releases (causality as `is_causal` or as `window_size=(-1, 0)`; `enable_gqa`)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    params = inspect.signature(varlen_attn).parameters
+    if "is_causal" not in params and "window_size" not in params:
+        return None
+    return varlen_attn, params
+
+
+def attention_path(q: torch.Tensor) -> str:
+    """`varlen` (flash kernels: CUDA, bf16/fp16, torch's varlen API present) or `padded`."""
+    if FORCE_PATH is not None:
+        return FORCE_PATH
+    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256 and _flash_varlen():
+        return "varlen"
+    return "padded"
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_len: int,
+                     scale: float | None = None) -> torch.Tensor:
+    """Causal attention within each sequence of a packed row: q [N, Hq, D], k and v [N, Hkv, D]
+    (grouped-query attention when Hkv < Hq: query head h reads key/value head h // (Hq / Hkv)),
+    `cu_seqlens` [s + 1] int32 offsets, `max_len` the longest sequence; returns [N, Hq, D]."""
+    if attention_path(q) == "varlen":
+        return _flash(q, k, v, cu_seqlens, max_len, scale)
+    return _padded(q, k, v, cu_seqlens, max_len, scale)
+
+
+def _flash(q, k, v, cu_seqlens, max_len: int, scale):
+    fn, params = _flash_varlen()
+    kwargs = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+    if "scale" in params:
+        kwargs["scale"] = scale
+    elif scale is not None and abs(scale - q.shape[-1] ** -0.5) > 1e-12:
+        return _padded(q, k, v, cu_seqlens, max_len, scale)
+    if k.shape[1] != q.shape[1]:
+        if "enable_gqa" in params:
+            kwargs["enable_gqa"] = True
+        else:  # the same grouping as the flag: each key/value head serves consecutive query heads
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
+    return fn(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, int(max_len), int(max_len), **kwargs)
+
+
+def _padded(q, k, v, cu_seqlens, max_len: int, scale):
+    """The sequences as rows of a [s, max_len] batch, one causal SDPA call, the rows' real
+    positions gathered back (no host synchronisation: the slots come from the offsets on the device)."""
+    n_tok, s = q.shape[0], cu_seqlens.numel() - 1
+    gqa = k.shape[1] != q.shape[1]
+    if n_tok == s * max_len:  # every sequence is max_len long (none is longer): the rows are a reshape
+        out = torch.nn.functional.scaled_dot_product_attention(
+            *(x.view(s, max_len, *x.shape[1:]).transpose(1, 2) for x in (q, k, v)), is_causal=True, scale=scale,
+            enable_gqa=gqa)
+        return out.transpose(1, 2).reshape(q.shape)
+    cu = cu_seqlens.to(device=q.device, dtype=torch.long)
+    tok = torch.arange(n_tok, device=q.device)
+    seq = torch.searchsorted(cu[1:], tok, right=True)
+    slot = seq * max_len + (tok - cu[seq])
+
+    def rows(x: torch.Tensor) -> torch.Tensor:  # [N, H, D] -> [s, H, max_len, D]
+        out = x.new_zeros((s * max_len, *x.shape[1:])).index_copy(0, slot, x)
+        return out.view(s, max_len, *x.shape[1:]).transpose(1, 2)
+
+    out = torch.nn.functional.scaled_dot_product_attention(rows(q), rows(k), rows(v), is_causal=True, scale=scale,
+                                                           enable_gqa=gqa)
+    return out.transpose(1, 2).reshape(s * max_len, *q.shape[1:]).index_select(0, slot)
+
+
+@torch.compiler.disable  # a compiled decoder layer calls it eagerly (its sizes change every microbatch)
+def packed_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             attention_mask, dropout: float = 0.0, scaling: float | None = None,
+                             sliding_window: int | None = None, **kwargs):
+    """transformers' attention-function interface ([1, heads, N, dim] in, [1, N, heads, dim] out)
+    over one packed row; the offsets come from the model call (`PackedRows.model_kwargs`)."""
+    cu, max_len = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
+    if cu is None or max_len is None or query.shape[0] != 1:
+        raise RuntimeError("the packed attention ran without a packed row (one row and its cu_seq_lens_q / "
+                           "max_length_q): with trainer.packing on, every forward must go through PackedRows")
+    if dropout:
+        raise ValueError(f"attention dropout {dropout} with trainer.packing: packed attention has no dropout; "
+                         "set the model's attention_dropout to 0 or trainer.packing: false")
+    if sliding_window is not None and int(max_len) > sliding_window:
+        raise ValueError(f"a sequence of {int(max_len)} tokens exceeds the sliding window ({sliding_window}) "
+                         "that packed attention does not apply; set trainer.packing: false")
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    return varlen_attention(q, k, v, cu, int(max_len), scaling).unsqueeze(0), None
+
+
+def use_packed_attention(model: torch.nn.Module) -> None:
+    """Make an HF model (causal LM or base model) attend through `packed_attention_forward`.
+    Every forward must then be a packed one; the model's config on disk is unchanged."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, packed_attention_forward)
+    model.set_attn_implementation(ATTENTION_NAME)
+
+
+def check_packing(enabled: bool, model_config, what: str = "trainer.packing") -> bool:
+    """`trainer.packing` for a policy with this config: True/False, or a RecipeError (before any
+    weights load) for a model family packed attention does not serve."""
+    reason = packing_unsupported_reason(model_config) if enabled else None
+    if reason:
+        from rl_core.errors import RecipeError
+
+        raise RecipeError.single(what, True, f"false for this policy: {reason}", f"set {what}: false.")
+    return enabled
