@@ -28,7 +28,7 @@ from rl_core.fsutil import atomic_dir
 from rl_core.packing import PackedRows, select_rows
 from rl_core.train.causal_lm import DTYPES
 from rl_core.train.update import LocalStep, chunk_rows, local_microbatches, rows_in_order
-from rl_core.train.varlen import check_packing, use_packed_attention
+from rl_core.train.varlen import resolve_packing, use_packed_attention
 from rl_core.types import TrainChunk
 
 HEAD_FILE = "value_head.safetensors"
@@ -72,6 +72,15 @@ class ValueModel(torch.nn.Module):
         return values, final
 
 
+def _hf_config(model_dir: str | Path):
+    """The HF config of a critic directory (before its weights load), or None without one
+    (`load_value_model` then says what is missing)."""
+    from transformers import AutoConfig
+
+    d = Path(model_dir)
+    return AutoConfig.from_pretrained(str(d)) if (d / "config.json").is_file() else None
+
+
 def load_value_model(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> ValueModel:
     """A value model from an HF causal-LM directory (fresh head) or from a saved critic (its head)."""
     from safetensors.torch import load_file
@@ -101,13 +110,14 @@ class Critic(LocalStep):
     _name = "critic"
 
     def __init__(self, model_dir: str | Path, cfg: CriticConfig, *, device: str = "cpu", dtype: str = "float32",
-                 version: int = 0, packing: bool = False, max_tokens_per_microbatch: int = 0):
+                 version: int = 0, packing: str = "off", max_tokens_per_microbatch: int = 0):
         self.cfg = cfg
         self.device = torch.device(device)
         # the trainer's trainer.packing and trainer.max_tokens_per_microbatch, which the critic follows
         self.max_tokens = max_tokens_per_microbatch
+        hf_config = _hf_config(model_dir)  # None: load_value_model says what is missing
+        self.packed = hf_config is not None and resolve_packing(packing, hf_config, "critic model")
         self.model = load_value_model(model_dir, DTYPES[dtype]).to(self.device)
-        self.packed = check_packing(packing, self.model.backbone.config)
         if self.packed:
             use_packed_attention(self.model.backbone)
         self.model.train()

@@ -64,7 +64,6 @@ class DataParallelTrainer(abc.ABC):
         self.dp_rank, self.dp_size, self.dp_group = dp_rank, dp_size, dp_group
         self.microbatch_size = self.cfg.microbatch_size
         self.max_tokens = self.cfg.max_tokens_per_microbatch  # 0: microbatch_size samples, no token budget
-        self.packed = self.cfg.packing  # the backend checked its model supports it before building
         self.max_grad_norm = self.cfg.max_grad_norm
         self.version = version
         self.optimizer_steps = 0
@@ -301,6 +300,7 @@ class DataParallelTrainer(abc.ABC):
     # ------------------------------------------------------------------ hooks
 
     device: torch.device
+    packed: bool  # trainer.packing resolved for the backend's model (rl_core.train.varlen.resolve_packing)
 
     @abc.abstractmethod
     def _model_logprobs(self, mb: TrainChunk, reference: bool, packed: PackedRows | None = None) -> torch.Tensor:

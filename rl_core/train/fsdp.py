@@ -31,7 +31,7 @@ from rl_core.train.data_parallel import DataParallelTrainer
 from rl_core.train.fused_adam import fused_adamw
 from rl_core.train.logprobs import token_logprobs
 from rl_core.train.spmd import CommandChannel
-from rl_core.train.varlen import check_packing, use_packed_attention
+from rl_core.train.varlen import resolve_packing, use_packed_attention
 from rl_core.types import TrainChunk
 
 
@@ -93,8 +93,11 @@ class FSDPTrainer(DataParallelTrainer):
                  reference_dir: str | Path | None = None):
         with self._constructing(model_dir=model_dir, cfg=cfg, logprob_temperature=logprob_temperature, device=device,
                                 dtype=dtype, keep_reference=keep_reference, version=version, reference_dir=reference_dir):
+            from transformers import AutoConfig
+
             world = dist.get_world_size()
             self._setup_step_state(dist.get_rank(), world, None, version)
+            self.packed = resolve_packing(cfg.packing, AutoConfig.from_pretrained(str(model_dir)))  # before any weights
             self.dtype = DTYPES[dtype]
             mp = cfg.fsdp.mixed_precision
             if mp == "auto":
@@ -131,7 +134,6 @@ class FSDPTrainer(DataParallelTrainer):
         from transformers import AutoConfig, AutoModelForCausalLM
 
         hf_config = AutoConfig.from_pretrained(str(model_dir))
-        check_packing(self.packed, hf_config)  # before any weights load
         full_sd: dict[str, torch.Tensor] = {}
         buffers: list[Any] = [None]
         if dist.get_rank() == 0:

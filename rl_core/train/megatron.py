@@ -212,6 +212,8 @@ class MegatronTrainer(DataParallelTrainer):
             self.mp_group = ps.get_model_parallel_group()
             self._setup_step_state(ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(),
                                    ps.get_data_parallel_group(), version)
+            # packed THD rows through the SDPA core attention (`on` with local attention: a recipe error)
+            self.packed = cfg.packing == "on" or (cfg.packing == "auto" and mcfg.attention == "sdpa")
             hf_sd = _read_hf_weights(model_dir)
             shard = split_tensor_parallel(hf_to_megatron(hf_sd, self.shape), tp, self.tp_rank)
             del hf_sd

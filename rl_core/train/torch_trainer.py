@@ -32,7 +32,7 @@ from rl_core.train.causal_lm import DTYPES, decoder_layers
 from rl_core.train.logprobs import chunked_unsupported_reason, resolve_chunk_tokens, token_logprobs
 from rl_core.train.router_replay import RouterReplay, check_routes
 from rl_core.train.update import LocalStep, StepSums, chunk_rows, local_microbatches, rows_in_order
-from rl_core.train.varlen import check_packing, use_packed_attention
+from rl_core.train.varlen import resolve_packing, use_packed_attention
 from rl_core.types import TrainChunk
 
 __all__ = ["TorchTrainer", "token_logprobs"]  # token_logprobs: re-exported from rl_core.train.logprobs
@@ -56,7 +56,7 @@ class TorchTrainer(LocalStep):
         # trainer.logprob_chunk_tokens and trainer.packing: checked on the config before the weights load
         hf_config = AutoConfig.from_pretrained(str(model_dir))
         self.chunk_tokens = resolve_chunk_tokens(cfg.logprob_chunk_tokens, hf_config)
-        self.packed = check_packing(cfg.packing, hf_config)
+        self.packed = resolve_packing(cfg.packing, hf_config)
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=DTYPES[dtype]).to(self.device)
         self.model.train()
         if self.chunk_tokens and chunked_unsupported_reason(self.model):

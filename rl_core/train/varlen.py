@@ -7,9 +7,8 @@ by `attention_path`: `varlen`, torch's FlashAttention-2 variable-length kernels
 padding and no mask; `padded`, everywhere else: the sequences scattered into a [sequences,
 longest] batch for one causal SDPA call (right padding under a causal mask: no query sees a
 padding key) and gathered back, so only the attention pays for padding. Also the transformers
-attention function packed HF models run (`use_packed_attention`) and the model families it
-serves (`packing_unsupported_reason`).
-
+attention function packed HF models run (`use_packed_attention`), the model families it
+serves and `resolve_packing` (auto / on / off for a model).
 Does not own: the packed layout and microbatch plans (rl_core.packing), Megatron's core
 attention (megatron.py calls `varlen_attention`). Read more: docs/performance.md, "Sequence packing".
 """
@@ -21,11 +20,12 @@ import inspect
 
 import torch
 
+from rl_core.errors import RecipeError
+
 ATTENTION_NAME = "rl_core_packed"  # the attention implementation packed HF models are set to
 # HF model families whose attention goes through transformers' AttentionInterface and receives the
 # model call's keyword arguments (cu_seq_lens_q, max_length_q): the ones packing supports
 PACKED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe", "qwen3_moe"})
-FORCE_PATH: str | None = None  # a path for every call (bench/train_step_cpu.py compares them); None = auto
 
 
 def packing_unsupported_reason(model_or_config) -> str | None:
@@ -35,6 +35,9 @@ def packing_unsupported_reason(model_or_config) -> str | None:
     if kind not in PACKED_MODEL_TYPES:
         return (f"model type {kind!r} is not one whose attention takes packed sequences here "
                 f"(supported: {', '.join(sorted(PACKED_MODEL_TYPES))})")
+    window = getattr(cfg, "sliding_window", None)
+    if window is not None:  # (Qwen2/3 set it only when use_sliding_window is on)
+        return f"the model attends within a sliding window of {window} tokens, which packed attention does not apply"
     return None
 
 
@@ -54,8 +57,6 @@ def _flash_varlen():
 
 def attention_path(q: torch.Tensor) -> str:
     """`varlen` (flash kernels: CUDA, bf16/fp16, torch's varlen API present) or `padded`."""
-    if FORCE_PATH is not None:
-        return FORCE_PATH
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256 and _flash_varlen():
         return "varlen"
     return "padded"
@@ -124,10 +125,9 @@ def packed_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
                            "max_length_q): with trainer.packing on, every forward must go through PackedRows")
     if dropout:
         raise ValueError(f"attention dropout {dropout} with trainer.packing: packed attention has no dropout; "
-                         "set the model's attention_dropout to 0 or trainer.packing: false")
-    if sliding_window is not None and int(max_len) > sliding_window:
-        raise ValueError(f"a sequence of {int(max_len)} tokens exceeds the sliding window ({sliding_window}) "
-                         "that packed attention does not apply; set trainer.packing: false")
+                         "set the model's attention_dropout to 0 or trainer.packing: off")
+    if sliding_window is not None:  # resolve_packing turned packing off for such a model
+        raise RuntimeError(f"packed attention called with a sliding window ({sliding_window}), which it does not apply")
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
     return varlen_attention(q, k, v, cu, int(max_len), scaling).unsqueeze(0), None
 
@@ -141,12 +141,14 @@ def use_packed_attention(model: torch.nn.Module) -> None:
     model.set_attn_implementation(ATTENTION_NAME)
 
 
-def check_packing(enabled: bool, model_config, what: str = "trainer.packing") -> bool:
-    """`trainer.packing` for a policy with this config: True/False, or a RecipeError (before any
-    weights load) for a model family packed attention does not serve."""
-    reason = packing_unsupported_reason(model_config) if enabled else None
-    if reason:
-        from rl_core.errors import RecipeError
-
-        raise RecipeError.single(what, True, f"false for this policy: {reason}", f"set {what}: false.")
-    return enabled
+def resolve_packing(setting: str, model_config, model: str = "policy") -> bool:
+    """`trainer.packing` for a model with this HF config: `off` False; `auto` whether packed
+    attention serves the model; `on` True, or a RecipeError (before any weights load) when it
+    does not. `model` names it in the error (the policy, or the critic's model)."""
+    if setting == "off":
+        return False
+    reason = packing_unsupported_reason(model_config)
+    if reason and setting == "on":
+        raise RecipeError.single("trainer.packing", "on", f"'auto' or 'off' for this {model}: {reason}",
+                                 "set trainer.packing: auto (packs only models it serves) or off.")
+    return reason is None

@@ -169,7 +169,7 @@ def test_critic_values_packed_equal_padded(tmp_path):
                        torch.zeros(5, dtype=torch.long))
     plain = Critic(model_dir, CriticConfig(enabled=True, microbatch_size=2))
     torch.nn.init.normal_(plain.model.head.weight, 0, 0.5)  # a head that is not zero: values differ by token
-    for kwargs in (dict(packing=True), dict(packing=True, max_tokens_per_microbatch=12),
+    for kwargs in (dict(packing="on"), dict(packing="on", max_tokens_per_microbatch=12),
                    dict(max_tokens_per_microbatch=12)):
         other = Critic(model_dir, CriticConfig(enabled=True, microbatch_size=2), **kwargs)
         other.model.head.load_state_dict(plain.model.head.state_dict())
