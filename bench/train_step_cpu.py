@@ -78,7 +78,7 @@ def main() -> int:
     cfg = read_recipe(args.recipe, ["model.warmup.enabled=false", "runtime.device=cpu"])
     if cfg.runtime.torch_num_threads:
         torch.set_num_threads(cfg.runtime.torch_num_threads)
-    variants = {"padded": False, "packed": True}
+    variants = {"padded": "off", "packed": "on"}
     with tempfile.TemporaryDirectory(prefix="rl_core_bench_") as tmp:
         policy = Path(tmp) / "policy"
         init_policy(cfg, policy, log=None)

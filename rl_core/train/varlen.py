@@ -7,8 +7,8 @@ by `attention_path`: `varlen`, torch's FlashAttention-2 variable-length kernels
 padding and no mask; `padded`, everywhere else: the sequences scattered into a [sequences,
 longest] batch for one causal SDPA call (right padding under a causal mask: no query sees a
 padding key) and gathered back, so only the attention pays for padding. Also the transformers
-attention function packed HF models run (`use_packed_attention`), the model families it
-serves and `resolve_packing` (auto / on / off for a model).
+attention function of packed HF models (`use_packed_attention`; calls the trainers did not
+pack are laid out by `unpacked_layout`), the model families served, and `resolve_packing`.
 Does not own: the packed layout and microbatch plans (rl_core.packing), Megatron's core
 attention (megatron.py calls `varlen_attention`). Read more: docs/performance.md, "Sequence packing".
 """
@@ -38,6 +38,9 @@ def packing_unsupported_reason(model_or_config) -> str | None:
     window = getattr(cfg, "sliding_window", None)
     if window is not None:  # (Qwen2/3 set it only when use_sliding_window is on)
         return f"the model attends within a sliding window of {window} tokens, which packed attention does not apply"
+    dropout = getattr(cfg, "attention_dropout", 0.0) or 0.0
+    if dropout:
+        return f"the model applies attention dropout ({dropout}), which packed attention does not"
     return None
 
 
@@ -117,27 +120,55 @@ def _padded(q, k, v, cu_seqlens, max_len: int, scale):
 def packed_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                              attention_mask, dropout: float = 0.0, scaling: float | None = None,
                              sliding_window: int | None = None, **kwargs):
-    """transformers' attention-function interface ([1, heads, N, dim] in, [1, N, heads, dim] out)
-    over one packed row; the offsets come from the model call (`PackedRows.model_kwargs`)."""
+    """transformers' attention-function interface ([b, heads, T, dim] in, [b, T, heads, dim] out).
+    A packed row (one row; its offsets from the model call: `PackedRows.model_kwargs`) goes
+    straight to `varlen_attention`; any other call (`unpacked_layout`) is laid out the same way
+    first, so the model stays usable outside the trainers' packed forwards."""
+    if dropout or sliding_window is not None:  # resolve_packing turns packing off for such models
+        raise RuntimeError(f"packed attention called with dropout {dropout} / sliding window {sliding_window}, "
+                           "which it does not apply")
     cu, max_len = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
-    if cu is None or max_len is None or query.shape[0] != 1:
-        raise RuntimeError("the packed attention ran without a packed row (one row and its cu_seq_lens_q / "
-                           "max_length_q): with trainer.packing on, every forward must go through PackedRows")
-    if dropout:
-        raise ValueError(f"attention dropout {dropout} with trainer.packing: packed attention has no dropout; "
-                         "set the model's attention_dropout to 0 or trainer.packing: off")
-    if sliding_window is not None:  # resolve_packing turned packing off for such a model
-        raise RuntimeError(f"packed attention called with a sliding window ({sliding_window}), which it does not apply")
-    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
-    return varlen_attention(q, k, v, cu, int(max_len), scaling).unsqueeze(0), None
+    if cu is not None and max_len is not None and query.shape[0] == 1:
+        q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+        return varlen_attention(q, k, v, cu, int(max_len), scaling).unsqueeze(0), None
+    b, heads, t, dim = query.shape
+    if key.shape[2] != t:
+        raise RuntimeError(f"packed attention over {t} queries and {key.shape[2]} keys: it serves whole-sequence "
+                           "forwards (no KV cache); load the model without trainer.packing to generate with it")
+    index, cu, max_len = unpacked_layout(attention_mask, kwargs.get("position_ids"), b, t, query.device)
+    if not max_len:  # no real token
+        return query.new_zeros((b, t, heads, dim)), None
+    q, k, v = (x.transpose(1, 2).reshape(b * t, *x.shape[1::2]).index_select(0, index) for x in (query, key, value))
+    out = varlen_attention(q, k, v, cu, max_len, scaling)
+    return out.new_zeros((b * t, heads, dim)).index_copy(0, index, out).view(b, t, heads, dim), None
+
+
+def unpacked_layout(attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None, b: int, t: int,
+                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The packed layout of a call the trainers did not pack: (the flat index of each real token,
+    sequence offsets, the longest sequence). Real tokens: the 2D `attention_mask` (either padding
+    side), all without one. A sequence starts at each row's first real token and, without a
+    mask, wherever the position ids restart at 0 (rows packed the transformers way)."""
+    real = (attention_mask.bool() if attention_mask is not None
+            else torch.ones((b, t), dtype=torch.bool, device=device))
+    first = real & (real.long().cumsum(dim=1) == 1)
+    if attention_mask is None and position_ids is not None:
+        first = first | (position_ids.expand(b, t) == 0)
+    index = real.reshape(-1).nonzero().squeeze(1)
+    starts = first.reshape(-1).index_select(0, index).nonzero().squeeze(1)
+    cu = torch.cat([starts, starts.new_tensor([index.numel()])]).to(torch.int32)
+    return index, cu, int((cu[1:] - cu[:-1]).max().item()) if starts.numel() else 0
 
 
 def use_packed_attention(model: torch.nn.Module) -> None:
-    """Make an HF model (causal LM or base model) attend through `packed_attention_forward`.
-    Every forward must then be a packed one; the model's config on disk is unchanged."""
+    """Make an HF model (causal LM or base model) attend through `packed_attention_forward`, with
+    transformers' FlashAttention mask rule (a 2D padding mask or none: no [T, T] mask is built).
+    The model's config on disk is unchanged."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
     AttentionInterface.register(ATTENTION_NAME, packed_attention_forward)
+    AttentionMaskInterface.register(ATTENTION_NAME, flash_attention_mask)
     model.set_attn_implementation(ATTENTION_NAME)
 
 

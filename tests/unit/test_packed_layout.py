@@ -108,13 +108,30 @@ def test_padded_path_is_causal_attention_per_sequence(lengths):
     assert max((a - b).abs().max().item() for a, b in zip(grads, wants)) < 1e-12
 
 
-def test_the_packed_attention_refuses_an_unpacked_call(tmp_path):
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_a_packed_model_still_takes_unpacked_calls(tmp_path, arch):
+    """Outside the trainers' packed forwards (a test reading routes, a user's own call) a packed
+    model gives the padded model's outputs at every real token: right- and left-padded rows with
+    their mask, and one row packed the transformers way (positions restarting at 0, no mask)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_hf_dir(tmp_path / "m"))
-    varlen.use_packed_attention(model)
-    with pytest.raises(RuntimeError, match="without a packed row"):
-        model(input_ids=torch.zeros(2, 3, dtype=torch.long))
+    plain = AutoModelForCausalLM.from_pretrained(tiny_hf_dir(tmp_path / "m", arch))
+    packed = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+    varlen.use_packed_attention(packed)
+    ids, mask = ragged_batch([6, 2, 9, 4])
+    right = ((plain(input_ids=ids, attention_mask=mask).logits - packed(input_ids=ids, attention_mask=mask).logits)
+             [mask.bool()].abs().max())
+    left_ids, left_mask = ids.flip(1), mask.flip(1)  # the same rows left-padded, positions from the mask
+    pos = (left_mask.cumsum(1) - 1).clamp(min=0)
+    a = plain(input_ids=left_ids, attention_mask=left_mask, position_ids=pos).logits
+    b = packed(input_ids=left_ids, attention_mask=left_mask, position_ids=pos).logits
+    left = (a - b)[left_mask.bool()].abs().max()
+    rows = PackedRows.of(mask)
+    one_row = packed(input_ids=rows.pack(ids)[None], position_ids=rows.position_ids[None]).logits[0]
+    alone = plain(input_ids=ids, attention_mask=mask).logits
+    hf_packed = (rows.unpack(one_row) - alone)[mask.bool()].abs().max()
+    assert max(right, left, hf_packed).item() < 1e-5
+    assert (packed(input_ids=ids[:1, :6]).logits - plain(input_ids=ids[:1, :6]).logits).abs().max() < 1e-5
 
 
 def test_packing_unsupported_model_type():
