@@ -19,19 +19,14 @@ from __future__ import annotations
 import torch
 
 from rl_core.packing import PackedRows
-
-# Causal LMs whose `ForCausalLM.forward` is exactly `lm_head(base_model(...).last_hidden_state)`
-# (no logit scaling or soft-capping), so the chunked path computes the same function.
-CHUNKED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe", "qwen3_moe"})
+from rl_core.train.causal_lm import llama_like_reason
 
 
 def chunked_unsupported_reason(model_or_config) -> str | None:
     """None when the chunked path computes this model's logprobs exactly, else why not."""
-    cfg = getattr(model_or_config, "config", model_or_config)
-    kind = getattr(cfg, "model_type", None)
-    if kind not in CHUNKED_MODEL_TYPES:
-        return (f"model type {kind!r} is not one whose logits are a plain linear head over the last hidden "
-                f"state (supported: {', '.join(sorted(CHUNKED_MODEL_TYPES))})")
+    reason = llama_like_reason(model_or_config, "whose logits are a plain linear head over the last hidden state")
+    if reason:
+        return reason
     if isinstance(model_or_config, torch.nn.Module):
         head = model_or_config.get_output_embeddings()
         if not isinstance(head, torch.nn.Linear):

@@ -21,20 +21,18 @@ import inspect
 import torch
 
 from rl_core.errors import RecipeError
+from rl_core.train.causal_lm import llama_like_reason
 
 ATTENTION_NAME = "rl_core_packed"  # the attention implementation packed HF models are set to
-# HF model families whose attention goes through transformers' AttentionInterface and receives the
-# model call's keyword arguments (cu_seq_lens_q, max_length_q): the ones packing supports
-PACKED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe", "qwen3_moe"})
 
 
 def packing_unsupported_reason(model_or_config) -> str | None:
-    """None when packing supports this HF model (or config), else why not."""
+    """None when packing serves this HF model (or config): a Llama-like type
+    (`rl_core.train.causal_lm.LLAMA_LIKE_TYPES`) without a sliding window or attention dropout."""
+    reason = llama_like_reason(model_or_config, "whose attention takes packed sequences here")
+    if reason:
+        return reason
     cfg = getattr(model_or_config, "config", model_or_config)
-    kind = getattr(cfg, "model_type", None)
-    if kind not in PACKED_MODEL_TYPES:
-        return (f"model type {kind!r} is not one whose attention takes packed sequences here "
-                f"(supported: {', '.join(sorted(PACKED_MODEL_TYPES))})")
     window = getattr(cfg, "sliding_window", None)
     if window is not None:  # (Qwen2/3 set it only when use_sliding_window is on)
         return f"the model attends within a sliding window of {window} tokens, which packed attention does not apply"
