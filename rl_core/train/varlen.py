@@ -63,6 +63,7 @@ def attention_path(q: torch.Tensor) -> str:
     return "padded"
 
 
+@torch.compiler.disable  # also inside compiled layers (megatron.compile): eager, as its sizes change per microbatch
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_len: int,
                      scale: float | None = None) -> torch.Tensor:
     """Causal attention within each sequence of a packed row: q [N, Hq, D], k and v [N, Hkv, D]
