@@ -1,11 +1,13 @@
 """Training-step throughput of the trainer backends on one GPU: TFLOP/s and the fraction of peak.
 
-Run (one command, < 4 minutes on an H200; prints a table; writes $OUT/train_step_gpu.json when
-OUT is set, or --json PATH):
+Run (one command, < 4 minutes on an H200, --ragged < 10; prints a table; writes
+$OUT/train_step_gpu.json when OUT is set, or --json PATH):
 
     python bench/train_step_gpu.py            # every backend on the GPU
     python bench/train_step_gpu.py --smoke    # CPU, tiny shape: checks the code paths only
     python bench/train_step_gpu.py --host-overhead   # CPU: host time per step of torch vs fsdp2 vs megatron
+    python bench/train_step_gpu.py --ragged --json r.json   # long-tail batch: padded vs packed vs full batch
+    python bench/train_step_gpu.py --ragged --device cpu    # the same on the CPU, tiny shape (= --smoke)
 
 Shape: Qwen2.5-0.5B (hidden 896, 24 layers, 14 query / 2 key-value heads, MLP 4864, vocabulary
 151936, tied embeddings, RoPE base 1e6), random weights, bf16 compute. One RL step = one
@@ -42,6 +44,13 @@ Variants, each in its own process (fresh memory and global state), measured side
   fp32 master copy; megatron with torch's AdamW), to compare the sharded backends' own cost like for like.
 - ...+dyn: fsdp2 / megatron with their compiled pieces at dynamic=True (every size a symbol, the parameters'
   too under FSDP2), as before they moved to automatic dynamic shapes.
+- ...+ragged+padded / sorted / packed / packed-sdpa: the ragged long-tail batch (`--ragged-batch` samples up
+  to `--ragged-cap` tokens, bench/train_step_ragged.py: the modes, and the one table `--ragged` prints) by
+  sample count (as many as `--max-tokens` holds at the cap), by that token budget sorted, packed
+  (`trainer.packing: on`), and packed through SDPA instead of the varlen kernels; useful tokens/s and TFLOP/s
+  of useful work, against the padded mode and the backend's full batch (`...+mb2x`) of the same call.
+  torch+compile+packed+mb2x: the full batch packed. Every other variant pins `trainer.packing: off` (the
+  figures in docs/benchmarks.md are padded); `--ragged` runs in `RAGGED_BUDGET_S` by default.
 Before its warm-up steps each variant runs one step 16 tokens shorter, as an RL run's lengths vary: the
 compiled pieces see two shapes and make the sizes that changed dynamic before anything is timed.
 `--profile` adds one profiled step per variant: device time by kernel category, the top kernels and
@@ -74,9 +83,12 @@ import time
 from pathlib import Path
 
 from train_step_profile import count_ops, host_profile, print_profiles, profile_step, triton_sources
+from train_step_ragged import (RAGGED_MODES, force_sdpa_attention, full_summary, model_flops, print_ragged_table,
+                               ragged_chunk, ragged_mode, ragged_overrides, ragged_summary)
 
 PEAK_TFLOPS = 771.0
 BUDGET_S = float(os.environ.get("RL_CORE_BENCH_BUDGET_S", "225"))  # whole-run time box, seconds
+RAGGED_BUDGET_S = float(os.environ.get("RL_CORE_BENCH_BUDGET_S", "500"))  # --ragged: within a 10-minute call
 SHAPE = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
              intermediate_size=4864, vocab_size=151936, max_position_embeddings=4096, tie_word_embeddings=True,
              rope_theta=1e6, rms_norm_eps=1e-6)
@@ -152,6 +164,30 @@ SMOKE_BACKENDS = {
     "megatron": ["trainer.backend=megatron"],
     "megatron+compile": ["trainer.backend=megatron", "trainer.megatron.compile=true"],
 }
+# the ragged long-tail batch (bench/train_step_ragged.py): each base backend in every mode; the full batch packed
+RAGGED_BASES = {"torch+compile": BACKENDS["torch+compile"],
+                "fsdp2+compile+noreshard+unit24": BACKENDS["fsdp2+compile+noreshard+unit24+mb2x"],
+                "megatron": BACKENDS["megatron"]}
+BACKENDS.update({f"{base}+ragged+{mode}": sets for base, sets in RAGGED_BASES.items() for mode in RAGGED_MODES})
+BACKENDS["torch+compile+packed+mb2x"] = BACKENDS["torch+compile+mb2x"]
+SMOKE_BASES = {"torch": "torch", "fsdp2": "fsdp2", "megatron": "megatron"}
+SMOKE_BACKENDS.update({f"{base}+ragged+{mode}": SMOKE_BACKENDS[base] for base in SMOKE_BASES for mode in RAGGED_MODES})
+SMOKE_BACKENDS.update({f"{base}+mb2x": SMOKE_BACKENDS[base] for base in ("fsdp2", "megatron")})
+SMOKE_BACKENDS["torch+mb2x"] = SMOKE_BACKENDS["torch+packed+mb2x"] = SMOKE_BACKENDS["torch"]
+
+
+def _ragged_default(bases: list[str]) -> list[str]:
+    """--ragged, in the order that matters if the time box ends the run early: each backend's
+    padded and packed ragged modes, its full batch, then the extra rows."""
+    torch_base = bases[0]
+    core = [f"{torch_base}+mb2x", f"{torch_base}+ragged+padded", f"{torch_base}+ragged+packed"]
+    for base in bases[1:]:
+        core += [f"{base}+ragged+padded", f"{base}+ragged+packed", f"{base}+mb2x"]
+    return core + [f"{torch_base}+packed+mb2x", f"{torch_base}+ragged+packed-sdpa", f"{torch_base}+ragged+sorted"]
+
+
+RAGGED_DEFAULT = _ragged_default(list(RAGGED_BASES))
+SMOKE_RAGGED_DEFAULT = _ragged_default(list(SMOKE_BASES))
 
 # --host-overhead: the depth of the GPU shape (the per-layer hooks and launches scale with it), negligible width
 HOST_SHAPE = dict(SMOKE_SHAPE, num_hidden_layers=24, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
@@ -169,12 +205,7 @@ HOST_BACKENDS = {
 
 
 def step_flops(shape: dict, batch: int, seq: int) -> float:
-    h, layers, heads, kv = (shape[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                                               "num_key_value_heads"))
-    d = h // heads
-    per_layer = h * heads * d + 2 * h * kv * d + heads * d * h + 3 * h * shape["intermediate_size"]
-    n = layers * per_layer + shape["vocab_size"] * h
-    return batch * seq * (6 * n + 12 * layers * heads * d * seq)
+    return model_flops(shape, [seq] * batch)
 
 
 def build_model(out: Path, shape: dict, device: str) -> Path:
@@ -248,6 +279,14 @@ def run_one(args) -> None:
         torch.set_num_threads(1)  # host work is single-threaded; one thread keeps the CPU numbers steadier
     microbatch = args.microbatch * (2 if args.run.endswith("+mb2x") else 1)
     sets = [f"runtime.device={device}", f"trainer.microbatch_size={microbatch}"] + _table(args)[args.run]
+    mode = ragged_mode(args.run)
+    ragged = mode is not None
+    if ragged:  # padded: as many samples as the token budget holds at the cap; the other modes: the budget
+        sets += ragged_overrides(mode, args.ragged_cap, args.max_tokens)
+        if mode == "packed-sdpa":
+            force_sdpa_attention()
+    else:  # the full batch: padded, as docs/benchmarks.md measured it, unless the variant says packed
+        sets.append(f"trainer.packing={'on' if '+packed' in args.run else 'off'}")
     cfg = validate_dict(apply_overrides({}, sets))
     shape = _shape(args)
     if "+foreach" in args.run:  # fsdp2 / megatron with torch's multi-tensor AdamW, as before the fused update
@@ -268,7 +307,8 @@ def run_one(args) -> None:
                                                     else kw["dynamic"]})
 
         torch.compile, torch.nn.Module.compile = compile_dynamic, module_compile_dynamic
-    c = chunk(shape["vocab_size"], args.batch, args.seq)
+    c = (ragged_chunk(shape["vocab_size"], args.ragged_batch, args.ragged_cap) if ragged
+         else chunk(shape["vocab_size"], args.batch, args.seq))
     t0 = time.perf_counter()
     trainer = make_trainer(cfg, args.model_dir)
     build_s = time.perf_counter() - t0
@@ -276,7 +316,8 @@ def run_one(args) -> None:
     try:
         # one step at a shorter length first: as in an RL run, where every step's length differs, the compiled
         # pieces see a second shape and mark what changed (batch, sequence) dynamic before the timed steps
-        time_steps(trainer, loss, chunk(shape["vocab_size"], args.batch, args.seq - 16), 0, 1, device)
+        if not ragged:  # (the ragged batch's microbatches already come in several shapes)
+            time_steps(trainer, loss, chunk(shape["vocab_size"], args.batch, args.seq - 16), 0, 1, device)
         times, metrics = time_steps(trainer, loss, c, args.warmup, args.steps, device)
         prof = profile_step(trainer, loss, c, device) if args.profile else None
         if prof and device == "cuda":
@@ -295,12 +336,19 @@ def run_one(args) -> None:
            "loss": metrics.get("loss"), "grad_norm": metrics.get("grad_norm"),
            "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None,
            "profile": prof, "host_profile": host, "aten_ops": ops}
+    if ragged:  # useful work only: the full-batch formula above does not apply
+        for key in ("tflops", "mfu", "step_tflop", "trainer_flops_per_s"):
+            out.pop(key)
+        out.update(ragged_summary(c, cfg, shape, step_s))
+    else:
+        out.update(full_summary(args.batch, args.seq, out["tflops"], step_s))
     Path(args.json).write_text(json.dumps(out))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="CPU and a tiny shape: check the code paths")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the same as --smoke")
     ap.add_argument("--host-overhead", action="store_true",
                     help="CPU: host time per step of each backend on a 24-layer, 32-wide model (compute negligible)")
     ap.add_argument("--backends", default=None, help="comma-separated subset of: " + ", ".join(BACKENDS)
@@ -314,10 +362,17 @@ def main() -> int:
                     help="also profile one step of each variant (device time by kernel category, top kernels)")
     ap.add_argument("--host-profile", action="store_true",
                     help="also cProfile one step of each variant (the host's Python work, top functions by own time)")
+    ap.add_argument("--ragged", action="store_true",
+                    help="the ragged long-tail batch: each backend padded vs packed, and its full batch (default variants)")
+    ap.add_argument("--ragged-batch", type=int, default=None, help="samples of the ragged batch (64; smoke 16)")
+    ap.add_argument("--ragged-cap", type=int, default=None, help="the ragged batch's length cap (4096; smoke 48)")
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help="token budget of the ragged sorted/packed microbatches (16384; smoke 96)")
     ap.add_argument("--json", default=None, help="where to write all results (default $OUT/train_step_gpu.json)")
     ap.add_argument("--run", default=None, help=argparse.SUPPRESS)  # child mode
     ap.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.smoke = args.smoke or args.device == "cpu"
     if args.host_overhead:
         args.batch, args.seq = args.batch or 2, args.seq or 16
         args.microbatch = args.microbatch or args.batch  # one microbatch: the step's fixed host cost
@@ -327,14 +382,19 @@ def main() -> int:
     args.microbatch = args.microbatch or (2 if args.smoke else 8)
     if args.smoke:
         args.warmup, args.steps = min(args.warmup, 1), min(args.steps, 2)
+    args.ragged_batch = args.ragged_batch or (16 if args.smoke else 64)
+    args.ragged_cap = args.ragged_cap or (48 if args.smoke else 4096)
+    args.max_tokens = args.max_tokens or (96 if args.smoke else 16384)
     if args.run:
         run_one(args)
         return 0
 
     t_start = time.monotonic()
+    budget_s = RAGGED_BUDGET_S if args.ragged else BUDGET_S
     cpu = args.smoke or args.host_overhead
     table = _table(args)
-    names = [b.strip() for b in args.backends.split(",")] if args.backends else list(table)
+    names = [b.strip() for b in args.backends.split(",")] if args.backends else (
+        (SMOKE_RAGGED_DEFAULT if args.smoke else RAGGED_DEFAULT) if args.ragged else list(table))
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]) + os.pathsep +
            os.environ.get("PYTHONPATH", ""), "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -344,11 +404,11 @@ def main() -> int:
             import torch
 
             if not torch.cuda.is_available():
-                print("no CUDA device: run with --smoke on a CPU", file=sys.stderr)
+                print("no CUDA device: run with --device cpu (or --smoke) on a CPU", file=sys.stderr)
                 return 2
         model_dir = build_model(Path(tmp) / "model", _shape(args), "cpu" if cpu else "cuda")
         for name in names:
-            left = BUDGET_S - (time.monotonic() - t_start)
+            left = budget_s - (time.monotonic() - t_start)
             if name not in table:
                 results[name] = {"backend": name, "failed": f"unknown variant (known: {', '.join(table)})"}
                 continue
@@ -356,14 +416,16 @@ def main() -> int:
                 results[name] = {"backend": name, "skipped": "megatron-core is not installed"}
                 continue
             if left < 20 and not cpu:
-                results[name] = {"backend": name, "skipped": f"time budget ({BUDGET_S:.0f}s) used up"}
+                results[name] = {"backend": name, "skipped": f"time budget ({budget_s:.0f}s) used up"}
                 continue
             out = Path(tmp) / f"{name}.json"
             cmd = [sys.executable, __file__, "--run", name, "--model-dir", str(model_dir), "--json", str(out),
                    "--batch", str(args.batch), "--seq", str(args.seq), "--microbatch", str(args.microbatch),
-                   "--warmup", str(args.warmup + (1 if "compile" in name else 0)), "--steps", str(args.steps)]
+                   "--warmup", str(args.warmup + (1 if "compile" in name else 0)), "--steps", str(args.steps),
+                   "--ragged-batch", str(args.ragged_batch), "--ragged-cap", str(args.ragged_cap),
+                   "--max-tokens", str(args.max_tokens)]
             if args.smoke:
-                cmd.append("--smoke")
+                cmd += ["--smoke", "--device", "cpu"]
             if args.host_overhead:
                 cmd.append("--host-overhead")
             if args.profile:
@@ -381,8 +443,12 @@ def main() -> int:
                 results[name] = {"backend": name, "skipped": f"did not finish within the time budget ({left:.0f}s)"}
     if args.host_overhead:
         _print_host_table(results, args)
+    elif args.ragged:
+        print_ragged_table(results, PEAK_TFLOPS, args.batch, args.seq)
     else:
-        _print_table(results, args)
+        _print_table({k: v for k, v in results.items() if "+ragged+" not in k}, args)
+        if any("+ragged+" in k for k in results):
+            print_ragged_table(results, PEAK_TFLOPS, args.batch, args.seq)
     if args.profile:
         print_profiles(results)
     for name, r in results.items():

@@ -4,15 +4,22 @@ Owns: `make_train_chunk` (a list of `Sample`s, or of their token arrays: one row
 `make_group_chunk` (whole prompt groups, read through their columns: `columns.group_columns`),
 the padded layout (types.py's module docstring: token
 alignment and routed experts), and `ARENA`, the pool of [B, T] buffers packed chunks reuse.
-Does not own: the records themselves (types.py) or what is trained (samplers, algorithms).
+For the trainers: the padding-free layout of a microbatch's rows (`PackedRows`: the model's
+input without padding, its outputs scattered back) and the rows of each microbatch
+(`microbatch_rows`, token budgets; `split_rows` over data-parallel ranks).
+Does not own: the records themselves (types.py), what is trained (samplers, algorithms) or
+the model's forward (rl_core.train). Read more: docs/performance.md, "Sequence packing".
 """
 
 from __future__ import annotations
 
+import heapq
 import operator
 import sys
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -427,3 +434,114 @@ def _pack_routes(cols, width: int, required: bool) -> torch.Tensor | None:
         if rows:
             out[i, :len(rows)] = torch.tensor(rows, dtype=torch.long)
     return out
+
+
+# --------------------------------------------------------------------------- the trainers' packed layout
+
+
+@dataclass
+class PackedRows:
+    """The padding-free layout of right-padded rows [n, T] (a microbatch of a `TrainChunk`): their
+    real tokens end to end in one row of N tokens, each sequence restarting at position 0. The
+    trainers run the model over that row (variable-length attention: rl_core.train.varlen) and
+    scatter its per-token outputs back to [n, T] (`unpack`), where the loss, the masks and every
+    other per-token array stay as the chunk holds them. Built from the rows' attention mask
+    (`of`): no padded copy of anything the model reads."""
+
+    lengths: list[int]  # real tokens of each row
+    width: int  # T, the rows' padded width
+    index: torch.Tensor  # [N] long: the flat position (row * T + column) of each packed token
+    position_ids: torch.Tensor  # [N] long: its column, i.e. its position in its own sequence
+    cu_seqlens: torch.Tensor  # [s + 1] int32: where each of the s non-empty sequences starts, and N
+    max_len: int  # the longest sequence
+
+    @classmethod
+    def of(cls, attention_mask: torch.Tensor) -> "PackedRows":
+        """The layout of rows whose real tokens are `attention_mask` [n, T] (right padding)."""
+        mask = attention_mask.bool()
+        width = int(mask.shape[1])
+        lengths = mask.sum(dim=1)
+        index = mask.reshape(-1).nonzero().squeeze(1)
+        nonempty = lengths[lengths > 0]
+        cu = torch.zeros(nonempty.numel() + 1, dtype=torch.int32, device=mask.device)
+        cu[1:] = nonempty.cumsum(0)
+        lens = lengths.tolist()
+        return cls(lens, width, index, index % max(width, 1), cu, max(lens, default=0))
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.index.numel())
+
+    def to(self, device: torch.device | str) -> "PackedRows":
+        return PackedRows(self.lengths, self.width, self.index.to(device, non_blocking=True),
+                          self.position_ids.to(device, non_blocking=True), self.cu_seqlens.to(device, non_blocking=True),
+                          self.max_len)
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        """[n, T, ...] -> [N, ...]: the real tokens' entries, end to end."""
+        return t.reshape(-1, *t.shape[2:]).index_select(0, self.index.to(t.device))
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, ...] -> [n, T, ...], zeros at the padding (differentiable: the gradient of each row's
+        entries flows back to its packed token)."""
+        n = len(self.lengths)
+        out = x.new_zeros((n * self.width, *x.shape[1:]))
+        return out.index_copy(0, self.index.to(x.device), x).view(n, self.width, *x.shape[1:])
+
+    def model_kwargs(self) -> dict[str, Any]:
+        """A transformers model's call arguments for the packed row: position ids and the
+        sequence offsets under the names of transformers' `FlashAttentionKwargs`, which the models
+        pass on to their attention function (rl_core.train.varlen's)."""
+        return {"position_ids": self.position_ids[None], "cu_seq_lens_q": self.cu_seqlens,
+                "cu_seq_lens_k": self.cu_seqlens, "max_length_q": self.max_len, "max_length_k": self.max_len}
+
+
+def microbatch_rows(lengths: Sequence[int], max_samples: int, max_tokens: int = 0,
+                    packed: bool = False) -> list[range | list[int]]:
+    """The rows of each microbatch of a chunk whose rows have these real lengths.
+
+    `max_tokens` 0: runs of `max_samples` consecutive rows (`range`s, the chunk's order).
+    `max_tokens` > 0 (`trainer.max_tokens_per_microbatch`): sorted, longest row first, and cut in
+    that order (next-fit): a microbatch takes the next row while it stays within `max_samples`
+    rows and `max_tokens` tokens, counted as the model sees them: the sum of the lengths when
+    `packed`, rows x the longest (the first, by the sort) when padded; a row longer than the
+    budget goes alone. Sorting puts rows of similar length together (little padding when padded,
+    microbatches of nearly equal tokens when packed). Each microbatch's rows in chunk order."""
+    n = len(lengths)
+    if max_tokens <= 0:
+        return [range(a, min(a + max_samples, n)) for a in range(0, n, max_samples)]
+    order = sorted(range(n), key=lambda i: (-lengths[i], i))
+    out: list[list[int]] = []
+    cur: list[int] = []
+    tokens = 0
+    for i in order:
+        cost = tokens + lengths[i] if packed else (len(cur) + 1) * (lengths[cur[0]] if cur else lengths[i])
+        if cur and (len(cur) >= max_samples or cost > max_tokens):
+            out.append(sorted(cur))
+            cur, tokens = [], 0
+            cost = lengths[i]
+        cur.append(i)
+        tokens = cost if packed else 0
+    if cur:
+        out.append(sorted(cur))
+    return out
+
+
+def split_rows(lengths: Sequence[int], parts: int) -> list[list[int]]:
+    """`parts` disjoint sets of rows of nearly equal token sums (longest processing time first:
+    the rows longest first, each to the set with the fewest tokens so far, ties to the lowest
+    set), each in chunk order: the data-parallel ranks' shares under a token budget."""
+    heap = [(0, p) for p in range(parts)]
+    out: list[list[int]] = [[] for _ in range(parts)]
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        tokens, p = heapq.heappop(heap)
+        out[p].append(i)
+        heapq.heappush(heap, (tokens + lengths[i], p))
+    return [sorted(rows) for rows in out]
+
+
+def select_rows(chunk: TrainChunk, rows: range | list[int]) -> TrainChunk:
+    """The chunk's rows `rows` (a `range`: a slice, else `TrainChunk.take`), right padding trimmed."""
+    if isinstance(rows, range):
+        return chunk.slice(rows.start, rows.stop)
+    return chunk.take(torch.tensor(rows, dtype=torch.long))

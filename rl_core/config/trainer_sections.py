@@ -87,6 +87,10 @@ class TrainerConfig(Section):
     """AdamW epsilon."""
     microbatch_size: int = Field(64, ge=1)
     """Samples per forward/backward pass (per process for fsdp2/megatron); gradients accumulate over a step."""
+    max_tokens_per_microbatch: int = Field(0, ge=0)
+    """Token budget of a microbatch (0 = off: runs of `microbatch_size` consecutive samples): a chunk's samples are sorted longest first and cut in that order (next-fit) into microbatches of at most this many tokens as the model runs them (the sum of their lengths when packed, samples x the longest when padded) and at most `microbatch_size` samples; a sample longer than the budget goes alone. For the training pass, the logprob passes and the critic; fsdp2/megatron first share the chunk's samples out over the data-parallel ranks by tokens (longest first, each to the rank with the fewest tokens so far). The step does not depend on the split (the loss is summed and normalised once per step), to rounding. Size it to what one padded microbatch held: e.g. microbatch_size x the length cap (docs/performance.md, "Sequence packing")."""
+    packing: Literal["auto", "on", "off"] = "auto"
+    """Sequence packing: each microbatch's samples run through the model as one row of their real tokens (no padding), every sample restarting at position 0, with variable-length attention within each sample (on CUDA in bf16/fp16 torch's FlashAttention-2 varlen kernels, else one causal SDPA over the samples as rows: rl_core.train.varlen); per-token outputs go back to the padded layout, so the loss, masks, router replay, the critic and the FLOPs counter see the same values as without it, to rounding. Every backend, and the critic. Served: Llama, Qwen2/3, Mistral, Mixtral and Qwen MoE models without a sliding window; megatron with `trainer.megatron.attention: sdpa`. `auto`: packed where served, padded elsewhere; `on`: packed, a recipe error where not served; `off`: padded. Pair with `max_tokens_per_microbatch` so a microbatch holds a token budget rather than a sample count (docs/performance.md, \"Sequence packing\")."""
     max_grad_norm: float | None = Field(1.0, gt=0)
     """Clip the global gradient norm to this (null = no clipping)."""
     logprob_chunk_tokens: int = Field(0, ge=0)
@@ -116,6 +120,10 @@ class TrainerConfig(Section):
                       "backend's model)", "use trainer.fsdp.compile for fsdp2 or trainer.megatron.compile for megatron, "
                       "or set trainer.backend: torch.")
         m = self.megatron
+        if self.packing == "on" and self.backend == "megatron" and m.attention != "sdpa":
+            fail("trainer.packing", "on", f"'auto' or 'off' with trainer.megatron.attention '{m.attention}' (Megatron's "
+                 "local attention takes no packed sequences)", "set trainer.megatron.attention: sdpa, or trainer.packing: "
+                 "auto or off.")
         if m.pipeline_model_parallel_size != 1:
             fail("trainer.megatron.pipeline_model_parallel_size", m.pipeline_model_parallel_size,
                   "1 (pipeline parallelism is not supported by the megatron backend)",

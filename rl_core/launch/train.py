@@ -177,7 +177,8 @@ def build_parts(cfg: RecipeConfig, policy_dir: str | Path, *, trainer_state: dic
 
         saved = Path(critic_dir) if critic_dir is not None else None
         critic = Critic(saved if saved is not None else (cfg.critic.model_path or policy_dir), cfg.critic,
-                        device=device, dtype=cfg.model.dtype, version=weight_version)
+                        device=device, dtype=cfg.model.dtype, version=weight_version, packing=cfg.trainer.packing,
+                        max_tokens_per_microbatch=cfg.trainer.max_tokens_per_microbatch)
         if saved is not None:
             critic.load_state(saved)
     return Parts(tokenizer=tokenizer, env=env, source=source, backend=backend, trainer=trainer,

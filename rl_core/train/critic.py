@@ -4,12 +4,11 @@ Owns: the value model (a causal-LM backbone from an HF directory, its LM head dr
 scalar head; always a *separate* model, `critic.model_path`, default the initial policy's
 directory), per-token values aligned like logprobs (`values(chunk)[:, t]` = V(s_t) from the
 hidden state at t - 1, position 0 gets 0; `with_final=True` also the value after each sample's
-last token, the bootstrap of a truncated completion), microbatched forward/backward with the
-sum-form loss (`algorithms.value_loss`), one normalisation and AdamW step per `finish()`,
-clipping, and saving/loading (the backbone as an HF directory, `value_head.safetensors`,
+last token, the bootstrap of a truncated completion), microbatched forward/backward (packed and
+token budgets as the trainer's) with the sum-form loss (`algorithms.value_loss`), one
+normalisation and AdamW step per `finish()`, clipping, and saving/loading (the backbone as an HF directory, `value_head.safetensors`,
 `critic_state.pt`, `critic.json` last). Per RL step the train pump calls `values(chunk)` before
 `estimate_advantages`, then `begin`, `train_microbatches` per chunk, `finish` (or `abort`).
-
 Does not own: computing returns (GAE) or deciding when the critic trains (warm-up steps). Read
 more: docs/algorithms.md, "PPO: the critic and mini-steps".
 """
@@ -26,8 +25,10 @@ from rl_core.algorithms.metrics import finalize_metrics
 from rl_core.algorithms.value_loss import ClippedValueLoss
 from rl_core.config.schema import CriticConfig
 from rl_core.fsutil import atomic_dir
+from rl_core.packing import PackedRows, select_rows
 from rl_core.train.causal_lm import DTYPES
-from rl_core.train.update import LocalStep, local_microbatches
+from rl_core.train.update import LocalStep, chunk_rows, local_microbatches, rows_in_order
+from rl_core.train.varlen import resolve_packing, use_packed_attention
 from rl_core.types import TrainChunk
 
 HEAD_FILE = "value_head.safetensors"
@@ -45,10 +46,22 @@ class ValueModel(torch.nn.Module):
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                with_final: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, with_final: bool = False,
+                packed: PackedRows | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """[B, T] float32 values: position t from the hidden state at t - 1, position 0 = 0.
-        `with_final`: also [B] the value after each row's last real token (right padding)."""
+        `with_final`: also [B] the value after each row's last real token (right padding).
+        `packed` (the rows' `PackedRows`, the backbone set up by `use_packed_attention`): the
+        backbone runs over one packed row; the head's value of each real token goes back to its
+        place, so every value that depends on real tokens is the unpacked one."""
+        if packed is not None:
+            hidden = self.backbone(input_ids=packed.pack(input_ids)[None], use_cache=False,
+                                   **packed.model_kwargs()).last_hidden_state[0]
+            per_token = packed.unpack(self.head(hidden).squeeze(-1).float())  # [B, T]: V after token t
+            values = torch.cat([torch.zeros_like(per_token[:, :1]), per_token[:, :-1]], dim=1)
+            if not with_final:
+                return values
+            last = (attention_mask.sum(dim=1) - 1).clamp(min=0)
+            return values, per_token[torch.arange(per_token.shape[0], device=per_token.device), last]
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
         v = self.head(hidden[:, :-1]).squeeze(-1).float()
         values = torch.cat([torch.zeros_like(v[:, :1]), v], dim=1)
@@ -57,6 +70,15 @@ class ValueModel(torch.nn.Module):
         last = (attention_mask.sum(dim=1) - 1).clamp(min=0)
         final = self.head(hidden[torch.arange(hidden.shape[0], device=hidden.device), last]).squeeze(-1).float()
         return values, final
+
+
+def _hf_config(model_dir: str | Path):
+    """The HF config of a critic directory (before its weights load), or None without one
+    (`load_value_model` then says what is missing)."""
+    from transformers import AutoConfig
+
+    d = Path(model_dir)
+    return AutoConfig.from_pretrained(str(d)) if (d / "config.json").is_file() else None
 
 
 def load_value_model(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> ValueModel:
@@ -88,10 +110,16 @@ class Critic(LocalStep):
     _name = "critic"
 
     def __init__(self, model_dir: str | Path, cfg: CriticConfig, *, device: str = "cpu", dtype: str = "float32",
-                 version: int = 0):
+                 version: int = 0, packing: str = "off", max_tokens_per_microbatch: int = 0):
         self.cfg = cfg
         self.device = torch.device(device)
+        # the trainer's trainer.packing and trainer.max_tokens_per_microbatch, which the critic follows
+        self.max_tokens = max_tokens_per_microbatch
+        hf_config = _hf_config(model_dir)  # None: load_value_model says what is missing
+        self.packed = hf_config is not None and resolve_packing(packing, hf_config, "critic model")
         self.model = load_value_model(model_dir, DTYPES[dtype]).to(self.device)
+        if self.packed:
+            use_packed_attention(self.model.backbone)
         self.model.train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.version = version
@@ -108,8 +136,9 @@ class Critic(LocalStep):
     def train_microbatches(self, chunk: TrainChunk) -> None:
         self._require_open("train_microbatches")
         t0 = time.perf_counter()
-        for mb in local_microbatches(chunk, self.cfg.microbatch_size, self.device):
-            self._step.backward(self._loss(self.model(mb.input_ids, mb.attention_mask), mb), mb)
+        for mb, rows in local_microbatches(chunk, self.cfg.microbatch_size, self.device, max_tokens=self.max_tokens,
+                                           packed=self.packed):
+            self._step.backward(self._loss(self.model(mb.input_ids, mb.attention_mask, packed=rows), mb), mb)
         self._step.compute_s += time.perf_counter() - t0
 
     def finish(self, advance_version: bool = True) -> dict[str, float]:
@@ -136,20 +165,24 @@ class Critic(LocalStep):
         self.model.eval()
         out, finals = [], []
         try:
-            for start in range(0, chunk.num_samples, self.cfg.microbatch_size):
-                mb = chunk.slice(start, min(start + self.cfg.microbatch_size, chunk.num_samples)).to(self.device)
-                v = self.model(mb.input_ids, mb.attention_mask, with_final=with_final)
+            for rows in chunk_rows(chunk, self.cfg.microbatch_size, self.max_tokens, self.packed):
+                mb = select_rows(chunk, rows)
+                packed = PackedRows.of(mb.attention_mask).to(self.device) if self.packed else None
+                mb = mb.to(self.device)
+                v = self.model(mb.input_ids, mb.attention_mask, with_final=with_final, packed=packed)
                 if with_final:
                     v, f = v
-                    finals.append(f.cpu())
-                v = v.cpu()
-                out.append(torch.nn.functional.pad(v, (0, chunk.input_ids.shape[1] - v.shape[1])))
+                    finals.append((rows, f.cpu()[:, None]))
+                out.append((rows, v.cpu()))
         finally:
             self.model.train(was_training)
-        values = torch.cat(out, dim=0) if out else torch.zeros(chunk.input_ids.shape, dtype=torch.float32)
-        if not with_final:
-            return values
-        return values, (torch.cat(finals) if finals else torch.zeros(chunk.num_samples, dtype=torch.float32))
+        if not out:
+            values = torch.zeros(chunk.input_ids.shape, dtype=torch.float32)
+            final = torch.zeros(chunk.num_samples, dtype=torch.float32)
+        else:
+            values = rows_in_order(out, chunk.input_ids.shape[1])
+            final = rows_in_order(finals, 1)[:, 0] if with_final else None
+        return (values, final) if with_final else values
 
     def save(self, out_dir: str | Path, with_optimizer: bool = True) -> Path:
         """Write the critic (weights, head, optionally optimizer state) as one directory, atomically."""

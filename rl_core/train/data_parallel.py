@@ -2,13 +2,13 @@
 
 Owns, for the fsdp2 and megatron backends alike: the public `TrainerBackend` methods as
 commands (`spmd.CommandChannel`); how a chunk is divided over data-parallel ranks (a
-contiguous block of samples per rank, every rank running the same number of microbatches: a
-rank whose block is used up runs a zero-weight dummy, so the collectives line up); the
+contiguous block of samples per rank, or shares by tokens under a token budget; every rank
+runs the same number of microbatches, packed with `trainer.packing`: a rank whose share is
+used up runs a zero-weight dummy, so the collectives line up); the
 sum-form accounting of a step (loss sums, normalizers and metric pairs all-reduced at
 `finish`, then one division of the gradients by the step's total normalizer, as
 `TorchTrainer`); the gathering of per-rank logprobs; and the step's FLOPs/MFU metrics,
 summed over the data-parallel ranks.
-
 Does not own: the model, its sharding, gradient scaling and clipping or the optimizer (the
 backend hooks `_model_logprobs`, `_scale_grads`, `_clip_grads`, `_optimizer_step`, ...). Read
 more: docs/distributed-training.md, "How the processes work together".
@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from rl_core.algorithms.flops import FlopsCounter, FlopsSpec, flops_metrics, peak_flops_per_s
+from rl_core.packing import PackedRows, microbatch_rows, select_rows, split_rows
 from rl_core.protocols import PolicyLoss
 from rl_core.train.update import StepSums, apply_update
 from rl_core.train.spmd import INIT, CommandChannel
@@ -62,6 +63,7 @@ class DataParallelTrainer(abc.ABC):
         """The split step's state of this rank in its data-parallel group (inside `_constructing`)."""
         self.dp_rank, self.dp_size, self.dp_group = dp_rank, dp_size, dp_group
         self.microbatch_size = self.cfg.microbatch_size
+        self.max_tokens = self.cfg.max_tokens_per_microbatch  # 0: microbatch_size samples, no token budget
         self.max_grad_norm = self.cfg.max_grad_norm
         self.version = version
         self.optimizer_steps = 0
@@ -143,17 +145,33 @@ class DataParallelTrainer(abc.ABC):
         self._reset_step()
         self._zero_grad()
 
-    def _my_microbatches(self, chunk: TrainChunk) -> list[TrainChunk | None]:
-        """This rank's microbatches (None = dummy); the same count on every data-parallel rank."""
-        per_rank = math.ceil(chunk.num_samples / self.dp_size)
-        lo = min(self.dp_rank * per_rank, chunk.num_samples)
-        hi = min(lo + per_rank, chunk.num_samples)
-        mbs = self.microbatch_size
-        out: list[TrainChunk | None] = []
-        for j in range(math.ceil(per_rank / mbs)):
-            a, b = lo + j * mbs, min(lo + (j + 1) * mbs, hi)
-            out.append(chunk.slice(a, b) if a < b else None)
-        return out
+    def _rank_plans(self, chunk: TrainChunk) -> list[list[range | list[int] | None]]:
+        """Every data-parallel rank's microbatches as rows of the chunk (None = dummy), the same count
+        on every rank. No token budget: a contiguous block of samples per rank, in runs of
+        `microbatch_size`; with one: the samples shared out by tokens (`split_rows`), each rank's
+        share cut by `microbatch_rows` (docs/performance.md, "Sequence packing")."""
+        n, mbs = chunk.num_samples, self.microbatch_size
+        if self.max_tokens <= 0:
+            per_rank = math.ceil(n / self.dp_size)
+            plans = []
+            for rank in range(self.dp_size):
+                lo = min(rank * per_rank, n)
+                hi = min(lo + per_rank, n)
+                plans.append([range(lo + j * mbs, min(lo + (j + 1) * mbs, hi)) if lo + j * mbs < hi else None
+                              for j in range(math.ceil(per_rank / mbs))])
+            return plans
+        lengths = chunk.attention_mask.sum(dim=1).tolist()
+        plans = [[[share[j] for j in rows] for rows in microbatch_rows([lengths[i] for i in share], mbs,
+                                                                       self.max_tokens, self.packed)]
+                 for share in split_rows(lengths, self.dp_size)]
+        count = max(len(plan) for plan in plans)
+        return [plan + [None] * (count - len(plan)) for plan in plans]
+
+    def _microbatch(self, chunk: TrainChunk, rows: range | list[int] | None) -> tuple[TrainChunk, PackedRows | None]:
+        """The rows' microbatch (None: the dummy) on this rank's device, with its packed layout when packing."""
+        mb = self._dummy(chunk) if rows is None else select_rows(chunk, rows)
+        packed = PackedRows.of(mb.attention_mask).to(self.device) if self.packed else None
+        return mb.to(self.device), packed
 
     @staticmethod
     def _dummy(chunk: TrainChunk) -> TrainChunk:
@@ -168,14 +186,14 @@ class DataParallelTrainer(abc.ABC):
 
     def _spmd_train_microbatches(self, chunk: TrainChunk) -> None:
         t0 = time.perf_counter()
-        for mb in self._my_microbatches(chunk):
-            dummy = mb is None
-            mb = (self._dummy(chunk) if dummy else mb).to(self.device)
+        for rows in self._rank_plans(chunk)[self.dp_rank]:
+            dummy = rows is None
+            mb, packed = self._microbatch(chunk, rows)
             ref_pass = self._loss.needs_reference_logprobs and mb.ref_logprobs is None
             if ref_pass:
                 with torch.no_grad():
-                    mb.ref_logprobs = self._model_logprobs(mb, reference=True)
-            lp = self._model_logprobs(mb, reference=False)
+                    mb.ref_logprobs = self._model_logprobs(mb, reference=True, packed=packed)
+            lp = self._model_logprobs(mb, reference=False, packed=packed)
             if dummy or mb.num_valid_tokens() == 0:
                 (lp.sum() * 0.0).backward()
                 if not dummy:  # as the single-process trainer: the loss may count its sequences
@@ -249,22 +267,27 @@ class DataParallelTrainer(abc.ABC):
 
     def _spmd_logprobs_timed(self, chunk: TrainChunk, reference: bool) -> torch.Tensor:
         width = chunk.input_ids.shape[1]
-        per_rank = math.ceil(chunk.num_samples / self.dp_size)
-        rows = []
-        for mb in self._my_microbatches(chunk):
-            if mb is None:
-                self._model_logprobs(self._dummy(chunk).to(self.device), reference=reference)
+        plans = self._rank_plans(chunk)
+        rows_of = [[i for rows in plan if rows is not None for i in rows] for plan in plans]  # each rank's, in order
+        per_rank = max(len(r) for r in rows_of)
+        pieces = []
+        for rows in plans[self.dp_rank]:
+            mb, packed = self._microbatch(chunk, rows)
+            lp = self._model_logprobs(mb, reference=reference, packed=packed).float()
+            if rows is None:  # the dummy: its collectives only
                 continue
-            lp = self._model_logprobs(mb.to(self.device), reference=reference).float()
             self._flops_counter().add_forward(mb)
-            rows.append(torch.nn.functional.pad(lp, (0, width - lp.shape[1])))
-        mine = torch.cat(rows) if rows else torch.zeros((0, width), device=self.device)
+            pieces.append(torch.nn.functional.pad(lp, (0, width - lp.shape[1])))
+        mine = torch.cat(pieces) if pieces else torch.zeros((0, width), device=self.device)
         mine = torch.nn.functional.pad(mine, (0, 0, 0, per_rank - mine.shape[0]))
+        every = [mine]
         if self.dp_size > 1:
             every = [torch.empty_like(mine) for _ in range(self.dp_size)]
             dist.all_gather(every, mine.contiguous(), group=self.dp_group)
-            mine = torch.cat(every)
-        return mine[: chunk.num_samples].cpu()
+        out = torch.zeros((chunk.num_samples, width), dtype=mine.dtype, device=mine.device)
+        for rank_rows, got in zip(rows_of, every):
+            out[torch.tensor(rank_rows, dtype=torch.long, device=out.device)] = got[:len(rank_rows)]
+        return out.cpu()
 
     def _spmd_state_dict(self) -> dict[str, Any]:
         return {"version": self.version, "optimizer_steps": self.optimizer_steps, "optimizer": self._optimizer_state()}
@@ -277,10 +300,12 @@ class DataParallelTrainer(abc.ABC):
     # ------------------------------------------------------------------ hooks
 
     device: torch.device
+    packed: bool  # trainer.packing resolved for the backend's model (rl_core.train.varlen.resolve_packing)
 
     @abc.abstractmethod
-    def _model_logprobs(self, mb: TrainChunk, reference: bool) -> torch.Tensor:
-        """[b, t] logprobs of the microbatch's tokens (position 0 gets 0), under the policy or the reference."""
+    def _model_logprobs(self, mb: TrainChunk, reference: bool, packed: PackedRows | None = None) -> torch.Tensor:
+        """[b, t] logprobs of the microbatch's tokens (position 0 gets 0), under the policy or the reference;
+        `packed`: the rows' packed layout (`trainer.packing`), the model run over one packed row."""
 
     @abc.abstractmethod
     def _zero_grad(self) -> None:

@@ -8,8 +8,8 @@ rank's local shards (`ShardLocalAdamW`: no DTensor dispatch per parameter); load
 reads the HF directory, every rank shards a meta-device model and receives only its shard:
 no rank but 0 holds the full model); gradients as one process over the whole step (FSDP2
 averages over ranks, each rank backpropagates its loss sum, `finish` scales by world_size /
-the step's normalizer); full-weight export under HF names; DCP checkpoints read without pickle.
-
+the step's normalizer); packed rows (`trainer.packing`: rl_core.train.varlen's attention);
+full-weight export under HF names; DCP checkpoints read without pickle.
 Does not own: the loss, the step loop (train pump), weight transport, or the process layout
 (spmd.py, data_parallel.py). Read more: docs/distributed-training.md, docs/performance.md.
 """
@@ -25,11 +25,13 @@ import torch
 import torch.distributed as dist
 
 from rl_core.config.schema import TrainerConfig
+from rl_core.packing import PackedRows
 from rl_core.train.causal_lm import DTYPES, decoder_layers
 from rl_core.train.data_parallel import DataParallelTrainer
 from rl_core.train.fused_adam import fused_adamw
 from rl_core.train.logprobs import token_logprobs
 from rl_core.train.spmd import CommandChannel
+from rl_core.train.varlen import resolve_packing, use_packed_attention
 from rl_core.types import TrainChunk
 
 
@@ -91,8 +93,11 @@ class FSDPTrainer(DataParallelTrainer):
                  reference_dir: str | Path | None = None):
         with self._constructing(model_dir=model_dir, cfg=cfg, logprob_temperature=logprob_temperature, device=device,
                                 dtype=dtype, keep_reference=keep_reference, version=version, reference_dir=reference_dir):
+            from transformers import AutoConfig
+
             world = dist.get_world_size()
             self._setup_step_state(dist.get_rank(), world, None, version)
+            self.packed = resolve_packing(cfg.packing, AutoConfig.from_pretrained(str(model_dir)))  # before any weights
             self.dtype = DTYPES[dtype]
             mp = cfg.fsdp.mixed_precision
             if mp == "auto":
@@ -138,6 +143,8 @@ class FSDPTrainer(DataParallelTrainer):
             del src
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(hf_config, dtype=self.dtype)
+        if self.packed:
+            use_packed_attention(model)
         kwargs: dict[str, Any] = {"mesh": self.mesh, "reshard_after_forward": self.cfg.fsdp.reshard_after_forward}
         if self.mixed_precision == "bf16":
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -172,11 +179,12 @@ class FSDPTrainer(DataParallelTrainer):
 
     # ------------------------------------------------------------------ hooks
 
-    def _model_logprobs(self, mb: TrainChunk, reference: bool) -> torch.Tensor:
+    def _model_logprobs(self, mb: TrainChunk, reference: bool, packed: PackedRows | None = None) -> torch.Tensor:
         model = self.reference if reference else self.model
         if model is None:
             raise RuntimeError("reference logprobs requested but no reference model is kept (loss.kl_coef == 0)")
-        return token_logprobs(model, mb.input_ids, mb.attention_mask, self.temperature, fused=self.cfg.fsdp.compile)
+        return token_logprobs(model, mb.input_ids, mb.attention_mask, self.temperature, fused=self.cfg.fsdp.compile,
+                              packed=packed)
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

@@ -7,7 +7,8 @@ models the chunked path supports: the reference path (log_softmax over the mater
 head, log-sum-exp and target logit `chunk_tokens` tokens at a time, only [chunk, V] logits at
 once: a memory lever, off by default); and the fused path (`fused=True`, what
 `trainer.compile` / `trainer.fsdp.compile` select, `FusedLogprobs`: compiled kernels over the
-model's bf16 logits, no fp32 copy). The classes' docstrings give the gradients and sources.
+model's bf16 logits, no fp32 copy); with `packed`, any of them over one packed row of a
+microbatch's rows (`PackedRows`). The classes' docstrings give the gradients and sources.
 
 Does not own: which path a trainer uses (trainer.logprob_chunk_tokens, checked by
 `resolve_chunk_tokens`) or any loss. Read more: docs/performance.md, "Knobs".
@@ -17,18 +18,15 @@ from __future__ import annotations
 
 import torch
 
-# Causal LMs whose `ForCausalLM.forward` is exactly `lm_head(base_model(...).last_hidden_state)`
-# (no logit scaling or soft-capping), so the chunked path computes the same function.
-CHUNKED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe", "qwen3_moe"})
+from rl_core.packing import PackedRows
+from rl_core.train.causal_lm import llama_like_reason
 
 
 def chunked_unsupported_reason(model_or_config) -> str | None:
     """None when the chunked path computes this model's logprobs exactly, else why not."""
-    cfg = getattr(model_or_config, "config", model_or_config)
-    kind = getattr(cfg, "model_type", None)
-    if kind not in CHUNKED_MODEL_TYPES:
-        return (f"model type {kind!r} is not one whose logits are a plain linear head over the last hidden "
-                f"state (supported: {', '.join(sorted(CHUNKED_MODEL_TYPES))})")
+    reason = llama_like_reason(model_or_config, "whose logits are a plain linear head over the last hidden state")
+    if reason:
+        return reason
     if isinstance(model_or_config, torch.nn.Module):
         head = model_or_config.get_output_embeddings()
         if not isinstance(head, torch.nn.Linear):
@@ -184,22 +182,43 @@ def fused_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperat
 
 
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float = 1.0, chunk_tokens: int = 0, fused: bool = False) -> torch.Tensor:
+                   temperature: float = 1.0, chunk_tokens: int = 0, fused: bool = False,
+                   packed: PackedRows | None = None) -> torch.Tensor:
     """[B, T] logprob of token t given tokens < t (position 0 gets 0). `chunk_tokens` > 0 takes the
     chunked path (the caller checked `chunked_unsupported_reason`); else `fused` the compiled
-    fused path over the full logits, and neither the full-logits reference."""
+    fused path over the full logits, and neither the full-logits reference. `packed` (the rows'
+    `PackedRows`, the model set up by rl_core.train.varlen.use_packed_attention): the model runs
+    over the rows' real tokens as one packed row, and the logprobs come back in the [B, T]
+    layout (`padded_logprobs`)."""
+    if packed is not None:
+        lp = _row_logprobs(model, packed.pack(input_ids)[None], packed.model_kwargs(), temperature, chunk_tokens,
+                           fused)
+        return padded_logprobs(lp[0], packed)
+    return _row_logprobs(model, input_ids, {"attention_mask": attention_mask}, temperature, chunk_tokens, fused)
+
+
+def padded_logprobs(lp: torch.Tensor, packed: PackedRows) -> torch.Tensor:
+    """A packed row's logprobs [N] as [B, T]: each at its token, 0 at every sequence's first
+    position (whose packed neighbour is the previous sequence's last token) and at the padding."""
+    rows = packed.unpack(lp)
+    return torch.cat([torch.zeros_like(rows[:, :1]), rows[:, 1:]], dim=1)
+
+
+def _row_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, model_kwargs: dict, temperature: float,
+                  chunk_tokens: int, fused: bool) -> torch.Tensor:
+    """`token_logprobs` of the rows `input_ids` with the model's other arguments `model_kwargs`."""
     if chunk_tokens <= 0 and fused:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        logits = model(input_ids=input_ids, use_cache=False, **model_kwargs).logits
         return fused_token_logprobs(logits, input_ids, temperature, compiled=logits.is_cuda)
     if chunk_tokens <= 0:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        logits = model(input_ids=input_ids, use_cache=False, **model_kwargs).logits
         logits = logits[:, :-1].float()
         if temperature != 1.0:
             logits = logits / temperature
         lp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
         return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
     b, t = input_ids.shape
-    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    hidden = model.base_model(input_ids=input_ids, use_cache=False, **model_kwargs).last_hidden_state
     head = model.get_output_embeddings()
     h = hidden[:, :-1].reshape(b * (t - 1), hidden.shape[-1])
     lp = ChunkedHeadLogprobs.apply(h, head.weight, head.bias, input_ids[:, 1:].reshape(-1), float(temperature),

@@ -6,10 +6,10 @@ Megatron's DDP over the data-parallel ranks (summed gradients, divided by the st
 normalizer at `finish`); the optimizer (Megatron's with fp32 main weights on GPU, its update
 as torch's fused AdamW; torch AdamW on CPU); logprobs through the vocabulary-parallel cross
 entropy (the fused path of `rl_core.train.logprobs` on CUDA at TP 1), the LM head in our [b, t]
-layout; multi-tensor gradient norm, clipping and main -> model copy; `megatron.compile` or
-`megatron.fused_elementwise` (`fuse_elementwise`, `fused_rope`); `attention: sdpa`; the CPU
-set-up workarounds; HF-layout export of the full weights and checkpoints.
-
+layout; multi-tensor norm, clipping and main -> model copy; `megatron.compile` or
+`megatron.fused_elementwise` (`fuse_elementwise`, `fused_rope`); `attention: sdpa` (and packed
+THD rows: `trainer.packing`, `packed_rope`); the CPU set-up workarounds; HF-layout export of
+the full weights and checkpoints.
 Does not own: the loss, the step loop or weight transport; the process layout (spmd.py,
 data_parallel.py). Read more: docs/distributed-training.md, docs/performance.md ("Knobs").
 """
@@ -27,13 +27,15 @@ import torch
 import torch.distributed as dist
 
 from rl_core.config.schema import TrainerConfig
+from rl_core.packing import PackedRows
 from rl_core.train.causal_lm import DTYPES
 from rl_core.train.data_parallel import DataParallelTrainer
 from rl_core.train.fused_adam import fused_adamw
-from rl_core.train.logprobs import fused_token_logprobs
+from rl_core.train.logprobs import fused_token_logprobs, padded_logprobs
 from rl_core.train.megatron_convert import (GPTShape, check_tensor_parallel, hf_to_megatron, megatron_to_hf,
                                             merge_tensor_parallel, shape_from_hf, split_tensor_parallel)
 from rl_core.train.spmd import CommandChannel
+from rl_core.train.varlen import varlen_attention
 from rl_core.types import TrainChunk
 
 # megatron-core warns on import and build that Apex / Transformer Engine are absent and
@@ -113,6 +115,30 @@ def fused_rope(enabled: bool):
         rope_utils._apply_rotary_pos_emb_bshd = saved
 
 
+@contextlib.contextmanager
+def packed_rope(positions: torch.Tensor):
+    """Megatron's rotary embedding of a packed (THD) row by each token's position in its sequence:
+    one gather of the frequencies, then the same unfused function as the padded layout (compiled
+    under `fused_rope`). Megatron's own THD function (`_apply_rotary_pos_emb_thd`) gives the same
+    values but splits the row per sequence with host synchronisations, in every layer."""
+    from megatron.core.models.common.embeddings import rope_utils
+
+    saved = rope_utils._apply_rotary_pos_emb_thd
+
+    def by_position(t, cu_seqlens, freqs, rotary_interleaved=False, multi_latent_attention=False, mscale=1.0,
+                    cp_group=None):
+        return rope_utils._apply_rotary_pos_emb_bshd(t.unsqueeze(1), freqs[positions],
+                                                     rotary_interleaved=rotary_interleaved,
+                                                     multi_latent_attention=multi_latent_attention,
+                                                     mscale=mscale).squeeze(1)
+
+    rope_utils._apply_rotary_pos_emb_thd = by_position
+    try:
+        yield
+    finally:
+        rope_utils._apply_rotary_pos_emb_thd = saved
+
+
 def sdpa_core_attention():
     """A core-attention module for the local spec that calls torch's fused SDPA (causal)."""
     from megatron.core.transformer.module import MegatronModule
@@ -126,6 +152,10 @@ def sdpa_core_attention():
 
         def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                     packed_seq_params=None):
+            if packed_seq_params is not None:  # trainer.packing: [t, heads, d], sequences end to end
+                out = varlen_attention(query, key, value, packed_seq_params.cu_seqlens_q,
+                                       packed_seq_params.max_seqlen_q, self.softmax_scale)
+                return out.reshape(out.shape[0], -1)
             # [s, b, heads, d] -> [b, heads, s, d]; causal mask = the GPT mask (right padding needs no more)
             q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
             out = torch.nn.functional.scaled_dot_product_attention(
@@ -182,6 +212,8 @@ class MegatronTrainer(DataParallelTrainer):
             self.mp_group = ps.get_model_parallel_group()
             self._setup_step_state(ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(),
                                    ps.get_data_parallel_group(), version)
+            # packed THD rows through the SDPA core attention (`on` with local attention: a recipe error)
+            self.packed = cfg.packing == "on" or (cfg.packing == "auto" and mcfg.attention == "sdpa")
             hf_sd = _read_hf_weights(model_dir)
             shard = split_tensor_parallel(hf_to_megatron(hf_sd, self.shape), tp, self.tp_rank)
             del hf_sd
@@ -295,18 +327,31 @@ class MegatronTrainer(DataParallelTrainer):
 
     # ------------------------------------------------------------------ hooks
 
-    def _model_logprobs(self, mb: TrainChunk, reference: bool) -> torch.Tensor:
-        from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
-
+    def _model_logprobs(self, mb: TrainChunk, reference: bool, packed: PackedRows | None = None) -> torch.Tensor:
         model = self.reference if reference else self.model
         if model is None:
             raise RuntimeError("reference logprobs requested but no reference model is kept (loss.kl_coef == 0)")
+        if packed is not None:  # one row of the real tokens in Megatron's THD layout, sequences restarting at 0
+            from megatron.core.packed_seq_params import PackedSeqParams
+
+            ids, pos = packed.pack(mb.input_ids)[None], packed.position_ids[None]
+            params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=packed.cu_seqlens, cu_seqlens_kv=packed.cu_seqlens,
+                                     max_seqlen_q=packed.max_len, max_seqlen_kv=packed.max_len)
+            with cpu_workarounds(self.device), fused_rope(self.fused), packed_rope(packed.position_ids):
+                logits = _logits_batch_first(model, ids, pos, None, params)  # [1, N, vocab / tp]
+            return padded_logprobs(self._logprobs_of(logits, ids)[0], packed)
         ids = mb.input_ids
         b, t = ids.shape
         pos = torch.arange(t, device=ids.device).unsqueeze(0).expand(b, -1)
         causal = torch.triu(torch.ones(t, t, dtype=torch.bool, device=ids.device), 1)[None, None]  # True = masked
         with cpu_workarounds(self.device), fused_rope(self.fused):
             logits = _logits_batch_first(model, ids, pos, causal)  # [b, t, vocab / tp]
+        return self._logprobs_of(logits, ids)
+
+    def _logprobs_of(self, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """[b, t] logprobs of `ids` from their [b, t, vocab / tp] logits (position 0 gets 0)."""
+        from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
         if logits.is_cuda and self.tp == 1:  # the whole vocabulary here: the fused path (rl_core.train.logprobs)
             return fused_token_logprobs(logits, ids, self.temperature, compiled=True)
         logits = logits[:, :-1].float()
@@ -462,7 +507,8 @@ def _hidden_states_out(gpt):
         gpt.post_process = saved
 
 
-def _logits_batch_first(model, ids: torch.Tensor, pos: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:
+def _logits_batch_first(model, ids: torch.Tensor, pos: torch.Tensor, causal: torch.Tensor | None,
+                        packed_seq_params=None) -> torch.Tensor:
     """[b, t, vocab / tp] logits, the LM head applied to the hidden states in our [b, t] layout.
 
     GPTModel's own path computes the logits in its [s, b] layout and returns
@@ -473,7 +519,7 @@ def _logits_batch_first(model, ids: torch.Tensor, pos: torch.Tensor, causal: tor
     """
     gpt = getattr(model, "module", model)  # Megatron's DistributedDataParallel wraps the GPTModel
     with _hidden_states_out(gpt):
-        hidden = model(ids, pos, causal)  # [s, b, h]
+        hidden = model(ids, pos, causal, packed_seq_params=packed_seq_params)  # [s, b, h]
     weight = gpt.shared_embedding_or_output_weight() if gpt.share_embeddings_and_output_weights else None
     logits, _ = gpt.output_layer(hidden.transpose(0, 1).contiguous(), weight=weight)
     return logits

@@ -3,12 +3,12 @@
 Owns: the split step API (`begin` / `train_microbatches` / `finish` / `abort`), which
 per-token logprob path it uses (`rl_core.train.logprobs`: log_softmax(logits / T) of each
 token given its prefix, as the generation engine reports it; chunked per
-`trainer.logprob_chunk_tokens`), `trainer.compile`, microbatching, gradient accumulation in
-sum form with one normalisation at `finish`, gradient clipping, the optimizer and its state,
-the optional frozen reference model, weight export, and router replay for MoE policies
+`trainer.logprob_chunk_tokens`), `trainer.compile`, microbatching (token budgets, packed rows:
+`trainer.max_tokens_per_microbatch`, `trainer.packing`), gradient accumulation in sum form
+with one normalisation at `finish`, clipping, the optimizer and its state, the optional
+frozen reference model, weight export, and router replay for MoE policies
 (every forward replays the chunk's `routed_experts` through `router_replay.RouterReplay`;
 the backfilled share is `router_replay_backfill_frac`).
-
 Does not own: what to train on (the train pump), the loss formula (algorithms.losses), or
 distributed training (other backends sit behind the same protocol). Read more:
 docs/performance.md, docs/moe.md.
@@ -26,11 +26,13 @@ import torch
 
 from rl_core.algorithms.flops import FlopsCounter, FlopsSpec, peak_flops_per_s
 from rl_core.config.schema import TrainerConfig
+from rl_core.packing import PackedRows, select_rows
 from rl_core.protocols import PolicyLoss
 from rl_core.train.causal_lm import DTYPES, decoder_layers
 from rl_core.train.logprobs import chunked_unsupported_reason, resolve_chunk_tokens, token_logprobs
 from rl_core.train.router_replay import RouterReplay, check_routes
-from rl_core.train.update import LocalStep, StepSums, local_microbatches
+from rl_core.train.update import LocalStep, StepSums, chunk_rows, local_microbatches, rows_in_order
+from rl_core.train.varlen import resolve_packing, use_packed_attention
 from rl_core.types import TrainChunk
 
 __all__ = ["TorchTrainer", "token_logprobs"]  # token_logprobs: re-exported from rl_core.train.logprobs
@@ -51,8 +53,10 @@ class TorchTrainer(LocalStep):
         self.cfg = cfg
         self.device = torch.device(device)
         self.temperature = logprob_temperature
-        # trainer.logprob_chunk_tokens: checked on the config before the weights load
-        self.chunk_tokens = resolve_chunk_tokens(cfg.logprob_chunk_tokens, AutoConfig.from_pretrained(str(model_dir)))
+        # trainer.logprob_chunk_tokens and trainer.packing: checked on the config before the weights load
+        hf_config = AutoConfig.from_pretrained(str(model_dir))
+        self.chunk_tokens = resolve_chunk_tokens(cfg.logprob_chunk_tokens, hf_config)
+        self.packed = resolve_packing(cfg.packing, hf_config)
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=DTYPES[dtype]).to(self.device)
         self.model.train()
         if self.chunk_tokens and chunked_unsupported_reason(self.model):
@@ -67,6 +71,9 @@ class TorchTrainer(LocalStep):
                               else copy.deepcopy(self.model).eval())
             for p in self.reference.parameters():
                 p.requires_grad_(False)
+        for model in (self.model, self.reference) if self.packed else ():
+            if model is not None:
+                use_packed_attention(model)
         self.replay = self.reference_replay = None
         if cfg.router_replay.enabled:
             self.replay = _router_replay(self.model, model_dir)
@@ -91,15 +98,23 @@ class TorchTrainer(LocalStep):
         self._route_tokens = 0  # router replay: tokens whose routes matter, and those backfilled
         self._route_backfilled = 0
 
-    def _replaying(self, replay: RouterReplay | None, mb: TrainChunk, count: bool = False):
-        """Context of one forward: replays `mb.routed_experts` when router replay is on."""
+    def _replaying(self, replay: RouterReplay | None, mb: TrainChunk, rows: PackedRows | None, count: bool = False):
+        """Context of one forward: replays `mb.routed_experts` when router replay is on (packed like
+        the tokens when the forward is packed: `rows`)."""
         if replay is None:
             return nullcontext()
         check = check_routes(mb.routed_experts, mb.attention_mask, replay, what="microbatch")
         if count:
             self._route_tokens += check.num_tokens
             self._route_backfilled += check.num_backfilled
-        return replay.replaying(mb.routed_experts)
+        return replay.replaying(mb.routed_experts if rows is None else rows.pack(mb.routed_experts)[None])
+
+    def _forward(self, model: torch.nn.Module, mb: TrainChunk, rows: PackedRows | None, replay: RouterReplay | None,
+                 count: bool = False) -> torch.Tensor:
+        """[b, t] logprobs of one microbatch (packed when `rows`), routes replayed."""
+        with self._replaying(replay, mb, rows, count):
+            return token_logprobs(model, mb.input_ids, mb.attention_mask, self.temperature, self.chunk_tokens,
+                                  fused=self.cfg.compile, packed=rows)
 
     def begin(self, loss: PolicyLoss) -> None:
         self._open_step(loss)
@@ -115,12 +130,11 @@ class TorchTrainer(LocalStep):
             self._step.compute_s += time.perf_counter() - t0
 
     def _train_microbatches(self, chunk: TrainChunk) -> None:
-        for mb in local_microbatches(chunk, self.cfg.microbatch_size, self.device, on_skip=self._skipped):
+        for mb, rows in local_microbatches(chunk, self.cfg.microbatch_size, self.device, on_skip=self._skipped,
+                                           max_tokens=self.cfg.max_tokens_per_microbatch, packed=self.packed):
             if self._loss.needs_reference_logprobs and mb.ref_logprobs is None:
                 mb.ref_logprobs = self.logprobs(mb, reference=True)
-            with self._replaying(self.replay, mb, count=True):
-                lp = token_logprobs(self.model, mb.input_ids, mb.attention_mask, self.temperature, self.chunk_tokens,
-                                    fused=self.cfg.compile)
+            lp = self._forward(self.model, mb, rows, self.replay, count=True)
             self._step.backward(self._loss(lp, mb), mb)
             self.flops.add_train(mb)
 
@@ -167,16 +181,13 @@ class TorchTrainer(LocalStep):
         if model is None:
             raise RuntimeError("reference logprobs requested but no reference model is kept (loss.kl_coef == 0)")
         out = []
-        mbs = self.cfg.microbatch_size
-        for start in range(0, chunk.num_samples, mbs):
-            mb = chunk.slice(start, min(start + mbs, chunk.num_samples)).to(self.device)
-            with self._replaying(self.reference_replay if reference else self.replay, mb):
-                lp = token_logprobs(model, mb.input_ids, mb.attention_mask, self.temperature, self.chunk_tokens,
-                                    fused=self.cfg.compile)
+        for rows in chunk_rows(chunk, self.cfg.microbatch_size, self.cfg.max_tokens_per_microbatch, self.packed):
+            mb = select_rows(chunk, rows)
+            packed = PackedRows.of(mb.attention_mask).to(self.device) if self.packed else None
+            mb = mb.to(self.device)
+            out.append((rows, self._forward(model, mb, packed, self.reference_replay if reference else self.replay)))
             self.flops.add_forward(mb)
-            pad = chunk.input_ids.shape[1] - lp.shape[1]
-            out.append(torch.nn.functional.pad(lp, (0, pad)))
-        return torch.cat(out, dim=0) if out else torch.zeros_like(chunk.gen_logprobs)
+        return rows_in_order(out, chunk.input_ids.shape[1]) if out else torch.zeros_like(chunk.gen_logprobs)
 
     def export_weights(self, on_device: bool = False) -> dict[str, torch.Tensor]:
         """The model's own tensors, on its device either way (no copy)."""

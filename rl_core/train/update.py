@@ -8,10 +8,9 @@ had a gradient). `apply_update` takes the three actions as callables so the torc
 the critic and the data-parallel backends (FSDP2 scaling, Megatron's optimizer) share the
 rule; `local_update` is it for a plain module and a torch optimizer. Also a step's sums
 until `finish` (`StepSums`, every trainer), and what the one-process trainers share:
-`local_microbatches` and `LocalStep` (open/abort, update, checkpoint state).
-
-Does not own: the forward/backward of microbatches, how sums reach this rank (data_parallel
-all-reduces them first), versions or the other metrics of a step.
+`local_microbatches` (token budgets, packing: `chunk_rows`, `rows_in_order`) and `LocalStep`
+(open/abort, update, checkpoint state). Does not own: the forward/backward of microbatches, how
+sums reach this rank (data_parallel all-reduces them first), versions or other step metrics.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from rl_core.algorithms.metrics import finalize_metrics, merge_metrics
+from rl_core.packing import PackedRows, microbatch_rows, select_rows
 from rl_core.types import TrainChunk
 
 
@@ -98,16 +98,38 @@ def local_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, norma
         optimizer.zero_grad(set_to_none=True)
 
 
+def chunk_rows(chunk: TrainChunk, size: int, max_tokens: int = 0, packed: bool = False) -> list[range | list[int]]:
+    """The rows of each microbatch of `chunk` (`rl_core.packing.microbatch_rows`): at most `size`
+    samples and, with `max_tokens` > 0 (`trainer.max_tokens_per_microbatch`), at most that many
+    tokens as the model sees them (packed or padded)."""
+    lengths = chunk.attention_mask.sum(dim=1).tolist() if max_tokens > 0 else [0] * chunk.num_samples
+    return microbatch_rows(lengths, size, max_tokens, packed)
+
+
 def local_microbatches(chunk: TrainChunk, size: int, device: torch.device,
-                       on_skip: Callable[[TrainChunk], None] | None = None) -> Iterator[TrainChunk]:
-    """The chunk's microbatches of `size` samples on `device`, skipping those without a
-    trained token (nothing to forward or backward); `on_skip(mb)` is called for each skipped one."""
-    for start in range(0, chunk.num_samples, size):
-        mb = chunk.slice(start, min(start + size, chunk.num_samples))
+                       on_skip: Callable[[TrainChunk], None] | None = None, max_tokens: int = 0,
+                       packed: bool = False) -> Iterator[tuple[TrainChunk, PackedRows | None]]:
+    """The chunk's microbatches (`chunk_rows`) on `device`, each with its `PackedRows` when
+    `packed` (else None), skipping those without a trained token (nothing to forward or
+    backward); `on_skip(mb)` is called for each skipped one."""
+    for rows in chunk_rows(chunk, size, max_tokens, packed):
+        mb = select_rows(chunk, rows)
         if mb.num_valid_tokens() > 0:
-            yield mb.to(device)
+            yield mb.to(device), (PackedRows.of(mb.attention_mask).to(device) if packed else None)
         elif on_skip is not None:
             on_skip(mb)
+
+
+def rows_in_order(pieces: list[tuple[range | list[int], torch.Tensor]], width: int) -> torch.Tensor:
+    """[n, width] from each microbatch's per-token result [rows, w] (w <= width, zeros after),
+    each at its rows of the chunk (`chunk_rows`' microbatches cover every row once)."""
+    padded = [(rows, torch.nn.functional.pad(t, (0, width - t.shape[1]))) for rows, t in pieces]
+    if all(isinstance(rows, range) for rows, _ in padded):  # consecutive runs, in order
+        return torch.cat([t for _, t in padded])
+    out = padded[0][1].new_zeros((sum(len(rows) for rows, _ in padded), width))
+    for rows, t in padded:
+        out[torch.tensor(rows, dtype=torch.long, device=out.device)] = t
+    return out
 
 
 class LocalStep:

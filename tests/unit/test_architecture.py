@@ -169,6 +169,9 @@ THIRD_PARTY_PRIVATE = {
     # Megatron's unfused rotary function, swapped for its compiled self during the forward
     # (apply_rope_fusion would need Transformer Engine; rope_utils calls this module global)
     ("rl_core/train/megatron.py", "rope_utils._apply_rotary_pos_emb_bshd"),
+    # and its THD (packed) function, swapped for the same unfused one at each token's position
+    # during a packed forward (trainer.packing); rope_utils calls this module global too
+    ("rl_core/train/megatron.py", "rope_utils._apply_rotary_pos_emb_thd"),
     ("rl_core/train/spmd.py", "distributed_c10d._get_default_group"),
     ("rl_core/train/spmd.py", "distributed_c10d._get_default_store"),
     ("rl_core/weights/broadcast.py", "opts._timeout"),  # ProcessGroupNCCL.Options has no public timeout setter
