@@ -73,7 +73,9 @@ def test_varlen_attention_on_cuda(dtype):
     grads = torch.autograd.grad((got.float() * w).sum(), (q, k, v))
     wants = torch.autograd.grad((want * w).sum(), (q, k, v))
     for a, b in zip(grads, wants):
-        assert (a.float() - b).abs().max().item() < (5e-2 if dtype == torch.bfloat16 else 1e-4)
+        # bf16 keeps 8 significant bits: its error scales with the gradient (2% of the largest), fp32 absolute
+        scale = 2e-2 * b.abs().max().item() if dtype == torch.bfloat16 else 1e-4
+        assert (a.float() - b).abs().max().item() < scale
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
