@@ -101,7 +101,7 @@ def make_trainer(cfg, policy_dir: str | Path, *, device: str | None = None, vers
 def _build_torch(cfg, policy_dir: str | Path, device: str, kwargs: dict[str, Any]) -> TrainerBackend:
     from rl_core.train.torch_trainer import TorchTrainer
 
-    return TorchTrainer(policy_dir, cfg.trainer, **kwargs)
+    return TorchTrainer(policy_dir, cfg.trainer, lr_total_steps=cfg.grpo.max_num_steps, **kwargs)
 
 
 def _join_group(cfg, device: str) -> None:

@@ -32,7 +32,7 @@ from rl_core.config.schema import TrainerConfig
 from rl_core.protocols import PolicyLoss
 from rl_core.train.logprobs import chunked_unsupported_reason, resolve_chunk_tokens, token_logprobs
 from rl_core.train.router_replay import RouterReplay, check_routes
-from rl_core.train.update import LocalStep, local_microbatches, local_update
+from rl_core.train.update import LocalStep, local_microbatches, local_update, scheduled_lr, set_lr
 from rl_core.types import TrainChunk
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -48,10 +48,11 @@ class TorchTrainer(LocalStep):
 
     def __init__(self, model_dir: str | Path, cfg: TrainerConfig, *, logprob_temperature: float = 1.0,
                  device: str = "cpu", dtype: str = "float32", keep_reference: bool = False, version: int = 0,
-                 reference_dir: str | Path | None = None):
+                 reference_dir: str | Path | None = None, lr_total_steps: int = 0):
         from transformers import AutoConfig, AutoModelForCausalLM
 
         self.cfg = cfg
+        self.lr_total_steps = lr_total_steps  # the RL steps `trainer.lr_schedule` spans (grpo.max_num_steps)
         self.device = torch.device(device)
         self.temperature = logprob_temperature
         # trainer.logprob_chunk_tokens: checked on the config before the weights load
@@ -113,6 +114,7 @@ class TorchTrainer(LocalStep):
 
     def begin(self, loss: PolicyLoss) -> None:
         self._open_step(loss)
+        set_lr(self.optimizer, scheduled_lr(self.cfg, self.version, self.lr_total_steps))
 
     def train_microbatches(self, chunk: TrainChunk) -> None:
         self._require_open("train_microbatches")
