@@ -2,7 +2,7 @@
 # controller job) -> archive_rollouts / validate_epoch -> evaluate -> report.
 #   snakemake --cores 2                          the embedded default (config/config.yaml)
 #   snakemake --profile profiles/slurm           the same on Slurm
-# Stages, outputs and rerun recipes: README.md, section "Workflow".
+# Stages, outputs and rerun recipes: docs/workflow.md.
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -18,6 +18,7 @@ report: "workflow/report/workflow.rst"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/branch.smk"
 include: "workflow/rules/validate.smk"
 include: "workflow/rules/eval.smk"
 include: "workflow/rules/report.smk"

@@ -1,27 +1,17 @@
 """Rendezvous and process groups for the multi-process trainers (fsdp2, megatron).
 
-Owns:
-- `detect_env`: who this process is (rank, world size, local rank, node) and where rank 0
-  listens, read from the environment of the launcher, in this order:
-  1. torchrun / torch.distributed.run (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`,
-     `MASTER_PORT`);
-  2. a Slurm job step started by `srun` or submitit (`SLURM_STEP_NUM_TASKS`,
-     `SLURM_PROCID`, `SLURM_LOCALID`, `SLURM_STEP_NODELIST`): rank 0 is the first node of
-     the step's node list (`expand_nodelist` reads Slurm's compressed `a[01-03,7]` form) and
-     the port is derived from the job and step ids (or taken from `MASTER_PORT`). A batch
-     script itself (no job step) is one process even when `SLURM_NTASKS` says more;
-  3. submitit's local executor with several tasks (`SUBMITIT_LOCAL_NTASKS`,
-     `SUBMITIT_LOCAL_GLOBALID`; rank 0 on this host, the port from the job id);
-  4. otherwise one process.
-- `init_distributed`: the default process group (gloo on CPU, NCCL on GPU with the device
-  bound by local rank) with the recipe's collective timeout.
-- `check_world`: the run's placement checks, before any model is built: the trainer
-  backend accepts this many processes, the world is a multiple of the product of the fixed
-  parallel sizes, and (when the recipe has a trainer node group) the world and the devices
-  per node match it. Each failure is a `RecipeError` naming the field and the fix.
+Owns: `detect_env` (rank, world size, local rank, node and rank 0's address, read from
+torchrun, a Slurm job step started by `srun` or submitit, or submitit's local executor, in
+that order; otherwise one process; `expand_nodelist` reads Slurm's compressed `a[01-03,7]`),
+`init_distributed` (the default process group: gloo on CPU, NCCL on GPU with the device
+bound by local rank, the recipe's collective timeout) and `check_world` (the backend
+accepts this many processes, the world is a multiple of the fixed parallel sizes, a trainer
+node group matches: each failure a `RecipeError` naming the field and the fix).
 
 Does not own: what each rank runs (`rl_core.train`), job submission (workflow, submitit)
 or the placement fields themselves (`rl_core.config.schema`).
+
+Read more: docs/distributed-training.md, "How the processes work together".
 """
 
 from __future__ import annotations

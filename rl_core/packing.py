@@ -101,7 +101,7 @@ def _pack(cols, advantages, pad_id: int, token_advantages, require_routes: bool,
     zero advantages as one expanded zero."""
     # Python lists: every field is gathered into one flat list, converted once and scattered
     # into the padded [B, T] layout with a boolean mask (row-major order of the mask =
-    # concatenation order); per-sample tensor construction cost ~10x more. NumPy arrays: each
+    # concatenation order), much cheaper than a tensor per sample. NumPy arrays: each
     # row is [prompt, completion, padding] and the rows are one concatenation of these pieces
     # (`_joined`: `bytes.join` for the usual int64 ids and float32 logprobs), written into
     # [B, T] (no mask, no row-by-row copies). The [B, T] arrays come from `ARENA`: memory of
@@ -274,13 +274,12 @@ def _joined(pieces: list, shape: tuple[int, int], dtype: np.dtype, exact: bool) 
     """The pieces end to end as a [B, T] array of `dtype` in `ARENA`'s memory: `np.concatenate`,
     or with `exact` (every piece an array of `dtype` or bytes of its items) `bytes.join` of
     ~512 KiB at a time, each part copied into place while it is still in the cache. numpy's
-    concatenation pays ~0.3-0.45 us per piece (a view and a copy set up per piece), the join
-    reads each piece's buffer in C for a fraction of that: on the 32,001 pieces of a 16,000 x
-    259 int64 chunk 9.8-12.4 -> 5.2-7.4 ms. One join of the whole 33 MB instead costs 3.6-4.4
-    ms where the allocator reuses a freed block, 18-29 ms where it hands out fresh memory
-    (~8,700 page faults), which packing does not control; the parts are reused either way. A
-    piece that exports no contiguous buffer, or a total that does not fill the shape, falls
-    back to the concatenation (which raises where the pieces do not fit)."""
+    concatenation sets up a view and a copy per piece; the join reads each piece's buffer in C
+    for a fraction of that (docs/benchmarks.md). One join of the whole chunk would instead
+    depend on whether the allocator reuses a freed block or hands out fresh memory (page
+    faults), which packing does not control; the parts are reused either way. A piece that
+    exports no contiguous buffer, or a total that does not fill the shape, falls back to the
+    concatenation (which raises where the pieces do not fit)."""
     out = ARENA.empty(shape, dtype)
     flat = out.reshape(-1)
     if exact:
@@ -313,8 +312,8 @@ class Arena:
     """Reused memory for the [B, T] arrays of packed chunks. A chunk of 16,000 x 259 tokens
     writes ~115 MB of arrays; fresh memory for them costs a page fault per 4 KiB page on first
     touch (the kernel zeroes each page), which at 1,000 groups x 16 samples per RL step cost
-    more than the copies themselves (on the development VM, up to ~4 ms per MB). A buffer is
-    reused only when nothing refers to it any more: every array handed out is a view of a
+    more than the copies themselves. A buffer is reused only when nothing refers to it any
+    more: every array handed out is a view of a
     pooled buffer, and a tensor made from it (`torch.from_numpy`) keeps that view, hence the
     buffer, referenced until the last tensor or slice sharing its memory is gone. Buffers are
     sized 1/8 above the request (the step's width varies; untouched pages cost nothing). At

@@ -3,18 +3,13 @@
 Owns: `load_target("package.module:Name", field=..., kind=..., required=...)`, which imports
 the module, finds the name and checks it is the right kind of object (a class or a callable)
 with the members its protocol needs. Every failure is a `RecipeError` naming the recipe
-field, the target and the fix, raised at recipe load (before any model is built). Custom
-samplers use it; environments and reward functions use it the same way.
-
-How a target's module is found: like any Python import, through `sys.path`: `PYTHONPATH`,
-installed packages, and the working directory, which `load_target` appends to `sys.path`
-when it is not there (a console script such as `rl-core`, or a Snakemake `script:`, does not
-put it there by itself). Workflow jobs (Snakemake rules, submitit local jobs) and Slurm jobs
-(sbatch exports the environment and starts in the submission directory) run in the
-directory `snakemake` was started from with its environment, so a module in that directory
-or on `PYTHONPATH` is found in every stage.
+field, the target and the fix, raised at recipe load (before any model is built). A target's
+module is found through `sys.path`; the working directory is appended when missing (a
+console script or a Snakemake `script:` does not put it there).
 
 Does not own: constructing the object (each part's factory does, with its own arguments).
+
+Read more: docs/environments.md, "How your module is found".
 """
 
 from __future__ import annotations

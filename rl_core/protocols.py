@@ -136,7 +136,11 @@ class Environment(Protocol):
 
     def score(self, example: dict[str, Any], completion_ids: list[int], completion_text: str,
               finish_reason: str) -> EnvResult:
-        """Reward(s) for one completion, and whether to mask it out of the loss."""
+        """Reward(s) for one completion, and whether to mask it out of the loss. The
+        environment declares what counts as a correct sample in `info["correct"]` (a bool):
+        held-out accuracy, pass@k, `train/accuracy`, the headline, the report and the `best`
+        checkpoint count it. Without it a sample is correct when its reward is > 0, right only
+        where the reward has no shaping term (docs/environments.md, "What counts as correct")."""
 
     def score_turns(self, example: dict[str, Any], turns: list[Any]) -> EnvResult:
         """Reward(s) of a multi-turn episode from its parsed turns."""

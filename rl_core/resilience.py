@@ -4,18 +4,23 @@ Owns: deciding whether an exception is an *infrastructure* failure (worth retryi
 elsewhere or later: timeouts, dead or unreachable backends, transport errors, HTTP 5xx /
 408 / 429, out-of-memory) or a *data* failure (deterministic: a bad example, an
 environment bug, HTTP 4xx), the per-group attempt counters with their separate budgets,
-the exponential backoff, the error raised when a budget is exhausted, and ending sibling
-tasks when one fails (`gather_or_cancel`, `cancel_and_wait`).
+a time budget of infra retries, the exponential backoff, the retry loop (`retrying`), the
+error raised when a budget is exhausted (`group_failed`: one paragraph naming the example
+and where the user's code raised), and ending sibling tasks when one fails
+(`gather_or_cancel`, `cancel_and_wait`).
 
-Does not own: what is retried (the rollout pump decides), drop budgets (rollout pump),
-or train-step retries (train pump).
+Does not own: what is retried (the rollout pump and validation decide), drop budgets
+(rollout pump, validation), or train-step retries (train pump).
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
+
+from rl_core.errors import UserError, short_repr, user_frame
 
 
 class FailureKind(str, enum.Enum):
@@ -49,30 +54,74 @@ def classify(exc: BaseException) -> FailureKind:
 
 @dataclass
 class Attempts:
-    """Attempt counters of one group, and the budgets they are checked against."""
+    """Attempt counters of one group, and the budgets they are checked against: at most
+    `max_data` data failures; infra failures are retried until `max_infra` attempts (None: no
+    count limit) or until `infra_budget_s` seconds have passed since the first (None: no time
+    limit), with exponential backoff in between (`backoff`)."""
 
-    max_infra: int
+    max_infra: int | None
     max_data: int
+    infra_budget_s: float | None = None
     infra: int = 0
     data: int = 0
-    errors: list[str] = field(default_factory=list)
+    first_infra_at: float | None = None  # time.monotonic() of the first infra failure
+    last_kind: FailureKind | None = None
+    last_error: str = "none"  # "Type: message" of the last failure
+    last_frame: str | None = None  # where the user's code raised the last failure (errors.user_frame)
+
+    @classmethod
+    def of(cls, policy) -> "Attempts":
+        """Fresh counters under a recipe's `async_rl.failure` section (RolloutFailureConfig)."""
+        return cls(policy.max_infra_attempts_per_group, policy.max_data_attempts_per_group,
+                   policy.infra_retry_budget_s)
 
     def record(self, exc: BaseException) -> FailureKind:
-        kind = classify(exc)
+        kind = self.last_kind = classify(exc)
         if kind is FailureKind.INFRA:
             self.infra += 1
+            if self.first_infra_at is None:
+                self.first_infra_at = time.monotonic()
         else:
             self.data += 1
-        self.errors.append(f"{kind.value}: {type(exc).__name__}: {exc}")
+        self.last_frame = user_frame(exc) if kind is FailureKind.DATA else None
+        self.last_error = f"{type(exc).__name__}: {exc}"
         return kind
+
+    def infra_elapsed_s(self) -> float:
+        """Seconds since the first infra failure (0 before one)."""
+        return 0.0 if self.first_infra_at is None else time.monotonic() - self.first_infra_at
 
     @property
     def exhausted(self) -> bool:
-        return self.infra >= self.max_infra or self.data >= self.max_data
+        if self.data >= self.max_data:
+            return True
+        if self.max_infra is not None and self.infra >= self.max_infra:
+            return True
+        return self.infra_budget_s is not None and self.infra > 0 and self.infra_elapsed_s() >= self.infra_budget_s
+
+    def backoff(self, base_s: float, max_s: float) -> float:
+        """The wait before the next attempt after an infra failure: `backoff_s`, but never past
+        the time budget (the last attempt then falls at its end)."""
+        wait = backoff_s(self.infra, base_s, max_s)
+        if self.infra_budget_s is not None:
+            wait = min(wait, max(0.0, self.infra_budget_s - self.infra_elapsed_s()))
+        return wait
+
+    def counts(self) -> str:
+        """The failed attempts against their budgets, naming the recipe fields."""
+        parts = []
+        if self.data:
+            parts.append(f"{self.data}/{self.max_data} data attempts (async_rl.failure.max_data_attempts_per_group)")
+        if self.infra:
+            cap = "" if self.max_infra is None else f"/{self.max_infra}"
+            budget = "" if self.infra_budget_s is None else f", budget {self.infra_budget_s:g} s"
+            parts.append(f"{self.infra}{cap} infra attempts over {self.infra_elapsed_s():.1f} s "
+                         f"(async_rl.failure.max_infra_attempts_per_group / infra_retry_budget_s{budget})")
+        return " and ".join(parts) or "no attempt"
 
     def describe(self) -> str:
-        return (f"{self.infra}/{self.max_infra} infra and {self.data}/{self.max_data} data attempts failed "
-                f"(last: {self.errors[-1] if self.errors else 'none'})")
+        where = f", at {self.last_frame}" if self.last_frame else ""
+        return f"{self.counts()} failed (last: {self.last_error}{where})"
 
 
 def backoff_s(attempt: int, base_s: float, max_s: float) -> float:
@@ -80,8 +129,55 @@ def backoff_s(attempt: int, base_s: float, max_s: float) -> float:
     return min(base_s * (2 ** max(0, attempt - 1)), max_s)
 
 
-class GroupDropped(RuntimeError):
-    """A group exhausted its attempts and the drop budget is spent: the run stops."""
+class GroupDropped(UserError, RuntimeError):
+    """A group exhausted its attempts and the drop budget is spent: the run stops. One
+    paragraph (the group, its example, the last failure and where the user's code raised it,
+    the fix); the CLI shows it without a traceback and writes the traceback to the run's log."""
+
+
+def group_failed(what: str, example, attempts: Attempts, budget: str) -> GroupDropped:
+    """The error that stops a run when `what` (a prompt group, named) exhausted `attempts`, in
+    one paragraph: the last failure and where the user's code raised it, the group and its
+    example (short), the attempts, and the fix; `budget` names the drop budget that is spent."""
+    at = f" (at {attempts.last_frame})" if attempts.last_frame else ""
+    if attempts.last_kind is FailureKind.INFRA:
+        fix = (f"bring the failing service or backend back (the group retried for {attempts.infra_elapsed_s():.0f} s); "
+               f"raise async_rl.failure.infra_retry_budget_s to wait longer, or let such groups be dropped ({budget})")
+    elif attempts.last_frame:
+        fix = f"correct your code at {attempts.last_frame}, or let such groups be dropped ({budget})"
+    else:
+        fix = f"repair the cause named first, or raise the retry or drop budgets ({budget})"
+    return GroupDropped(f"{attempts.last_error}{at}. The run stops: {what} {short_repr(example, 100)} failed "
+                        f"{attempts.counts()}. Fix: {fix}.")
+
+
+def retry_notice(kind: FailureKind, exc: BaseException, where: str, policy) -> str:
+    """The console line of a retried failure of `where` ("training", "validation start") under
+    `policy` (`async_rl.failure`)."""
+    how = (f"backing off, for up to async_rl.failure.infra_retry_budget_s={policy.infra_retry_budget_s:g} s per group"
+           if kind is FailureKind.INFRA and policy.infra_retry_budget_s is not None else "retrying")
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return f"[retry] {where}: {kind.value} failure, {how}: {text[:240]}"
+
+
+async def retrying(run, attempts: Attempts, base_s: float, max_s: float, on_retry=None):
+    """`await run()` until it returns: a failure is recorded in `attempts` and, while they are
+    not exhausted, retried (an infra failure after `attempts.backoff`, a data failure at once),
+    `on_retry(kind, exc)` told first; exhausted, the last failure propagates. Cancellation
+    propagates at once."""
+    while True:
+        try:
+            return await run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - classified, then retried or re-raised
+            kind = attempts.record(exc)
+            if attempts.exhausted:
+                raise
+            if on_retry is not None:
+                on_retry(kind, exc)
+            if kind is FailureKind.INFRA:
+                await asyncio.sleep(attempts.backoff(base_s, max_s))
 
 
 async def with_deadline(coro, timeout_s: float | None, what: str):

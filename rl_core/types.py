@@ -3,20 +3,15 @@
 Owns: the data shapes every seam agrees on (the train pump and the checkpoint share
 `TrainedGroup` and `OpenStep` through here), `group_requests` (the per-sample requests a
 group call stands for), and `scored_sample` (the one place a scored completion becomes a
-`Sample`). Does not own: the column-wise records of a group (`GroupResults`,
-`GroupSamples`, the `GroupColumns` interface: columns.py), packing samples into padded
-training tensors (packing.py), behaviour (protocols.py) or any policy about what to train
-(samplers, algorithms).
+`Sample`). Token alignment: a sequence is `prompt_ids + completion_ids`, per-token arrays
+of a chunk align with `input_ids` (position t describes token t); routed experts are
+`num_layers * k` ids per token, layer-major, -1 where missing.
 
-Token alignment used everywhere: a sequence is `prompt_ids + completion_ids`; per-token
-arrays of a chunk are aligned with `input_ids`, the value at position t describing token t
-(its logprob given tokens < t). Prompt positions and padding carry `loss_mask = 0`.
+Does not own: the column-wise records of a group (`GroupResults`, `GroupSamples`, the
+`GroupColumns` interface: columns.py), packing samples into padded training tensors
+(packing.py), behaviour (protocols.py) or any policy about what to train.
 
-Routed experts (mixture-of-experts policies): per token of `prompt_ids + completion_ids`,
-a flat list of `num_layers * k` expert ids, layer-major (entry `l * k + j` is the j-th
-expert of layer l); an empty list (or a list shorter than the sequence) means the token's
-routes were not recorded. In a chunk they become `routed_experts` [B, T, layers * k] (the
-same layer-major order) with -1 where missing.
+Read more: docs/architecture.md (vocabulary, data flow), docs/moe.md (routes).
 """
 
 from __future__ import annotations
@@ -102,7 +97,8 @@ def with_seed(params: SamplingParams, seed: int) -> SamplingParams:
 
 @dataclass
 class EnvResult:
-    """What an environment says about one completion."""
+    """What an environment says about one completion. `info["correct"]` (a bool), where given,
+    is whether the sample counts as correct (accuracy, pass@k); else reward > 0 counts."""
 
     reward: float
     rewards: dict[str, float] = field(default_factory=dict)  # named components (multi-reward)

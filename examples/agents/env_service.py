@@ -74,11 +74,22 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
+class Server(ThreadingHTTPServer):
+    # a run sends up to async_rl.max_inflight_groups x the group size episodes at once (256 by
+    # default), all again at once after a restart; the stdlib's listen backlog of 5 resets
+    # connections beyond a few dozen
+    request_queue_size = 1024
+
+
+def make_server(port: int, handler=Handler) -> Server:
+    return Server(("127.0.0.1", port), handler)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--port", type=int, default=8765)
     args = ap.parse_args(argv)
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    server = make_server(args.port)
     print(f"env service on http://127.0.0.1:{server.server_address[1]}", flush=True)
     server.serve_forever()
     return 0

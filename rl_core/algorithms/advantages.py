@@ -1,20 +1,17 @@
 """Sequence-level advantage estimators: pure functions from rewards to one advantage per sample.
 
 Owns: the formulas (each tested against hand-computed values) and `compute_advantages`,
-the dispatch on `advantage.estimator` for lists of groups. A batch is a flat vector of B
-rewards plus `group_ids` [B] (ragged groups allowed) and optionally a validity vector
-`valid` [B] (`advantage.exclude_invalid_from_stats`). Does not own: where rewards come
-from (environments), reward shaping (`shaping.py`), token-level estimators (GAE: `gae.py`;
-the per-chunk dispatch with KL in the reward and critic values: `estimate.py`), which
-groups are trained (samplers) or packing advantages into tensors (`types`).
+the dispatch on `advantage.estimator` for lists of groups: B rewards, `group_ids` [B]
+(ragged groups allowed) and optionally `valid` [B] (`advantage.exclude_invalid_from_stats`).
+Sources: GRPO (Shao et al. 2024, arXiv:2402.03300, sec. 4.1.2); leave-one-out baseline (Kool
+et al. 2019; its std over the others as NeMo RL's `calculate_baseline_and_std_per_prompt`,
+PR 1519); GDPO (Liu et al. 2026, arXiv:2601.05242); REINFORCE++ (Hu 2025, arXiv:2501.03262).
 
-Sources: GRPO, Shao et al. 2024, "DeepSeekMath", arXiv:2402.03300, sec. 4.1.2;
-leave-one-out baseline, Kool et al. 2019, "Buy 4 REINFORCE samples, get a baseline for
-free" (its std over the others, and no division by ~0: NeMo RL's
-`calculate_baseline_and_std_per_prompt`, PR 1519); GDPO, Liu et al. 2026, arXiv:2601.05242;
-REINFORCE++, Hu 2025, arXiv:2501.03262.
+Does not own: where rewards come from (environments), reward shaping (`shaping.py`),
+token-level estimators (`gae.py`, the per-chunk dispatch in `estimate.py`), which groups
+are trained (samplers) or packing advantages into tensors.
 
-See docs/algorithms.md, "Advantage estimators": the formulas, knobs and edge cases.
+Read more: docs/algorithms.md, "Advantage estimators" (formulas, knobs, edge cases).
 """
 
 from __future__ import annotations

@@ -1,18 +1,15 @@
 """Advantages for one training chunk: every estimator, KL in the reward, and GAE on critic values.
 
-Owns: `estimate_advantages`, the one call the train pump makes per chunk once its samples
-are packed (`packing.make_train_chunk`), and the order of operations: (1) KL in the reward
-(`kl.kl_reward_penalty`, per sequence or per token), then (2) `gae` on token rewards and
-the critic's values (`gae.py`), or (3) `reinforce_pp` with token-level KL as a return to
-go (Hu 2025, eq. 5), or (4) one advantage per sample (`advantages.sequence_advantages`)
-broadcast over its completion tokens. Statistics and whitening run over the chunk, over
-the valid samples only with `advantage.exclude_invalid_from_stats`.
+Owns: `estimate_advantages`, the one call the train pump makes per packed chunk, and the
+order of operations: KL in the reward (`kl.kl_reward_penalty`), then `gae` on token rewards
+and critic values, or `reinforce_pp` with token-level KL as a return to go (Hu 2025, eq. 5),
+or one advantage per sample broadcast over its completion tokens. Statistics and whitening
+run over the chunk (the valid samples only with `advantage.exclude_invalid_from_stats`).
 
 Does not own: computing reference logprobs or critic values (trainer / critic), or writing
 the result into the chunk (the caller sets `chunk.advantages`, `chunk.values`, `chunk.returns`).
 
-See docs/algorithms.md, "Advantage estimators" (groups, validity mask, whitening, GAE)
-and "KL to the reference policy" (KL in the reward).
+Read more: docs/algorithms.md, "Advantage estimators" and "KL to the reference policy".
 """
 
 from __future__ import annotations
@@ -69,7 +66,7 @@ def estimate_advantages(cfg: AdvantageConfig, chunk: TrainChunk, rewards: Sequen
     B = mask.shape[0]
     if sum(group_sizes) != B:
         raise ValueError(f"group_sizes add up to {sum(group_sizes)} samples but the chunk holds {B}")
-    # a list of floats through NumPy (the same float64 values; torch.as_tensor converts a long list ~3x slower)
+    # a list of floats through NumPy (the same float64 values; torch.as_tensor converts a long list slower)
     r = (torch.from_numpy(np.array(rewards, dtype=np.float64)) if type(rewards) is list
          else torch.as_tensor(rewards, dtype=torch.float64)).reshape(B).to(mask.device)
     gid = group_ids_from_sizes(group_sizes).to(mask.device)

@@ -3,22 +3,15 @@
 Owns: the model-FLOPs formula, a per-RL-step counter that sums every forward+backward of
 every optimizer step (PPO epochs and minibatches included) plus the forward-only passes
 (reference / previous-policy logprobs, critic values), MFU, and a small table of peak
-FLOP/s. Does not own: timing (the caller measures the step's wall time) or logging.
+FLOP/s. Training one token costs 6 N + 12 L d_attn T (Kaplan et al. 2020, sec. 2.1 and
+Table 1; the attention term of PaLM, Chowdhery et al. 2022, appendix B), N the parameters
+used in matmuls (the LM head once, not the input embedding); MoE counts the k active expert
+sets (Switch Transformers, Fedus et al. 2022, sec. 2); the full T x T attention matrix unless
+`causal=True`; padding not counted (model FLOPs, not hardware FLOPs).
 
-Formula (Kaplan et al. 2020, "Scaling laws for neural language models", sec. 2.1 and
-Table 1; with the attention term of Chowdhery et al. 2022, "PaLM", appendix B): training
-one token costs 6 N + 12 L d_attn T FLOPs, where N counts the parameters used in matrix
-multiplies (every parameter except the input embedding table, which is a lookup; the LM
-head is counted, once, even when tied), L is the number of layers, d_attn = heads x head
-dim, and T is the sequence length (the token attends to T positions: QK^T and attention x
-V cost 2 * 2 * d_attn * T each in the forward pass, x3 for forward+backward). A sequence of
-T tokens therefore costs 6 N T + 12 L d_attn T^2; a forward pass alone costs a third.
-Mixture of experts (Fedus et al. 2022, "Switch Transformers", sec. 2: a token's compute is
-that of the experts it is routed to): N counts k of the E expert weight sets of each MoE
-layer (`num_experts_per_tok` of `num_local_experts`), the active parameters, not all.
-Like PaLM we count the full T x T attention matrix (`causal=False`, the MFU convention);
-`causal=True` counts only the T (T + 1) / 2 unmasked entries. Padding tokens are not
-counted: these are model FLOPs, not hardware FLOPs.
+Does not own: timing (the caller measures the step's wall time) or logging.
+
+Read more: docs/algorithms.md, "FLOPs and MFU".
 """
 
 from __future__ import annotations
@@ -30,9 +23,8 @@ import torch
 
 from rl_core.types import TrainChunk
 
-# Dense (no sparsity) bf16/fp16 tensor-core peaks, from NVIDIA's datasheets (A100: 312
-# TFLOP/s; H100 SXM and H200: 989 TFLOP/s; H100 PCIe: 756 TFLOP/s). Matched in order on
-# torch.cuda.get_device_name().
+# Dense (no sparsity) bf16/fp16 tensor-core peaks, from NVIDIA's datasheets. Matched in order
+# on torch.cuda.get_device_name() (the PCIe name before its SXM namesake).
 PEAK_BF16_FLOPS_PER_S: tuple[tuple[str, float], ...] = (
     ("H100 PCIe", 756e12),
     ("H100", 989e12),

@@ -1,27 +1,17 @@
 """Generalised advantage estimation (GAE) for PPO with a critic: per-token advantages and returns.
 
-Owns: placing a sample's reward on its tokens, the backward GAE recursion over masked
-token sequences, separate lambdas for the policy's advantages and the critic's targets,
-and VAPO's length-adaptive lambda. Does not own: the critic (`rl_core.train.critic`), the
-KL reward penalty (`kl.py`) or the per-chunk dispatch (`estimate.py`).
+Owns: placing a sample's reward on its tokens, the backward GAE recursion over masked token
+sequences (Schulman et al. 2016, eqs. 11-16: delta_t = r_t + gamma V_next - V_t, A_t =
+delta_t + gamma lam A_next over the valid tokens, V_next = A_next = 0 after the last), the
+bootstrap of a truncated completion from V(s_L) (Pardo et al. 2018, sec. 3), separate lambdas
+for the advantages and the critic's targets R_t = A_t(value_lam) + V_t, and VAPO's
+length-adaptive lambda 1 - 1 / (alpha l_i) (Yue et al. 2025, arXiv:2504.05118, eq. 8).
+Alignment as in `types.py`: position t describes token t; `values[:, t]` is V(s_t).
 
-Alignment (as everywhere in rl_core, see `types.py`): position t of a [B, T] array
-describes token t. `values[:, t]` is V(s_t), the critic's estimate of the return from token
-t on, given the tokens before t; `rewards[:, t]` is the reward received for emitting token
-t (the task reward sits on the last valid token; a token-level KL penalty on every token).
+Does not own: the critic (`rl_core.train.critic`), the KL reward penalty (`kl.py`) or the
+per-chunk dispatch (`estimate.py`).
 
-GAE (Schulman et al. 2016, "High-dimensional continuous control using generalized
-advantage estimation", eqs. 11-16), backwards over the valid tokens of each sequence:
-  delta_t = r_t + gamma * V_next - V_t,   A_t = delta_t + gamma * lam * A_next,
-where `next` is the next *valid* token (masked positions are skipped: the running value
-and advantage carry over them), and V_next = A_next = 0 after the last valid token (the
-completion ends the episode). A completion cut at the token limit did not end its episode:
-with `bootstrap` (`advantage.bootstrap_truncated`) V_next after its last token is the
-critic's value of the state reached there, V(s_L) (partial-episode bootstrapping: Pardo et
-al. 2018, "Time limits in reinforcement learning", ICML, sec. 3), and A_next stays 0.
-Returns (the critic's targets) are R_t = A_t(value_lam) + V_t; with lam = 1 they are the
-discounted reward-to-go. Length-adaptive lambda (VAPO: Yue et al. 2025, arXiv:2504.05118,
-eq. 8): lam_i = 1 - 1 / (alpha * l_i) for a completion of l_i tokens (clamped to [0, 1]).
+Read more: docs/algorithms.md, "Advantage estimators" (gae) and "PPO: the critic".
 """
 
 from __future__ import annotations

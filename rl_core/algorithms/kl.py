@@ -1,22 +1,16 @@
 """KL divergence to a reference policy, estimated per token from sampled tokens.
 
-Owns: the k1/k2/k3 estimators with their input (log-ratio) and output clamps, used as a
-loss term (`losses.py`) or as a reward penalty (`kl_reward_penalty`, consumed by the
-advantage estimators). Does not own: computing the logprobs (trainer) or the choice
-between the two uses (config validation forbids both at once).
+Owns: the k1/k2/k3 estimators (Schulman 2020, "Approximating KL divergence": with
+x = log pi_ref(y) - log pi(y), k1 = -x, k2 = x^2 / 2, k3 = expm1(x) - x) with their input
+(log-ratio) and output clamps, used as a loss term (`losses.py`) or as a reward penalty
+(`kl_reward_penalty`, consumed by the advantage estimators). k3 is never exp(x) - 1 - x
+(float32 cancellation), and below `K3_SERIES_BELOW` it is its Taylor series x^2/2 + ...
++ x^8/40320, so it stays >= 0 and accurate at tiny x.
 
-With log r_t = log pi_ref(y_t) - log pi(y_t) for a token y_t sampled from pi
-(Schulman 2020, "Approximating KL divergence", http://joschu.net/blog/kl-approx.html):
-- k1 = -log r                 (unbiased, high variance, can be negative);
-- k2 = (log r)^2 / 2          (biased, low variance, >= 0);
-- k3 = (r - 1) - log r        (unbiased, low variance, >= 0).
-k3 is evaluated as expm1(x) - x (x = log r), never as exp(x) - 1 - x: in float32 the latter
-loses everything below ~1e-7 (2% relative error at x = -1e-3, negative at |x| = 1e-4). For
-|x| < K3_SERIES_BELOW even expm1(x) - x cancels (9% error at 1e-6), so there the Taylor
-series x^2/2 + x^3/6 + ... + x^8/40320 is used (truncation < 1e-12 relative); both are >= 0.
-The log-ratio is clamped to [-input_clamp, input_clamp] before exp (20 keeps exp finite
-in float32) and the estimate to [-output_clamp, output_clamp] (a few outlier tokens must
-not dominate a step).
+Does not own: computing the logprobs (trainer) or the choice between the two uses (config
+validation forbids both at once).
+
+Read more: docs/algorithms.md, "KL to the reference policy" (the float32 errors, the clamps).
 """
 
 from __future__ import annotations

@@ -1,19 +1,17 @@
 """Policy losses: clipped policy gradient (PPO / dual clip / GSPO) and plain REINFORCE.
 
-Owns: per-token policy-loss formulas (all masked by loss_mask * sample_mask, then by the
+Owns: per-token policy-loss formulas (masked by loss_mask * sample_mask, then by the
 off-policy mask) and their aggregation into the *sum form* of `protocols.LossOutput`
-(loss_sum + normalizer), so that a step streamed in chunks is averaged exactly: the
-trainer sums `loss_sum` gradients and `normalizer`s over the step and divides once at
-`finish()`. Metrics are (sum, count) pairs (`metrics.py`).
+(loss_sum + normalizer), so that a step streamed in chunks is averaged exactly: the trainer
+sums both over the step and divides once at `finish()`. Sources: PPO clip (Schulman et al.
+2017, eq. 7); clip-higher (DAPO, Yu et al. 2025, arXiv:2503.14476); dual clip (Ye et al. 2020,
+eq. 5); sequence-level ratio (GSPO, Zheng et al. 2025, arXiv:2507.18071, eq. 7); REINFORCE
+(Williams 1992); `empty_sequences: zero` as verl's `seq-mean-token-mean`.
+
 Does not own: logprob computation (trainer), advantages (`advantages.py`, `gae.py`),
-importance weights (`offpolicy.py`) or KL estimators (`kl.py`).
+importance weights (`offpolicy.py`), KL estimators (`kl.py`) or metric pairs (`metrics.py`).
 
-Sources: PPO clip, Schulman et al. 2017, eq. 7; clip-higher, Yu et al. 2025, DAPO,
-arXiv:2503.14476; dual clip, Ye et al. 2020, AAAI, eq. 5; sequence-level ratio, Zheng et
-al. 2025, GSPO, arXiv:2507.18071, eq. 7; REINFORCE, Williams 1992; `empty_sequences: zero`
-as verl's `seq-mean-token-mean`.
-
-See docs/algorithms.md, "Policy losses": the formulas, knobs and refused combinations.
+Read more: docs/algorithms.md, "Policy losses" (formulas, knobs, refused combinations).
 """
 
 from __future__ import annotations

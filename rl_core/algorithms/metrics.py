@@ -1,19 +1,16 @@
 """Metric pairs of losses and estimators, and how they reduce across chunks.
 
 Owns: the one convention every `LossOutput.metrics` entry (and every metric dict returned
-by the functions of `rl_core.algorithms`) follows, and the two helpers that apply it.
-
-A metric is a pair `(sum, count)`. The value reported for a step is:
-- names ending in `_min`: the minimum over the step's chunks (microbatches) of `sum / count`,
-  skipping pairs with count 0;
-- names ending in `_max`: the maximum of `sum / count` over the pairs with count > 0;
-- every other name: `total sum / total count` (a count-weighted mean), 0 when the count is 0.
-
-Extremes are emitted as `(value, 1.0)` (or `(0.0, 0.0)` when the chunk had no valid
-element), so that a reducer unaware of the convention still reports a sane number (the
-mean of the per-chunk extremes) instead of garbage.
+by the functions of `rl_core.algorithms`) follows, and the two helpers that apply it: a
+metric is a pair `(sum, count)`; a step reports `total sum / total count` (0 when the count
+is 0), except names ending in `_min` / `_max`, which report the extreme of `sum / count` over
+the chunks with count > 0. Extremes are emitted as `(value, 1.0)` (or `(0.0, 0.0)` for a
+chunk without a valid element), so a reducer unaware of the convention still reports the
+mean of the per-chunk extremes, not garbage.
 
 Does not own: where metrics are logged (the train pump) or their names' prefixes.
+
+Read more: docs/algorithms.md, "Policy losses" (metric pairs).
 """
 
 from __future__ import annotations

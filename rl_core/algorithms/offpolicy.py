@@ -2,17 +2,16 @@
 
 Owns: importance weights w = pi_prev / pi_gen at token or sequence level (`level`), their
 truncation (`none`, `tis`, `icepop`, `seq-mask-tis`), the masking of sequences whose
-logprob error is too large (`max_seq_mult_prob_error`), and the mismatch metrics.
+logprob error is too large (`max_seq_mult_prob_error`), and the mismatch metrics. Sources:
+truncated IS (Ionides 2008); for LLM RL, Yao et al. 2025 ("Your efficient RL framework
+secretly brings you off-policy RL training") and AReaL (Fu et al. 2025, arXiv:2505.24298,
+decoupled PPO); IcePop (Ling Team 2025, arXiv:2510.18855).
+
 Does not own: the loss the weights multiply (`losses.py`) or where `prev` comes from (the
 trainer: the policy at the start of the RL step, or the current weights detached when a
 step takes one optimizer step).
 
-Sources: truncated IS, Ionides 2008, "Truncated importance sampling"; for LLM RL, Yao et
-al. 2025, "Your efficient RL framework secretly brings you off-policy RL training", and
-AReaL, Fu et al. 2025, arXiv:2505.24298 (decoupled PPO); IcePop, Ling Team 2025,
-arXiv:2510.18855.
-
-See docs/algorithms.md, "Off-policy correction": the formulas, knobs and metrics.
+Read more: docs/algorithms.md, "Off-policy correction" (formulas, knobs, metrics).
 """
 
 from __future__ import annotations

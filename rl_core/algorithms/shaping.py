@@ -1,18 +1,17 @@
 """Reward shaping and filtering: pure functions over samples (or reward tensors), with metrics.
 
-Owns: reward scaling (clamp, then linear map), the DAPO overlong length penalty
-(saturated, or unsaturated as the DAPO reference code computes it), overlong filtering
-(truncated samples leave the loss but stay in their group's baseline), applied in that
-order by `shape_group` (the environment's reward is kept in `info["unshaped_reward"]`),
-and the zero-variance predicate of dynamic sampling. Does not own: when shaping runs (the
-rollout pump calls `shape_group` once per group at commit, so the buffer holds shaped
-rewards), or refilling a step after groups were dropped (the train pump: it keeps drawing
-groups until the step is full, within `dropped_groups_budget`).
+Owns: reward scaling (clamp, then linear map), the DAPO overlong length penalty (saturated,
+or unsaturated as verl's `DAPORewardManager` computes it), overlong filtering (truncated
+samples leave the loss but stay in their group's baseline), applied in that order by
+`shape_group` (the environment's reward kept in `info["unshaped_reward"]`), and the
+zero-variance predicate of dynamic sampling. Source: DAPO (Yu et al. 2025, arXiv:2503.14476,
+eq. 13 and sec. 3.2).
 
-Sources: DAPO, Yu et al. 2025, arXiv:2503.14476 (eq. 13, overlong penalty; sec. 3.2,
-dynamic sampling); verl's `DAPORewardManager` (the unsaturated ramp).
+Does not own: when shaping runs (the rollout pump calls `shape_group` once per group at
+commit, so the buffer holds shaped rewards) or refilling a step after groups were dropped
+(the train pump, within `dropped_groups_budget`).
 
-See docs/algorithms.md, "Reward shaping" and "Dynamic sampling": formulas and knobs.
+Read more: docs/algorithms.md, "Reward shaping" and "Dynamic sampling".
 """
 
 from __future__ import annotations

@@ -1,18 +1,16 @@
 """The critic's loss: PPO value clipping, in the sum form of `protocols.LossOutput`.
 
-Owns: the per-token value-loss formula and its aggregation (token level: sum over valid
-tokens, normaliser = their count), so that critic steps stream in chunks exactly like
-policy steps. Does not own: the value model (`rl_core.train.critic`) or the targets
-(`gae.py` computes the returns).
+Owns: the per-token value loss and its aggregation (sum over valid tokens, normaliser = their
+count), so that critic steps stream in chunks exactly like policy steps: per valid token,
+l_t = 1/2 max((V_t - R_t)^2, (V_old_t + clip(V_t - V_old_t, -eps, eps) - R_t)^2) (value
+clipping of OpenAI Baselines' PPO2, Dhariwal et al. 2017, analysed in Engstrom et al. 2020,
+sec. 3); eps None gives 1/2 (V_t - R_t)^2. The mask is loss_mask * sample_mask: samples out
+of the policy loss (overlong-filtered, environment-masked) leave the critic's loss too.
 
-Per valid token t with value V_t (being trained), the value V_old_t at the time the
-advantages were computed (`chunk.values`) and the return R_t (`chunk.returns`):
-  l_t = 1/2 * max((V_t - R_t)^2, (V_old_t + clip(V_t - V_old_t, -eps, eps) - R_t)^2)
-(value clipping of OpenAI Baselines' PPO2, Dhariwal et al. 2017, analysed in Engstrom et
-al. 2020, "Implementation matters in deep policy gradients", sec. 3); eps = None gives
-the plain squared error 1/2 (V_t - R_t)^2. The mask is loss_mask * sample_mask: samples
-excluded from the policy loss (overlong-filtered, environment-masked) also leave the
-critic's loss, since their returns are not trusted.
+Does not own: the value model (`rl_core.train.critic`) or the targets (`gae.py` computes
+the returns; `chunk.values` holds V_old).
+
+Read more: docs/algorithms.md, "PPO: the critic and mini-steps".
 """
 
 from __future__ import annotations

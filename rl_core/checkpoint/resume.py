@@ -1,24 +1,16 @@
 """Choosing the state a run continues from, and checking reused state against the recipe.
 
-Owns:
-- `check_run_checkpoint`: a run checkpoint is usable: its manifest verifies (every file's
-  size and sha256), `controller_state.json` holds the trainer's state, `buffer.json` the
-  buffer's, `model/config.json` is there. Any defect is one `CheckpointError` naming the
-  file; nothing is loaded or built.
-- `choose_resume`: the newest *intact* step checkpoint of a run (or epoch): damaged newer
-  ones are moved aside (never deleted) into `<parent>/damaged_checkpoints/` and reported;
-  `validate_resume_from` validates one picked with `rl-core train --resume-from PATH`, and
-  `set_aside_newer` moves the run's newer step checkpoints into
-  `<parent>/set_aside_checkpoints/`, so a later plain rerun continues the chosen line and
-  not the abandoned one; `peek_resume` names the checkpoint a plain rerun will continue
-  from without moving or hashing anything (for checks made before the run writes).
-- `check_model_matches`: an initial policy or checkpoint reused from disk has the model
-  shape the resolved recipe asks for (hidden size, layers, heads, vocabulary, ...); a
-  difference is a `CheckpointError` naming both values and the fix, raised before the
-  trainer or the engine is built.
+Owns: `check_run_checkpoint` (a run checkpoint is usable: its manifest verifies and the
+trainer's state, the buffer's and `model/config.json` are there; any defect is one
+`CheckpointError` naming the file, nothing loaded); `choose_resume` (the newest *intact*
+step checkpoint, damaged newer ones moved into `damaged_checkpoints/`, never deleted);
+`validate_resume_from` and `set_aside_newer` (`rl-core train --resume-from`: newer step
+checkpoints go to `set_aside_checkpoints/`); `peek_resume` (what a plain rerun continues
+from, moving and hashing nothing); `check_model_matches` (a reused policy or checkpoint has
+the recipe's model shape, else an error naming both values and the fix).
 
-Does not own: the checkpoint format and its verification (store.py), loading the state
-(run_state.py), or when a run resumes (rl_core.launch.train / stages).
+Does not own: the checkpoint format (store.py), loading the state (run_state.py), or when a
+run resumes (rl_core.launch.train / stages). Read more: docs/workflow.md, "Recovery".
 """
 
 from __future__ import annotations

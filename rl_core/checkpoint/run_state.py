@@ -6,6 +6,8 @@ position, prompts drawn but not dispatched, sampler state, and the ready prompt 
 with their payloads and partial-rollout marks (`Slot.carried`: older checkpoints without it load as never carried); an RL step open between PPO mini-steps, `rl_core.types.OpenStep`, as
 JSON plus its batch's tensors) and turning it back into the objects the controller runs with.
 
+The policy's `model/` carries its model card (card.py), listed in the manifest.
+
 Does not own: the directory format and its verification (store.py), or deciding when a
 checkpoint is taken (the train pump, at quiescent points: nothing in flight).
 """
@@ -17,6 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rl_core.checkpoint.card import render_card, write_card
 from rl_core.checkpoint.store import load_json, load_torch, rng_state, set_rng_state, write_checkpoint
 from rl_core.types import OpenStep, PromptGroup, Sample, TrainChunk, TrainedGroup
 from rl_core.columns import plain
@@ -41,8 +44,9 @@ def group_from_json(d: dict[str, Any]) -> PromptGroup:
 
 
 def save_run_checkpoint(path: str | Path, *, trainer, tokenizer, controller_state: dict[str, Any],
-                        resolved_config: dict[str, Any], critic=None) -> Path:
-    """Write a complete run checkpoint atomically (manifest last)."""
+                        resolved_config: dict[str, Any], critic=None, held_out: dict[str, Any] | None = None) -> Path:
+    """Write a complete run checkpoint atomically (manifest last), with a model card in model/
+    (card.py; `held_out`: a validation of this weight version, if one ran)."""
     import torch
 
     controller_state = dict(controller_state)
@@ -67,6 +71,8 @@ def save_run_checkpoint(path: str | Path, *, trainer, tokenizer, controller_stat
     def fill(tmp: Path) -> None:
         trainer.save_pretrained(tmp / "model")
         tokenizer.save_pretrained(str(tmp / "model"))
+        if "model" in resolved_config:  # a run's recipe (callers that checkpoint without one get no card)
+            write_card(tmp / "model", render_card(resolved_config, rl_step=trainer_state["version"], held_out=held_out))
         if critic is not None:  # PPO's value model, with its optimizer
             critic.save(tmp / "critic")
         torch.save({"optimizer": trainer_state["optimizer"]}, tmp / "optimizer.pt")

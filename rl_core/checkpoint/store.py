@@ -1,27 +1,16 @@
 """Checkpoint directories: atomic writes, a manifest written last, verification on load.
 
-Owns: the on-disk layout of a checkpoint, writing it atomically (built in a hidden
-sibling directory, `manifest.json` written last, then renamed into place, so a killed
-writer never leaves a directory that looks complete), verifying every file against the
-manifest (size and sha256) before anything is loaded, and safe loading (safetensors for
-weights; `torch.load(weights_only=True)` or JSON for everything else; no pickle).
-
-Layout:
-    model/                 HF directory (config.json, model.safetensors, tokenizer files)
-    optimizer.pt           optimizer state
-    rng.pt                 RNG states (torch, numpy, python)
-    controller_state.json  versions, counters, epoch, dataloader / sampler / pump state
-    buffer.json            ready prompt groups with their payloads
-    resolved_config.json   the recipe the run used
-    manifest.json          {"format", "files": {path: {"size", "sha256"}}, "weight_version", "rl_step", "epoch", ...}
-    .rl_core-output        the ownership marker (rl_core.fsutil; not listed in the manifest)
-
-A manifest that is not a JSON object, lacks `files`, lists a malformed entry or a path
-outside the checkpoint is a `CheckpointError` naming it; a full disk while writing is a
-`CheckpointError` that names the previous (intact) checkpoint. `prune` deletes only
-checkpoints rl_core wrote (marker or rl_core manifest).
+Owns: the on-disk layout of a checkpoint (`model/` HF directory, `optimizer.pt`, `rng.pt`,
+`controller_state.json`, `buffer.json`, `resolved_config.json`, `manifest.json` with every
+file's size and sha256, the `.rl_core-output` marker), writing it atomically (a hidden
+sibling directory, the manifest last, then a rename), verifying every file before anything
+is loaded, and safe loading (safetensors, `torch.load(weights_only=True)` or JSON; no
+pickle). A malformed manifest is a `CheckpointError` naming it; a full disk while writing
+names the previous intact checkpoint; `prune` deletes only checkpoints rl_core wrote.
 
 Does not own: what the controller puts in its state (controller.state) or when to save.
+
+Read more: docs/workflow.md, "Inspecting a run" (the layout) and "Recovery".
 """
 
 from __future__ import annotations

@@ -150,26 +150,37 @@ SamplerConfig = Annotated[
 class RolloutFailureConfig(Section):
     """Resilience of the rollout pump: failure classes, retry budgets, deadlines, drop budgets."""
 
-    max_infra_attempts_per_group: int = Field(3, ge=1)
-    """Attempts of a group whose generation failed for an infrastructure reason (timeout, dead backend, transport error)."""
+    max_infra_attempts_per_group: int | None = Field(None, ge=1)
+    """Attempts of a group whose generation or episode failed for an infrastructure reason (timeout, dead backend or environment service, transport error, HTTP 5xx/408/429); null = no count limit (infra_retry_budget_s bounds the retries). Training and validation groups alike."""
+    infra_retry_budget_s: float | None = Field(30.0, gt=0)
+    """Seconds a group keeps retrying infrastructure failures, counted from its first one (with backoff in between); then its attempts are exhausted (dropped within max_dropped_groups, else the run stops). The default outlasts a restart of an HTTP environment service or generation server of a few seconds, mid-training or mid-validation; null = only max_infra_attempts_per_group bounds them."""
     max_data_attempts_per_group: int = Field(1, ge=1)
-    """Attempts of a group that failed deterministically (bad data, environment error); counted apart from infra attempts."""
+    """Attempts of a group that failed deterministically (bad data, an error in the agent, reward function or environment); counted apart from infra attempts."""
     backoff_base_s: float = Field(0.2, ge=0)
-    """Infra retry delay: min(backoff_base_s * 2^(attempt-1), max_backoff_s)."""
-    max_backoff_s: float = Field(5.0, ge=0)
-    """Cap of the infra retry delay."""
+    """Infra retry delay: min(backoff_base_s * 2^(attempt-1), max_backoff_s), never past infra_retry_budget_s."""
+    max_backoff_s: float = Field(2.0, ge=0)
+    """Cap of the infra retry delay (a service that is back is used again at most this long after)."""
     generation_timeout_s: float | None = Field(None, gt=0)
     """Deadline of one sample's generation (null = none); a miss aborts the request and counts as an infra failure."""
     env_timeout_s: float | None = Field(None, gt=0)
     """Deadline of one environment scoring call (null = none); a miss counts as an infra failure."""
     max_dropped_groups: int = Field(0, ge=0)
-    """Run-lifetime number of groups that may exhaust their attempts and be dropped; 0 = the first such failure stops the run."""
+    """Run-lifetime number of groups that may exhaust their attempts and be dropped; 0 = the first such failure stops the run. A validation may leave out as many held-out prompts (counted in its record as `dropped_prompts`)."""
     on_dropped_group: Literal["shrink", "replace"] = "shrink"
     """`shrink`: the step trains with fewer groups (down to min_step_batch_fraction); `replace`: a fresh prompt takes the dropped group's place (in_order: stamped with its step)."""
     min_step_batch_fraction: float = Field(0.75, gt=0, le=1)
     """A step may shrink only down to ceil(this * num_prompts_per_step) groups; below that the run stops."""
     max_train_step_retries: int = Field(1, ge=0)
     """Retries of an RL step whose training failed transiently (a microbatch raised, a non-finite gradient at the update): the step is reopened and its chunks replayed, up to this many times per RL step (PPO mini-steps share them). The previous-policy and reference logprob passes, the critic's value pass and the critic update are each retried up to this many times too. Used up: the run stops with TrainStepFailed and a checkpoint of the last good state (no trainer step left open)."""
+
+    @model_validator(mode="after")
+    def _infra_bounded(self):
+        if self.max_infra_attempts_per_group is None and self.infra_retry_budget_s is None:
+            fail("async_rl.failure.infra_retry_budget_s", None,
+                 "a number of seconds, or a count in async_rl.failure.max_infra_attempts_per_group (with both null a "
+                 "group whose service never comes back would retry forever)",
+                 "set infra_retry_budget_s (default 30) or max_infra_attempts_per_group.")
+        return self
 
 
 class WatchdogConfig(Section):

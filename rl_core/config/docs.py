@@ -47,7 +47,10 @@ def _rows(model: type[BaseModel], prefix: str) -> list[tuple[str, str, str, str]
             for sub in subs:
                 tag = sub.model_fields.get("type")
                 label = f"{path}" + (f" (type: {tag.default})" if tag is not None and len(subs) > 1 else "")
-                rows.append((label, "section", "", (sub.__doc__ or "").strip().splitlines()[0]))
+                doc = (sub.__doc__ or "").strip().splitlines()[0]
+                if len(subs) == 1 and info.description and type(None) in typing.get_args(info.annotation):
+                    doc = f"{doc} {info.description.strip()}"  # an optional section: what it is here, what null means
+                rows.append((label, "section", "", doc))
                 rows.extend(_rows(sub, f"{path}."))
         else:
             default = info.default

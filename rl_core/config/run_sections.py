@@ -47,15 +47,62 @@ class ValidationConfig(Section):
     """Close rollout dispatch while a validation runs (groups already in flight finish). Default: rollouts keep generating for later steps alongside validation (the weight version is pinned either way)."""
 
 
-class LoggingConfig(Section):
-    """Where metrics go."""
+TRACKERS = ("tensorboard", "wandb", "mlflow")
 
-    tensorboard: bool = True
-    """Write TensorBoard event files under <run dir>/tensorboard."""
+
+class WandbConfig(Section):
+    """Weights & Biases, when `logging.trackers` lists `wandb` (the `wandb` extra: `pip install "rl_core[wandb]"`)."""
+
+    mode: Literal["offline", "online"] = "offline"
+    """`offline`: the run is written under <run folder>/wandb/ only (no network, no login; upload it later with `wandb sync <run folder>/wandb/offline-run-*`); `online`: streamed to the W&B server (needs `wandb login` or WANDB_API_KEY)."""
+    project: str = "rl_core"
+    """W&B project the runs belong to."""
+    entity: str | None = None
+    """W&B team or user (null = your default entity)."""
+    tags: list[str] = []
+    """Tags of every W&B run of this recipe."""
+
+
+class MlflowConfig(Section):
+    """MLflow, when `logging.trackers` lists `mlflow` (the `mlflow` extra: `pip install "rl_core[mlflow]"`, mlflow-skinny)."""
+
+    tracking_uri: str | None = None
+    """null = a local file store in <run folder>/mlruns (no server, no network; browse it with `mlflow ui --backend-store-uri <run folder>/mlruns`); else any MLflow tracking URI (`http://host:5000`, `databricks`, ...)."""
+    experiment: str | None = None
+    """MLflow experiment of the runs (null = the recipe's run_name)."""
+
+
+class LoggingConfig(Section):
+    """Where metrics go: metrics.jsonl, and the experiment trackers in `trackers` (every tracker gets the same scalars)."""
+
+    trackers: list[Literal["tensorboard", "wandb", "mlflow"]] = ["tensorboard"]
+    """Experiment trackers the metrics go to, each through its own library: `tensorboard` (event files under <run dir>/tensorboard), `wandb` (see logging.wandb; offline by default), `mlflow` (see logging.mlflow; a file store in the run folder by default). [] = metrics.jsonl only."""
+    tensorboard: bool | None = None
+    """Older spelling kept for existing recipes: alone, true means `trackers: [tensorboard]` and false `trackers: []`; beside `trackers` it must agree with it; null = as `trackers` says (the resolved config always says null and lists the trackers)."""
     jsonl: bool = True
     """Write one JSON object per RL step to <run dir>/metrics.jsonl."""
     progress: Literal["auto", "line", "off"] = "auto"
     """Terminal progress: `line` redraws one status line, `auto` = line on a terminal and a log line every ~5% otherwise."""
+    wandb: WandbConfig = WandbConfig()
+    """W&B settings (used when `trackers` lists `wandb`)."""
+    mlflow: MlflowConfig = MlflowConfig()
+    """MLflow settings (used when `trackers` lists `mlflow`)."""
+
+    @model_validator(mode="after")
+    def _trackers(self):
+        seen = [t for i, t in enumerate(self.trackers) if t in self.trackers[:i]]
+        if seen:
+            fail("logging.trackers", self.trackers, "each tracker at most once", f"remove the repeated {seen[0]!r}.")
+        if self.tensorboard is None:
+            return self
+        if "trackers" in self.model_fields_set and ("tensorboard" in self.trackers) != self.tensorboard:
+            fail("logging.tensorboard", self.tensorboard, f"agreement with logging.trackers {self.trackers} (it is the "
+                 "older spelling of listing `tensorboard` there)", "leave logging.tensorboard out and list the "
+                 "trackers in logging.trackers (e.g. logging.trackers=[tensorboard,wandb]; [] = none).")
+        if "trackers" not in self.model_fields_set:  # the older boolean alone: it picks the list
+            self.trackers = ["tensorboard"] if self.tensorboard else []
+        self.tensorboard = None
+        return self
 
 
 class RuntimeConfig(Section):

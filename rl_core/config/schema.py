@@ -31,6 +31,7 @@ from rl_core.config.model_sections import (  # noqa: F401  (re-exported: the sch
     ReasoningGymEnvConfig,
     RewardFunctionSpec,
     RewardFunctionsEnvConfig,
+    SuccessCriterion,
     TinyModelConfig,
     WarmupConfig,
 )
@@ -79,10 +80,12 @@ from rl_core.config.run_sections import (  # noqa: F401  (re-exported: the schem
     ClusterConfig,
     EvaluationConfig,
     LoggingConfig,
+    MlflowConfig,
     NodeGroupConfig,
     RuntimeConfig,
     SlurmJobConfig,
     ValidationConfig,
+    WandbConfig,
 )
 
 

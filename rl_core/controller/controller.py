@@ -1,20 +1,16 @@
 """The single controller: wires the parts and runs the two pumps concurrently.
 
 Owns: building the run's moving parts (`setup()`: logger, buffer, pumps, refitter, watchdog,
-the restored state) and driving them (`run()`) on one asyncio event loop: start the generation
-backend, validate at start, run the rollout pump and the train pump side by side until the trainer reaches `stop_step` (the first failure of either
-stops both), periodic and final validation pinned to one weight version, metric logging,
-progress, the rollout spool, step checkpoints at quiescent points, the timeline, and the
-run summary. `step_observers` are called after each RL step with its `RLStepRecord`.
+the restored state) and driving them (`run()`) on one asyncio event loop: start the
+generation backend, validate at start, run the rollout and train pumps side by side until
+the trainer reaches `stop_step` (the first failure of either stops both), validation pinned
+to one weight version (at the train pump's step boundary, after refit, before the version
+is published; rollout admission not paused), metric logging, progress, the rollout spool,
+step checkpoints at quiescent points (dispatch closed, every in-flight group committed), the
+timeline and the run summary; `step_observers` get each step's `RLStepRecord`.
 
 Does not own: building the parts from a recipe (rl_core.launch), the policy of either
-pump, or the checkpoint format (rl_core.checkpoint).
-
-Validation during training runs at the train pump's step boundary, after refit and
-before the new version is published: the weight version cannot change while it runs;
-rollout admission is not paused, so groups already admitted keep generating alongside.
-A checkpoint is taken at the same boundary after dispatch is closed and every in-flight
-group has committed, so it holds the exact state (ready groups included) to resume from.
+pump, or the checkpoint format (rl_core.checkpoint). Read more: docs/controller.md.
 """
 
 from __future__ import annotations
@@ -38,6 +34,7 @@ from rl_core.fsutil import atomic_write_json
 from rl_core.metrics.gc_pauses import GcClock, freeze_setup_objects, run_thresholds, unfreeze
 from rl_core.metrics.logger import MetricsLogger
 from rl_core.metrics.progress import Progress
+from rl_core.resilience import FailureKind, retry_notice
 from rl_core.rollout.group import sampling_params
 from rl_core.rollout.spool import RolloutSpool
 from rl_core.rollout.validation import Validator
@@ -113,6 +110,9 @@ class Controller:
         self._t_pumps = time.monotonic()
         self._gen_tokens_at_start = 0  # restored counters count earlier processes' tokens too
         self.checkpoints_written: list[int] = []
+        self.val_retries = 0  # infra retries of validation groups (this process)
+        self._retries_logged = self._data_retries_logged = 0  # the totals at the last step's metrics
+        self._retries_at_start = 0
 
     # ------------------------------------------------------------------ state
 
@@ -147,7 +147,8 @@ class Controller:
 
     async def _validate(self, label: str) -> dict:
         val = Validator(self.cfg.validation, self.p.env, self.p.tokenizer, self.p.val_examples, self.cfg.grpo.seed,
-                        self.p.stop_token_ids)
+                        self.p.stop_token_ids, failure=self.cfg.async_rl.failure,
+                        on_retry=lambda kind, exc: self._on_retry(kind, exc, f"validation {label}"))
         pause = self.cfg.validation.pause_rollouts and self.rollout is not None
         if pause:
             await self.rollout.set_dispatch_open(False)
@@ -161,13 +162,29 @@ class Controller:
         res["label"] = label
         self.validations.append(res)
         k = self.cfg.validation.num_val_generations_per_prompt
-        self.logger.log(res["weight_version"], {f"val/{m}": res[m] for m in
-                                                ("accuracy", f"pass@{k}", "reward_mean", "mean_length",
-                                                 "truncation_rate", "seconds")}, kind="val")
+        self.val_retries += res["infra_retries"]
+        self.logger.log(res["weight_version"], {**{f"val/{m}": res[m] for m in
+                                                   ("accuracy", f"pass@{k}", "reward_mean", "mean_length",
+                                                    "truncation_rate", "seconds", "dropped_prompts", "infra_retries",
+                                                    "data_retries")},
+                                                **{f"val/reward/{name}": v for name, v in
+                                                   res["reward_components"].items()}}, kind="val")
         self.progress.message(f"[validate:{label}] weight version {res['weight_version']}: accuracy "
                               f"{res['accuracy']:.3f}, pass@{k} {res[f'pass@{k}']:.3f} on {res['num_prompts']} "
                               f"prompts ({res['seconds']:.1f}s)")
         return res
+
+    def _on_retry(self, kind: FailureKind, exc: BaseException, where: str) -> None:
+        """A group's failure is retried: a console notice (the first at once, then at most one
+        every few seconds per kind, counting the ones between)."""
+        self.progress.notice(f"{where}-{kind.value}", retry_notice(kind, exc, where, self.cfg.async_rl.failure))
+
+    def infra_retries(self, backend_metrics: dict | None = None) -> int:
+        """Infrastructure retries of the run so far: failed training and validation groups retried,
+        and the generation backend's own request retries (HTTP servers; `backend_metrics`: its
+        metrics() when already read)."""
+        tm = self.p.backend.metrics() if backend_metrics is None else backend_metrics
+        return self.rollout.stats.infra_retries + self.val_retries + int(tm.get("retries", 0))
 
     async def _on_step(self, step: int, metrics: dict, trained: list[TrainedGroup]) -> None:
         tm = self.p.backend.metrics()
@@ -179,12 +196,17 @@ class Controller:
         metrics["throughput/generated_tokens_per_s"] = new_tok / elapsed if elapsed > 0 else 0.0
         for k, v in tm.items():
             metrics[f"generation/{k}"] = v
+        retries = self.infra_retries(tm)
+        metrics["failures/infra_retries"] = float(retries - self._retries_logged)  # in this step
+        metrics["failures/data_retries"] = float(self.rollout.stats.data_retries - self._data_retries_logged)
+        self._retries_logged, self._data_retries_logged = retries, self.rollout.stats.data_retries
         self.logger.log(step + 1, metrics)
         if self.spool is not None:
             await asyncio.to_thread(self.spool.write, step + 1, step, trained)  # RL step numbered as in metrics.jsonl
-        self.progress.update(step + 1 - self.start_step, reward=metrics["train/reward_mean"],
+        self.progress.update(step + 1, reward=metrics["train/reward_mean"],
                              acc=metrics["train/accuracy"], stale=metrics["staleness/max"],
-                             tok_s=metrics["throughput/generated_tokens_per_s"])
+                             tok_s=metrics["throughput/generated_tokens_per_s"],
+                             retries=(retries - self._retries_at_start) or None)  # infra retries, this process
         vcfg = self.cfg.validation
         done = step + 1
         if vcfg.val_period and done % vcfg.val_period == 0 and done >= vcfg.val_start_at and done < self.total_steps:
@@ -246,8 +268,8 @@ class Controller:
         and the refitter, then apply the restored state. `run()` calls it when not called yet."""
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.logger = MetricsLogger(self.run_dir, cfg.logging.tensorboard, cfg.logging.jsonl)
-        self.progress = Progress(max(1, self.stop_step - self.start_step), cfg.logging.progress)
+        self.logger = MetricsLogger.for_run(cfg, self.run_dir)
+        self.progress = Progress(self.total_steps, cfg.logging.progress, start=self.start_step, stop=self.stop_step)
         cond = asyncio.Condition()
         clock = VersionClock(cond, self.p.trainer.version)
         self.buffer = ReplayBuffer(cfg.async_rl.max_buffered_groups, cond)
@@ -260,7 +282,8 @@ class Controller:
         self.rollout = RolloutPump(
             cfg=cfg, source=self.p.source, sampler=self.p.sampler, buffer=self.buffer, backend=self.p.backend,
             env=self.p.env, tokenizer=self.p.tokenizer, clock=clock, cond=cond, timeline=self.timeline, params=params,
-            dispatch_limit=min(self.total_steps, self.stop_step + lookahead), demand=lambda: self.train.demand())
+            dispatch_limit=min(self.total_steps, self.stop_step + lookahead), demand=lambda: self.train.demand(),
+            on_retry=lambda kind, exc: self._on_retry(kind, exc, "training"))
         mode = "barrier" if cfg.async_rl.reproducible else (cfg.async_rl.refit_mode or "in_flight")
         from rl_core.weights import make_weight_sync
 
@@ -294,6 +317,9 @@ class Controller:
         if reopened is not None and reopened.served_weights is not None:
             # resumed between mini-steps: serve the step's start weights
             await self.p.backend.update_weights(self.p.trainer.version, reopened.served_weights)
+        # per-step retry counts start from here (restored counters hold earlier processes' too)
+        self._retries_logged, self._data_retries_logged = self.infra_retries(), self.rollout.stats.data_retries
+        self._retries_at_start = self._retries_logged
         try:
             if self.val_at_start:
                 await self._validate("start")

@@ -1,22 +1,16 @@
 """The rollout pump: prompts -> generation -> environment -> replay buffer.
 
-Owns: drawing prompt batches from the epoch-bounded `PromptSource` (and each batch's seeds in
-one pass: `rollout.group.seeds_of_groups`; its prompts' ids in one tokenizer call where the
-environment has `prompt_ids_many`, begun when the batch is drawn and waited for when its first
-group starts where it has `start_prompt_ids_many`: `BatchPrompts`); the dispatch valves,
-each a config knob with a metric: the sampler's admission gate, buffer capacity, the
-group in-flight cap, generation-level backpressure (in-flight *samples*), the
-over-sampling bound (unstamped samplers) and the dispatch gate closed by refit drains,
-checkpoints and (optionally) validation; one task per prompt group with retries under
-separate infra/data budgets, exponential backoff and deadlines; the drop budget (shrink a
-step, or replace the dropped group with a fresh prompt); aborting in-flight groups the
-sampler declares stale, and at the run's end (`stop`) those no step will train; committing
-finished groups with their start/end weight versions
-(and the target step the train pump may have moved them to: partial rollouts); its
-resumable state; and what it is waiting on (watchdog, progress).
+Owns: drawing prompt batches from the epoch-bounded `PromptSource` (a batch's seeds in one
+pass, its prompt ids begun when drawn: `BatchPrompts`); the dispatch valves, each a knob with
+a metric (admission gate, buffer capacity, group in-flight cap, generation-level
+backpressure, the over-sampling bound, the dispatch gate closed by drains, checkpoints and
+validation); one task per prompt group with retries under separate infra/data budgets,
+backoff and deadlines; the drop budget (shrink or replace); aborting groups the sampler
+declares stale, and at the run's end those no step will train; committing finished groups
+with their versions and target step; its resumable state and what it waits on.
 
 Does not own: staleness policy (sampler), training, refit, or the failure taxonomy
-(rl_core.resilience).
+(rl_core.resilience). Read more: docs/controller.md, "Backpressure valves", "Resilience".
 """
 
 from __future__ import annotations
@@ -33,7 +27,7 @@ from rl_core.buffer.replay_buffer import ReplayBuffer, SlotState
 from rl_core.controller.events import Timeline, VersionClock, notify, wait_until
 from rl_core.protocols import Environment, GenerationBackend
 from rl_core.algorithms.shaping import shape_group
-from rl_core.resilience import Attempts, FailureKind, GroupDropped, backoff_s, cancel_and_wait
+from rl_core.resilience import Attempts, FailureKind, GroupDropped, cancel_and_wait, group_failed, retrying
 from rl_core.rollout.group import GenerationSlots, GroupOptions, generate_group, seeds_of_groups
 from rl_core.types import PromptGroup, SamplingParams
 from rl_core.columns import group_columns
@@ -59,7 +53,8 @@ class RolloutStats:
 class RolloutPump:
     def __init__(self, *, cfg, source, sampler, buffer: ReplayBuffer, backend: GenerationBackend, env: Environment,
                  tokenizer, clock: VersionClock, cond: asyncio.Condition, timeline: Timeline,
-                 params: SamplingParams, dispatch_limit: int, demand: Callable[[], int] | None = None):
+                 params: SamplingParams, dispatch_limit: int, demand: Callable[[], int] | None = None,
+                 on_retry: Callable[[FailureKind, BaseException], None] | None = None):
         a = cfg.async_rl
         self.cfg = cfg
         self.source = source
@@ -81,6 +76,7 @@ class RolloutPump:
         self.over_sampling = a.over_sampling_ratio
         self.dispatch_limit = dispatch_limit  # stamped samplers: no group for a target step >= this
         self.demand = demand  # unstamped samplers: groups the trainer may still consume
+        self.on_retry = on_retry  # told of every retried failure (the controller's console notices)
         self.seed = cfg.grpo.seed
         self.opts = GroupOptions(
             generation_timeout_s=a.failure.generation_timeout_s, env_timeout_s=a.failure.env_timeout_s,
@@ -371,25 +367,16 @@ class RolloutPump:
         condition, and nothing was awaited since, so no waiter is left that it has not woken."""
         notified = False
         try:
-            attempts = Attempts(self.fail.max_infra_attempts_per_group, self.fail.max_data_attempts_per_group)
-            while True:
-                try:
-                    await self._run_group(group_id, index, epoch, example, version, target, attempts)
-                    notified = self._commit_notifies
-                    return
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - classified, retried or dropped
-                    kind = attempts.record(exc)
-                    if attempts.exhausted:
-                        await self._drop(group_id, index, epoch, example, target, attempts, exc)
-                        return
-                    if kind is FailureKind.INFRA:
-                        self.stats.infra_retries += 1
-                        await asyncio.sleep(backoff_s(attempts.infra, self.fail.backoff_base_s,
-                                                      self.fail.max_backoff_s))
-                    else:
-                        self.stats.data_retries += 1
+            attempts = Attempts.of(self.fail)
+            try:
+                await retrying(lambda: self._run_group(group_id, index, epoch, example, version, target, attempts),
+                               attempts, self.fail.backoff_base_s, self.fail.max_backoff_s, self._retried)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - its attempts are exhausted: dropped (or the run stops)
+                await self._drop(group_id, index, epoch, example, target, attempts, exc)
+                return
+            notified = self._commit_notifies
         except asyncio.CancelledError:
             slot = self.buffer.find(group_id)
             if slot is not None and slot.state == SlotState.RESERVED:
@@ -406,16 +393,22 @@ class RolloutPump:
             if not notified:
                 await notify(self.cond)
 
+    def _retried(self, kind: FailureKind, exc: Exception) -> None:
+        if kind is FailureKind.INFRA:
+            self.stats.infra_retries += 1
+        else:
+            self.stats.data_retries += 1
+        if self.on_retry is not None:
+            self.on_retry(kind, exc)
+
     async def _drop(self, group_id, index, epoch, example, target, attempts: Attempts, exc: Exception) -> None:
         target = self.inflight_targets.get(group_id, target)  # partial rollouts may have moved it
         self.stats.dropped_groups += 1
         self.stats.wasted_samples += self.n
         await self.buffer.finish([self.buffer.get(group_id)], SlotState.ABORTED)
         if self.stats.dropped_groups > self.fail.max_dropped_groups:
-            raise GroupDropped(
-                f"prompt group {group_id} (example {index}, epoch {epoch}) failed: {attempts.describe()}; the drop "
-                f"budget async_rl.failure.max_dropped_groups={self.fail.max_dropped_groups} is spent. Fix: repair "
-                f"the cause, or raise the retry/drop budgets.") from exc
+            raise group_failed(f"training prompt group {group_id} (example {index}, epoch {epoch})", example, attempts,
+                               f"async_rl.failure.max_dropped_groups={self.fail.max_dropped_groups} is spent") from exc
         if target is None:
             return  # unstamped samplers: demand-driven dispatch replaces it by itself
         if self.fail.on_dropped_group == "replace":

@@ -1,21 +1,17 @@
 """The train pump: buffer -> sampler -> advantages -> trainer (split step API) -> refit.
 
-Owns: the RL step loop (one RL step = one weight version; it may hold several optimizer
-steps: `ppo_epochs` x `num_minibatches`, counted apart), the step quota (a step shrinks by
-the groups the rollout pump dropped for it), eviction of groups the sampler rejects,
-partial rollouts (swapping the steps of a straggler and a ready later group the sampler
-pairs, `carry_over`), dynamic sampling (zero-variance groups set aside, the step
-refilled), streaming chunks of ready groups into the trainer as the sampler releases them
-(or the whole step at once: reproducible runs, PPO mini-steps), the critic's updates and
-warm-up (PPO), the loss-driven refresh of previous-policy logprobs, bounded retries of a step whose training
-failed transiently, per-step metrics, and the order of the step's end: finish -> refit ->
-abort stale in-flight groups -> step hook (metrics, validation, rollout archive) ->
-checkpoint hook (quiescent) -> publish the new version.
+Owns: the RL step loop (one RL step = one weight version, possibly several optimizer steps:
+`ppo_epochs` x `num_minibatches`), the step quota (shrunk by dropped groups), eviction,
+partial rollouts (`carry_over` swaps), dynamic sampling, streaming chunks into the trainer
+as the sampler releases them (or the whole step: reproducible runs, PPO), the critic's
+updates and warm-up, the refresh of previous-policy logprobs, bounded retries of a failed
+step, per-step metrics, and the order of a step's end: finish -> refit -> abort stale
+groups -> step hook -> checkpoint hook (quiescent) -> publish the new version. Trainer calls
+run in a worker thread, so the event loop keeps running while the trainer computes.
 
 Does not own: which groups are eligible (sampler), generation (rollout pump), advantage
 formulas (advantage_stage + rl_core.algorithms), how weights move (refit.py), checkpoint
-contents (controller). Trainer calls run in a worker thread so the event loop (and the
-rollout pump with it) keeps running while the trainer computes.
+contents (controller). Read more: docs/controller.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,16 @@
 """The verifiable toy task: multi-digit addition with the answer's digits reversed.
 
 Owns: the offline generator of the task's data files. Every pair (a, b) of `num_digits`-digit
-numbers (zero-padded, so 2 digits means a, b in 0..99 and 10,000 pairs) becomes one example
+numbers becomes one example, `{"id": 745, "prompt": "07+45=", "answer": "250", "a": 7,
+"b": 45}`: the sum with `num_digits + 1` digits, reversed (the least significant digit first,
+the order a carry is computed, which a tiny transformer learns far faster); `id` is
+`a * 10**num_digits + b` whatever the seed. The pairs are shuffled with `random.Random(seed)`,
+the first `num_val` held out, each file in that order (any prefix of `val.jsonl` is a fair
+sample) and written atomically. The shipped `data/addition/` is what
+`python -m rl_core.data.addition data/addition` writes (a unit test compares the bytes).
 
-    {"id": 745, "prompt": "07+45=", "answer": "250", "a": 7, "b": 45}
-
-where `answer` is the sum written with `num_digits + 1` digits (52 -> "052") and then
-reversed ("250"): a model emits the least significant digit first, the order in which a
-carry is computed, which a tiny transformer learns far faster than the plain order (see
-`reference/cpu-facts.md`). `id` is the pair's index `a * 10**num_digits + b`, the same
-whatever the seed.
-
-The split is deterministic: the pairs are shuffled with `random.Random(seed)` (stable
-across Python versions), the first `num_val` become the validation set and the rest the
-training set; each file keeps that shuffled order, so any prefix of `val.jsonl` is a fair
-sample of the held-out pairs (the warm-up evaluates on a prefix). Files are written
-atomically (temporary file, then rename) so a reader never sees half a file.
-
-The shipped files in `data/addition/` were made by `make_addition_data("data/addition")`;
-a unit test regenerates them and compares bytes. Regenerate with
-`python -m rl_core.data.addition data/addition`.
-
-Does not own: reading the files back or ordering prompts for training (`dataset.py`),
-scoring completions (`rl_core.envs.addition`) or tokenization (`rl_core.model`).
+Does not own: reading the files back or ordering prompts (`dataset.py`), scoring
+(`rl_core.envs.addition`) or tokenization (`rl_core.model`). Read more: docs/examples.md.
 """
 
 from __future__ import annotations

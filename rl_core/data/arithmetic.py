@@ -2,24 +2,15 @@
 
 Owns: the offline generator of `data/arithmetic/{train,val}.jsonl`. Every triple of operands
 `a`, `b` in `min_operand..max_operand` and an operator of `ops` (`+`, `-`, `*`) becomes one
-example
-
-    {"id": 23, "prompt": "3 + 4", "answer": "7", "a": 3, "b": 4, "op": "+"}
-
-(the prompt is the bare expression; `answer` the exact result as a decimal integer; what the
-reply must look like is said by the environment: `env.system_prompt` / `env.instruction`, so
-one data set serves several formats). `id` is
-the triple's index in generation order (ops in the given order, then a, then b), the same
-whatever the seed.
-
-The split is deterministic: the triples are shuffled with `random.Random(seed)`, the first
-`num_val` become the held-out set and the rest the training set, each file in that shuffled
-order (any prefix of `val.jsonl` is a fair sample). Files are written atomically, validation
-first. The shipped files were made by `rl-core make-data arithmetic` (defaults below); a
-unit test regenerates them and compares bytes.
+example, `{"id": 23, "prompt": "3 + 4", "answer": "7", "a": 3, "b": 4, "op": "+"}`: the bare
+expression (the reply's format is the environment's: `env.system_prompt` /
+`env.instruction`), the exact result as a decimal integer, `id` the index in generation order
+whatever the seed. The split is shuffled with `random.Random(seed)`, the first `num_val`
+held out, files written atomically; the shipped files are `rl-core make-data arithmetic`'s
+(a unit test compares the bytes).
 
 Does not own: scoring (`rl_core.envs.math`, answer_format `number_only` in the recipe),
-reading the files back (`dataset.py`).
+reading the files back (`dataset.py`). Read more: docs/examples.md (SmolLM2 arithmetic).
 """
 
 from __future__ import annotations

@@ -1,39 +1,17 @@
 """Prompt datasets: reading data files (JSON lines, Parquet, `save_to_disk` directories) and
 the epoch-bounded prompt source.
 
-Owns:
-- `load_jsonl` / `iter_jsonl` / `count_jsonl`: one example (a JSON object) per line, with a
-  `DataError` that names the file and the line for a line over `MAX_LINE_BYTES` (1 MiB), bytes
-  that are not UTF-8, malformed JSON, a line that is not an object, a missing key, a known key
-  of the wrong type (`prompt` and `answer` are strings), or a file without examples. Blank
-  lines are skipped. `rl-core validate` runs the same checks over every line.
-- `load_examples` / `iter_examples` / `count_examples`: any supported format (`data_format`:
-  a directory is a `datasets.Dataset.save_to_disk` directory, a `.parquet` file is Parquet,
-  anything else JSON lines), with the recipe's field mapping (`Fields`: `data.prompt_key`,
-  `data.answer_key`, `data.messages_key`). Each row is checked like a JSON line (the error
-  names the file and the row) and becomes an example: all its columns, plus the canonical
-  `prompt`, `answer` and `messages` keys the environments read. `count_rows` counts rows
-  cheaply (file metadata) for planning.
-- `PromptSource`: the seeded, resumable iterator the controller's rollout pump draws
-  prompts from, one RL step's worth (`batch_size = grpo.num_prompts_per_step`) at a time.
+Owns: `load_jsonl` / `iter_jsonl` / `count_jsonl` (one JSON object a line, at most
+`MAX_LINE_BYTES`; a `DataError` names the file and line for bad UTF-8, bad JSON, a non-object,
+a missing or mistyped key, an empty file); `load_examples` / `iter_examples` /
+`count_examples` (any supported format with the recipe's field mapping, `Fields`; each row
+checked like a JSON line, plus the canonical `prompt`, `answer`, `messages` keys);
+`count_rows` (from file metadata); and `PromptSource`, the seeded, resumable iterator the
+rollout pump draws one RL step's prompts from (epoch e's order depends only on (seed, e);
+full batches only; `None` after `max_num_epochs`; a `state_dict` of a few ints).
 
-`PromptSource` semantics (the controller and checkpoints rely on them):
-- An *epoch* is one pass over the examples. With `shuffle`, the order of epoch `e` is a
-  permutation that depends only on `(seed, e)`, so any epoch can be recomputed on resume
-  without replaying the ones before it; without `shuffle` it is file order.
-- `drop_last`: an epoch yields `len(examples) // batch_size` full batches; the examples
-  left over at the end of the permutation are skipped for that epoch (a later epoch's
-  permutation puts other examples there).
-- `epoch` is the epoch the *next* batch comes from, `position` the number of batches
-  already drawn from it: after the last batch of epoch 0, `epoch == 1, position == 0`.
-- `next_batch()` returns `None` once `max_num_epochs` epochs are drawn (and keeps
-  returning `None`); with `max_num_epochs=None` it never runs out.
-- `state_dict()` is a few plain ints; a fresh source over the same examples with the same
-  batch size and seed, after `load_state_dict`, yields exactly the batches the saved one
-  would have yielded next.
-
-Does not own: generating the task files (`addition.py`), turning examples into tokens
-(environments), or deciding when a drawn prompt trains (samplers, the buffer).
+Does not own: generating task files, turning examples into tokens (environments), or when
+a drawn prompt trains (samplers, buffer). Read more: docs/environments.md, "Use a dataset".
 """
 
 from __future__ import annotations

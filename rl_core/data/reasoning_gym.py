@@ -1,25 +1,17 @@
 """Data files of a reasoning-gym task: `rl-core make-data reasoning_gym`.
 
 Owns: generating a task's training and held-out examples with seeds and writing them as
-JSON lines (`make_reasoning_gym_data`), and building the task's dataset object
-(`task_dataset`, whose errors name the recipe or command-line field).
-
-Reproducibility: reasoning-gym's procedural datasets make item `i` from `seed + i` alone (a
-`Random(seed + i)` per item), so the same task, config, sizes and seed write byte-identical
-files. The held-out set is drawn from seed `seed + VAL_SEED_OFFSET` (10^9: its items never
-share a generator seed with any training item, and it does not depend on `num_train`, so
-changing the training size leaves it as it was) and skips any question already in the
-training set (drawing on until it has `num_val` unseen questions): fixed and disjoint. Each row holds
-`id`, `prompt` (the question), `answer` (the task's reference answer, a string), `task` and
-`metadata` (what the task's scorer reads), JSON-encoded (tuples become lists; a value
-JSON cannot hold is written as its string).
-
-`generate_recipe_data` is the recipe's `data.generate` (the workflow's make_data stage and
-`rl-core train`): the same files, written to <output_dir>/<run_name>/data/ beside a
-`generate.json` that records the task, config, sizes and seed they were made from (the
-marker that rl_core wrote them: files without it are never overwritten).
+JSON lines (`make_reasoning_gym_data`: item i from `seed + i` alone, so the same arguments
+write byte-identical files; the held-out set from `seed + VAL_SEED_OFFSET`, skipping every
+training question: fixed and disjoint), building the task's dataset object (`task_dataset`,
+errors naming the recipe or command-line field), and `generate_recipe_data`, the recipe's
+`data.generate` (the workflow's make_data stage and `rl-core train`): the same files under
+<output_dir>/<run_name>/data/ beside a `generate.json` recording what they were made from
+(files without it are never overwritten).
 
 Does not own: scoring (rl_core.envs.reasoning_gym) or reading the files (dataset.py).
+
+Read more: docs/environments.md, "reasoning_gym".
 """
 
 from __future__ import annotations

@@ -1,24 +1,16 @@
 """The addition environment: reward 1 for the exact reversed-digit sum followed by the end token.
 
-Owns the scoring rule of the toy task (`rl_core.data.addition` makes its data):
-- the observation is the raw prompt text (`"07+45="`), encoded without special tokens and
-  without a chat template: the tiny model is not a chat model;
-- a completion is *correct* when its text, end token removed, equals the example's
-  `answer` exactly (no whitespace, no extra digits) and the sample ended on the end token
-  (finish reason "stop"); a truncated sample is never correct;
-- with `env.format_reward > 0`, a *well-formed* completion (exactly as many ASCII digits
-  as the expected answer, then the end token) earns that bonus whatever its value;
-- `digits` is partial credit: the share of answer digits right, position by position
-  (0 unless the sample ended), added with weight `env.digit_reward`; so
-  `reward = correct + format_reward * well_formed + digit_reward * digits`.
-
-`EnvResult.rewards` carries the components (`correct`, `format`, `digits`) for multi-reward
-algorithms and metrics; `info` carries the booleans. A group generated in one call is scored
-in one call (`score_columns`, BaseEnv's `score_group`): the answer read once, each distinct
-completion text scored once, the columns built directly.
+Owns the scoring rule of the toy task (`rl_core.data.addition` makes its data): the raw prompt
+text as the observation (no special tokens, no chat template); `reward = correct +
+format_reward * well_formed + digit_reward * digits`, where *correct* is the exact answer
+followed by the end token (a truncated sample never is), *well formed* as many ASCII digits as
+the answer then the end token, *digits* the share of answer digits right by position.
+`EnvResult.rewards` carries the components (`correct`, `format`, `digits`), `info` the
+booleans. A group generated in one call is scored in one call (`score_columns`): the answer
+read once, each distinct completion text scored once, the columns built directly.
 
 Does not own: the prompt format or the answer encoding (the data generator), templating
-machinery and end-token handling (`base.py`).
+and end-token handling (`base.py`). Read more: docs/examples.md, "The toy task".
 """
 
 from __future__ import annotations

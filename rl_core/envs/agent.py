@@ -4,16 +4,13 @@ Owns: loading and checking the agent function (`env.target`, an async function
 `agent(client, example, **kwargs)`), the run's session server (started in the controller's
 event loop at the first episode, stopped by `aclose`), one `openai.AsyncOpenAI` client per
 episode bound to the episode's session URL (no client-side retries: a retried call would be
-a second model turn), and turning what the agent returns into an `EnvResult`: a float is
-the reward; a dict of floats is named reward components (they must match
-`env.reward_names`) whose sum is the reward.
+a second model turn), and turning what the agent returns into an `EnvResult` (a float is the
+reward; a dict of floats is named components matching `env.reward_names`, summed; `env.success` sets
+`info["correct"]`). The observation `prompt_ids` (the prompt as a user message after `env.system_prompt`) is what the
+warm-up trains on; what the model sees in an episode is whatever the agent sends.
 
-The observation `prompt_ids` (the example's prompt as a user message through the chat
-template, after `env.system_prompt`) is what the supervised warm-up trains on and what the
-run's bookkeeping measures; what the model sees in an episode is whatever the agent sends.
-How episodes become samples: rl_core.rollout.sessions; the guide: docs/agents.md.
-
-Does not own: the rollout (rl_core.rollout.group.generate_episode) or HTTP (session_server).
+Does not own: the rollout (rl_core.rollout.group.generate_episode), HTTP (session_server) or
+how episodes become samples (rl_core.rollout.sessions). Read more: docs/agents.md.
 """
 
 from __future__ import annotations
@@ -72,6 +69,12 @@ class AgentEnv(BaseEnv):
         self._http = None
         self._lock: asyncio.Lock | None = None
 
+    @property
+    def agent_name(self) -> str:
+        """The agent as errors name it: `agent <env.target>`, or `environment service <env.url>`."""
+        target = getattr(self.config, "target", None)
+        return f"agent {target}" if target else f"environment service {self.config.url}"
+
     # ------------------------------------------------------------------ the session server
 
     async def session_server(self):
@@ -123,24 +126,36 @@ class AgentEnv(BaseEnv):
         return self.to_result(out)
 
     def to_result(self, out: Any) -> EnvResult:
-        target = getattr(self.config, "target", None) or f"service {getattr(self.config, 'url', '?')}"
+        """The episode's `EnvResult` from what the agent (or service) returned, with `info["correct"]`
+        set by `env.success` where the recipe gives one."""
+        result = self._result(out)
+        success = getattr(self.config, "success", None)
+        if success is not None:
+            if success.component is not None and success.component not in result.rewards:
+                raise AgentError(f"{self.agent_name} returned no reward component {success.component!r}, which "
+                                 f"env.success.component names (it returned {sorted(result.rewards) or 'one float'})")
+            result.info["correct"] = success.passes(result.reward, result.rewards)
+        return result
+
+    def _result(self, out: Any) -> EnvResult:
+        target = self.agent_name
         if isinstance(out, EnvResult):
             return out
         if isinstance(out, bool) or not isinstance(out, (int, float, dict)):
-            raise AgentError(f"agent {target} returned {type(out).__name__}; expected a float reward or a dict of "
+            raise AgentError(f"{target} returned {type(out).__name__}; expected a float reward or a dict of "
                              "named float rewards")
         if isinstance(out, dict):
             if self.reward_names and sorted(out) != sorted(self.reward_names):
-                raise AgentError(f"agent {target} returned rewards {sorted(out)}; env.reward_names says "
+                raise AgentError(f"{target} returned rewards {sorted(out)}; env.reward_names says "
                                  f"{sorted(self.reward_names)}")
             bad = [k for k, v in out.items() if isinstance(v, bool) or not isinstance(v, (int, float))
                    or not math.isfinite(v)]
             if bad:
-                raise AgentError(f"agent {target} returned non-numeric or non-finite rewards for {bad}")
+                raise AgentError(f"{target} returned non-numeric or non-finite rewards for {bad}")
             rewards = {str(k): float(v) for k, v in out.items()}
             return EnvResult(reward=sum(rewards.values()), rewards=rewards)
         if not math.isfinite(out):
-            raise AgentError(f"agent {target} returned a non-finite reward {out!r}")
+            raise AgentError(f"{target} returned a non-finite reward {out!r}")
         return EnvResult(reward=float(out))
 
     def score_completion(self, example: dict[str, Any], completion: Completion) -> EnvResult:

@@ -1,37 +1,17 @@
 """Environments: the base class every built-in environment extends.
 
-Owns:
-- `BaseEnv`, which implements the `Environment` protocol (`rl_core.protocols`) around two
-  hooks a subclass fills in: `prompt_text(example)` (the observation as text) and
-  `score_completion(example, completion)` (the rewards). The public methods hold the guards:
-  * `prompt_ids` encodes the raw prompt text without special tokens, or, when the class
-    sets `use_chat_template = True`, renders `messages(example)` through the tokenizer's
-    chat template with the assistant turn opened; `prompt_ids_many` encodes a batch of
-    examples in one tokenizer call where that gives the same ids (a text seen before looked
-    up: `prompt_ids_cache`), and `start_prompt_ids_many` the same with the Rust encode on the
-    encode thread (`_ENCODE_POOL`) while the caller goes on;
-  * `score` checks `finish_reason`, masks aborted samples out of the loss (reward 0),
-    and hands `score_completion` a `Completion` whose text has the end token removed and whose
-    `ended` says whether the sample stopped on an end token;
-  * `score_group` (`protocols.GroupScoringEnvironment`) scores a single-turn group in one
-    call through the optional hook `score_columns` (the group's texts and ends as columns,
-    the scores as `columns.GroupScores`), exactly as `score` per sample; where a class has no
-    `score_columns` of its own it is set to None when built (the rollout scores per sample);
-  * `reference_completion_ids` is the ideal completion (reference text + end token),
-    which the supervised warm-up trains on, so warm-up and RL see the same format;
-  * `observe` (multi-turn) turns the hook `observation_text(example, turn, completion)` into
-    the tokens fed after a turn: the raw text, or, with `use_chat_template`, a user turn of the
-    tokenizer's chat template (`chat_turn_ids`: closes the assistant turn the policy just
-    ended, the user message, the next assistant turn opened), so a multi-turn chat environment
-    only writes text.
-
-End tokens: the tokenizer's eos token, plus `<|im_end|>` for environments that use the
-chat template (a chat turn ends there). A sample *ended* when its finish reason is "stop"
-and its last completion id is an end token; generation backends keep the end token in
-`completion_ids` (as vLLM and transformers do), and its text, if decoded, is stripped here.
+Owns: `BaseEnv`, the `Environment` protocol (`rl_core.protocols`) around two hooks a subclass
+fills in, `prompt_text(example)` and `score_completion(example, completion)`, with the guards
+in its public methods: `prompt_ids` (raw text, or the chat template with the assistant turn
+opened), `prompt_ids_many` / `start_prompt_ids_many` (a batch in one encode, cached texts
+looked up, the Rust encode on its own thread), `score` (finish reasons checked, aborted
+samples masked, the end token stripped), `score_group` (a group in one call through the
+optional `score_columns`), `reference_completion_ids` (what the warm-up trains on) and
+`observe` (multi-turn observations as text or chat turns). End tokens: the eos token, plus
+`<|im_end|>` with the chat template; a sample *ended* on "stop" with an end token last.
 
 Does not own: the registry (`rl_core.envs`: `@register_env`, `make_env`), generation, the
-dataset, or what a reward means for training (advantages).
+dataset, or what a reward means for training. Read more: docs/environments.md.
 """
 
 from __future__ import annotations
@@ -144,9 +124,9 @@ class BaseEnv(ABC):
         over a Rust `tokenizers.Tokenizer` (`_plain_encode_class`): its `encode(text)` is
         `_encode_plus` of the one text, `tokenizer(texts)` is `_encode_plus` of the list, the same
         Rust `encode_batch` per text with the same settings; one Python call per batch instead of
-        one per prompt (measured: docs/controller.md, "Ninth round"). A text encoded before (by
+        one per prompt (docs/controller.md, "What we learned"). A text encoded before (by
         this environment, with the same tokenizer) is looked up instead (`PromptIdsCache`:
-        bounded, its memory documented there; "Eleventh round"). An error of `prompt_text`
+        bounded, its memory documented there). An error of `prompt_text`
         or the tokenizer propagates (the pump then lets each group encode, and fail, on its own)."""
         if not self._batch_encodes():
             return None
@@ -163,7 +143,7 @@ class BaseEnv(ABC):
         go to the Rust backend (`backend_prompt_ids`), their encode (`_encode_texts`) runs on the
         encode thread (`_ENCODE_POOL`, one thread: the Rust call releases the interpreter lock,
         so the event loop goes on meanwhile) and the function waits for it; the texts, the
-        cache and every other encode run here and now (docs/controller.md, "Fourteenth round")."""
+        cache and every other encode run here and now."""
         if type(self).prompt_ids_many is not BaseEnv.prompt_ids_many:
             ids = self.prompt_ids_many(examples)  # a subclass's own batch encode: as it is, now
             return lambda: ids
@@ -333,7 +313,9 @@ class BaseEnv(ABC):
 
     @abstractmethod
     def score_completion(self, example: dict[str, Any], completion: Completion) -> EnvResult:
-        """Rewards of a stopped or truncated completion (hook)."""
+        """Rewards of a stopped or truncated completion (hook). Its `info["correct"]` says whether
+        the sample is right (what accuracy counts); without it reward > 0 counts, so set it
+        where the reward has a shaping term (a format bonus, partial credit)."""
 
 
 _FINISH_SET = frozenset(FINISH_REASONS)
@@ -363,8 +345,7 @@ def backend_prompt_ids(tokenizer, texts: list[str]) -> list[list[int]] | None:
     """The ids `tokenizer(texts, add_special_tokens=False)["input_ids"]` gives (a tokenizer
     of a class `_plain_encode_class` accepts), from one `encode_batch_fast` of its Rust
     backend (the ids of `encode_batch`, without the character offsets, which transformers'
-    call computes and this encode never reads: ~6.5 against ~8.4 ms per 1,000 addition
-    prompts, docs/controller.md, "Fourteenth round"); None where that is not guaranteed: a
+    call computes and this encode never reads: faster, docs/benchmarks.md); None where that is not guaranteed: a
     backend without `encode_batch_fast`, an empty batch, a backend with truncation or padding
     set or special-token splitting other than the tokenizer's (transformers' call would change
     them first), a text that is not a `str`, or an id list longer than `model_max_length`

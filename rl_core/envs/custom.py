@@ -1,18 +1,16 @@
 """`env.type: custom`: a user's environment class, found by import path.
 
-Owns: building the class named by `env.target` (`build_custom_env`, which `make_env` calls
-for `env.type: custom`; `load_env_class` in rl_core.config.env_plugins checks the class at
-recipe load, so a bad target stops `rl-core validate` before any model is built) as
-`Class(config, tokenizer)`, where `config` is the recipe's `env` section (`config.kwargs`
-holds the user's settings) and `tokenizer` the policy's HF tokenizer, as for every built-in
-environment. The class is a `BaseEnv` subclass (the stable public hooks: `prompt_text`,
-`messages`, `score_completion`, `reference_text`, `observe`, `score_turns`) or any class that
-meets `rl_core.protocols.Environment`.
-
-How the module is found: `rl_core.plugins.load_target` (sys.path: the working directory,
-PYTHONPATH, installed packages).
+Owns: building the class named by `env.target` (`build_custom_env`, which `make_env` calls;
+`load_env_class` in rl_core.config.env_plugins checks it at recipe load, so a bad target
+stops `rl-core validate` before any model is built) as `Class(config, tokenizer)`: `config`
+is the recipe's `env` section (`config.kwargs` the user's settings), `tokenizer` the policy's
+HF tokenizer. The class is a `BaseEnv` subclass (hooks `prompt_text`, `messages`,
+`score_completion`, `reference_text`, `observe`, `score_turns`) or any class that meets
+`rl_core.protocols.Environment`; its module is found by `rl_core.plugins.load_target`.
 
 Does not own: the Environment contract (rl_core.protocols) or the base class (base.py).
+
+Read more: docs/environments.md, "Write an environment".
 """
 
 from __future__ import annotations

@@ -1,39 +1,17 @@
 """The math environment: a final answer extracted from the completion, checked with math-verify.
 
-Owns the scoring rule of `env.type: math` (config: `MathEnvConfig`):
-- the observation is the example's `prompt` (plus `env.instruction`, if set, after one
-  space), rendered through the tokenizer's chat template with `env.system_prompt` when
-  `env.use_chat_template` (the default: instruction-tuned models expect their template),
-  else encoded as raw text;
-- the *answer* of a completion is extracted according to `env.answer_format`:
-  * `boxed`: the content of the last `\\boxed{...}` (or `\\fbox{...}`), braces balanced;
-  * `hash`: the rest of the line after the last `####` (the GSM8K convention);
-  * `last_number`: the last number in the text (`-12`, `3.5`, `1,000`);
-  * `number_only`: the whole reply, whitespace stripped, must be one number and nothing else;
-- the *gold* answer is the example's `answer`; an `answer` written GSM8K-style (reasoning,
-  then `#### 72`) or holding a `\\boxed{}` is reduced to that final answer first;
-- components (each 0 or 1, reported in `EnvResult.rewards`):
-  * `format`: the sample ended on an end token and an answer was found in the required format;
-  * `correct`: `format`, and the answer equals the gold one: the same string (commas and
-    surrounding `$` removed), else equivalent by `math_verify.verify(parse(gold), parse(answer))`
-    (numbers, fractions, LaTeX expressions, sets);
-  * total `reward = correct_reward * correct + format_reward * format` (the weights are
-    `env.correct_reward`, default 1, and `env.format_reward`, default 0 = off).
-  A truncated sample (finish reason "length") scores 0 on both: its answer is not final.
+Owns the scoring rule of `env.type: math` (config: `MathEnvConfig`): the prompt (plus
+`env.instruction`) through the chat template with `env.system_prompt`, or raw text; the
+answer extracted by `env.answer_format` (`boxed`, `hash`, `last_number`, `number_only`); the
+gold answer reduced to its final answer (GSM8K `####`, `\\boxed{}`); components `format` (ended
+on an end token, an answer found) and `correct` (`format` and equal as a string, else by
+`math_verify.verify`), `reward = correct_reward * correct + format_reward * format`; a
+truncated sample scores 0. math-verify's SIGALRM timeouts are off (scoring runs in a thread
+pool): the answer is capped at `MAX_ANSWER_CHARS`, the deadline is `env_timeout_s`. A group
+generated in one call is scored in one call, each distinct completion text checked once.
 
-math-verify ("math-verify" on PyPI, the `tasks` extra) is imported when the environment is
-built; the recipe check (`MathEnvConfig`) fails at load if it is not installed. Its own
-timeouts use SIGALRM, which works only in a process's main thread, and rl_core scores in a
-thread pool: so they are off here, the extracted answer is capped at `MAX_ANSWER_CHARS`, and
-the deadline of a scoring call is `async_rl.failure.env_timeout_s`.
-
-A group generated in one call (and no `env_timeout_s`) is scored in one call
-(`score_columns`, BaseEnv's `score_group`): the gold answer reduced once, each distinct
-completion text extracted and checked once (math-verify is deterministic: the same answer
-gets the same verdict), the columns built directly.
-
-Does not own: templating machinery and end-token handling (`base.py`), the data (any JSON-lines
-file with `prompt` and `answer`; `rl_core.data.arithmetic` generates the SmolLM2 recipe's).
+Does not own: templating and end tokens (`base.py`) or the data (`rl_core.data.arithmetic`
+makes the SmolLM2 recipe's). Read more: docs/environments.md, "math".
 """
 
 from __future__ import annotations

@@ -1,24 +1,17 @@
 """The ids a tokenizer gave each prompt text, kept for the next time the text is drawn.
 
 Owns: `PromptIdsCache`, a bounded map from a prompt text to the ids one tokenizer encoded it
-to, for `BaseEnv.prompt_ids_many` (the rollout pump's batch encode: `encode_many`, or in two
-parts, `start` and `finish`, with the encode between them on another thread:
-`BaseEnv.start_prompt_ids_many`). A dataset's prompts come
-back every epoch (and a task's texts may repeat within one); the Rust encode costs ~6 us per
-short prompt at 1,000 prompts per step (docs/controller.md, "Eleventh round"), a lookup ~0.2 us.
-
-Memory: at most `max_ids` token ids held (8 bytes each, `array('q')`: 32 MiB at the default
-2**22) and `max_prompts` entries (the keys are the prompt strings the dataset's examples hold,
-not copies, where `prompt_text` returns them unchanged); past either bound the oldest entries
-go first (insertion order). A text longer than `max_ids` ids is never held.
-
-Exactness: a text's ids are the ids the same tokenizer gave it before, so the cache applies only
-while the tokenizer is the same object with the same vocabulary size (added tokens change the
-encoding: the cache is emptied then). A tokenizer changed in place otherwise (its normalizer,
-pre-tokenizer or model swapped) is not detected: an environment doing that encodes per
-prompt (`prompt_ids`).
+to, for `BaseEnv.prompt_ids_many` (the rollout pump's batch encode: `encode_many`, or `start`
+and `finish` with the encode between them on another thread). A dataset's prompts come back
+every epoch, and a lookup is far cheaper than an encode. Memory: at most `max_ids` ids
+(`array('q')`, 32 MiB at the default 2**22) and `max_prompts` entries, oldest first out; a
+text longer than `max_ids` is never held. Exactness: it applies only while the tokenizer is
+the same object with the same vocabulary size (added tokens empty it); a tokenizer changed
+in place otherwise is not detected, so an environment doing that encodes per prompt.
 
 Does not own: when a batch may be encoded at all (`BaseEnv.prompt_ids_many`), or the tokenizer.
+
+Read more: docs/environments.md (`prompt_ids_many`), docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,16 @@
 """`env.type: reasoning_gym`: a reasoning-gym task scored by the task's own scorer.
 
-Owns the answer format and the scoring:
-- the observation is the example's question (`prompt`), followed by a blank line and
-  `env.instruction` (default: "Give your final answer between <answer> and </answer>."),
-  as raw text or through the chat template (`env.use_chat_template`);
-- the answer is read from the completion (end token removed): with `answer_format:
-  answer_tag` the text between the *last* `<answer>` and the `</answer>` after it, stripped
-  (none found: no answer); with `last_line` the last non-empty line, stripped;
-- the score is `dataset.score_answer(answer, entry)` of the reasoning-gym dataset built
-  from `env.task` and `env.config` (the same settings the data was generated with), where
-  `entry` = {question: prompt, answer, metadata} of the example; reasoning-gym scorers are
-  in [0, 1] and some give partial credit;
-- reward = score + format_reward * well_formed (an answer was found in the format);
-  components `correct` (the score) and `format`; `info['correct']` = score >= 1.
+Owns the answer format and the scoring: the question, a blank line and `env.instruction` as
+the observation (raw text or the chat template); the answer read from the completion
+(`answer_tag`: between the *last* `<answer>` and its `</answer>`; `last_line`: the last
+non-empty line); the score `dataset.score_answer(answer, entry)` of the task built from
+`env.task` and `env.config` (entry = question, answer, metadata; in [0, 1], some partial);
+`reward = score + format_reward * well_formed`, components `correct` and `format`,
+`info['correct']` = score >= 1. A group generated in one call is scored in one call, each
+distinct completion text once (the task's scorer is a function of the answer and entry).
 
-A group generated in one call (and no `env_timeout_s`) is scored in one call (`score_columns`,
-BaseEnv's `score_group`): each distinct completion text extracted and scored once, which
-takes the task's scorer to be a function of the answer and the entry (reasoning-gym's are).
-
-The data comes from `rl-core make-data reasoning_gym` (rl_core.data.reasoning_gym).
-Does not own: templating and end tokens (base.py).
+Does not own: templating and end tokens (base.py) or the data (`rl-core make-data
+reasoning_gym`). Read more: docs/environments.md, "reasoning_gym".
 """
 
 from __future__ import annotations

@@ -1,30 +1,17 @@
 """`env.type: reward_functions`: rewards from plain Python functions named by import path.
 
 Owns: the environment that calls the functions (rl_core.config.env_plugins loads and checks
-them at recipe load, so a bad target stops `rl-core validate` before any model is built).
-
-The contract of a reward function (docs/environments.md):
-    fn(prompt, completion, example) -> float
-- `prompt`: the prompt as the model saw it before templating: the text (`str`), or with
-  `use_chat_template` the chat messages (`list[dict]` with `role` and `content`);
-- `completion`: the completion text, end token removed;
-- `example`: the example's fields (every column of the data row, plus `prompt`, `answer`,
-  `messages` as mapped by `data.prompt_key` / `answer_key` / `messages_key`); a copy, so a
-  function cannot change what the next one sees.
-It returns a real number (an int or a bool counts as its value); anything else, or NaN or
-infinity, is an error naming the function. Each function is a named reward component
-(`reward_names`: the names, `EnvResult.rewards`: the raw values); the reward is
-`sum(weight_i * value_i)`. GDPO (`advantage.estimator: gdpo`) normalises each component per
-group and weights them with `advantage.reward_weights` (default: 1 each).
-
-Errors: a function that raises (or returns a non-number) raises `RewardFunctionError`,
-naming the function, from the environment's `score`; the rollout pump treats it like any
-environment error (a *data* failure under the resilience policy: the group is retried up to
-`rollout.failure.max_data_attempts` and then dropped within the drop budget, see
-rl_core/resilience.py). A truncated completion (finish reason "length") is scored like any
-other; an aborted one is not scored (BaseEnv: reward 0, masked out).
+them at recipe load). Contract: `fn(prompt, completion, example) -> float`, with the prompt
+before templating (text, or chat messages with `use_chat_template`), the completion text
+without its end token, and a copy of the example. A real number (bool and int count) is
+required; anything else, NaN or infinity, or an exception raises `RewardFunctionError` naming
+the function (a *data* failure for the rollout pump). Each function is a named component;
+`reward = sum(weight_i * value_i)`; `env.success` decides correctness; GDPO normalises each component per group. Truncated
+completions are scored like any other; aborted ones are not (BaseEnv: reward 0, masked).
 
 Does not own: templating and end tokens (base.py), the advantage (rl_core.algorithms).
+
+Read more: docs/environments.md, "Reward functions".
 """
 
 from __future__ import annotations
@@ -55,6 +42,7 @@ class RewardFunctionsEnv(BaseEnv):
         super().__init__(config, tokenizer)
         self.functions = load_reward_functions(list(config.functions))
         self.reward_names = tuple(f.name for f in self.functions)
+        self.success = config.criterion()
 
     def prompt_for_functions(self, example: dict[str, Any]) -> str | list[dict[str, str]]:
         """What a function receives as `prompt`: the chat messages with the chat template, else the text."""
@@ -77,4 +65,5 @@ class RewardFunctionsEnv(BaseEnv):
                                           f"({type(value).__name__}); it must return a finite float")
             values[f.name] = float(value)
         total = sum(f.weight * values[f.name] for f in self.functions)
-        return EnvResult(reward=total, rewards=values, info={"ended": completion.ended})
+        return EnvResult(reward=total, rewards=values,
+                         info={"ended": completion.ended, "correct": self.success.passes(total, values)})

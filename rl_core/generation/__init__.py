@@ -1,19 +1,16 @@
 """Generation: the backends that turn prompts into tokens with logprobs, and their registry.
 
-`GENERATION_BACKENDS` maps the recipe's `generation.backend` to a builder, one subpackage
-per implementation:
-- `native`: `NativeBackend` over rl_core's own continuous-batching engine `NativeEngine`,
-  in a worker thread of the controller process (`rl_core.generation.native`);
-- `http`: `HttpBackend` over `rl-core serve` servers (rl_core.serve) or other
-  OpenAI-compatible servers (`rl_core.generation.http`);
-- `vllm`: `VLLMBackend` (vLLM's async engine in this process) or `VLLMServerBackend` (a
-  vLLM OpenAI server), by `generation.placement` (`rl_core.generation.vllm`).
+Owns: `GENERATION_BACKENDS`, the recipe's `generation.backend` -> a builder, one subpackage
+per implementation: `native` (`NativeBackend` over rl_core's continuous-batching
+`NativeEngine`, in a worker thread of the controller process), `http` (`HttpBackend` over
+`rl-core serve` or other OpenAI-compatible servers), `vllm` (`VLLMBackend`, vLLM's async
+engine in this process, or `VLLMServerBackend`, a vLLM OpenAI server, by
+`generation.placement`); `make_generation_backend(cfg, policy_dir, ...)` and
+`make_native_engine`. Imports are lazy: vLLM only when the `vllm` backend is built, torch
+only when a native or HTTP name is first used.
 
-`make_generation_backend(cfg, policy_dir, ...)` builds the recipe's backend
-(`make_native_engine`: the recipe's native engine alone). Shared by all:
-`rl_core.generation.base` (`GenerationError`, `StreamDelta`); the contract is
-`rl_core.protocols.GenerationBackend`. Imports are lazy: vLLM is imported only when the
-`vllm` backend is built, torch only when a native or HTTP name is first used.
+Does not own: the contract (`rl_core.protocols.GenerationBackend`) or the shared errors and
+stream records (`rl_core.generation.base`). Read more: docs/generation.md.
 """
 
 from __future__ import annotations

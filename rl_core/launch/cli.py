@@ -1,9 +1,11 @@
 """The `rl-core` command line.
 
 Owns: subcommands, their arguments and help, and the user-facing error contract: a
-`UserError` (bad recipe, missing file, corrupt checkpoint) prints one paragraph and exits
-with status 2, no traceback. Heavy modules (torch, transformers) are imported inside the
-subcommands that need them, so `rl-core validate` stays fast and builds nothing.
+`UserError` (bad recipe, missing file, corrupt checkpoint, a run stopped by a failing
+agent or environment) prints one paragraph and exits with status 2, no traceback (a failed
+`rl-core train` appends it to <run dir>/logs/train.log). Heavy modules (torch,
+transformers) are imported inside the subcommands that need them, so `rl-core validate`
+stays fast and builds nothing.
 
 Does not own: what the subcommands do (rl_core.launch.*, rl_core.model, ...).
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -168,19 +171,36 @@ def cmd_init_policy(args) -> int:
     return 0
 
 
+def log_failure(exc: BaseException, log_path: Path) -> Path:
+    """Append `exc`'s full traceback to `log_path` (the console shows its one paragraph)."""
+    import time
+    import traceback
+
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a") as fh:
+        fh.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}: {' '.join(sys.argv)}\n")
+        fh.write("".join(traceback.format_exception(exc)) + "\n")
+    return log_path
+
+
 def cmd_train(args) -> int:
-    from rl_core.config import load_recipe
-    from rl_core.launch.train import train_from_recipe
+    from rl_core.config import load_recipe, run_dir
+    from rl_core.launch.train import headline, train_from_recipe
 
     cfg = load_recipe(args.recipe, args.overrides)
-    summary = train_from_recipe(cfg, resume_from=args.resume_from, recipe=args.recipe)
+    try:
+        summary = train_from_recipe(cfg, resume_from=args.resume_from, recipe=args.recipe)
+    except UserError as exc:
+        if exc.__cause__ is not None:  # the run failed (a user's agent raised, a retry budget ran out): the trace
+            exc.log_path = str(log_failure(exc, run_dir(cfg) / "logs" / "train.log"))
+        raise
     if not summary:  # a worker rank of a multi-process trainer: rank 0 reports
         return 0
-    vs, ve = summary.get("val_start"), summary.get("val_end")
     print(json.dumps({k: summary[k] for k in ("run_name", "rl_steps", "wall_s", "max_staleness")}, indent=None))
-    if vs and ve:
-        print(f"held-out accuracy: {vs['accuracy']:.3f} before RL -> {ve['accuracy']:.3f} after "
-              f"{summary['rl_steps']} RL steps ({(ve['accuracy'] - vs['accuracy']) * 100:+.1f} points)")
+    if summary.get("rollouts"):
+        print(f"rollouts: {summary['rollouts']} (rl-core inspect {summary['rollouts']})")
+    if (line := headline(summary)) is not None:
+        print(line)
     return 0
 
 
@@ -197,8 +217,18 @@ def cmd_serve(args) -> int:
     return serve(args)
 
 
+def cmd_completion(args) -> int:
+    from rl_core.launch.completion import completion_script
+
+    sys.stdout.write(completion_script(build_parser(), args.shell))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from rl_core import package_version
+
     parser = argparse.ArgumentParser(prog="rl-core", description="Asynchronous RL post-training for language models.")
+    parser.add_argument("--version", action="version", version=f"rl-core {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("validate", help="check a recipe, write its resolved config, build nothing")
@@ -248,8 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "moved to <run dir>/set_aside_checkpoints/")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("inspect", help="summary statistics and samples of an epoch's rollout archive (rollouts.h5)")
-    p.add_argument("path", help="results/<run>/epoch_<k>/rollouts.h5")
+    p = sub.add_parser("inspect", help="summary statistics and samples of a rollout archive (rollouts.h5)")
+    p.add_argument("path", help="results/<run>/epoch_<k>/rollouts.h5 (a workflow epoch) or results/<run>/rollouts.h5 "
+                                "(`rl-core train`)")
     p.add_argument("--tokenizer", help="HF directory to decode tokens (default: the epoch's checkpoint/model)")
     p.add_argument("--num-samples", type=int, default=5, help="samples to print (default 5)")
     p.add_argument("--step", type=int, help="only samples of this RL step")
@@ -261,6 +292,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="serve a model with the native engine over an OpenAI-compatible HTTP API")
     add_serve_args(p)
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("completion", help="print the shell completion script (bash or zsh): "
+                                          "`source <(rl-core completion bash)` in ~/.bashrc")
+    p.add_argument("shell", choices=["bash", "zsh"])
+    p.set_defaults(func=cmd_completion)
+
+    from rl_core.launch.new_project import add_new_args
+
+    add_new_args(sub.add_parser("new", help="write a runnable workflow project (Snakefile, workflow/, profiles/, "
+                                            "config/, recipes/, data/) into a new folder"))
     return parser
 
 
@@ -276,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except UserError as exc:
-        print(f"rl-core {args.command}: {exc}", file=sys.stderr)
+        log = f" (full traceback: {exc.log_path})" if exc.log_path else ""
+        print(f"rl-core {args.command}: {exc}{log}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

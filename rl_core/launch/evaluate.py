@@ -1,19 +1,16 @@
 """The workflow's evaluate stage: chosen checkpoints x eval sets as one submitit job array.
 
-Owns:
-- which checkpoints are evaluated (`choose_checkpoints`): `final` is the last epoch's,
-  `best` the epoch with the highest validation accuracy (ties go to the later epoch); when
-  both are the same epoch it is evaluated once and carries both labels;
-- the eval sets (`eval_sets`): the recipe's `evaluation.sets`, else `{val: data.val_file}`;
-- the sampling of evaluation (`evaluation_validation_config`): the recipe's `evaluation`
-  section (k generations, sampling knobs, prompt limit) as a `ValidationConfig`;
-- one array task per (checkpoint, set): `evaluate_one`, an importable function that
-  verifies the checkpoint and calls `stages.validate_checkpoint`;
-- submitting them with `map_array` (Slurm: one array with `%max_parallel_array_tasks`;
-  locally: waves of that many processes) and merging the results into `evaluation.json`.
+Owns: which checkpoints are evaluated (`choose_checkpoints`: `final` is the last epoch's,
+`best` the epoch with the highest validation accuracy, ties to the later; one epoch that is
+both is evaluated once with both labels); the eval sets (`eval_sets`: `evaluation.sets`,
+else `{val: data.val_file}`); the evaluation's sampling (`evaluation_validation_config`);
+one array task per (checkpoint, set) (`evaluate_one`: verify, then
+`stages.validate_checkpoint`), submitted with `map_array` (Slurm: one array with
+`%max_parallel_array_tasks`; locally: waves of that many processes) and merged into
+`evaluation.json`.
 
 Does not own: validation metrics (rl_core.rollout.validation, via stages), executors and
-waiting (job.py), per-epoch validation (the validate_epoch rule).
+waiting (job.py), per-epoch validation (the validate_epoch rule). Read more: docs/workflow.md.
 """
 
 from __future__ import annotations
@@ -28,7 +25,8 @@ from rl_core.errors import CheckpointError
 from rl_core.fsutil import atomic_write_json
 from rl_core.launch.job import make_executor, use_allocated_cpus, wait_for_jobs
 
-METRICS = ("accuracy", "pass_at_k", "reward_mean", "mean_length", "truncation_rate", "num_prompts", "weight_version")
+METRICS = ("accuracy", "pass_at_k", "reward_mean", "reward_components", "mean_length", "truncation_rate", "num_prompts",
+           "weight_version")
 
 
 def eval_sets(cfg: RecipeConfig) -> dict[str, str]:

@@ -1,26 +1,17 @@
 """The controller as a submitit job, and the executors the workflow's jobs run on.
 
-Owns:
-- `TrainEpochJob`: the importable, checkpointable callable that trains one epoch
-  (`stages.train_epoch`) inside a submitit job. Its `checkpoint()` (called by submitit on
-  SIGUSR2: Slurm preemption, or the time limit minus `signal_delay_s`) resubmits the same
-  call; the next attempt resumes from the newest complete step checkpoint, because that
-  is what `stages.train_epoch` does with an `epoch_dir` that holds `steps/`.
-- the one-controller-per-epoch lock: an `flock` on `<epoch_dir>/.controller.lock`, held
-  by the job process (released by the kernel when it dies, even by SIGKILL), whose text
-  names the pid and host so a second controller fails with a clear error.
-- `make_executor`: `LocalExecutor` or `SlurmExecutor`, chosen explicitly by the workflow's
-  `launcher` (never submitit's AutoExecutor, which picks Slurm whenever `srun` exists),
-  with the resources of a recipe `cluster.*` section.
-- `wait_for_jobs`: waiting on jobs while copying their stdout/stderr into the caller's
-  stdout (the rule's log), cancelling them if the waiting process is told to stop, and
-  turning a failed job into one short `JobError` paragraph.
-- `submit_train_epoch`: all of the above for the workflow's `train_epoch` rule; on Slurm
-  it re-attaches to a still-queued or running job of the same epoch instead of starting
-  a second one.
+Owns: `TrainEpochJob` (the checkpointable callable that trains one epoch; on SIGUSR2, Slurm
+preemption or the time limit, submitit calls `checkpoint()`, which resubmits it, and the
+next attempt resumes from the newest complete step checkpoint); the one-controller-per-epoch
+lock (an `flock` on `<epoch_dir>/.controller.lock`, released by the kernel even on SIGKILL,
+its text naming pid and host); `make_executor` (`LocalExecutor` or `SlurmExecutor`, chosen by
+the workflow's `launcher`, never submitit's AutoExecutor, with a `cluster.*` section's
+resources); `wait_for_jobs` (their output copied into the rule's log, cancelled if the waiter
+is stopped, a failure as one `JobError` paragraph); `submit_train_epoch` (all of it for the
+`train_epoch` rule; on Slurm it re-attaches to a queued or running job of the same epoch).
 
 Does not own: what an epoch computes or how it resumes (`stages.train_epoch`), or the
-evaluation job array (`evaluate.py`).
+evaluation job array (`evaluate.py`). Read more: docs/workflow.md, "Recovery".
 """
 
 from __future__ import annotations

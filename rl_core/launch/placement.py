@@ -1,25 +1,16 @@
 """Placement and start-up: where generation runs, and setting it up while the trainer builds.
 
-Owns: the start-up overlap: the generation side (load weights into the native engine,
-or start vLLM's engine / server process and load the model there) runs in a worker
-thread while the calling thread builds the trainer, so the set-up takes about as long as
-the slower of the two instead of their sum. Each part's
-start and end are recorded (`SetupRecord`): a printed `[setup]` line, `timing/setup/*`
-metrics (`kind: "setup"` in metrics.jsonl) and `setup_*` spans in the timeline.
+Owns: the start-up overlap: the generation side (load weights into the native engine, start
+`rl-core serve` processes, or vLLM's engine or server) runs in a worker thread while the
+calling thread builds the trainer, so set-up takes about as long as the slower of the two;
+each part's start and end are recorded (`SetupRecord`: a printed `[setup]` line,
+`timing/setup/*` metrics, `setup_*` timeline spans). The backend is built through the
+registry `rl_core.generation.GENERATION_BACKENDS` (`make_generation_backend`, re-exported
+here): native/colocated, vllm/colocated, vllm/separate, http/separate.
 
-| backend / placement | generation runs as |
-|---|---|
-| native / colocated | `NativeBackend`: rl_core's engine in a worker thread of the controller process |
-| vllm / colocated | `VLLMBackend`: vLLM's AsyncLLM on the controller's event loop (EngineCore: a child process on CPU) |
-| vllm / separate | `VLLMServerBackend`: a vLLM OpenAI-compatible server process (or `vllm.server_url`), over HTTP |
-| http / separate | `HttpBackend`: `rl-core serve` processes (started here, or `http.urls`), over HTTP |
-
-The registry `rl_core.generation.GENERATION_BACKENDS` builds these (`make_generation_backend`,
-re-exported here); the support table's config-load errors live in
-`rl_core.config.placement_rules`.
-
-Does not own: the backends themselves (rl_core.generation), the trainer's construction
-(the caller passes a factory), or the controller's life cycle.
+Does not own: the backends themselves (rl_core.generation), the support table's errors
+(rl_core.config.placement_rules), the trainer's construction (the caller passes a factory),
+or the controller's life cycle. Read more: docs/generation.md, "Start-up overlap".
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ import stat
 from pathlib import Path
 
 from rl_core.errors import UserError
+from rl_core.generation.native.kv_sizing import DEFAULT_SLOTS
 from rl_core.server_contract import (  # noqa: F401  (re-exported: part of the command's surface)
     CONTROL_SECRET_HEADER,
     DEFAULT_CONTROL_SECRET_ENV,
@@ -68,11 +69,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="parameter dtype (default: bfloat16 on CUDA, float32 on CPU)")
     p.add_argument("--max-batch-size", type=int, default=None,
-                   help="sequences decoded together (KV cache slots); default: as many as fit in "
-                        "--kv-cache-memory-fraction of the memory available at start, at most 256")
-    p.add_argument("--kv-cache-memory-fraction", type=float, default=0.3,
-                   help="share of the available memory (GPU free memory on CUDA, host memory on CPU) the KV cache "
-                        "may take when --max-batch-size is not given (default %(default)s)")
+                   help=f"sequences decoded together (KV cache slots of --max-seq-len tokens each); default "
+                        f"{DEFAULT_SLOTS}, so the cache is what the model needs at its context length for that batch")
+    p.add_argument("--kv-cache-memory-fraction", type=float, default=None,
+                   help="instead of a batch size: as many slots as fit in this share of the memory available at start "
+                        "(GPU free memory on CUDA, host memory on CPU), at most 256")
     p.add_argument("--max-seq-len", type=int, default=None, help="prompt + completion tokens per sequence")
     p.add_argument("--max-num-kv-tokens", type=int, default=None, help="KV token budget across running sequences")
     p.add_argument("--kv-cache-dtype", choices=["auto", "fp8_e4m3"], default="auto",
@@ -221,18 +222,19 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def plan_kv_cache(args, config: dict, device: str, dtype: str) -> str:
-    """Sets `args.max_batch_size` (KV-cache slots) from the memory available when it was not given;
-    an explicit one that cannot fit, or a cache that cannot hold one sequence, is a ServeError."""
+    """Sets `args.max_batch_size` (KV-cache slots) when it was not given (`DEFAULT_SLOTS`, or from
+    --kv-cache-memory-fraction); a cache that cannot fit the memory available is a ServeError."""
     from rl_core.generation.native.engine import DEFAULT_MAX_SEQ_LEN_CAP
     from rl_core.generation.native.kv_sizing import KVSizingError, available_memory, plan_kv_slots
     from rl_core.generation.native.model import ModelSpec
 
-    if not 0 < args.kv_cache_memory_fraction <= 1:
+    fraction = args.kv_cache_memory_fraction
+    if fraction is not None and not 0 < fraction <= 1:
         raise ServeError(f"--kv-cache-memory-fraction is {args.kv_cache_memory_fraction}; expected a number in (0, 1]. "
                          "Fix: pass e.g. --kv-cache-memory-fraction 0.3.")
     if args.max_batch_size is not None and args.max_batch_size < 1:
         raise ServeError(f"--max-batch-size is {args.max_batch_size}; expected an integer >= 1. Fix: pass a positive "
-                         "number, or leave it out to size the KV cache from memory.")
+                         f"number, or leave it out for the default ({DEFAULT_SLOTS}).")
     try:
         spec = ModelSpec.from_config(config)
     except (ValueError, KeyError, TypeError) as exc:
@@ -241,7 +243,7 @@ def plan_kv_cache(args, config: dict, device: str, dtype: str) -> str:
     max_seq_len = args.max_seq_len or min(spec.max_position_embeddings, DEFAULT_MAX_SEQ_LEN_CAP)  # as the engine
     try:
         plan = plan_kv_slots(spec, max_seq_len, dtype, args.kv_cache_dtype, available_memory(device),
-                             args.max_batch_size, args.kv_cache_memory_fraction)
+                             args.max_batch_size, fraction)
     except KVSizingError as exc:
         raise ServeError(str(exc)) from None
     args.max_batch_size = plan.slots
@@ -299,6 +301,11 @@ def build_app(args, token: str | None, control_secret: str | None = None):
     return create_app(NativeBackend(engine), tokenizer, settings)
 
 
+def http_url(host: str, port: int) -> str:
+    """The URL of a server bound to `host`: an IPv6 address in brackets (RFC 3986), `http://[::1]:8000`."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 async def _serve(server, sock: socket.socket, ready_file: str | None) -> None:
     from rl_core.fsutil import atomic_write_json
 
@@ -307,8 +314,7 @@ async def _serve(server, sock: socket.socket, ready_file: str | None) -> None:
         await asyncio.sleep(0.02)
     if server.started and ready_file:
         host, port = sock.getsockname()[:2]
-        shown = f"[{host}]" if ":" in host else host
-        atomic_write_json(ready_file, {"host": host, "port": port, "url": f"http://{shown}:{port}", "pid": os.getpid()})
+        atomic_write_json(ready_file, {"host": host, "port": port, "url": http_url(host, port), "pid": os.getpid()})
     await task
 
 
@@ -328,7 +334,7 @@ def cmd_serve(args) -> int:
                             timeout_graceful_shutdown=5, timeout_keep_alive=SERVER_KEEPALIVE_S)
     server = uvicorn.Server(config)
     host, port = sock.getsockname()[:2]
-    print(f"rl-core serve: {args.model_dir} on http://{host}:{port} "
+    print(f"rl-core serve: {args.model_dir} on {http_url(host, port)} "
           f"({'token required' if token else 'no token: loopback only'}; "
           f"{'managed: /rl/* control routes on, secret required' if args.managed else '/rl/* control routes off'})",
           flush=True)

@@ -1,25 +1,17 @@
 """The workflow's stages as plain functions (called by workflow/scripts and the submitit job).
 
-Owns: what each Snakemake stage computes and writes, and the epoch plan:
-- `plan_epochs`: which RL steps belong to which epoch (cheap: counts lines, no torch);
-- `validate_recipe`: recipe + overrides -> resolved_config.json;
-- `make_data`: the recipe's `data.generate` files (a reasoning_gym task's train/val sets);
-- `init_policy`: the initial policy HF directory;
-- `train_epoch`: run the controller from the previous epoch's checkpoint to the end of
-  epoch k, resuming from the newest intact step checkpoint of this epoch if a previous
-  attempt was killed (damaged newer ones are moved to `epoch_k/damaged_checkpoints/`, and
-  the model shape of what it continues from is checked against the recipe); ends in
-  `epoch_k/checkpoint/` (atomic, manifest last);
-- `validate_checkpoint`: accuracy / pass@k of a checkpoint on a prompt file;
-- `log_validations_tensorboard`: the validations as TensorBoard scalars at their RL steps.
+Owns: what each Snakemake stage computes and writes: `plan_epochs` (which RL steps belong to
+which epoch; counts lines, no torch), `validate_recipe` (-> resolved_config.json), `make_data`
+(the recipe's `data.generate` files), `init_policy`, `train_epoch` (the controller from the
+previous epoch's checkpoint to the end of epoch k, resuming from the newest intact step
+checkpoint of a killed attempt, the shape of what it continues from checked; ends in
+`epoch_k/checkpoint/`, atomic), `validate_checkpoint` (accuracy / pass@k of a checkpoint on a
+prompt file) and `log_validations` (to the trackers: TensorBoard, W&B, MLflow). In
+reproducible mode an epoch also generates the next `lookahead` steps' groups and keeps them
+in its checkpoint, so the workflow equals one continuous run bit for bit.
 
-Epoch k (1-based) holds RL steps [first_step, end_step): step s trains on prompt batch s,
-and batch s belongs to rollout-side epoch s // batches_per_epoch. In reproducible mode an
-epoch run also generates the groups of the next `lookahead` steps (with the weights they
-are pinned to) and keeps them in its checkpoint, so a workflow run equals a single
-continuous run bit for bit.
-
-Does not own: the controller, the checkpoint format, the Snakefile, or submitit.
+Does not own: the controller, the checkpoint format, the Snakefile, or submitit. Read more:
+docs/workflow.md, "The stages".
 """
 
 from __future__ import annotations
@@ -171,32 +163,62 @@ def train_epoch(resolved_config_path: str, epoch: int, prev_checkpoint: str, epo
 VALIDATION_SCALARS = ("accuracy", "reward_mean", "mean_length", "truncation_rate")
 
 
+def validation_scalars(result: dict) -> dict[str, float]:
+    """A validation's scalars under their tracker names: `val/accuracy`, `val/pass@n`,
+    `val/pass_at_k/<k>`, `val/reward/<component>`, `val/reward_mean`, ..."""
+    out = {f"val/{key}": float(value) for key, value in result.items()
+           if key in VALIDATION_SCALARS or key.startswith("pass@")}
+    out.update({f"val/pass_at_k/{k}": float(v) for k, v in (result.get("pass_at_k") or {}).items()})
+    out.update({f"val/reward/{name}": float(v) for name, v in (result.get("reward_components") or {}).items()})
+    return out
+
+
 def log_validations_tensorboard(results: list[dict], tb_dir: str | Path) -> Path:
-    """Held-out validations' scalars as TensorBoard events (`val/accuracy`, `val/pass@n`,
-    `val/pass_at_k/<k>`, ...), each at its weight version, which is the RL step of metrics.jsonl
-    (0 for the initial policy): in the workflow the before-RL and end-of-epoch validations, one
-    curve in results/<run>/tensorboard/validation. One event file, written in step order
-    (TensorBoard reads a run's events in file order; validations finish in any order), that
-    replaces the one an earlier call wrote (suffix `.rl_core-validation`), no other file."""
-    from torch.utils.tensorboard import SummaryWriter
+    """Held-out validations' scalars (`validation_scalars`: `val/accuracy`, `val/pass@n`,
+    `val/pass_at_k/<k>`, `val/reward/<component>`, ...) as TensorBoard events, each at its
+    weight version, which is the RL step of metrics.jsonl (0 for the initial policy): in the
+    workflow the before-RL and end-of-epoch validations, one curve in
+    results/<run>/tensorboard/validation. One event file, written in step order (TensorBoard
+    reads a run's events in file order; validations finish in any order), that replaces the one
+    an earlier call wrote (suffix `.rl_core-validation`), no other file."""
+    from rl_core.metrics.trackers import TensorBoardSink
 
     d = Path(tb_dir)
     d.mkdir(parents=True, exist_ok=True)
     suffix = ".rl_core-validation"
     for old in d.glob(f"events.out.tfevents.*{suffix}"):  # written by an earlier call
         old.unlink()
-    writer = SummaryWriter(log_dir=str(d), filename_suffix=suffix)
+    sink = TensorBoardSink(d, filename_suffix=suffix)
     try:
         for result in sorted(results, key=lambda r: int(r["weight_version"])):
-            step = int(result["weight_version"])
-            for key, value in result.items():
-                if key in VALIDATION_SCALARS or key.startswith("pass@"):
-                    writer.add_scalar(f"val/{key}", float(value), step)
-            for k, value in (result.get("pass_at_k") or {}).items():
-                writer.add_scalar(f"val/pass_at_k/{k}", float(value), step)
+            sink.write(int(result["weight_version"]), validation_scalars(result), {})
     finally:
-        writer.close()
+        sink.close()
     return next(d.glob(f"events.out.tfevents.*{suffix}"))
+
+
+def log_validations(results: list[dict], cfg: RecipeConfig, run_dir: str | Path) -> list[str]:
+    """The workflow's validations to every tracker of `logging.trackers`: TensorBoard as above,
+    W&B and MLflow as one run `<run_name>/validation` of the run's group / experiment, which
+    replaces the one an earlier call made (ids in <run dir>/trackers-validation.json). Returns
+    what it wrote, for the rule's log."""
+    from rl_core.metrics.trackers import open_sinks
+
+    run_dir = Path(run_dir)
+    wrote = []
+    if "tensorboard" in cfg.logging.trackers:
+        wrote.append(str(log_validations_tensorboard(results, run_dir / "tensorboard" / "validation")))
+    others = [t for t in cfg.logging.trackers if t != "tensorboard"]
+    sinks = open_sinks(cfg, run_dir, trackers=others, name=f"{cfg.run_name}/validation",
+                       state_file="trackers-validation.json", job_type="validation", replace=True)
+    try:
+        for result in sorted(results, key=lambda r: int(r["weight_version"])):
+            for sink in sinks:
+                sink.write(int(result["weight_version"]), validation_scalars(result), {})
+    finally:
+        for sink in sinks:
+            sink.close()
+    return wrote + [f"{name}: {cfg.run_name}/validation" for name in others]
 
 
 def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json: str, split: str = "val",
@@ -205,8 +227,6 @@ def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json
 
     `validation`: a ValidationConfig to use instead of the recipe's (the evaluate stage
     passes one built from the recipe's `evaluation` section)."""
-    import asyncio
-
     from transformers import AutoTokenizer
 
     from rl_core.checkpoint import verify_checkpoint
@@ -215,7 +235,9 @@ def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json
     from rl_core.fsutil import atomic_write_json
     from rl_core.generation import make_native_engine
     from rl_core.generation.native.backend import NativeBackend
-    from rl_core.launch.train import setup_process
+    from rl_core.launch.train import run_async, setup_process
+    from rl_core.metrics.progress import Progress
+    from rl_core.resilience import retry_notice
     from rl_core.train import trainer_device
     from rl_core.rollout.validation import Validator
 
@@ -236,7 +258,11 @@ def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json
                                 weight_version=version)
     backend = NativeBackend(engine, group_arrays=True)
     stop = tuple(dict.fromkeys(i for i in (*env.end_token_ids, tokenizer.eos_token_id) if i is not None))
-    validator = Validator(validation or cfg.validation, env, tokenizer, examples, cfg.grpo.seed, stop)
+    notices = Progress(1, "log")
+    validator = Validator(validation or cfg.validation, env, tokenizer, examples, cfg.grpo.seed, stop,
+                          failure=cfg.async_rl.failure,
+                          on_retry=lambda kind, exc: notices.notice(kind.value, retry_notice(
+                              kind, exc, f"validation {split}", cfg.async_rl.failure)))
 
     async def go():
         await backend.start()
@@ -246,7 +272,7 @@ def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json
             await backend.shutdown()
             await env.aclose()
 
-    result = asyncio.run(go())
+    result = run_async(go())
     result.update({"checkpoint": str(ck), "split": split, "data_file": data_file or cfg.data.val_file})
     atomic_write_json(out_json, result)
     return result

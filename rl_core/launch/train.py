@@ -14,10 +14,70 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import threading
 from pathlib import Path
+from typing import Any, Coroutine, TypeVar
 
 from rl_core.config import RecipeConfig, run_dir, write_resolved
 from rl_core.train import trainer_device
+
+T = TypeVar("T")
+
+
+def run_async(main: Coroutine[Any, Any, T]) -> T:
+    """Run `main` to completion on an event loop of its own and return its result.
+
+    In a thread without a running loop (a script, the CLI) that is `asyncio.run`. Where a loop
+    is already running in this thread (a Jupyter notebook, an async application), the new loop
+    runs in a worker thread while this thread waits, so the caller sees an ordinary blocking
+    call in both cases; an interrupt (Ctrl-C, the notebook's stop button) cancels the run and
+    waits for it to wind down before it is raised here."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(main)
+    box: dict[str, Any] = {}
+    started, done = threading.Event(), threading.Event()
+
+    async def wrapped() -> T:
+        box["task"], box["loop"] = asyncio.current_task(), asyncio.get_running_loop()
+        started.set()
+        return await main
+
+    def worker() -> None:
+        try:
+            box["result"] = asyncio.run(wrapped())
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            box["error"] = exc
+        finally:
+            started.set()
+            done.set()
+
+    # waited on with an Event, not Thread.join: a join interrupted by KeyboardInterrupt marks the
+    # thread as ended while it still runs, and a second join returns at once
+    threading.Thread(target=worker, name="rl_core-event-loop", daemon=True).start()
+    try:
+        done.wait()
+    except KeyboardInterrupt:
+        started.wait()
+        try:
+            box["loop"].call_soon_threadsafe(box["task"].cancel)
+        except (KeyError, RuntimeError):  # it never started, or it has just ended (its loop closed)
+            pass
+        done.wait()
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+def headline(summary: dict) -> str | None:
+    """The run's last line: held-out accuracy before and after RL (None without both validations)."""
+    vs, ve = summary.get("val_start"), summary.get("val_end")
+    if not (vs and ve):
+        return None
+    return (f"held-out accuracy: {vs['accuracy']:.3f} before RL -> {ve['accuracy']:.3f} after "
+            f"{summary['rl_steps']} RL steps ({(ve['accuracy'] - vs['accuracy']) * 100:+.1f} points)")
 
 
 def check_device(cfg: RecipeConfig) -> str:
@@ -125,13 +185,16 @@ def build_parts(cfg: RecipeConfig, policy_dir: str | Path, *, trainer_state: dic
                  val_examples=val_examples, stop_token_ids=stop_ids, pad_id=pad, setup=setup, critic=critic)
 
 
-def save_policy(parts, out_dir: str | Path) -> Path:
-    """The trained policy as an HF directory (weights + tokenizer), written atomically."""
+def save_policy(parts, out_dir: str | Path, card: str | None = None) -> Path:
+    """The trained policy as an HF directory (weights + tokenizer + the model card `card`), written atomically."""
+    from rl_core.checkpoint.card import write_card
     from rl_core.fsutil import atomic_dir
 
     with atomic_dir(out_dir, "final-policy") as tmp:
         parts.trainer.save_pretrained(tmp)
         parts.tokenizer.save_pretrained(str(tmp))
+        if card is not None:
+            write_card(tmp, card)
     return Path(out_dir)
 
 
@@ -142,6 +205,7 @@ def run_controller(cfg: RecipeConfig, run_dir: str | Path, *, policy_dir: str | 
     """Build the parts (from `policy_dir`, or from a `LoadedCheckpoint` to resume) and run the
     controller until RL step `stop_step`; step checkpoints go to `checkpoint_dir/step_NNNNNN`."""
     from rl_core.checkpoint import prune, save_run_checkpoint
+    from rl_core.checkpoint.card import held_out_at, render_card
     from rl_core.controller.controller import Controller
     from rl_core.train import close_trainer
 
@@ -164,23 +228,31 @@ def run_controller(cfg: RecipeConfig, run_dir: str | Path, *, policy_dir: str | 
             if state.get("open_step") is not None:  # between the mini-steps of RL step `version`
                 name += f"_opt{parts.trainer.optimizer_steps:06d}"
             save_run_checkpoint(ckdir / name, trainer=parts.trainer, tokenizer=parts.tokenizer,
-                                controller_state=state, resolved_config=resolved, critic=parts.critic)
+                                controller_state=state, resolved_config=resolved, critic=parts.critic,
+                                held_out=held_out_at(controller.validations, version))
             prune(ckdir, cfg.checkpoint.keep_last)
 
     controller = Controller(cfg, parts, run_dir, total, stop_step=stop_step, restore=restore,
                             checkpoint_fn=checkpoint_fn, checkpoint_every=cfg.checkpoint.save_every_steps,
                             spool_dir=spool_dir, val_at_start=val_at_start, val_at_end=val_at_end)
     try:
-        summary = asyncio.run(controller.run())
+        summary = run_async(controller.run())
         if final_policy_dir is not None:
-            save_policy(parts, final_policy_dir)
+            version = parts.trainer.version
+            save_policy(parts, final_policy_dir, render_card(resolved, rl_step=version,
+                                                             held_out=held_out_at(controller.validations, version)))
     finally:
         close_trainer(parts.trainer)  # multi-process trainers: release the worker ranks
     return summary
 
 
 def train_from_recipe(cfg: RecipeConfig, resume_from: str | Path | None = None, recipe: str = "RECIPE") -> dict:
-    """`rl-core train`: the whole run in this process; returns the controller's summary.
+    """`rl-core train`: the whole run in this process; returns the controller's summary. The
+    trained rollouts go to <run dir>/rollouts.spool/ step by step, and at the end into
+    <run dir>/rollouts.h5 (`rl-core inspect`), as in a workflow epoch.
+
+    Also the Python API (examples/notebook.ipynb): it blocks until the run ends, also when
+    called where an event loop is running (a Jupyter notebook), see `run_async`.
 
     Step checkpoints go to <run dir>/steps/; if the run dir already holds one (a killed
     run), training resumes from the newest *intact* one (damaged newer ones are moved to
@@ -234,8 +306,19 @@ def train_from_recipe(cfg: RecipeConfig, resume_from: str | Path | None = None, 
         print(f"[resume] continuing from {latest} (RL step {resume.rl_step}; {how})", flush=True)
         truncate_metrics(rd / "metrics.jsonl", resume.rl_step)
     policy = ensure_policy(cfg, rd / "init_policy", recipe) if resume is None else None
-    return run_controller(cfg, rd, policy_dir=policy, resume=resume, checkpoint_dir=rd / "steps",
-                          val_at_start=None if resume is None else False, final_policy_dir=rd / "final_policy")
+    from rl_core.rollout.spool import RolloutSpool
+
+    spool = RolloutSpool(rd / "rollouts.spool")  # the trained rollouts of each step, as a workflow epoch keeps
+    spool.truncate_after(resume.rl_step if resume is not None else 0)
+    summary = run_controller(cfg, rd, policy_dir=policy, resume=resume, checkpoint_dir=rd / "steps",
+                             spool_dir=spool.dir, val_at_start=None if resume is None else False,
+                             final_policy_dir=rd / "final_policy")
+    if spool.steps():  # rollouts.h5 for `rl-core inspect`, as the workflow's archive_rollouts rule writes
+        from rl_core.archive import compile_spool
+
+        compile_spool(spool.dir, rd / "rollouts.h5", attrs={"run": cfg.run_name})
+        summary["rollouts"] = str(rd / "rollouts.h5")
+    return summary
 
 
 def truncate_metrics(path: Path, step: int) -> None:

@@ -1,30 +1,22 @@
 """The Python side of the Snakemake workflow: the parse-time plan and running a stage in a rule.
 
-Owns:
-- `load_workflow`: at parse time (imported by `workflow/rules/common.smk`, so it must stay
-  torch-free) it checks the workflow config (`config/config.yaml` plus any `--config`)
-  against `workflow/schemas/config.schema.yaml`, loads the recipe with its overrides,
-  plans the epochs (`stages.plan_epochs`) and checks a branch source; every problem is a
-  `RecipeError` paragraph (which field, what was received, what was expected, the fix),
-  raised before any job runs. It returns a `WorkflowPlan`: the run's paths, one place.
-- `write_stage_digests` / `stage_config`: change detection (one digest file per stage, the
-  stage rules' input) and the resolved recipe a stage job runs with.
-- `link_init_policy`: a branch's initial policy, the source run's, linked.
-- `branch_epoch`: the `branch_epoch` rule (a new run starting from another run's epoch:
-  the source epoch's files are hard-linked, its checkpoint verified first).
-- `run_in_rule`: how a rule's script runs a stage: all output (Python and child
-  processes) into the rule's `log:`, a `UserError` shown on the terminal as one paragraph
-  with exit status 2, any other failure as one line pointing at the log.
+Owns: `load_workflow` (at parse time, imported by `workflow/rules/common.smk`, so torch-free:
+the workflow config checked against `workflow/schemas/config.schema.yaml`, the recipe loaded
+with its overrides, the epochs planned, a branch source checked; every problem a `RecipeError`
+paragraph raised before any job runs; returns the `WorkflowPlan`, the run's paths in one
+place, and a branch's plan: which epochs are linked and which of their results the source's
+still are, `reused_archives` / `reused_validations`); `write_stage_digests` / `stage_config`
+(change detection: one digest file per stage, and the resolved recipe a stage job runs with);
+and `run_in_rule` (a rule's output into its `log:`, a `UserError` as one paragraph, exit 2).
 
 Does not own: the rules (workflow/rules/*.smk), what the stages compute (stages.py), the
-submitit jobs (job.py, evaluate.py).
+submitit jobs (job.py, evaluate.py). Read more: docs/workflow.md.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import sys
 import time
 import traceback
@@ -39,7 +31,6 @@ from rl_core.errors import RecipeError, UserError
 from rl_core.report.render import PLOTS
 
 SOURCE = "the workflow config (config/config.yaml, --configfile or --config)"
-_BRANCH_NOT_COPIED = {"steps", "submitit", ".controller.lock", "validation.json", "rollouts.h5"}
 # recipe sections that never change the training's result (names, where outputs go, how jobs are placed,
 # logging, and the stages after training: held-out validation and evaluation have their own digests)
 NO_STAGE = ("run_name", "output_dir", "cluster", "logging")  # top-level recipe fields that rerun no stage
@@ -103,6 +94,10 @@ class WorkflowPlan:
     def branched_epochs(self) -> list[int]:
         return [e["epoch"] for e in self.epochs if e["epoch"] <= self.branch_epoch]
 
+    def epochs_but(self, taken: list[int]) -> list[int]:
+        """Every epoch but `taken` (those whose result a branch takes from its source)."""
+        return [e["epoch"] for e in self.epochs if e["epoch"] not in taken]
+
     def source_epoch_dir(self, k: int | str) -> str:
         assert self.branch_from is not None
         return str(Path(self.branch_from).parent / f"epoch_{k}")
@@ -111,6 +106,32 @@ class WorkflowPlan:
         """The branch source run's initial policy (a branch links it instead of building one)."""
         assert self.branch_from is not None
         return str(Path(self.branch_from).parent / "init_policy" / name).rstrip("/")
+
+    def source_result(self, name: str) -> str:
+        """A result file of the branch source run (e.g. 'epoch_1/rollouts.h5', 'init_validation.json')."""
+        assert self.branch_from is not None
+        return str(Path(self.branch_from).parent / name)
+
+    def reused_archives(self) -> list[int]:
+        """Linked epochs whose archive is the source's (it exists there): copied, not recompiled."""
+        return [k for k in self.branched_epochs() if Path(self.source_result(f"epoch_{k}/rollouts.h5")).is_file()]
+
+    def _reusable_validation(self, name: str) -> bool:
+        """Whether the source's validation result `name` holds here (same validation recipe values,
+        up to date there); call after write_stage_digests (it reads this run's digest file)."""
+        from rl_core.launch.branch import reusable_validation
+
+        return self.branch_from is not None and reusable_validation(
+            Path(self.source_result(name)), Path(self.stage_digest("validate")),
+            Path(self.source_result(".stage-digests/validate.json")), self.data_inputs("validate"))
+
+    def reused_validations(self) -> list[int]:
+        """Linked epochs whose validation.json is the source's (see _reusable_validation)."""
+        return [k for k in self.branched_epochs() if self._reusable_validation(f"epoch_{k}/validation.json")]
+
+    def reuses_init_validation(self) -> bool:
+        """A branch's initial policy is its source's: so is its before-RL validation, when it holds."""
+        return self._reusable_validation("init_validation.json")
 
     def prev_checkpoint(self, k: int | str) -> str:
         k = int(k)
@@ -275,10 +296,10 @@ def load_workflow(config: dict, schema_path: str | os.PathLike) -> WorkflowPlan:
         raise RecipeError(problems, SOURCE)
     recipe = config["recipe"]
     if not Path(recipe).is_file():
-        found = sorted(str(p) for p in Path("recipes").glob("*.yaml"))
+        from rl_core.config.loader import recipes_hint
+
         raise RecipeError.single("recipe", recipe, f"an existing recipe file (looked for {Path(recipe).resolve()})",
-                                 f"set `recipe` to one of {', '.join(found) or 'the files in recipes/'} "
-                                 f"(config/config.yaml or --config recipe=...).", SOURCE)
+                                 f"set `recipe` (config/config.yaml or --config recipe=...); {recipes_hint()}.", SOURCE)
     overrides = [str(o) for o in config.get("overrides") or []]
     cfg = load_workflow_recipe(recipe, config.get("run"), overrides)
     plan = WorkflowPlan(run=cfg.run_name, recipe=recipe, overrides=overrides,
@@ -340,60 +361,6 @@ def stage_config(smk: Any) -> str:
     return str(path)
 
 
-def branch_epoch(src_epoch_dir: str, dst_epoch_dir: str) -> None:
-    """Copy (hard-link) an epoch of another run into this run, checkpoint verified first and placed last."""
-    from rl_core.checkpoint import verify_checkpoint
-
-    src, dst = Path(src_epoch_dir), Path(dst_epoch_dir)
-    verify_checkpoint(src / "checkpoint")
-
-    def link(a: str, b: str) -> None:
-        try:
-            os.link(a, b)
-        except OSError:
-            shutil.copy2(a, b)
-
-    dst.mkdir(parents=True, exist_ok=True)
-    for item in sorted(src.iterdir()):
-        if item.name in _BRANCH_NOT_COPIED or item.name == "checkpoint" or item.name.startswith("."):
-            continue
-        target = dst / item.name
-        if item.is_dir():
-            shutil.rmtree(target, ignore_errors=True)
-            shutil.copytree(item, target, copy_function=link)
-        else:
-            target.unlink(missing_ok=True)
-            link(str(item), str(target))
-    tmp = dst / ".checkpoint.branch"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src / "checkpoint", tmp, copy_function=link)
-    if (dst / "checkpoint").exists():
-        from rl_core.fsutil import check_replaceable
-
-        check_replaceable(dst / "checkpoint", "branched epoch checkpoint")  # only one rl_core wrote
-        shutil.rmtree(dst / "checkpoint", ignore_errors=True)
-    os.replace(tmp, dst / "checkpoint")
-    print(f"[branch] {src} -> {dst} (checkpoint verified, files hard-linked)", flush=True)
-
-
-def link_init_policy(src_dir: str, dst_dir: str) -> None:
-    """A branch's initial policy: the source run's, hard-linked (copied across file systems), placed atomically."""
-    src, dst = Path(src_dir), Path(dst_dir)
-
-    def link(a: str, b: str) -> None:
-        try:
-            os.link(a, b)
-        except OSError:
-            shutil.copy2(a, b)
-
-    tmp = dst.with_name(f".{dst.name}.branch")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp, copy_function=link)
-    shutil.rmtree(dst, ignore_errors=True)
-    os.replace(tmp, dst)
-    print(f"[branch] {src} -> {dst} (initial policy hard-linked, not rebuilt)", flush=True)
-
-
 _terminal: Callable[[str], None] | None = None  # set while a rule's stage runs (run_in_rule)
 
 
@@ -425,6 +392,8 @@ def run_in_rule(smk: Any, fn: Callable[[], Any], append_log: bool = False) -> No
     try:
         fn()
     except UserError as exc:
+        if exc.__cause__ is not None:  # a run's failure (a user's agent raised...): its traceback, in the log only
+            traceback.print_exc()
         print(f"{rule}: {exc}", flush=True)
         tell(f"\n{rule}: {exc}\n(log: {log_path})")
         sys.stdout.flush()

@@ -1,37 +1,17 @@
 """The Python garbage collector in long-lived processes (the controller, `rl-core serve`).
 
-Owns: `freeze_setup_objects()`, called once a process has built its parts, which moves every
-object alive then (imported modules, the model's Python objects, the tokenizer) into the
-collector's permanent generation (`gc.freeze`, Python >= 3.7), so that later full
-collections scan only what the run itself allocates. Measured on the embedded default
-(60 RL steps on the CPU): a single full collection paused the controller for 0.33 s; after
-the freeze, the run had none and the collector's total time fell from 0.39 s to 0.05 s.
-Also `GcClock`: the collector's time and longest pause since the last read, which the
-per-step metrics report (`timing/gc_s`, `timing/gc_max_pause_s`, `timing/gc_full_collections`), so a pause that stalls
-a refit or a rollout shows up in the step that paid it.
+Owns: `freeze_setup_objects()`, called once a process has built its parts: every object alive
+then (modules, the model's Python objects, the tokenizer) moves into the permanent generation
+(`gc.freeze`), so later full collections scan only what the run allocates (cycles among the
+frozen objects are not collected: setup objects live as long as the process anyway);
+`GcClock`, the collector's time and longest pause since the last read (`timing/gc_s`,
+`timing/gc_max_pause_s`, `timing/gc_full_collections` per step); and `run_thresholds()`,
+raised allocation thresholds while the pumps run (restored after): buffered and in-flight
+groups hold many containers, and at the default thresholds young collections re-traverse
+them over and over; gen 0 is at least `YOUNG_PER_INFLIGHT_GROUP` per in-flight group.
 
-Objects are still freed by reference counting after a freeze; what the freeze gives up is
-the collection of reference cycles among the frozen objects, which setup-time objects of
-these processes keep for the process lifetime anyway.
-
-`run_thresholds()` raises the collector's allocation thresholds while the controller's pumps
-run (restored after): every buffered sample keeps several containers alive (its token
-lists, info dict, ...), so at the default gen-0 threshold of 700 allocations the young and
-middle collections re-traverse the buffered groups over and over; measured with
-`bench/controller_scale.py` at 1,000 groups x 16 samples, the collector took 320 ms of a
-590 ms controller step at the defaults and about 100 ms at (50,000, 20, 10), and
-the controller's cost per group went from growing with the group count to nearly flat.
-Cyclic garbage lives a little longer (until 50,000 net allocations): a few MB at most.
-The gen-0 threshold also grows with the run's in-flight groups (`YOUNG_PER_INFLIGHT_GROUP`
-net allocations per group of `async_rl.max_inflight_groups`): a group waiting on its backend or
-its decode is a chain of suspended coroutines (their frames, cells, result lists), and a young
-collection that falls mid-step traverses every such group started since the last one. At 1,000
-groups x 16 (2,000 in flight) the net allocations of one step crossed 50,000, and each of those
-collections took 20-55 ms on the event loop (85,000-104,000 young objects: cells, lists,
-coroutines); with the threshold above a step's growth (100,000 or 200,000) the run had 2-3
-collections of 2-3 ms in 9 steps instead of 4-5 of ~20 (docs/controller.md, "Thirteenth round").
-
-Does not own: memory limits or where the metrics go (metrics.logger).
+Does not own: memory limits or where the metrics go (metrics.logger). Read more:
+docs/controller.md, "Metrics in the train-step log" and "What we learned".
 """
 
 from __future__ import annotations

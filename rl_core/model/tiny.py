@@ -1,27 +1,17 @@
 """The tiny random-init policy and the HF directory format every model is stored in.
 
-Owns:
-- `build_tiny_model`: a transformers causal LM (Qwen2, Llama, or the sparse
-  mixture-of-experts Mixtral, from `model.tiny.architecture`) shaped by `TinyModelConfig`
-  (Mixtral: `num_experts` SwiGLU experts of width `intermediate_size` per layer, top
-  `num_experts_per_tok` routing, no sliding window), with the vocabulary and the
-  eos/pad/bos ids of the given tokenizer, fp32, initialised from a seed (under a forked
-  torch RNG, so building a model does not move the caller's random stream);
-- `save_hf_dir`: a normal HF directory (`config.json`, `model.safetensors`, tokenizer
-  files, `generation_config.json` carrying the eos id, plus optional extra JSON files)
-  written **atomically**: everything goes into a temporary directory beside the target,
-  which is then renamed onto it; an existing target is swapped out and removed only after
-  the new one is in place, so readers see the old directory or the new one, never a mix,
-  and only if rl_core wrote it (its marker file; see `rl_core.fsutil`): a user's directory
-  or a file at the target is refused;
-- `load_hf_dir`: model + tokenizer back from such a directory (works offline).
-
-There is no bos token: prompts start with their first text token. The model config sets
-`bos_token_id` to the eos id, as Qwen2 checkpoints do, only so that code expecting an id
-finds one.
+Owns: `build_tiny_model` (a transformers causal LM, Qwen2, Llama or Mixtral by
+`model.tiny.architecture`, shaped by `TinyModelConfig`, with the tokenizer's vocabulary and
+eos/pad/bos ids, fp32, seeded under a forked torch RNG; no bos token: `bos_token_id` is the
+eos id only so code expecting one finds it); `save_hf_dir` (a normal HF directory written
+atomically: a temporary directory beside the target, renamed onto it, an existing target
+swapped out only after the new one is in place and only if rl_core wrote it, its marker file:
+`rl_core.fsutil`); and `load_hf_dir` (model + tokenizer back, offline).
 
 Does not own: the tokenizer's training (`tokenizer.py`), warm-up (`warmup.py`), or the
 recipe-level orchestration (`init_policy.py`).
+
+Read more: docs/model.md, "The model".
 """
 
 from __future__ import annotations

@@ -1,31 +1,16 @@
 """Supervised warm-up: teach a fresh tiny model the task's format until it is *sometimes* right.
 
-RL needs a policy whose samples are occasionally rewarded: a random-init model never
-emits a correct answer, so GRPO would see only zero-reward groups and learn nothing. The
-warm-up trains on `prompt + ideal completion` (the environment's prompt ids, then its
-reference answer and end token), with the loss on the completion tokens only, and stops
-as soon as the greedy held-out accuracy reaches `model.warmup.target_accuracy` (a low
-value such as 10%, so RL has something to improve).
+Owns: packing examples into right-padded tensors with a completion-only loss mask
+(`encode_sft_examples`); the loop (AdamW at `warmup.lr`, `warmup.batch_size` examples a step
+from seeded shuffled epochs, a check every `warmup.eval_every_steps`); the check (a batched
+greedy decode, `greedy_decode`, of the first `warmup.num_eval_prompts` held-out examples,
+correct when the completion cut at the first end token is the reference answer and the end
+token was produced); and the stop rule (the first check at `model.warmup.target_accuracy`,
+else a `RecipeError` naming `model.warmup.max_steps`). Reproducible given the same initial
+weights, seed and thread count.
 
-Owns:
-- packing examples into right-padded tensors with a completion-only loss mask
-  (`encode_sft_examples`);
-- the training loop: AdamW at `warmup.lr`, `warmup.batch_size` examples per step drawn
-  as seeded shuffled epochs, a check every `warmup.eval_every_steps` steps;
-- the check: a batched greedy decode (`greedy_decode`, a plain forward loop without a
-  KV cache, enough for a few new tokens) of the first `warmup.num_eval_prompts`
-  validation examples; one counts as correct when its completion, cut at the first end
-  token, decodes to the reference answer *and* that end token was produced;
-- the stop rule: the first check at or above the target (accuracy jumps sharply over a
-  few tens of steps, so a step count would over- or undershoot); a `RecipeError` naming
-  `model.warmup.max_steps` when the budget runs out first.
-
-Determinism: the batch order comes from a generator seeded with `seed`; given the same
-initial weights and thread count the run is reproducible. The caller owns the model's
-initialisation and the torch thread count.
-
-Does not own: building the model or tokenizer (`tiny.py`, `tokenizer.py`), the prompt
-format or the answer (the environment), or saving (`init_policy.py`).
+Does not own: building the model or tokenizer, the prompt format or the answer (the
+environment), or saving. Read more: docs/model.md, "The warm-up" (why a low target).
 """
 
 from __future__ import annotations

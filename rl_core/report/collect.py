@@ -3,8 +3,9 @@
 Owns: finding the epochs of `results/<run>/` (`epoch_<k>/` directories, numeric order),
 reading each epoch's `metrics.jsonl` (kind `train` per RL step, kind `val` for in-training
 validations), `summary.json` and `validation.json`, the run's `init_validation.json` and
-`evaluation.json`, and the per-step and per-epoch series the plots draw. Missing files or
-metrics become empty series / NaN (a report of a partial run still renders).
+`evaluation.json`, and the per-step and per-epoch series the plots draw (the reward's named
+components among them). Missing files or metrics become empty series / NaN (a report of a
+partial run still renders).
 
 Does not own: drawing (render.py) or computing any metric (the stages did).
 """
@@ -67,7 +68,9 @@ class EpochData:
     validation: dict | None = None
 
     def series(self, name: str) -> list[float]:
-        return [_num(r.get(STEP_SERIES[name])) for r in self.train]
+        """Per RL step: a `STEP_SERIES` name, or a metric's own key (e.g. `reward/<component>`)."""
+        key = STEP_SERIES.get(name, name)
+        return [_num(r.get(key)) for r in self.train]
 
     @property
     def steps(self) -> list[int]:
@@ -87,6 +90,10 @@ class RunData:
 
     def series(self, name: str) -> list[float]:
         return [v for e in self.epochs for v in e.series(name)]
+
+    def reward_components(self) -> list[str]:
+        """The metric keys of the named reward components (`reward/<name>`) any RL step logged, sorted."""
+        return sorted({k for e in self.epochs for r in e.train for k in r if k.startswith("reward/")})
 
     def epoch_boundaries(self) -> list[int]:
         """The last RL step of every epoch but the last (where the plots draw a line)."""
@@ -112,6 +119,7 @@ class RunData:
                 "step_s": _mean(e.series("step_s")),
                 "val_accuracy": _num((e.validation or {}).get("accuracy")), "val_k": k, "val_pass_at_k": pk,
                 "val_mean_length": _num((e.validation or {}).get("mean_length")),
+                **{key: _mean(e.series(key)) for key in self.reward_components()},
             })
         return rows
 

@@ -1,10 +1,11 @@
 """Drawing the report: five PNG plots (per RL step and per epoch) and a self-contained HTML page.
 
-Owns: the plots (matplotlib with the Agg backend: no display needed) -
-`reward`, `accuracy`, `pass_at_k`, `staleness`, `throughput`, each a figure with a
-per-step panel (epoch boundaries dashed) and a per-epoch panel - written as PNG files and
-embedded in `report.html` as data URIs, plus the tables (run summary, per epoch,
-evaluation). Writes are atomic.
+Owns: the plots (matplotlib with the Agg backend: no display needed) - `reward` (the
+total and its named components), `accuracy`, `pass_at_k`, `staleness`, `throughput`, each a
+figure with a per-step panel (epoch boundaries dashed) and a per-epoch panel - written as
+PNG files and embedded in `report.html` as data URIs, plus the tables (run summary, per
+epoch, evaluation) and the recipe it was drawn with (its files, the overrides, the resolved
+recipe: `RecipeShown`). Writes are atomic.
 
 Does not own: reading result files (collect.py).
 """
@@ -16,6 +17,7 @@ import html
 import io
 import math
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -98,9 +100,10 @@ def _figure(name: str, data: RunData) -> bytes:
     rows = data.per_epoch()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
     fig.suptitle(PLOT_TITLES[name])
-    if name == "reward":
-        _step_panel(left, data, [("reward", "mean reward")], "reward", smooth=True)
-        _epoch_panel(right, rows, [("reward", "mean reward")], "reward")
+    if name == "reward":  # the total and each named component (`reward/<name>`)
+        series = [("reward", "mean reward")] + [(key, key) for key in data.reward_components()]
+        _step_panel(left, data, series, "reward", smooth=True)
+        _epoch_panel(right, rows, series, "reward")
     elif name == "accuracy":
         _step_panel(left, data, [("accuracy", "train accuracy")], "accuracy", smooth=True)
         labelled = False
@@ -169,7 +172,31 @@ def _table(rows: list[dict], cols: list[tuple[str, str]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _html(data: RunData, images: dict[str, bytes]) -> str:
+@dataclass
+class RecipeShown:
+    """The recipe a report shows: `path` (as the workflow config names it), the `overrides`, the
+    text of each file of its `extends:` chain (path -> YAML) and the resolved recipe (JSON text)."""
+
+    path: str
+    overrides: list[str] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)
+    resolved: str | None = None
+
+
+def _recipe_html(recipe: RecipeShown) -> str:
+    overrides = ("".join(f"<li><code>{html.escape(o)}</code></li>" for o in recipe.overrides)
+                 if recipe.overrides else "<li>none</li>")
+    parts = [f"<h2>Recipe</h2><p>recipe <code>{html.escape(recipe.path)}</code>, overrides:</p><ul>{overrides}</ul>"]
+    for path, text in recipe.files.items():
+        parts.append(f"<details><summary><code>{html.escape(path)}</code></summary><pre>{html.escape(text)}</pre>"
+                     "</details>")
+    if recipe.resolved is not None:
+        parts.append("<details><summary>resolved recipe (every field, overrides applied)</summary>"
+                     f"<pre>{html.escape(recipe.resolved)}</pre></details>")
+    return "".join(parts)
+
+
+def _html(data: RunData, images: dict[str, bytes], recipe: RecipeShown | None = None) -> str:
     rows = data.per_epoch()
     init = data.init_validation or {}
     last = rows[-1] if rows else {}
@@ -186,14 +213,15 @@ def _html(data: RunData, images: dict[str, bytes]) -> str:
     ]
     parts = [f"<h1>rl_core run <code>{html.escape(data.run)}</code></h1>",
              "<table>" + "".join(f"<tr><th>{html.escape(a)}</th><td>{_fmt(b)}</td></tr>" for a, b in summary)
-             + "</table>", "<h2>Plots</h2>"]
+             + "</table>", _recipe_html(recipe) if recipe is not None else "", "<h2>Plots</h2>"]
     for name, png in images.items():
         b64 = base64.b64encode(png).decode()
         parts.append(f'<figure id="{name}"><img alt="{html.escape(PLOT_TITLES[name])}" '
                      f'src="data:image/png;base64,{b64}"><figcaption>{html.escape(PLOT_TITLES[name])} '
                      f'(<a href="report/{name}.png">{name}.png</a>)</figcaption></figure>')
     parts.append("<h2>Per epoch</h2>" + _table(rows, [
-        ("epoch", "epoch"), ("num_steps", "steps"), ("reward", "mean reward"), ("accuracy", "train accuracy"),
+        ("epoch", "epoch"), ("num_steps", "steps"), ("reward", "mean reward"),
+        *[(key, key) for key in data.reward_components()], ("accuracy", "train accuracy"),
         ("val_accuracy", "val accuracy"), ("val_pass_at_k", f"val pass@{k}"), ("val_mean_length", "val length"),
         ("staleness_mean", "staleness mean"), ("staleness_max", "staleness max"),
         ("generated_tokens_per_s", "generated tok/s"), ("trained_tokens_per_s", "trained tok/s"),
@@ -205,14 +233,16 @@ def _html(data: RunData, images: dict[str, bytes]) -> str:
             ("epoch", "epoch"), ("labels", "checkpoint"), ("set", "set"), ("accuracy", "accuracy"),
             (f"pass@{ke}", f"pass@{ke}"), ("mean_length", "mean length"), ("num_prompts", "prompts")]))
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;"
-             "margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}img{max-width:100%}")
+             "margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}img{max-width:100%}"
+             "pre{background:#f6f6f6;padding:6px;overflow-x:auto;font-size:85%}")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>rl_core report: {html.escape(data.run)}"
             f"</title><style>{style}</style></head><body>{''.join(parts)}</body></html>\n")
 
 
 def build_report(run_dir: str | os.PathLike, out_html: str | os.PathLike,
-                 plots_dir: str | os.PathLike | None = None) -> dict[str, Any]:
-    """Write `out_html` (plots embedded) and the PNGs under `plots_dir` (default <run_dir>/report)."""
+                 plots_dir: str | os.PathLike | None = None, recipe: RecipeShown | None = None) -> dict[str, Any]:
+    """Write `out_html` (plots embedded, `recipe` shown when given) and the PNGs under `plots_dir`
+    (default <run_dir>/report)."""
     data = collect_run(run_dir)
     plots = Path(plots_dir) if plots_dir else Path(run_dir) / "report"
     plots.mkdir(parents=True, exist_ok=True)
@@ -221,7 +251,7 @@ def build_report(run_dir: str | os.PathLike, out_html: str | os.PathLike,
         tmp = plots / f".{name}.png.tmp{os.getpid()}"
         tmp.write_bytes(png)
         os.replace(tmp, plots / f"{name}.png")
-    atomic_write_text(out_html, _html(data, images))
+    atomic_write_text(out_html, _html(data, images, recipe))
     k, _ = pass_at(data.epochs[-1].validation if data.epochs else None)
     return {"html": str(out_html), "plots": [str(plots / f"{n}.png") for n in images], "epochs": len(data.epochs),
             "steps": len(data.steps()), "val_k": k}

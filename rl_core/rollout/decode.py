@@ -27,8 +27,8 @@ def decode_text(tokenizer, ids: list[int]) -> str:
 
 # A group call's completions are decoded here, off the event loop, where the tokenizer is a
 # transformers tokenizer over a Rust `tokenizers.Tokenizer` (`group_decoder`): its
-# `decode_batch` releases the interpreter lock while it decodes (measured: docs/controller.md,
-# "Eighth round"), so the loop keeps running. Two threads; `rl-core train` sets
+# `decode_batch` releases the interpreter lock while it decodes (docs/controller.md, "What we
+# learned"), so the loop keeps running. Two threads; `rl-core train` sets
 # TOKENIZERS_PARALLELISM=false (launch/train.py), so each call decodes its sequences in turn
 # (with parallelism on, the Rust call spreads them over its own thread pool).
 _DECODE_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rl_core-decode")
@@ -84,10 +84,10 @@ async def decode_group(tokenizer, ids: list) -> list[str]:
 class _GroupDecodes:
     """Hands the groups' decodes to the decode pool together: the groups that ask for their texts
     in one turn of the event loop go to the pool as one job, whose texts come back in one call
-    on the loop (`call_soon_threadsafe`). A pool call per group cost the loop thread ~120-145 us
-    per group at 1,000 groups in the bench (measured with the decode itself replaced by a
-    lookup: docs/controller.md, "Ninth round"), most of it while the decode threads ran beside
-    the loop's own work; one job per turn costs one hand-off. Each group is still decoded by its
+    on the loop (`call_soon_threadsafe`). A pool call per group cost the loop thread more than
+    the decode itself saved (measured with the decode replaced by a lookup: docs/benchmarks.md),
+    most of it while the decode threads ran beside the loop's own work; one job per turn costs
+    one hand-off. Each group is still decoded by its
     own call (`group_decoder`), in the order asked, and gets its own texts or its own error,
     as before; a group whose task was cancelled meanwhile gets nothing."""
 

@@ -1,25 +1,17 @@
 """Generating and scoring one prompt group (used by the rollout pump and by validation).
 
-Owns: per-sample seed derivation (a sample's randomness depends only on the run seed, the
-epoch, the example and the sample index, never on timing: a group's samples have consecutive
-seeds from a hash of the rest, as servers derive the seeds of a request's `n` choices;
-`seeds_of_groups` derives many groups' seeds in one pass, the same values), turning recipe sampling knobs
-into engine `SamplingParams`, fanning the N samples of a group out to a backend (one
-group call per single-turn group for backends that have one: `generate_group`, the group
-as columns, else `generate_many`, a request and a result per sample; else a task per
-sample; each sample takes a generation place while it generates: generation-level
-backpressure), multi-turn rollouts (generate -> environment observation -> generate ...,
-with observation tokens masked out of the loss), per-generation and per-environment
-deadlines, each sample's generated tokens per generation worker (`info["worker_tokens"]`,
-from `GenerationResult.worker`), and scoring each finished sample with the environment (a
-single-turn group generated in one group call in one `score_group` call where the
-environment has one: `group_scoring`); a group call's completions are decoded through
-`rollout.decode.decode_group` (off the event loop where the tokenizer allows it). A
-single-turn group generated in one group call comes back column-wise
-(`columns.GroupSamples`: the same `Sample`s, built on first access); every other path returns
-a list of `Sample`s, built by the same `types.scored_sample`.
+Owns: per-sample seeds (a function of the run seed, epoch, example and sample index only; a
+group's samples consecutive, as servers seed a request's `n` choices; `seeds_of_groups` for
+many groups in one pass), recipe sampling knobs -> engine `SamplingParams`, fanning a group's
+N samples out to a backend (one `generate_group` or `generate_many` call per single-turn
+group where the backend has one, else a task per sample holding a generation place),
+multi-turn rollouts (observation tokens masked out of the loss), deadlines, tokens per
+generation worker, decoding (`rollout.decode.decode_group`) and scoring (one `score_group`
+call where the environment has it). A group call's single-turn group comes back as
+`columns.GroupSamples`, every other path as `Sample`s built by `types.scored_sample`.
 
-Does not own: when groups are dispatched (rollout pump), the buffer, or retries.
+Does not own: when groups are dispatched (rollout pump), the buffer, or retries. Read more:
+docs/generation.md (group calls), docs/controller.md.
 """
 
 from __future__ import annotations
@@ -87,8 +79,7 @@ def seeds_of_groups(parts: list[tuple[int, ...]], n: int) -> list[list[int]]:
     of many groups in one pass of uint64 NumPy arithmetic, which wraps modulo 2^64 as the
     masked integer arithmetic of `_splitmix64` does (the same values, as Python ints). For
     the rollout pump, which draws its prompts in batches: the parts of every group hashed in
-    one pass, not `seed_prefix` per group (~0.75 us per group of 16 at 1,000 groups, measured
-    when a group's seeds were hashed one by one; they are consecutive now)."""
+    one pass, not `seed_prefix` per group."""
     if not parts:
         return []
     flat = map(_MASK64.__and__, map(int, itertools.chain.from_iterable(parts)))  # int(p) & _MASK64, in C
@@ -316,6 +307,11 @@ async def generate_episode(backend: GenerationBackend, env: Environment, tokeniz
         await server.registry.close(session)
         if first[0] is not None:  # the agent never called the model
             first[0].take()
+    if not session.turns:  # nothing to train on: a data failure of the group, naming the agent
+        agent = getattr(env, "agent_name", None) or f"the {env.name} environment's agent"
+        raise ValueError(f"{agent} returned {scored.reward!r} without calling the model: an episode is trained on the "
+                         "model calls it makes through its client, so it must make at least one (e.g. "
+                         "`await client.chat.completions.create(model=\"policy\", messages=...)`) before it returns")
     traj = session.trajectory()
     if traj.segments > 1:
         server.registry.segment_breaks += traj.segments - 1
@@ -492,6 +488,8 @@ async def _generate_group_at_once(backend: GenerationBackend, call: str, env: En
 
 
 def is_correct(sample: Sample) -> bool:
-    """`info['correct']` when the environment reports it, else reward > 0."""
+    """Whether a scored sample counts as correct (accuracy, pass@k, the best checkpoint): the
+    environment's `info['correct']` where it reports one (`protocols.Environment.score`), else
+    reward > 0. The step metrics' `train/accuracy` reads the same rule from a group's columns."""
     c = sample.info.get("correct")
     return bool(c) if c is not None else sample.reward > 0

@@ -1,25 +1,17 @@
 """The session server: an OpenAI-compatible endpoint per agent episode, inside the controller.
 
 Owns: a small HTTP server (FastAPI on uvicorn, in the controller's event loop, bound to
-127.0.0.1 on a free port) with, for every open episode session `<id>`:
+127.0.0.1 on a free port) with, for every open episode session `<id>`,
+`GET /sessions/<id>/v1/models`, `POST /sessions/<id>/v1/chat/completions` (the tokenizer's
+chat template) and `POST /sessions/<id>/v1/completions`, plus `GET /health`; every route but
+`/health` needs `Authorization: Bearer <run secret>`. Each call is one model turn of the
+session. Its field policy: the recipe's sampling (other `temperature`, `top_p`, `top_k`,
+`seed` refused naming the field), `n` 1, no `stream`, `max_tokens` can only lower the
+recipe's, `stop` strings added, `tools` through the chat template and `<tool_call>` replies
+as `tool_calls`; an ended or unknown session is 404.
 
-- `GET  /sessions/<id>/v1/models`
-- `POST /sessions/<id>/v1/chat/completions` (the tokenizer's chat template)
-- `POST /sessions/<id>/v1/completions` (text or token-id prompt)
-
-and `GET /health`. Every route but `/health` needs `Authorization: Bearer <run secret>`
-(the key the agent's client is given). Each call becomes one model turn of the session
-(rl_core.rollout.sessions records its token ids, logprobs and weight versions).
-
-Field policy: sampling is the recipe's (`generation.*`): `temperature`, `top_p`, `top_k`
-and `seed` are refused (400, naming the field) unless left out or equal to the episode's;
-`n` must be 1 and `stream` false; `max_tokens` / `max_completion_tokens` can only lower the
-recipe's `generation.max_tokens`; `stop` strings are added. `tools` are rendered by the chat
-template when it supports them (else 400, naming the fix: describe the tool in the prompt);
-a reply holding `<tool_call>{"name": ..., "arguments": ...}</tool_call>` comes back as
-`tool_calls` (finish_reason "tool_calls"). An ended or unknown session is 404.
-
-Does not own: the sessions (sessions.py), the agent, or the generation backend.
+Does not own: the sessions (sessions.py), the agent, or the generation backend. Read more:
+docs/agents.md, "What the endpoint accepts".
 """
 
 from __future__ import annotations

@@ -1,21 +1,16 @@
 """Episode sessions: the model calls of one agent episode, recorded token for token.
 
-Owns: `EpisodeSession`, which generates through the run's generation backend on behalf of
-an agent (every call takes a generation place and has the generation deadline, like a
-native sample), records each model turn (prompt ids, completion ids, logprobs, weight
-versions) and turns the recorded turns into one training trajectory; `SessionRegistry`,
-the sessions open in a run (looked up by id by the session server).
-
-Token identity: a chat (or text) prompt that extends what the session already holds (the
-previous turn's prompt + its completion as generated, end token included) reuses those
-exact ids and tokenizes only the new text after them (tool results, user turns), so
-nothing the model generated is ever re-tokenized. A prompt that does not extend the
-previous turn (an agent that rewrote its history) starts a new *segment*; the trajectory
-trained is the last segment, and the earlier ones are counted (`segments` in the sample's
-info, `rollout/agent_segment_breaks` in metrics), never spliced together.
+Owns: `EpisodeSession`, which generates through the run's generation backend on behalf of an
+agent (every call takes a generation place and has the generation deadline), records each
+model turn (prompt ids, completion ids, logprobs, weight versions) and turns them into one
+training trajectory; `SessionRegistry`, the sessions open in a run. Token identity: a prompt
+that extends what the session holds reuses those exact ids and tokenizes only the new text,
+so nothing generated is re-tokenized; a prompt that does not starts a new *segment*, the last
+segment is trained and the breaks are counted (`segments`, `rollout/agent_segment_breaks`),
+never spliced.
 
 Does not own: HTTP (rl_core.rollout.session_server), the agent (a user function run by
-rl_core.envs.agent), or scoring.
+rl_core.envs.agent), or scoring. Read more: docs/agents.md, "From episode to training sample".
 """
 
 from __future__ import annotations

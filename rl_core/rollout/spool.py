@@ -1,18 +1,16 @@
 """The rollout spool: one JSON file per RL step with the rollouts that step trained on.
 
 Owns: writing each step's trained groups (token ids, generation logprobs, rewards,
-advantages, versions, staleness, masks; the routed experts of MoE rollouts) atomically to `<dir>/step_{n:06d}.json`, and
-dropping records past a resume point. A killed run keeps every finished step's file;
-the workflow compiles an epoch's spool into `rollouts.h5` (rl_core.archive).
+correctness, advantages, versions, staleness, masks; the routed experts of MoE rollouts) atomically to
+`<dir>/step_{n:06d}.json`, and dropping records past a resume point; a killed run keeps every
+finished step's file. Numbering, as in metrics.jsonl, TensorBoard and the folder names:
+`step` is the 1-based RL step (its update makes weight version `step`), `weight_version` the
+version the step's update started from (`step - 1`), a group's `epoch` the 1-based pass over
+the data and `target_step` the RL step it was drawn for.
 
-Numbering (the same as metrics.jsonl, TensorBoard and the folder names): `step` is the
-1-based RL step (the record of the first RL step is `step_000001.json`, its update makes
-weight version 1, its metrics are logged at step 1, its checkpoint is `step_000001`);
-`weight_version` is the policy version the step's update started from (`step - 1`); a
-group's `epoch` is the 1-based pass over the training data (`epoch_1/` holds the first
-when an epoch is one pass) and its `target_step` the 1-based RL step it was drawn for.
+Does not own: the HDF5 archive or its inspection (rl_core.archive).
 
-Does not own: the HDF5 archive or its inspection.
+Read more: docs/workflow.md, "The rollout archive".
 """
 
 from __future__ import annotations
@@ -22,6 +20,7 @@ from pathlib import Path
 
 from rl_core.fsutil import atomic_write_text
 from rl_core.columns import plain
+from rl_core.rollout.group import is_correct
 
 
 def step_record(step: int, weight_version: int, trained) -> dict:
@@ -36,7 +35,8 @@ def step_record(step: int, weight_version: int, trained) -> dict:
             "samples": [{
                 "prompt_ids": plain(s.prompt_ids), "completion_ids": plain(s.completion_ids),
                 "gen_logprobs": plain(s.gen_logprobs),
-                "reward": s.reward, "rewards": s.rewards, "advantage": a, "finish_reason": s.finish_reason,
+                "reward": s.reward, "rewards": s.rewards, "correct": is_correct(s), "advantage": a,
+                "finish_reason": s.finish_reason,
                 "start_version": s.start_version, "end_version": s.end_version, "env_mask": s.env_mask,
                 "token_versions": plain(s.info.get("token_versions")), "completion_mask": s.completion_mask,
                 **({k: s.info[k] for k in ("turn_starts", "turn_versions", "segments") if k in s.info}),

@@ -4,16 +4,14 @@ Owns: the bound's state (the current bound, the count of consecutive low-mismatc
 and the rule that updates it from one RL step's `train/<metric>` (`async_rl.sampler.adaptive`):
 narrow by one at once above `high_threshold`, widen by one after `patience_steps` steps in a
 row below `low_threshold`, hold in between; a step trained under a bound other than the
-current one is evidence about that bound only (so the bound does not overshoot).
-
-Sources: bounding staleness and letting importance-weight statistics drive it follows
+current one is evidence about that bound only (so the bound does not overshoot). Sources:
 AReaL (Fu et al. 2025, arXiv:2505.24298) and M2PO (Zheng et al. 2025, "Prosperity before
-collapse: how far can off-policy RL reach with stale data on LLMs?"); the rule is rl_core's.
+collapse"); the rule is rl_core's.
 
 Does not own: where the bound is applied (`InOrderSampler.can_admit`), the metric (the
 trainer's off-policy correction computes it: rl_core.algorithms.offpolicy).
 
-See docs/controller.md, "Adaptive staleness": the rule's table, defaults, where it applies.
+Read more: docs/controller.md, "Adaptive staleness".
 """
 
 from __future__ import annotations

@@ -1,26 +1,17 @@
 """The `in_order` sampler: step s trains exactly the groups dispatched for step s.
 
 Owns: stamping each dispatched group with its target step (dispatch order, one step =
-`num_prompts_per_step` groups), the admission gate (dispatch for step s opens once the
-trainer holds weight version s - L, L = the lookahead), and selection (ready groups of
-the current step). A group for step s is dispatched at a version >= s - L and trained at
-version s, so its staleness is at most L = `max_lookahead_versions`; L = 0 is synchronous.
+`num_prompts_per_step` groups), the admission gate (step s dispatches once the trainer holds
+version s - L, L = `max_lookahead_versions`, so staleness <= L; 0 is synchronous), selection
+(the current step's ready groups); adaptive L (`observe(step, metrics)` after step t decides
+the bound of versions >= t + 1, dispatch at version v uses `lookahead_at(v)`, and
+`admitted_bound` records per step the largest bound admitted: exact whatever the
+interleaving); and partial rollouts (`carry_over` pairs a straggler of s with a ready group of
+a later step t, whose steps the train pump swaps, while t - its dispatch version stays within
+`partial_rollouts.max_staleness_versions`).
 
-Adaptive (`async_rl.sampler.adaptive.enabled`): L moves between a minimum and a maximum
-with the measured mismatch (the rule: rl_core.samplers.adaptive). `observe(step, metrics)`
-after RL step t decides the bound of weight versions >= t + 1; dispatch at version v uses the
-bound of v (`lookahead_at`), so the decision is exact whatever the event interleaving. The
-sampler also records, per target step, the largest bound any of its groups was admitted
-under (`admitted_bound`): every trained group's staleness is at most it.
-
-Partial rollouts (`async_rl.sampler.partial_rollouts.enabled`): when step s needs a group
-and none of its own is ready, `carry_over` pairs a straggler of s (still generating) with a
-ready group stamped for a later step t; the train pump swaps their steps. The straggler's
-staleness at t (t - its dispatch version) must stay within
-`partial_rollouts.max_staleness_versions`, so every trained group is within that bound
-(groups never carried: within L).
-
-Does not own: the buffer (it only reads slots), waiting (the pumps wait on its answers).
+Does not own: the buffer (it only reads slots), waiting (the pumps wait on its answers). Read
+more: docs/controller.md, "Samplers" and "Partial rollouts".
 """
 
 from __future__ import annotations

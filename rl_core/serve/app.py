@@ -3,16 +3,15 @@
 Owns: the routes (`/health`, `/v1/models`, `/v1/completions`, `/v1/chat/completions`, the
 `/rl/*` weight, abort, cache and metrics routes), bearer-token auth and the control
 secret of managed servers, OpenAI-style error bodies (`{"error": {message, type, param,
-code}}`: 4xx for what the client sent, 500 `server_error` for engine failures, 503 when
-stopped), and how one HTTP request becomes engine requests (choice i of request r runs as
+code}}` on every route, unknown ones too: 4xx for what the client sent, 500 `server_error`
+for engine failures, 503 when stopped), and how one HTTP request becomes engine requests (choice i of request r runs as
 `"r/i"`; `/rl/abort` of r and a client disconnect abort all of them, `/rl/abort` of "r/i" that
 choice alone) and a response.
 
 Does not own: the engine or its thread (rl_core.generation), request schemas
 (protocol.py), text handling (text.py), or process start-up (rl_core.launch.serve).
 
-See docs/generation.md, "`rl-core serve`": the endpoint table, the field policy, limits
-and errors, managed mode and the auth rules.
+Read more: docs/generation.md, "`rl-core serve`" (endpoints, field policy, limits, auth).
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from safetensors import SafetensorError
 
 from rl_core.generation.base import GenerationError, StreamDelta
@@ -44,6 +44,7 @@ from rl_core.types import GenerationRequest, GenerationResult
 from rl_core.weights.broadcast import BroadcastHeaderError
 
 DISCONNECT_POLL_S = 0.25
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
 @dataclass
@@ -506,6 +507,15 @@ def create_app(backend: NativeBackend, tokenizer: Any, settings: ServerSettings)
             err = ApiError(400, "invalid request: " + "; ".join(parts)[:1000], param=param_of(errors))
         count(err.status)
         return err.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):  # unknown route, wrong method, ...
+        what = {404: f"no route {request.url.path}: see GET /v1/models and the API's routes",
+                405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
+        count(exc.status_code)
+        response = ApiError(exc.status_code, what, code=_HTTP_CODES.get(exc.status_code)).response()
+        response.headers.update(exc.headers or {})  # e.g. 405's Allow
+        return response
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):  # JSON, never starlette's plain-text 500

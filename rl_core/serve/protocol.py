@@ -1,30 +1,17 @@
 """Request bodies of the server's HTTP API (OpenAI-compatible + rl_core's RL endpoints).
 
-Owns: what a request may contain and how it maps to engine `SamplingParams`, and the
-packed choice `return_token_arrays` asks for (`packed_choice`), and which field a validation
-error is about (`param_of`).
+Owns: what a request may contain and how it maps to engine `SamplingParams`, the packed
+choice `return_token_arrays` asks for (`packed_choice`), and which field a validation error
+is about (`param_of`). Field policy: an undefined field is refused (400 naming it); OpenAI
+fields that do not change generation are accepted and unused; options the engine cannot
+honour are refused unless neutral; numbers finite and in range (temperature in [0,
+`MAX_TEMPERATURE`], top_p in (0, 1], n in [1, 128], seed in [0, 2^63 - 1], max_tokens >= 1).
+Extensions: `top_k`, `stop_token_ids`, `return_token_ids`, `request_id` (as vLLM names
+them), and rl_core's `seeds` (one per choice) and `return_token_arrays` (ids, logprobs and
+versions packed, no text).
 
-Field policy (one rule for every route): a field this API does not define is refused
-(HTTP 400 naming the field), never silently ignored. OpenAI fields that do not change
-what is generated are accepted and not used (`user`, `metadata`, `store`,
-`service_tier`, `parallel_tool_calls` when no tools are sent, `stream_options.
-continuous_usage_stats`). OpenAI options the native engine cannot honour are refused
-when set to anything but their neutral value, naming the field and what to send instead
-(penalties, `logit_bias`, `echo`, `suffix`, `best_of` != n, `tools`, `response_format`
-other than text). Numbers must be finite and in range: temperature in [0, 10]
-(`MAX_TEMPERATURE`; above it sampling is uniform noise), top_p in (0, 1], n in
-[1, 128], seed in [0, 2^63 - 1], max_tokens >= 1 (app.py also refuses more than the
-context); chat roles are system, developer, user, assistant, tool.
-
-Extensions beyond the OpenAI API (also accepted by vLLM, where named the same):
-`top_k`, `stop_token_ids`, `return_token_ids` (each choice then carries `token_ids`,
-`prompt_token_ids`, and rl_core's `start_version`, `end_version`, `token_versions`), and
-`request_id` (the id under which `/rl/abort` finds the request; choice c of it is
-`<request_id>/<c>`, abortable alone). rl_core's own: `seeds` (one seed per choice index,
-instead of `seed`: how HttpBackend sends a prompt group in one request) and, for completions,
-`return_token_arrays` (each choice's ids, logprobs and versions packed, no text).
-
-Does not own: routing, auth or response shapes (app.py), text handling (text.py).
+Does not own: routing, auth or response shapes (app.py), text handling (text.py). Read more:
+docs/generation.md, "Endpoints" and "Serving and security" (the whole policy).
 """
 
 from __future__ import annotations
@@ -273,7 +260,7 @@ class AbortRequest(Body):
 
 def packed_choice(result: GenerationResult) -> dict:
     """A choice's tokens as `return_token_arrays` carries them (see CompletionRequest)."""
-    # hex, not base64: CPython decodes hex ~3x faster per byte (bytes.fromhex against binascii)
+    # hex, not base64: CPython decodes hex faster per byte (bytes.fromhex against binascii)
     out = {"token_ids_i32": np.asarray(result.token_ids, dtype="<i4").tobytes().hex(),
            "token_logprobs_f32": np.asarray(result.logprobs, dtype="<f4").tobytes().hex(),
            "start_version": result.start_version, "end_version": result.end_version}

@@ -4,16 +4,14 @@
     torchrun --nproc-per-node 2 -m rl_core.train.check_step MODEL_DIR --backend fsdp2 --out r.json
     srun -n 2 python -m rl_core.train.check_step MODEL_DIR --backend fsdp2 --out r.json
 
-Every process runs this module; the trainer group forms from the launcher's environment
-(`rl_core.distributed`), rank 0 drives, the other ranks follow. Rank 0 writes a
-JSON result (per-step loss and gradient norm, logprobs of the batch before and after
-training, the world, the rendezvous source) and, with `--save-weights`, the exported weights as one
-safetensors file, so that runs of different backends and world sizes can be compared
-number by number (the tests do exactly that). Use it to check a cluster launch before a
-long run.
-
 Owns: the synthetic batch (`synthetic_chunk`: seeded prompts, completions, advantages and
-generation logprobs for a vocabulary) and the check itself. Does not own the trainers.
+generation logprobs) and the check: every process runs this module, the trainer group forms
+from the launcher's environment, rank 0 drives and writes a JSON result (per-step loss and
+gradient norm, logprobs before and after, the world, the rendezvous source) and, with
+`--save-weights`, the exported weights, so backends and world sizes compare number by number.
+
+Does not own: the trainers. Read more: docs/distributed-training.md (check a launch before a
+long run).
 """
 
 from __future__ import annotations

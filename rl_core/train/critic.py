@@ -1,31 +1,17 @@
 """The PPO critic: a value model with its own optimizer, behind the same split step API as the trainer.
 
-Owns: the value model (a causal-LM *backbone* loaded from an HF directory, its LM head
-dropped, plus a scalar head), per-token values aligned like logprobs, microbatched
-forward/backward with the sum-form loss (`algorithms.value_loss`), one normalisation and
-one AdamW step per `finish()`, gradient clipping, the optimizer state, and saving/loading.
+Owns: the value model (a causal-LM backbone from an HF directory, its LM head dropped, plus a
+scalar head; always a *separate* model, `critic.model_path`, default the initial policy's
+directory), per-token values aligned like logprobs (`values(chunk)[:, t]` = V(s_t) from the
+hidden state at t - 1, position 0 gets 0; `with_final=True` also the value after each sample's
+last token, the bootstrap of a truncated completion), microbatched forward/backward with the
+sum-form loss (`algorithms.value_loss`), one normalisation and AdamW step per `finish()`,
+clipping, and saving/loading (the backbone as an HF directory, `value_head.safetensors`,
+`critic_state.pt`, `critic.json` last). Per RL step the train pump calls `values(chunk)` before
+`estimate_advantages`, then `begin`, `train_microbatches` per chunk, `finish` (or `abort`).
 
-Design: the critic is always a *separate* model (`critic.model_path`, default the initial
-policy's directory: the usual PPO initialisation from the policy or a reward model). A
-value head sharing the policy's backbone would need the trainer to run one forward for
-both losses and to refit only the shared weights; it is not offered, and the schema does
-not expose it.
-
-Alignment: `values(chunk)[:, t]` = V(s_t), the value of the state *before* token t,
-computed from the hidden state at position t - 1 (exactly where the logprob of token t
-comes from); position 0 gets 0. Only completion positions (loss_mask) are meaningful.
-`values(chunk, with_final=True)` also gives V after each sample's last token (from the
-hidden state there), the bootstrap value of a truncated completion (`advantage.bootstrap_truncated`).
-
-Call pattern per RL step (the train pump): for every chunk, `values(chunk)` before
-`estimate_advantages(..., values=...)`, set `chunk.values`/`chunk.returns`, then
-`begin(loss)` once, `train_microbatches(chunk)` per chunk, `finish()` (or `abort()`).
-
-Saved directory (`save`): the backbone as an HF directory (`config.json`,
-`model.safetensors`), `value_head.safetensors`, `critic_state.pt` (optimizer, counters) and
-`critic.json` written last; a directory with `value_head.safetensors` loads back as this
-critic (`Critic(model_dir=that directory, ...)`), with `load_state` restoring the optimizer.
-Does not own: computing returns (GAE) or deciding when the critic trains (warm-up steps).
+Does not own: computing returns (GAE) or deciding when the critic trains (warm-up steps). Read
+more: docs/algorithms.md, "PPO: the critic and mini-steps".
 """
 
 from __future__ import annotations

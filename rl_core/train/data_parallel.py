@@ -1,19 +1,17 @@
 """The split step API for data-parallel trainers whose ranks follow a rank-0 driver.
 
 Owns, for the fsdp2 and megatron backends alike: the public `TrainerBackend` methods as
-commands (`spmd.CommandChannel`), how a chunk is divided over data-parallel ranks (a
-contiguous block of samples per rank, every rank running the same number of
-microbatches: a rank whose block is used up runs a zero-weight dummy microbatch, so the
-collectives inside forward and backward line up), the sum-form accounting of a step
-(loss sums, normalizers and metric (sum, count) pairs all-reduced at `finish`, then one
-division of the gradients by the step's total normalizer, as `TorchTrainer` does), and
-the gathering of per-rank logprobs, and the step's FLOPs/MFU metrics (`flops/*`, `perf/mfu`,
-summed over the data-parallel ranks as `TorchTrainer` reports them). Metric pairs reduce by `rl_core.algorithms.metrics`
-(means, and `_min`/`_max` extremes) within a rank and across ranks.
+commands (`spmd.CommandChannel`); how a chunk is divided over data-parallel ranks (a
+contiguous block of samples per rank, every rank running the same number of microbatches: a
+rank whose block is used up runs a zero-weight dummy, so the collectives line up); the
+sum-form accounting of a step (loss sums, normalizers and metric pairs all-reduced at
+`finish`, then one division of the gradients by the step's total normalizer, as
+`TorchTrainer`); the gathering of per-rank logprobs; and the step's FLOPs/MFU metrics,
+summed over the data-parallel ranks.
 
-Does not own: the model, its sharding, gradient scaling and clipping or the optimizer
-(backend hooks `_model_logprobs`, `_scale_grads`, `_clip_grads`, `_optimizer_step`,
-`_zero_grad`, `_export_full`, `_optimizer_state`, `_load_optimizer_state`).
+Does not own: the model, its sharding, gradient scaling and clipping or the optimizer (the
+backend hooks `_model_logprobs`, `_scale_grads`, `_clip_grads`, `_optimizer_step`, ...). Read
+more: docs/distributed-training.md, "How the processes work together".
 """
 
 from __future__ import annotations

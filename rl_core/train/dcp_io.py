@@ -1,19 +1,17 @@
 """Sharded checkpoints (`torch.distributed.checkpoint`, DCP) whose metadata is JSON, not pickle.
 
-Owns: `JsonMetadataWriter`, `JsonMetadataReader`, `SafeLoadPlanner` and `load_sharded`,
-which `FSDPTrainer.save_checkpoint` / `load_checkpoint` use around `dcp.save` / `dcp.load`, and the
-JSON form of DCP's `Metadata` (`metadata_to_json`, `metadata_from_json`). Stock DCP reads a
-checkpoint's `.metadata` with `pickle.load` and its non-tensor entries (optimizer
-hyper-parameters, step counters) with an unrestricted `torch.load` (weights_only off): a crafted checkpoint
-directory would run code in every trainer rank that loads it. Here the writer adds
-`metadata.json` beside DCP's own `.metadata` (kept for DCP's tools), the reader
-builds the `Metadata` from that JSON only (plain values: names, dtypes by name, sizes,
-offsets, file names; `.metadata` is never opened), and the planner reads non-tensor entries
-with `torch.load(weights_only=True)`. Tensor shards were already read with
-`weights_only=True` by DCP itself. A refusal is a `CheckpointError` naming the file.
+Owns: `JsonMetadataWriter`, `JsonMetadataReader`, `SafeLoadPlanner` and `load_sharded`, which
+`FSDPTrainer.save_checkpoint` / `load_checkpoint` use around `dcp.save` / `dcp.load`, and the
+JSON form of DCP's `Metadata`. Stock DCP reads `.metadata` with `pickle.load` and non-tensor
+entries with an unrestricted `torch.load`, so a crafted checkpoint could run code in every
+rank that loads it. Here the writer adds `metadata.json` beside `.metadata` (kept for DCP's
+tools), the reader builds `Metadata` from that JSON only (`.metadata` is never opened), and
+the planner reads non-tensor entries with `torch.load(weights_only=True)`. A refusal is a
+`CheckpointError` naming the file.
 
 Does not own: the checkpoint layout, its atomic rename or the run checkpoint's manifest
-(`rl_core.train.fsdp`, `rl_core.checkpoint.store`).
+(`rl_core.train.fsdp`, `rl_core.checkpoint.store`). Read more: docs/distributed-training.md,
+"Checkpoints".
 """
 
 from __future__ import annotations

@@ -1,32 +1,17 @@
 """The FSDP2 training backend (`trainer.backend: fsdp2`): torch `fully_shard` over N processes.
 
-Owns: building a transformers causal LM sharded with FSDP2 (DTensor parameters, one
-`fully_shard` unit per `trainer.fsdp.layers_per_unit` consecutive decoder layers plus the root, HSDP when
-`trainer.fsdp.data_parallel_replicate_size > 1`), mixed precision (bf16 parameters and
-compute, fp32 gradient reduction, fp32 master weights and AdamW state), gradient scaling
-and clipping over the sharded gradients and AdamW's update, both on each rank's local shard
-tensors (`ShardLocalAdamW`: no DTensor dispatch per parameter and operator), full-weight export under HF names, the
-optimizer's full state dict for checkpoints, and sharded checkpoints with
-`torch.distributed.checkpoint` (DCP) beside an HF safetensors export (read back without
-pickle: JSON metadata and weights-only entries, `rl_core.train.dcp_io`).
+Owns: building a transformers causal LM sharded with FSDP2 (one `fully_shard` unit per
+`trainer.fsdp.layers_per_unit` decoder layers plus the root; HSDP with
+`data_parallel_replicate_size > 1`); mixed precision (bf16 parameters and compute, fp32
+gradient reduction, fp32 master weights and AdamW state); scaling, clipping and AdamW on each
+rank's local shards (`ShardLocalAdamW`: no DTensor dispatch per parameter); loading (rank 0
+reads the HF directory, every rank shards a meta-device model and receives only its shard:
+no rank but 0 holds the full model); gradients as one process over the whole step (FSDP2
+averages over ranks, each rank backpropagates its loss sum, `finish` scales by world_size /
+the step's normalizer); full-weight export under HF names; DCP checkpoints read without pickle.
 
-Process layout (see `spmd.py` and `data_parallel.py`): one process per device, launched
-as Slurm tasks (srun/submitit) or by torchrun, the default process group initialised by
-`rl_core.distributed` (gloo on CPU, NCCL on GPU). The controller runs in rank 0
-and calls this object's public methods; the other ranks run `serve_worker`, which builds
-the same trainer from the constructor arguments rank 0 publishes and then follows its
-commands. Every rank trains a contiguous block of each chunk's samples.
-
-Loading: rank 0 reads the HF directory; every rank builds the model on the meta device,
-shards it, allocates only its shard, and receives its shard of the weights from rank 0
-(`set_model_state_dict(..., broadcast_from_rank0=True)`); buffers that are not in the
-state dict (RoPE frequencies) are copied from rank 0's CPU model. So no rank but 0 ever
-holds the full model.
-
-Gradients: FSDP2 reduce-scatters the *mean* over the data-parallel ranks; each rank
-backpropagates its own loss *sum*, so at `finish` the gradients are multiplied by
-world_size / (the step's total normalizer): the same average as one process over the
-whole step. Does not own: the loss, the step loop (train pump) or weight transport.
+Does not own: the loss, the step loop (train pump), weight transport, or the process layout
+(spmd.py, data_parallel.py). Read more: docs/distributed-training.md, docs/performance.md.
 """
 
 from __future__ import annotations
@@ -143,8 +128,8 @@ class FSDPTrainer(DataParallelTrainer):
             self.optimizer = ShardLocalAdamW(
                 self.model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
                 weight_decay=cfg.weight_decay, foreach=True)
-            # on CUDA the fused kernel over the local shards (H200, fp32 master weights: the update 12.3 ->
-            # 6.8 ms, the step 0.154 -> 0.151 s; over the DTensors themselves it was slower, docs/performance.md)
+            # on CUDA the fused kernel over the local shards (about half the update's time over fp32 master
+            # weights; over the DTensors themselves it was slower: docs/performance.md)
             fused_adamw(self.optimizer)
         finally:
             if seq is not None:
@@ -186,8 +171,8 @@ class FSDPTrainer(DataParallelTrainer):
                 # in place: parameter names stay those of the HF model. Automatic dynamic shapes (not
                 # dynamic=True): under FSDP2 the unsharded parameters enter the graph as inputs, and with
                 # dynamic=True their sizes (heads, head dim, hidden) became symbols too, so the compiled
-                # RoPE kernels divided by runtime sizes per element (H200, 16 x 1024: 9.7 ms a step
-                # against < 1 ms in the torch backend). Now the first shapes compile static and only the
+                # RoPE kernels divided by runtime sizes per element (many times the torch backend's RoPE
+                # time). Now the first shapes compile static and only the
                 # sizes that change between calls (batch, sequence) become symbols, at one recompile.
                 layer.compile(dynamic=None)
         for unit in layer_units(layers, self.cfg.fsdp.layers_per_unit):

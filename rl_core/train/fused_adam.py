@@ -4,9 +4,9 @@ Owns: `fused_adamw`, which switches an existing torch Adam/AdamW to `fused=True`
 over weights, gradients and moments instead of the ~10 multi-tensor passes of torch's default
 `foreach` implementation; the same AdamW update, rounded in another order), also after a
 state saved unfused is loaded. Used by Megatron's optimizer (without Transformer Engine or Apex
-its fallback is `torch.optim.AdamW` with torch's default, the multi-tensor update: 10.8 ms of a
-161 ms H200 step at Qwen2.5-0.5B's size, 5.4 ms fused) and by fsdp2's `ShardLocalAdamW` over
-fp32 master weights (12.3 -> 6.8 ms of a step). The torch backend builds its AdamW fused itself.
+its fallback is `torch.optim.AdamW` with torch's default, the multi-tensor update) and by
+fsdp2's `ShardLocalAdamW` over fp32 master weights: about half the update's time in both
+(docs/benchmarks.md). The torch backend builds its AdamW fused itself.
 Does not own: building the optimizers, their state dicts or checkpoints.
 """
 

@@ -1,40 +1,16 @@
 """Per-token logprobs of a causal LM for the trainers, with or without the full logits.
 
 Owns: `token_logprobs` (logprob of token t given tokens < t, log_softmax(logits / T) as the
-generation engine reports it; position 0 gets 0), its two paths, and the rule of which
-models the chunked path supports:
-- the reference path runs the whole model and takes log_softmax over the materialised
-  [B, T, V] logits in fp32 (for a 151,936-token vocabulary and 8 x 1024 tokens that is 5 GB
-  of fp32 logits, plus the same again for log_softmax's output and for each gradient);
-- the chunked path (`chunk_tokens > 0`) runs the decoder to its last hidden state and then
-  computes LM head, log-sum-exp and the target's logit `chunk_tokens` tokens at a time
-  (`ChunkedHeadLogprobs`). Only [chunk_tokens, V] logits exist at once; the backward pass
-  recomputes each chunk's logits from the saved hidden states and the per-token
-  log-sum-exp (one extra LM-head matmul, as activation checkpointing would pay) and forms
-  the gradient of logits directly: d lp_n / d z_n = (onehot(y_n) - softmax(z_n)) / T.
-  The matmuls run in the head's dtype and the softmax in fp32, as in the reference path,
-  so the two agree to rounding (tests/unit/test_chunked_logprobs.py).
-  The idea of never materialising the full logits is the one behind fused linear
-  cross-entropy kernels (e.g. Wijmans et al. 2024, "Cut Your Losses in Large-Vocabulary
-  Language Models", arXiv 2411.09009); this is a plain PyTorch version of it for logprobs
-  with a per-token upstream gradient.
-
-- the fused path (`fused=True`, what `trainer.compile` / `trainer.fsdp.compile` select):
-  the model's [B, T, V] logits as they are (bf16 on GPU), then `FusedLogprobs`: the forward
-  is one torch.compile'd reduction (log-sum-exp and the target's logit per token, read
-  straight from the bf16 logits), the backward one compiled element-wise kernel writing
-  d lp / d z = (onehot(y) - softmax(z)) / T in the logits' dtype. The fp32 copy of the
-  logits, log_softmax's [B, T, V] output and the scatter of the gather's gradient (three
-  fp32 [B, T, V] tensors of the reference path) never exist. Same formula as the chunked
-  path's gradient; the reference path's gradient of the logits is also cast back to their
-  dtype, so the two agree to rounding.
-
-Measured on an H200 (docs/performance.md): at the same microbatch the chunked path is ~10%
-slower (the recomputed LM-head matmul) and takes ~30% less memory, so it is a memory lever
-(longer sequences or larger microbatches per GPU), off by default.
+generation engine reports it; position 0 gets 0), its three paths and the rule of which
+models the chunked path supports: the reference path (log_softmax over the materialised
+[B, T, V] logits in fp32); the chunked path (`chunk_tokens > 0`, `ChunkedHeadLogprobs`: the LM
+head, log-sum-exp and target logit `chunk_tokens` tokens at a time, only [chunk, V] logits at
+once: a memory lever, off by default); and the fused path (`fused=True`, what
+`trainer.compile` / `trainer.fsdp.compile` select, `FusedLogprobs`: compiled kernels over the
+model's bf16 logits, no fp32 copy). The classes' docstrings give the gradients and sources.
 
 Does not own: which path a trainer uses (trainer.logprob_chunk_tokens, checked by
-`resolve_chunk_tokens`) or any loss.
+`resolve_chunk_tokens`) or any loss. Read more: docs/performance.md, "Knobs".
 """
 
 from __future__ import annotations
@@ -85,7 +61,12 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
 
     forward(hidden [N, H], weight [V, H], bias [V] or None, targets [N] long, temperature, chunk)
     returns fp32 [N] (float64 for a float64 head). Saves hidden, the weight and the log-sum-exp per row ([N]), never
-    the [N, V] logits."""
+    the [N, V] logits. The backward recomputes each chunk's logits from the saved hidden states (one
+    extra LM-head matmul, as activation checkpointing would pay) and forms the gradient of the logits
+    directly, (onehot(y) - softmax(z)) / T; matmuls in the head's dtype, softmax in fp32, as the
+    reference path, so the two agree to rounding. The idea of never materialising the full logits is
+    that of fused linear cross-entropy kernels (Wijmans et al. 2024, "Cut Your Losses in
+    Large-Vocabulary Language Models", arXiv:2411.09009), here in plain PyTorch for logprobs."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature: float, chunk: int):
@@ -171,7 +152,11 @@ class FusedLogprobs(torch.autograd.Function):
     """lp[..., t] = log_softmax(logits[..., t, :] / T)[targets[..., t]] without an fp32 copy of the logits.
 
     forward(logits [..., V] (any float dtype), targets [...] long, temperature, compiled) returns
-    fp32 [...] (float64 for float64 logits). Saves the logits and the per-token log-sum-exp."""
+    fp32 [...] (float64 for float64 logits). Saves the logits and the per-token log-sum-exp. The
+    forward is one compiled reduction (log-sum-exp and the target's logit, read from the logits as
+    they are), the backward one compiled element-wise kernel writing (onehot(y) - softmax(z)) / T in
+    the logits' dtype: the fp32 copy, log_softmax's output and the gather's scattered gradient of the
+    reference path never exist; the reference's gradient is also cast back, so they agree to rounding."""
 
     @staticmethod
     def forward(ctx, logits, targets, temperature: float, compiled: bool):

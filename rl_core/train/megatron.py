@@ -1,40 +1,17 @@
 """The Megatron-core training backend (`trainer.backend: megatron`).
 
-Owns: building a Megatron-core `GPTModel` with the local layer spec (RMSNorm, SwiGLU,
-RoPE, grouped-query attention, optional tied embeddings) from an HF Qwen2/Llama
-directory, its weights converted by `megatron_convert` (and split over tensor-parallel
-ranks); Megatron's `DistributedDataParallel` over the data-parallel ranks; the optimizer
-(Megatron's, with fp32 main weights, on GPU; torch AdamW on Megatron's gradient buffers
-on CPU or when asked); per-token logprobs through the vocabulary-parallel cross entropy
-(on CUDA at tensor parallel size 1, where one rank holds the whole vocabulary, through the
-fused path of `rl_core.train.logprobs` instead), with the LM head applied in our [b, t]
-layout (no transposed copy of the logits); the gradient norm, clipping and the fp32 main ->
-bf16 model weight copy as multi-tensor operations (Megatron's fallbacks without Transformer
-Engine or Apex go tensor by tensor, its norm with a host synchronisation per tensor);
-the update of the fp32 main weights as torch's fused AdamW on CUDA (Megatron's fallback
-without Apex or Transformer Engine is the multi-tensor one);
-`megatron.compile` (each TransformerLayer torch.compiled) or, by default on CUDA,
-`megatron.fused_elementwise` (the local spec's RMSNorms and rotary embedding compiled, and
-Megatron's own compiled SwiGLU: the eager element-wise work Transformer Engine would fuse);
-export of the full weights back in the HF layout (so refit feeds the native engine or
-vLLM) and the HF safetensors directory of checkpoints.
+Owns: building a Megatron-core `GPTModel` with the local layer spec from an HF Qwen2/Llama
+directory (weights converted and split over tensor-parallel ranks by `megatron_convert`);
+Megatron's DDP over the data-parallel ranks (summed gradients, divided by the step's
+normalizer at `finish`); the optimizer (Megatron's with fp32 main weights on GPU, its update
+as torch's fused AdamW; torch AdamW on CPU); logprobs through the vocabulary-parallel cross
+entropy (the fused path of `rl_core.train.logprobs` on CUDA at TP 1), the LM head in our [b, t]
+layout; multi-tensor gradient norm, clipping and main -> model copy; `megatron.compile` or
+`megatron.fused_elementwise` (`fuse_elementwise`, `fused_rope`); `attention: sdpa`; the CPU
+set-up workarounds; HF-layout export of the full weights and checkpoints.
 
-Process layout: the same rank-0 driver / following workers as fsdp2 (`spmd.py`,
-`data_parallel.py`): the process group comes from `rl_core.distributed`, Megatron's
-model-parallel groups are made here (tensor parallel x data parallel; pipeline parallel
-is rejected at config load). Each data-parallel rank trains a contiguous block of a
-chunk; the ranks of one tensor-parallel group see the same block.
-
-Gradients: `calculate_per_token_loss` makes Megatron's DDP *sum* gradients over
-data-parallel ranks; each rank backpropagates its loss sum and `finish` divides by the
-step's total normalizer, so the step equals one process over the whole step.
-
-CPU (megatron-core 0.16.1, see the project's cpu-facts): building needs
-`torch.cuda.current_device` to answer the CPU device and the RNG tracker to be
-initialised in its inference mode; both are done here only when the device is the CPU.
-`attention: sdpa` swaps the local spec's core attention for torch's
-`scaled_dot_product_attention` (flash attention on GPU; Transformer Engine is not needed).
-Does not own: the loss, the step loop or weight transport.
+Does not own: the loss, the step loop or weight transport; the process layout (spmd.py,
+data_parallel.py). Read more: docs/distributed-training.md, docs/performance.md ("Knobs").
 """
 
 from __future__ import annotations
@@ -83,8 +60,8 @@ def fuse_elementwise(model) -> None:
 
     Without Transformer Engine the local spec's norm is torch's RMSNorm, whose eager forward
     and backward on CUDA run as separate fp32 element-wise kernels (upcast, square, mean,
-    rsqrt, two broadcast multiplies, downcast; with the rotary and SwiGLU pieces ~85 ms of a
-    200 ms H200 step at 16 x 1024). Compiled, each norm is one kernel forward and one or two
+    rsqrt, two broadcast multiplies, downcast; with the rotary and SwiGLU pieces a large share
+    of the step: docs/performance.md). Compiled, each norm is one kernel forward and one or two
     backward. The norm modules stay (parameter names and state dict keys are Megatron's);
     their `forward` calls the compiled function. (`Module.compile` on the norm itself does
     nothing: torch.compile skips a top-level frame inside torch.nn, so the module would run eager.)

@@ -1,26 +1,14 @@
 """Weights between the HF layout (Qwen2, Llama) and Megatron-core's GPTModel (local layer spec).
 
-Owns the name map and the tensor surgery, in both directions, and the split/merge of the
-Megatron tensors over tensor-parallel ranks. Pure functions of state dicts: no process
-group, no model. Does not own building the model (`megatron.py`).
+Owns: the name map and the tensor surgery in both directions (`hf_to_megatron`, whose
+docstring gives both layouts, `megatron_to_hf`), the model shape read from an HF config
+(`shape_from_hf`, `check_tensor_parallel`), and the split and merge of the Megatron tensors
+over tensor-parallel ranks (`split_tensor_parallel`, `merge_tensor_parallel`). Pure functions
+of state dicts: no process group, no model.
 
-Layouts (HF `modeling_qwen2.py` / `modeling_llama.py`; Megatron-core
-`transformer/attention.py`, `SelfAttention.get_query_key_value_tensors`):
-- attention: HF has separate q/k/v projections, [heads*d, h], [groups*d, h], [groups*d, h].
-  Megatron fuses them in `linear_qkv` grouped by key/value head: for each of the `groups`
-  query groups, its `heads/groups` query heads, then its key head, then its value head
-  ([groups * (heads/groups + 2) * d, h]); the biases (Qwen2) follow the same order.
-- MLP: HF gate/up/down; Megatron `linear_fc1` = cat(gate, up) on dim 0 (SwiGLU:
-  silu(first half) * second half), `linear_fc2` = down.
-- norms: HF `input_layernorm`, `post_attention_layernorm`, `model.norm` are Megatron's
-  `input_layernorm`, `pre_mlp_layernorm`, `decoder.final_layernorm` (both RMSNorm).
-- embeddings: `embedding.word_embeddings` and `output_layer` (absent when tied:
-  Megatron then reuses the embedding, HF exports `lm_head.weight` equal to it).
-- RoPE: both rotate halves (not interleaved) with the same base, so no permutation of
-  the q/k rows is needed.
-Tensor parallelism splits column-parallel tensors on dim 0 (qkv by whole query groups,
-fc1 as gate and up separately, vocabulary rows of the embedding and output layer) and
-row-parallel ones on dim 1 (attention output, fc2); norms are replicated.
+Does not own: building the model (`megatron.py`).
+
+Read more: docs/distributed-training.md.
 """
 
 from __future__ import annotations
@@ -92,7 +80,18 @@ def check_tensor_parallel(shape: GPTShape, tp: int) -> None:
 
 
 def hf_to_megatron(sd: dict[str, torch.Tensor], shape: GPTShape) -> dict[str, torch.Tensor]:
-    """HF state dict -> Megatron GPTModel state dict (no tensor parallelism)."""
+    """HF state dict -> Megatron GPTModel state dict (no tensor parallelism).
+
+    Layouts (HF `modeling_qwen2.py` / `modeling_llama.py`; Megatron-core `transformer/attention.py`,
+    `SelfAttention.get_query_key_value_tensors`): HF's separate q/k/v projections become `linear_qkv`
+    grouped by key/value head (per query group its `heads/groups` query heads, then its key head, then
+    its value head; Qwen2's biases likewise); gate/up/down become `linear_fc1` = cat(gate, up) on dim 0
+    and `linear_fc2` = down; `input_layernorm`, `post_attention_layernorm`, `model.norm` become
+    `input_layernorm`, `pre_mlp_layernorm`, `decoder.final_layernorm`; `output_layer` is absent when
+    tied (Megatron reuses the embedding). Both rotate halves for RoPE with the same base, so q/k rows
+    need no permutation. Tensor parallelism (`split_tensor_parallel`) splits column-parallel tensors
+    on dim 0 (qkv by whole query groups, fc1 as gate and up separately, vocabulary rows) and
+    row-parallel ones on dim 1 (attention output, fc2); norms are replicated."""
     g, d, h = shape.num_kv_heads, shape.head_dim, shape.hidden_size
     qpg = shape.num_heads // g
     out = {"embedding.word_embeddings.weight": sd["model.embed_tokens.weight"],

@@ -1,28 +1,17 @@
 """Router replay for mixture-of-experts policies in the torch trainer.
 
-Rollout Routing Replay (R3; Ma et al. 2025, "Stabilizing MoE Reinforcement Learning by
-Aligning Training and Inference Routers", arXiv 2510.11370): the trainer routes each token
-to the experts that generation routed it to, instead of its own top-k, so that small
-numeric differences between the two engines (dtype, kernels, batch shapes) cannot flip a
-near-tie and send a token through other experts. The gate weights stay the trainer
-router's own: softmax over experts (fp32) gathered at the replayed experts, renormalised
-as the model would renormalise its own top-k, so the router still receives gradients for
-the chosen experts.
+Owns: `RouterReplay(model)`, forward hooks on every router of a transformers MoE model
+(`MixtralTopKRouter`: the hook replaces its top-k weights and indices) that, inside
+`replaying(...)`, route each token to the experts generation routed it to (Rollout Routing
+Replay, R3: Ma et al. 2025, arXiv:2510.11370), so small numeric differences cannot flip a
+near-tie; the gate weights stay the trainer router's own (fp32 softmax gathered at the
+replayed experts, renormalised), so the router still gets gradients. And `RouteCheck` /
+`check_routes`: a chunk's `routed_experts` checked against the model (shape, id range, a
+sample without routes) and the backfilled tokens counted (real tokens but each sequence's
+last, which is never fed).
 
-Owns:
-- `RouterReplay(model)`: forward hooks on every router of a transformers MoE model
-  (today `MixtralTopKRouter`, whose output is `(router_logits, top_k_weights,
-  top_k_index)`; the hook replaces the last two). Outside `replaying(...)` the hooks pass
-  the model's own routing through unchanged.
-- `RouteCheck` / `check_routes`: validation of a chunk's `routed_experts` against the
-  model (shape, id range, a sample without any routes -> error) and the count of tokens
-  whose routes are missing and backfilled with the trainer's own routing. Only tokens
-  whose output matters are counted: real tokens except each sequence's last one (its
-  logits predict nothing that is trained, and generation never feeds its last sampled
-  token, so it never has routes).
-
-Does not own: recording routes (the native engine), carrying them (rl_core/types.py), or
-when to replay (the trainer: `trainer.router_replay.enabled`).
+Does not own: recording routes (the native engine), carrying them (rl_core/types.py), or when
+to replay (the trainer: `trainer.router_replay.enabled`). Read more: docs/moe.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,17 @@
 """Rank-0 driver and following worker ranks: how a multi-process trainer sits behind the
 one-process `TrainerBackend` protocol.
 
-Design. The controller lives in rank 0 of the trainer group and calls the trainer's
-public methods as if the trainer were local. In a distributed trainer each public method
-is a *command*: rank 0 publishes `(sequence number, name, arguments)` on the process
-group's key-value store, then runs the method's SPMD body (`_spmd_<name>`) itself. Every
-other rank sits in `CommandChannel.serve`, reads command after command from the store in
-sequence order and runs the same body, so all ranks enter the same collectives in the
-same order. After a command each worker posts `ok` or its traceback under the command's
-key; rank 0 waits for all of them (at most `timeout_s`) and raises the first worker error
-with its rank, so a failure anywhere surfaces in the controller. Arguments travel in the
-pickle-free format of `rl_core.train.wire` (JSON values, safetensors tensors, recipe
-sections and a few registered types; chunks are token ids and a few float arrays per
-sample: small next to the model), so nothing that reaches the store can run code here.
-
-Why the store and not a broadcast: between two RL steps a worker waits as long as
-generation takes; a blocking collective would run into the process group's timeout,
-while polling the store only fails when the driver is gone (its store closes with it).
-
-A worker that fails posts its traceback and a `dead/<rank>` key and leaves the loop; the
-driver raises at that command (or the next one) instead of waiting on it. If rank 0
-fails inside a collective the workers fail by the collective timeout or when rank 0's
-process exits and closes the store.
+Owns: `CommandChannel`. The controller lives in rank 0 and calls the trainer's public methods
+as if it were local; each is a *command*: rank 0 publishes `(sequence number, name,
+arguments)` on the process group's key-value store and runs the method's SPMD body
+(`_spmd_<name>`); every other rank, in `CommandChannel.serve`, reads the commands in order and
+runs the same body, so all ranks enter the same collectives in the same order. Workers post
+`ok` or their traceback (and `dead/<rank>` when they leave); rank 0 waits at most `timeout_s`
+and raises the first worker error with its rank. Arguments travel pickle-free
+(`rl_core.train.wire`). The store, not a broadcast: a worker may wait a whole generation.
 
 Does not own: what the commands do (the trainers) or the process group's set-up
-(`rl_core.distributed`).
+(`rl_core.distributed`). Read more: docs/distributed-training.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,17 @@
 """The torch training backend: one process, a transformers causal LM, AdamW.
 
 Owns: the split step API (`begin` / `train_microbatches` / `finish` / `abort`), which
-per-token logprob path it uses (`rl_core.train.logprobs`: the formula the generation engine
-reports, log_softmax(logits / T) of each token given its prefix; chunked over tokens per
-`trainer.logprob_chunk_tokens`), `trainer.compile` (each decoder layer torch.compiled), microbatching, gradient
-accumulation in sum form with one normalisation at `finish`, gradient clipping, the
-optimizer and its state, the optional frozen reference model, and weight export.
+per-token logprob path it uses (`rl_core.train.logprobs`: log_softmax(logits / T) of each
+token given its prefix, as the generation engine reports it; chunked per
+`trainer.logprob_chunk_tokens`), `trainer.compile`, microbatching, gradient accumulation in
+sum form with one normalisation at `finish`, gradient clipping, the optimizer and its state,
+the optional frozen reference model, weight export, and router replay for MoE policies
+(every forward replays the chunk's `routed_experts` through `router_replay.RouterReplay`;
+the backfilled share is `router_replay_backfill_frac`).
 
-Router replay (`trainer.router_replay.enabled`, MoE policies): every forward of policy and
-reference (training, old and reference logprobs) replays the chunk's `routed_experts`
-through `router_replay.RouterReplay` (R3, arXiv 2510.11370); the share of counted tokens
-whose routes were missing and backfilled is the metric `router_replay_backfill_frac`.
-
-Does not own: what to train on (the train pump), the loss formula (algorithms.losses),
-or distributed training (other backends sit behind the same protocol).
+Does not own: what to train on (the train pump), the loss formula (algorithms.losses), or
+distributed training (other backends sit behind the same protocol). Read more:
+docs/performance.md, docs/moe.md.
 """
 
 from __future__ import annotations

@@ -1,31 +1,16 @@
 """Wire format of the trainer command channel (`rl_core.train.spmd`): no pickle.
 
-Owns: turning a command `(name, args, kwargs)` into bytes for the process group's
-key-value store and back. The store (a `torch.distributed.TCPStore`) listens on a TCP
-port that any local process can reach, so what a worker reads from it must never be able
-to run code: values travel as JSON, tensors as safetensors, and only an explicit list of
-types is rebuilt.
-
-Layout: `MAGIC` (8 bytes), the JSON part's length (8 bytes, little endian), the JSON
-part (UTF-8), then a safetensors blob holding every tensor of the message (`t0`, `t1`,
-...; empty when there is none). In the JSON part, plain values (None, bool, int, float
-including inf/nan, str, lists) are themselves; every other value is an object with one
-tag key:
-
-- `{"$dict": {...}}` a dict with string keys; `{"$tuple": [...]}`; `{"$path": "..."}`;
-- `{"$tensor": "t3"}` a tensor of the safetensors blob (sent from CPU, contiguous);
-- `{"$section": "rl_core.config.<module>:<Class>", "data": {...}}` a recipe section (a
-  `rl_core.config.base.Section` subclass of a module under `rl_core.config`), rebuilt
-  with `model_validate` (so it is validated again on the worker);
-- `{"$obj": "<codec>", "data": ...}` one of the registered codecs (`CODECS`): the policy
-  loss (`PolicyGradientLoss`: its `LossConfig` and whether it takes several updates) and
-  `TrainChunk` (its tensors by field).
-
-Anything else is refused when sent (`WireError` naming the type: add a codec here) and
-when received (an unknown tag or a class outside the allowed set), so a crafted message
-fails with an error instead of running code.
+Owns: turning a command `(name, args, kwargs)` into bytes for the process group's key-value
+store and back (`dumps`, whose docstring gives the layout, and `loads`). The store (a
+`torch.distributed.TCPStore`) listens on a TCP port any local process can reach, so what a
+worker reads must never run code: values travel as JSON, tensors as safetensors, and only an
+explicit list of types is rebuilt (recipe sections under `rl_core.config`, revalidated, and
+the codecs of `CODECS`). Anything else is refused when sent (`WireError` naming the type: add
+a codec here) and when received (an unknown tag or a class outside the allowed set).
 
 Does not own: the command protocol (spmd.py) or what the commands do (the trainers).
+
+Read more: docs/distributed-training.md, "How the processes work together".
 """
 
 from __future__ import annotations
@@ -95,7 +80,15 @@ CODECS: dict[str, Codec] = {
 
 
 def dumps(obj: Any) -> bytes:
-    """The message's bytes (see the module doc); `WireError` for a value of another type."""
+    """The message's bytes; `WireError` for a value of another type.
+
+    Layout: `MAGIC` (8 bytes), the JSON part's length (8 bytes, little endian), the JSON part
+    (UTF-8), then a safetensors blob of every tensor of the message (`t0`, `t1`, ...; empty when
+    none). Plain JSON values are themselves; every other value is an object with one tag key:
+    `{"$dict": {...}}` (string keys), `{"$tuple": [...]}`, `{"$path": "..."}`, `{"$tensor": "t3"}`
+    (sent from CPU, contiguous), `{"$section": "rl_core.config.<module>:<Class>", "data": ...}` (a
+    recipe section, validated again with `model_validate` on the worker) and `{"$obj": "<codec>",
+    "data": ...}` (a registered codec of `CODECS`: the policy loss, `TrainChunk`)."""
     from safetensors.torch import save
 
     tensors: dict[str, torch.Tensor] = {}

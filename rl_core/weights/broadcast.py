@@ -1,30 +1,17 @@
 """Weight broadcast from trainer rank 0 to generation processes, in buckets.
 
-The group: trainer rank 0 (rank 0 of the group) and the G generation processes (ranks
-1..G) form a process group of their own, independent of the trainer's default group, so
-generation processes never join the trainer's world. `BroadcastGroup.create` meets at a
-TCP store that rank 0 hosts (`host:port`) and builds a gloo group on CPU or an NCCL group
-on GPU directly on that store; collectives are called on the group object.
+Owns: `BroadcastGroup` (trainer rank 0 and the G generation processes as a process group of
+their own, met at a TCP store rank 0 hosts: gloo on CPU, NCCL on GPU; generation never joins
+the trainer's world); one sync, `WeightBroadcaster.send` -> `WeightReceiver.recv`: a JSON
+header (version, names, dtypes, shapes; parsed strictly by `parse_header`, anything else a
+`BroadcastHeaderError`: nothing is unpickled or evaluated) then the tensors packed as raw bytes
+into buckets of at most `bucket_size_mb`, each one broadcast, sliced back and loaded with
+`engine.update_weights` (tied weights travel once); `SyncReport` (bytes and seconds per phase);
+and `BroadcastWeightSync`, the refit transport of `trainer.weight_sync.type: broadcast` with an
+`HttpBackend`'s local servers.
 
-One sync (`WeightBroadcaster.send` -> `WeightReceiver.recv`):
-1. a header: the weight version and each tensor's name, dtype and shape, as UTF-8 JSON in
-   a byte tensor (its length goes first, as one int64). The receiver parses it strictly
-   (`parse_header`): a bounded length, known dtypes only, non-negative integer shapes,
-   string names, aliases of earlier tensors; anything else is a `BroadcastHeaderError`.
-   Nothing received is unpickled or evaluated: a member of the group can at worst send
-   wrong numbers, never run code in a generation server;
-2. the tensors, in header order, packed as raw bytes into buckets of at most
-   `bucket_size_mb` (a tensor larger than a bucket travels alone), each bucket one
-   broadcast from rank 0. Receivers slice each bucket back into tensors of the header's
-   dtypes and shapes (on the group's device), then load them into their engine with
-   `engine.update_weights(version, state_dict)`.
-Tied weights travel once and come back under both names. Both sides report bytes and
-seconds (`SyncReport`); the sender splits its time into the header (which waits for the
-receivers), packing (host-to-device copies included) and the bucket broadcasts alone.
-`BroadcastWeightSync` is the refit transport of `trainer.weight_sync.type: broadcast`: it
-forms the group with an `HttpBackend`'s local servers and drives both sides at each refit.
-
-Does not own: starting generation processes or deciding when to sync (refit).
+Does not own: starting generation processes or deciding when to sync (refit). Read more:
+docs/distributed-training.md, "Weight sync (refit)".
 """
 
 from __future__ import annotations

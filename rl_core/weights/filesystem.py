@@ -1,22 +1,17 @@
 """Filesystem weight handoff: one safetensors directory per weight version, plus a ready marker.
 
-Layout under the root (shared by the trainer and every generation process):
+Owns: the layout under the root (`v000000012/*.safetensors` with HF names, sharded by size;
+`v000000012/READY`, JSON written last; `LATEST`, a hint), the writer (trainer rank 0: a
+version built in a hidden sibling, fsynced, renamed into place, then `READY` and `LATEST`
+written atomically, so a reader that sees `READY` sees complete files, also across nodes; all
+but the newest `keep_last_versions` versions and any temporary left by a killed writer
+deleted after a publish), and the readers (`read_version`, `wait_for_version`: ready versions
+only, file sizes checked). Tied weights are written as two tensors (safetensors refuses
+shared storage); readers get both names.
 
-    v000000012/model-00001-of-00002.safetensors ...   the tensors (HF names), sharded by size
-    v000000012/READY                                  JSON written last: version, files, bytes
-    LATEST                                            the newest ready version (a hint for readers)
-
-The writer (trainer rank 0) builds a version in a hidden temporary sibling, fsyncs it,
-renames it into place, then writes `READY` and `LATEST` atomically (`rl_core.fsutil`), so
-a reader that sees `READY` sees complete files, also across nodes. After a publish the
-writer deletes all but the newest `keep_last_versions` ready versions and any temporary
-directory a killed writer left. Readers (`read_version`, `wait_for_version`, or a
-backend's `update_weights(version, directory)`) only ever open ready versions and check
-the file sizes against the marker.
-
-Tied weights (two names for one tensor) are written as two tensors, because safetensors
-refuses shared storage; readers get both names, as from an in-process state dict.
 Does not own: what the weights are (the trainer's `export_weights`) or when to publish.
+
+Read more: docs/distributed-training.md, "Weight sync (refit)".
 """
 
 from __future__ import annotations

@@ -26,6 +26,21 @@ class FakeTokenizer:
         pass
 
 
+class FakeChatTokenizer:
+    """Just what `BaseEnv.__init__` reads of a chat tokenizer: an eos token, a chat template and
+    `<|im_end|>` (so an environment that uses the chat template builds; end tokens (2, 0))."""
+
+    eos_token_id = 0
+    unk_token_id = 1
+    chat_template = "{{ messages }}"
+
+    def convert_tokens_to_ids(self, t):
+        return 2
+
+    def convert_ids_to_tokens(self, i):
+        return {0: "<eos>", 2: "<|im_end|>"}[i]
+
+
 class FakeEnv:
     """Single-turn; the reward is a fixed function of the example id and the completion length."""
 

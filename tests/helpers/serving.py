@@ -79,7 +79,7 @@ def running_server(model_dir: Path, workdir: Path, *args: str, token: str | None
             time.sleep(0.05)
         info = json.loads(ready.read_text())
         assert info["pid"] == proc.pid
-        yield f"http://127.0.0.1:{info['port']}", proc
+        yield info["url"], proc  # http://127.0.0.1:<port>, or http://[::1]:<port> for --host ::1
     finally:
         stop_process(proc)
         log.close()

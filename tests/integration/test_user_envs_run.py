@@ -110,7 +110,7 @@ def test_custom_env_from_a_user_module_trains(tmp_path, cold_policy, monkeypatch
 def test_reward_functions_from_a_user_module_train(tmp_path, cold_policy, monkeypatch, user_module):
     monkeypatch.chdir(ROOT)
     env = ("env={type: reward_functions, functions: [{target: 'user_tasks_mod:exact', name: correct}, "
-           "{target: 'user_tasks_mod:short', weight: 0.5}]}")
+           "{target: 'user_tasks_mod:short', weight: 0.5}], success: {component: correct}}")
     summary, steps = _train(ROOT / "recipes" / "tiny-addition-short.yaml", tmp_path, cold_policy, "rf", env)
     assert summary["rl_steps"] == STEPS and len(steps) == STEPS
     prompt, completion, answer, a, b = user_module.fn_calls[-1]

@@ -12,6 +12,7 @@ import pytest
 from rl_core.config import load_recipe
 from rl_core.envs.agent import AgentEnv, AgentError
 from rl_core.errors import RecipeError
+from tests.helpers.fakes import FakeChatTokenizer
 
 ROOT_RECIPE = "recipes/tiny-addition.yaml"
 AGENTS = '''
@@ -70,21 +71,9 @@ def test_http_service_must_be_on_this_machine():
     assert _load("env.type=http", "env.url=http://127.0.0.1:8765").env.command is None
 
 
-class _Tok:
-    eos_token_id = 0
-    unk_token_id = 1
-    chat_template = "{{ messages }}"
-
-    def convert_tokens_to_ids(self, t):
-        return 2
-
-    def convert_ids_to_tokens(self, i):
-        return {0: "<eos>", 2: "<|im_end|>"}[i]
-
-
 def test_what_an_agent_may_return(agents_module):
     cfg = _load("env.type=agent", "env.target=my_agents:good", "env.reward_names=[a,b]")
-    env = AgentEnv(cfg.env, _Tok())
+    env = AgentEnv(cfg.env, FakeChatTokenizer())
     assert env.end_token_ids == (2, 0)
     r = env.to_result({"a": 0.5, "b": 0.25})
     assert r.reward == 0.75 and r.rewards == {"a": 0.5, "b": 0.25}

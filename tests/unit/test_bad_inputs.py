@@ -325,7 +325,19 @@ CASES = {
     "env_rf_not_importable": (_env("{type: reward_functions, functions: [{target: 'no_such_rf_mod:f'}]}"),
                               ["env.functions[0].target", "no_such_rf_mod"]),
     "env_rf_missing": (_env("{type: reward_functions, functions: [{target: 'my_env_plugins:reward'}, "
-                            "{target: 'my_env_plugins:nope'}]}"), ["env.functions[1].target", "nope"]),
+                            "{target: 'my_env_plugins:nope'}], success: {component: reward}}"),
+                       ["env.functions[1].target", "nope"]),
+    "env_rf_no_success": (_env("{type: reward_functions, functions: [{target: 'my_env_plugins:reward', name: right}, "
+                               "{target: 'my_env_plugins:reward', name: bonus, weight: 0.1}]}"),
+                          ["env.success", "(missing)", "right, bonus", "success: {component: right}", "threshold"]),
+    "env_rf_success_unknown": (_env("{type: reward_functions, functions: [{target: 'my_env_plugins:reward'}], "
+                                    "success: {component: corect}}"),
+                               ["env.success.component", "'corect'", "env.functions: reward"]),
+    "env_rf_success_empty": (_env("{type: reward_functions, functions: [{target: 'my_env_plugins:reward'}], "
+                                  "success: {}}"), ["env.success", "a `component`, a `threshold` or both"]),
+    "env_agent_success_unknown": (_env("{type: agent, target: 'my_env_plugins:reward', reward_names: [a, b], "
+                                       "success: {component: c}}"),
+                                  ["env.success.component", "env.reward_names: a, b"]),
     "env_rf_not_callable": (_env("{type: reward_functions, functions: [{target: 'my_env_plugins:not_callable'}]}"),
                             ["env.functions[0].target", "a function"]),
     "env_rf_signature": (_env("{type: reward_functions, functions: [{target: 'my_env_plugins:two_args'}]}"),

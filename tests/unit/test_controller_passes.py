@@ -1,4 +1,4 @@
-"""The tenth round of issue 18 item 3 (docs/controller.md, "Tenth round"): the step metrics'
+"""The tenth round of issue 18 item 3 (docs/controller.md, "What we learned"): the step metrics'
 per-group loop turned into passes over all groups, `GroupScores.check` comparing lengths
 without dicts, one notify per committed group, rewards to float64 through NumPy; each gives
 what the code before gave. Step metrics' accuracy, zero-variance, segment and worker counts

@@ -16,7 +16,7 @@ from submitit.slurm.slurm import _make_sbatch_string
 from rl_core.config import load_recipe
 from rl_core.launch.job import (JobError, TrainEpochJob, controller_lock, make_executor, read_lock,
                                 slurm_parameters, stop_on_sigterm_locally, wait_for_jobs)
-from rl_core.launch.workflow import branch_epoch
+from rl_core.launch.branch import branch_epoch
 from tests.helpers.jobs import sigterm_self_after_install
 
 
@@ -101,7 +101,7 @@ def test_a_killed_local_job_is_reported_at_once(tmp_path, cluster):
 
 def test_a_local_controller_job_stops_on_a_plain_kill(tmp_path, cluster):
     """submitit only logs "Bypassing signal SIGTERM"; the controller job's own handler stops it
-    (README Recovery: `kill <pid>` of a local controller job). Not under Slurm."""
+    (docs/workflow.md, Recovery: `kill <pid>` of a local controller job). Not under Slurm."""
     ex = make_executor("local", tmp_path, cluster.evaluation, cluster, "t")
     job = ex.submit(sigterm_self_after_install)
     with pytest.raises(JobError, match="ended without a result"):

@@ -1,6 +1,8 @@
-"""KV-cache sizing of `rl-core serve`: bytes per slot, slots from the memory available, and
-clear errors naming the flags when the cache cannot fit. Plus SmolLM2 served with default
-flags: it starts within this machine's memory and says how its cache was sized."""
+"""KV-cache sizing of `rl-core serve`: bytes per slot, the default (a fixed batch of
+full-context sequences: what the model needs, not a share of the machine), slots from a
+memory share when asked, and clear errors naming the flags when the cache cannot fit. Plus
+SmolLM2 served with default flags: its peak resident memory stays within 2 GB and it says
+how its cache was sized."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from rl_core.generation.native.kv_sizing import GIB, KVSizingError, kv_bytes_per_slot, plan_kv_slots
+from rl_core.generation.native.kv_sizing import DEFAULT_SLOTS, GIB, KVSizingError, kv_bytes_per_slot, plan_kv_slots
 from rl_core.generation.native.model import ModelSpec
 from rl_core.launch.cli import main
 
@@ -41,6 +43,16 @@ def test_slots_from_memory_are_capped_and_fit_the_fraction():
     assert "34 slots x 4096 tokens" in plan.describe(4096)
 
 
+def test_the_default_is_a_batch_of_full_context_sequences_whatever_the_memory():
+    per_slot = kv_bytes_per_slot(SMOL, 4096, "float32")
+    for available in (3 * GIB, 20 * GIB, 200 * GIB):  # the machine's size does not matter
+        plan = plan_kv_slots(SMOL, 4096, "float32", "auto", available, requested=None, fraction=None)
+        assert plan.slots == DEFAULT_SLOTS == 4 and plan.total == 4 * per_slot
+    assert "4 slots x 4096 tokens = 0.70 GiB" in plan.describe(4096) and "sized for the model" in plan.describe(4096)
+    with pytest.raises(KVSizingError, match="the default --max-batch-size 4 .*at most the 0.5 GiB available"):
+        plan_kv_slots(SMOL, 4096, "float32", "auto", GIB // 2, None, None)
+
+
 def test_a_cache_that_cannot_fit_names_the_flags():
     with pytest.raises(KVSizingError, match="--max-seq-len.*--kv-cache-memory-fraction"):
         plan_kv_slots(SMOL, 8192, "float32", "auto", available=1 * GIB, requested=None, fraction=0.3)
@@ -70,19 +82,33 @@ def test_default_flags_size_the_cache_and_serve(tmp_path):
         with urllib.request.urlopen(req, timeout=60) as r:
             assert json.loads(r.read())["usage"]["completion_tokens"] >= 1
     log = next((tmp_path / "srv").glob("*.log")).read_text()
-    assert "[serve] KV cache: 256 slots x 512 tokens" in log  # a tiny model: the cap, at its 512-token context
+    assert f"[serve] KV cache: {DEFAULT_SLOTS} slots x 512 tokens" in log  # the default batch, at the 512-token context
 
 
-def test_smollm2_with_default_flags_starts_within_memory(tmp_path):
+def _peak_rss_bytes(pid: int) -> int:
+    """VmHWM of /proc/<pid>/status: the process's peak resident set (Linux)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM line")
+
+
+def test_smollm2_with_default_flags_stays_within_2_gb(tmp_path):
     from rl_core.model import gguf
 
     try:
         model = gguf.smollm2_hf_dir()
     except gguf.ModelFileError as exc:
         pytest.skip(str(exc))
-    with running_server(model, tmp_path / "srv", timeout_s=300) as (url, _):
+    with running_server(model, tmp_path / "srv", timeout_s=300) as (url, proc):
         with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as r:
-            assert json.loads(r.read())["data"]
+            name = json.loads(r.read())["data"][0]["id"]
+        body = json.dumps({"model": name, "prompt": "The capital of France is", "max_tokens": 16, "n": 4}).encode()
+        req = urllib.request.Request(f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            assert len(json.loads(r.read())["choices"]) == 4
+        peak = _peak_rss_bytes(proc.pid)  # loading, the cache and a request of 4 choices
     log = next((tmp_path / "srv").glob("*.log")).read_text()
     line = next(ln for ln in log.splitlines() if ln.startswith("[serve] KV cache:"))
-    assert "sized from memory" in line and "x 4096 tokens" in line, line
+    assert "4 slots x 4096 tokens" in line and "sized for the model" in line, line
+    assert peak <= 2 * 10**9, f"peak resident memory {peak / 1e9:.2f} GB > 2 GB; {line}"

@@ -71,3 +71,26 @@ def test_validations_reach_tensorboard_at_their_rl_steps_in_step_order(tmp_path)
     assert [e.step for e in acc.Scalars("val/pass@2")] == [0, 6, 12]
     assert {"val/pass_at_k/1", "val/reward_mean", "val/truncation_rate"} <= set(acc.Tags()["scalars"])
     assert "val/num_prompts" not in acc.Tags()["scalars"]
+
+
+def test_the_progress_line_counts_rl_steps_as_the_metrics(tmp_path, capsys):
+    """One numbering everywhere: the first epoch of a 6-step run (stop at 3) prints `step 3/6`,
+    not `3/3`; a process continuing at step 3 prints `step 4/6` on (its ETA is to its own stop)."""
+    import io
+
+    from rl_core.metrics.progress import Progress
+
+    cfg = controller_recipe(logging={"jsonl": True, "progress": "auto"})
+    asyncio.run(Controller(cfg, make_parts(cfg, num_examples=8), tmp_path, total_steps=6, stop_step=3).run())
+    err = capsys.readouterr().err
+    assert [m["step"] for m in read_jsonl(tmp_path / "metrics.jsonl", "train")] == [1, 2, 3]
+    lines = [line for line in err.splitlines() if line.startswith("[train] step")]
+    assert lines[0].startswith("[train] step 1/6 ") and lines[-1].startswith("[train] step 3/6 "), lines
+    assert lines[-1].endswith("(to step 3)")
+    out = io.StringIO()
+    later = Progress(6, "log", out, start=3, stop=6)
+    for step in (4, 5, 6):
+        later.update(step, reward=0.5)
+    assert [line.split(" |")[0] for line in out.getvalue().splitlines()] == [
+        "[train] step 4/6", "[train] step 5/6", "[train] step 6/6"]
+    assert "(to step" not in out.getvalue()  # the run's end

@@ -1,5 +1,5 @@
 """A batch's prompt ids from the Rust backend's `encode_batch_fast` (`envs.base.backend_prompt_ids`,
-used by `BaseEnv.prompt_ids_many`; issue 18 item 3, docs/controller.md "Fourteenth round"):
+used by `BaseEnv.prompt_ids_many`; issue 18 item 3, docs/controller.md "What we learned"):
 the ids must equal transformers' batch call and each text's `encode`, and every backend setting
 transformers' call would change first (truncation, padding, special-token splitting) or a
 prompt it would warn about must leave the batch to transformers' call."""

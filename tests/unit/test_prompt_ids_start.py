@@ -1,6 +1,6 @@
 """A drawn batch's prompt ids begun when it is drawn and waited for when its first group starts
 (`BaseEnv.start_prompt_ids_many`, the rollout pump's `BatchPrompts`; issue 18 item 3,
-docs/controller.md "Fourteenth round"): the ids must be `prompt_ids_many`'s (and each
+docs/controller.md "What we learned"): the ids must be `prompt_ids_many`'s (and each
 `prompt_ids`), the Rust encode must run on the encode thread, the cache must stay exact with
 batches in flight together, and every failure must leave the groups to encode their own."""
 

@@ -28,7 +28,7 @@ PROTOCOLS = (Environment, GenerationBackend, TrainerBackend, WeightSync, Sampler
 FAKES = {"FakeEnv": Environment, "FakeBackend": GenerationBackend, "FakeTrainer": TrainerBackend,
          "FakeWeightSync": WeightSync}
 _MISSING = object()
-NOT_A_SEAM = {"FakeTokenizer"}  # stands in for a HF tokenizer, which rl_core does not wrap in a protocol
+NOT_A_SEAM = {"FakeTokenizer", "FakeChatTokenizer"}  # stand in for HF tokenizers, which rl_core wraps in no protocol
 
 
 def protocol_members(proto: type) -> tuple[dict[str, object], set[str]]:

@@ -78,3 +78,24 @@ def test_report_of_a_partial_run_still_renders(tmp_path):
     assert "no evaluation.json" not in text  # the message is drawn into the PNG, not the HTML
     data = collect_run(run)
     assert math.isnan(data.per_epoch()[0]["val_accuracy"]) and data.per_epoch()[1]["num_steps"] == 0
+
+
+def test_report_shows_the_recipe_its_files_and_overrides(tmp_path):
+    import html
+
+    from rl_core.report import RecipeShown
+
+    run = _run_dir(tmp_path, epochs=1)
+    base = "run_name: demo\ntrainer: {lr: 1.0e-4}\n"
+    child = "extends: base.yaml\ngrpo: {max_num_steps: 5}  # <short>\n"
+    shown = RecipeShown(path="recipes/child.yaml", overrides=["trainer.lr=3e-4", "logging.tensorboard=false"],
+                        files={"recipes/child.yaml": child, "recipes/base.yaml": base},
+                        resolved=json.dumps({"trainer": {"lr": 3e-4}}, indent=2))
+    build_report(run, run / "report.html", recipe=shown)
+    text = (run / "report.html").read_text()
+    assert "<h2>Recipe</h2>" in text and "<code>recipes/child.yaml</code>" in text
+    assert "<li><code>trainer.lr=3e-4</code></li><li><code>logging.tensorboard=false</code></li>" in text
+    assert html.escape(child) in text and html.escape(base) in text  # escaped: `<short>` is text, not a tag
+    assert "<short>" not in text and '&quot;lr&quot;: 0.0003' in text
+    build_report(run, run / "plain.html")  # without a recipe (a run folder alone): no such section
+    assert "<h2>Recipe</h2>" not in (run / "plain.html").read_text()

@@ -16,6 +16,7 @@ from rl_core.errors import DataError, RecipeError
 from rl_core.model.tokenizer import build_tokenizer
 from rl_core.protocols import Environment
 from rl_core.resilience import FailureKind, classify
+from tests.helpers.user_code import user_module
 
 ROWS = [{"question": f"{a}+{b}=", "solution": str(a + b), "level": a % 3} for a, b in [(1, 2), (3, 4), (5, 6)]]
 CHATS = [{"chat": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"{a}+1=?"}],
@@ -143,10 +144,8 @@ value = 3
 
 @pytest.fixture
 def rewards_module(tmp_path, monkeypatch):
-    (tmp_path / "my_rewards_mod.py").write_text(REWARDS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield "my_rewards_mod"
-    sys.modules.pop("my_rewards_mod", None)
+    with user_module(tmp_path, monkeypatch, "my_rewards_mod", REWARDS) as name:
+        yield name
 
 
 def _rf_config(*targets, **kw):
@@ -159,7 +158,8 @@ def _score(env, tok, example, text):
 
 
 def test_reward_functions_weighted_sum_and_components(rewards_module, tok):
-    env = make_env(_rf_config((f"{rewards_module}:exact", 1.0), (f"{rewards_module}:length", 0.5)), tok)
+    env = make_env(_rf_config((f"{rewards_module}:exact", 1.0), (f"{rewards_module}:length", 0.5),
+                              success={"component": "exact"}), tok)
     assert isinstance(env, Environment) and env.reward_names == ("exact", "length")
     ex = {"prompt": "07+45=", "answer": "250", "level": 2}
     res = _score(env, tok, ex, "250")
@@ -200,7 +200,8 @@ def test_bad_reward_function_targets(rewards_module, fn, match):
     from rl_core.config.env_plugins import load_reward_functions
 
     with pytest.raises(RecipeError, match=r"env.functions\[1\].target.*" + match):
-        load_reward_functions(_rf_config((f"{rewards_module}:exact", 1.0), (f"{rewards_module}:{fn}", 1.0)).functions)
+        load_reward_functions(_rf_config((f"{rewards_module}:exact", 1.0), (f"{rewards_module}:{fn}", 1.0),
+                                         success={"component": "exact"}).functions)
 
 
 # --------------------------------------------------------------------------- custom environments

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from rl_core.errors import RecipeError
-from rl_core.launch.workflow import WorkflowPlan, branch_epoch, load_workflow, recipe_chain
+from rl_core.launch.branch import branch_epoch
+from rl_core.launch.workflow import WorkflowPlan, load_workflow, recipe_chain
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -118,6 +119,34 @@ def test_branch_from_is_checked_at_parse_time(tmp_path, monkeypatch):
         _load(run="b2", branch_from="results/base")
 
 
+def test_a_branch_reuses_the_source_results_that_still_hold(tmp_path, monkeypatch):
+    """The archive of a linked epoch is always the source's; a validation only when the source made it
+    with the branch's validation knobs (the same digest file) and it is up to date there."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("recipes", "data"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    _load(run="base").write_stage_digests()  # the source run's digests, then its results
+    base = tmp_path / "results" / "base"
+    (base / "epoch_1" / "checkpoint").mkdir(parents=True)
+    (base / "epoch_1" / "checkpoint" / "manifest.json").write_text("{}")
+    (base / "init_policy").mkdir()
+    (base / "init_policy" / "model.safetensors").write_bytes(b"x")
+    for rel in ("epoch_1/rollouts.h5", "epoch_1/validation.json", "init_validation.json"):
+        (base / rel).write_text("{}")
+    branch = _load(run="b", branch_from="results/base/epoch_1", overrides=["trainer.lr=3e-4"])
+    branch.write_stage_digests()
+    assert (branch.reused_archives(), branch.reused_validations(), branch.reuses_init_validation()) == ([1], [1], True)
+    assert branch.epochs_but(branch.reused_validations()) == [2]
+    other = _load(run="c", branch_from="results/base/epoch_1", overrides=["validation.max_val_samples=8"])
+    other.write_stage_digests()  # other validation knobs: validate again, but the archive is the same
+    assert (other.reused_archives(), other.reused_validations(), other.reuses_init_validation()) == ([1], [], False)
+    stale = base / "epoch_1" / "validation.json"
+    os.utime(stale, ns=(1, 1))  # older than the source's digest: the source itself would rerun it
+    assert branch.reused_validations() == [] and branch.reuses_init_validation()
+    (base / "epoch_1" / "rollouts.h5").unlink()  # not archived there (yet): archived here from the spool
+    assert branch.reused_archives() == [] and branch.epochs_but(branch.reused_archives()) == [1, 2]
+
+
 def test_branch_epoch_links_a_verified_checkpoint(tmp_path):
     from rl_core.checkpoint import write_checkpoint
     from rl_core.errors import CheckpointError
@@ -130,10 +159,24 @@ def test_branch_epoch_links_a_verified_checkpoint(tmp_path):
     (src / "rollouts.spool" / "step_000000.json").write_text("{}")
     (src / "validation.json").write_text("{}")
     (src / "steps").mkdir()
+    (src / "checkpoint" / ".snakemake_timestamp").write_text("")  # Snakemake's marker of the directory output
     dst = tmp_path / "results" / "b" / "epoch_1"
     branch_epoch(str(src), str(dst))
     assert sorted(p.name for p in dst.iterdir()) == ["checkpoint", "metrics.jsonl", "rollouts.spool", "summary.json"]
+    # write-once payloads are linked; what Snakemake touches or rl_core appends to is the branch's own
     assert (dst / "checkpoint" / "model.bin").stat().st_ino == (src / "checkpoint" / "model.bin").stat().st_ino
+    spool = "rollouts.spool/step_000000.json"
+    assert (dst / spool).stat().st_ino == (src / spool).stat().st_ino
+    for rel in ("summary.json", "metrics.jsonl", "checkpoint/.rl_core-output"):
+        assert (dst / rel).read_bytes() == (src / rel).read_bytes()
+        assert (dst / rel).stat().st_ino != (src / rel).stat().st_ino, rel
+    assert not (dst / "checkpoint" / ".snakemake_timestamp").exists()  # Snakemake writes the branch's own
+    old = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in src.rglob("*") if p.is_file()}
+    os.utime(dst / "summary.json", ns=(1, 1))  # what Snakemake does to the rule's outputs after the job
+    (dst / "checkpoint" / ".snakemake_timestamp").write_text("")
+    with open(dst / "metrics.jsonl", "a") as fh:  # what the metrics logger does
+        fh.write('{"kind": "train", "step": 2}\n')
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in old} == old
     with open(src / "checkpoint" / "model.bin", "r+b") as fh:
         fh.truncate(10)
     with pytest.raises(CheckpointError, match=r"model.bin has 10 bytes; the manifest says 100"):

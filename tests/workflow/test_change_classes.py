@@ -1,7 +1,7 @@
 """Change detection in one invocation: each documented change class, as a single `snakemake` run
 on a copy of the finished reference run, reruns exactly the stages it can change; a dry run
 afterwards has nothing to do, and the accuracy line printed at the end is the new one.
-Also: `snakemake --report` of the finished run holds its plots, and the README's branch
+Also: `snakemake --report` of the finished run holds its plots, and docs/workflow.md's branch
 command does not rebuild the initial policy."""
 
 from __future__ import annotations
@@ -142,14 +142,16 @@ def test_snakemake_report_holds_the_plots(reference_run, tmp_path):
 
 
 def test_branch_command_of_the_readme_links_the_initial_policy(reference_run, tmp_path):
-    """README, rerun (a) with the default target: the initial policy and epoch 1 are the source's
-    (hard links), epoch 2 trains with the new knob, then nothing is left to do."""
+    """docs/workflow.md, rerun (a) with the default target: the initial policy and epoch 1 are the source's
+    (payload hard-linked), epoch 2 trains with the new knob, then nothing is left to do."""
     wd = copy_run(reference_run, tmp_path / "wd")
     args = ["--cores", "2", *short_config("lr-branch", ["trainer.lr=3e-4"], f"branch_from=results/{RUN}/epoch_1")]
     out = snakemake(wd, *args, check=True)
     ran = job_stats(out.stdout + out.stderr)
     assert ran.get("branch_init_policy") == 1 and "init_policy" not in ran, ran
-    assert (ran["branch_epoch"], ran["train_epoch"], ran["validate_init"]) == (1, 1, 1), ran
+    # the initial policy is the source's, and so is its before-RL validation (same validation knobs)
+    assert (ran["branch_epoch"], ran["train_epoch"], ran["branch_init_validation"]) == (1, 1, 1), ran
+    assert "validate_init" not in ran, ran
     src, b = wd / "results" / RUN, wd / "results" / "lr-branch"
     for rel in ("init_policy/model.safetensors", "epoch_1/checkpoint/model/model.safetensors"):
         assert (b / rel).stat().st_ino == (src / rel).stat().st_ino, rel
@@ -180,7 +182,7 @@ def test_a_data_file_edited_in_place_reruns_the_stages_that_read_it(reference_ru
 
 
 def test_revalidate_command_of_the_readme_redraws_the_report(reference_run, tmp_path):
-    """README, rerun (b): forcing one checkpoint's validation re-validates it, re-evaluates (the
+    """docs/workflow.md, rerun (b): forcing one checkpoint's validation re-validates it, re-evaluates (the
     best checkpoint is picked by validation accuracy) and redraws the report, in one invocation;
     then nothing is left to do (a plain `--force` of the file would leave the evaluation and the
     report for a second invocation)."""

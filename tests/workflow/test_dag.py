@@ -72,7 +72,7 @@ SUBMITTING_RULES = ("train_epoch", "evaluate")
 def test_computing_rules_declare_benchmarks_and_resources(tmp_path):
     """Every rule that computes has a `benchmark:` file and declares `mem_mb` and `runtime` where
     Snakemake (and the Slurm executor) can see them: the dry run's job blocks show both.
-    `train_epoch` and `evaluate` only submit and wait (README, Workflow): their resource is the
+    `train_epoch` and `evaluate` only submit and wait (docs/workflow.md): their resource is the
     launcher; the controller job's and the evaluation array's come from the recipe's `cluster:`."""
     out = snakemake(make_workdir(tmp_path), "-n", "--cores", "2", *short_config())
     assert out.returncode == 0, out.stderr

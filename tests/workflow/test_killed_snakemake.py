@@ -1,8 +1,8 @@
-"""README "Recovery", item "A killed snakemake", done the way a user would, on a copy of the reference run.
+"""docs/workflow.md "Recovery", item "A killed snakemake", done the way a user would, on a copy of the reference run.
 
-Retraining epoch 2 (`--forcerun results/short/epoch_2/checkpoint`, README "Rerun from a
+Retraining epoch 2 (`--forcerun results/short/epoch_2/checkpoint`, docs/workflow.md "Rerun from a
 checkpoint" (c)) is started; once its controller job holds the epoch's lock, the snakemake
-process alone gets SIGKILL (`kill -9 <pid>`), not its process group. Then, in the README's
+process alone gets SIGKILL (`kill -9 <pid>`), not its process group. Then, in docs/workflow.md's
 order:
 - the controller job keeps running (the pid named by `epoch_2/.controller.lock` is alive);
 - step 1: the same command again refuses with snakemake's lock error; `--unlock` (same
@@ -107,7 +107,7 @@ def test_killed_snakemake_recovers_as_the_readme_says(reference_run, tmp_path):
         proc.wait(timeout=30)
         assert _alive(controller), "the controller job died with snakemake"
 
-        # README step 1: the same command refuses while snakemake's lock is left; --unlock runs nothing
+        # docs/workflow.md step 1: the same command refuses while snakemake's lock is left; --unlock runs nothing
         again = snakemake(wd, *command)
         assert again.returncode != 0, _text(again)[-3000:]
         assert "LockException" in _text(again) and "Directory cannot be locked" in _text(again), \
@@ -120,7 +120,7 @@ def test_killed_snakemake_recovers_as_the_readme_says(reference_run, tmp_path):
         assert _files(wd) == before
         assert _alive(controller), "--unlock touched the running controller job"
 
-        # README step 2: stop the controller by the pid its lock names; what it leaves exits on its own
+        # docs/workflow.md step 2: stop the controller by the pid its lock names; what it leaves exits on its own
         assert _lock_pid(e2) == controller
         os.kill(controller, signal.SIGKILL)
         _wait(lambda: not _alive(controller), 30, f"controller pid {controller} to exit")
@@ -129,7 +129,7 @@ def test_killed_snakemake_recovers_as_the_readme_says(reference_run, tmp_path):
         steps = sorted(p.name for p in (e2 / "steps").glob("step_*") if (p / "manifest.json").is_file()) \
             if (e2 / "steps").is_dir() else []
 
-        # README step 3: the same command with --rerun-incomplete completes; then nothing is left to do
+        # docs/workflow.md step 3: the same command with --rerun-incomplete completes; then nothing is left to do
         rerun = snakemake(wd, *command, "--rerun-incomplete")
         assert rerun.returncode == 0, _text(rerun)[-4000:]
         log2 = (r / "logs" / "train_epoch_2.log").read_text().rsplit("=== train_epoch ", 2)

@@ -3,9 +3,10 @@
 Builds the wheel of this checkout (`pip wheel`, no dependencies), creates a new venv with
 the base interpreter, installs the wheel with the pinned constraints.txt, and then, from a
 directory outside the clone (so nothing is imported from the source tree): `pip check`,
-`rl-core validate`, a one-step `rl-core train` (initial policy included), and `rl-core
-serve` of the trained policy answering an OpenAI-style completion. The server is started
-by this test and stopped by its PID."""
+`rl-core validate`, a one-step `rl-core train` (initial policy included), `rl-core
+serve` of the trained policy answering an OpenAI-style completion, and `rl-core new` with a
+run of the workflow it wrote (the venv's snakemake, the short recipe cut to a few steps).
+The server is started by this test and stopped by its PID."""
 
 from __future__ import annotations
 
@@ -24,8 +25,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# the venv's programs import the installed wheel only: no PYTHONPATH pointing into a checkout
+_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 def _run(cmd: list[str], cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
-    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_ENV)
     assert out.returncode == 0, f"{' '.join(map(str, cmd))} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
     return out
 
@@ -64,7 +69,8 @@ def test_wheel_in_a_fresh_venv_validates_trains_and_serves(tmp_path):
 
     ready = tmp_path / "ready.json"
     server = subprocess.Popen([rl_core, "serve", str(policy), "--port", "0", "--ready-file", str(ready)], cwd=user,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                              env=_ENV)
     try:
         deadline = time.monotonic() + 300
         while not ready.exists() and server.poll() is None and time.monotonic() < deadline:
@@ -88,3 +94,25 @@ def test_wheel_in_a_fresh_venv_validates_trains_and_serves(tmp_path):
             except subprocess.TimeoutExpired:
                 os.killpg(server.pid, signal.SIGKILL)
                 server.wait()
+
+    # `rl-core new`: a workflow project from the installed package alone (no clone), then its workflow
+    _run([rl_core, "new", "proj"], cwd=user)
+    proj = user / "proj"
+    for name in ("Snakefile", "workflow/rules/train.smk", "profiles/slurm/config.yaml", "config/config.yaml",
+                 "recipes/tiny-addition-short.yaml", "data/addition/train.jsonl"):
+        assert (proj / name).is_file(), name
+    assert (proj / "Snakefile").read_bytes() == (ROOT / "Snakefile").read_bytes()  # the repository's, packaged
+    short = ["model.warmup.enabled=false", "grpo.max_num_steps=2", "grpo.max_num_epochs=1", "data.max_train_examples=16",
+             "validation.max_val_samples=8", "evaluation.max_samples=8", "evaluation.num_generations_per_prompt=2"]
+    wf = _run([str(venv / "bin" / "snakemake"), "--cores", "2", "--config", "recipe=recipes/tiny-addition-short.yaml",
+               "run=short", "overrides=" + json.dumps(short)], cwd=proj, timeout=1800)
+    out = wf.stdout + wf.stderr
+    assert "held-out accuracy:" in out and "report: results/short/report.html" in out, out[-3000:]
+    r = proj / "results" / "short"
+    assert json.loads((r / "epoch_1" / "summary.json").read_text())["end_step"] == 2
+    assert (r / "epoch_1" / "rollouts.h5").is_file() and (r / "evaluation.json").is_file()
+    page = (r / "report.html").read_text()
+    assert "recipes/tiny-addition-short.yaml" in page and "grpo.max_num_steps=2" in page  # the recipe, its overrides
+    again = _run([str(venv / "bin" / "snakemake"), "-n", "--cores", "2", "--config",
+                  "recipe=recipes/tiny-addition-short.yaml", "run=short", "overrides=" + json.dumps(short)], cwd=proj)
+    assert "Nothing to be done" in again.stdout + again.stderr

@@ -88,21 +88,3 @@ if not WF.branch_from:
             f"{WF.run_dir}/benchmarks/init_policy.tsv"
         script:
             "../scripts/init_policy.py"
-
-else:
-
-    # A branch starts from the source run's initial policy (hard-linked, never rebuilt).
-    rule branch_init_policy:
-        localrule: True
-        input:
-            weights=WF.source_init_policy("model.safetensors"),
-        output:
-            directory(WF.init_policy),
-        params:
-            src=WF.source_init_policy(),
-        conda:
-            "../envs/rl_core.yaml"
-        log:
-            f"{WF.run_dir}/logs/branch_init_policy.log",
-        script:
-            "../scripts/branch_init_policy.py"

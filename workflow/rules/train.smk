@@ -29,28 +29,6 @@ rule train_epoch:
         "../scripts/train_epoch.py"
 
 
-if WF.branch_from:
-
-    rule branch_epoch:
-        localrule: True
-        input:
-            manifest=lambda wc: f"{WF.source_epoch_dir(wc.epoch)}/checkpoint/manifest.json",
-        output:
-            checkpoint=directory(f"{WF.run_dir}/epoch_{{epoch}}/checkpoint"),
-            summary=f"{WF.run_dir}/epoch_{{epoch}}/summary.json",
-        params:
-            src=lambda wc: WF.source_epoch_dir(wc.epoch),
-            dst=lambda wc: WF.epoch_dir(wc.epoch),
-        wildcard_constraints:
-            epoch=WF.epoch_regex(WF.branched_epochs()),
-        conda:
-            "../envs/rl_core.yaml"
-        log:
-            f"{WF.run_dir}/logs/branch_epoch_{{epoch}}.log",
-        script:
-            "../scripts/branch_epoch.py"
-
-
 rule archive_rollouts:
     input:
         summary=f"{WF.run_dir}/epoch_{{epoch}}/summary.json",
@@ -59,6 +37,8 @@ rule archive_rollouts:
     params:
         spool=lambda wc: f"{WF.epoch_dir(wc.epoch)}/rollouts.spool",
         run=WF.run,
+    wildcard_constraints:
+        epoch=WF.epoch_regex(WF.epochs_but(WF.reused_archives())),
     resources:
         mem_mb=2000,
         runtime=15,

@@ -31,6 +31,8 @@ rule validate_epoch:
     output:
         report(f"{WF.run_dir}/epoch_{{epoch}}/validation.json", caption="../report/validation.rst",
                category="Validation", subcategory="epoch {epoch}"),
+    wildcard_constraints:
+        epoch=WF.epoch_regex(WF.epochs_but(WF.reused_validations())),
     resources:
         mem_mb=4000,
         runtime=30,

@@ -1,21 +1,32 @@
-"""Rule report: results/<run>/report.html with the PNG plots; with logging.tensorboard also the
-before-RL and end-of-epoch validations as TensorBoard scalars (results/<run>/tensorboard/validation)."""
+"""Rule report: results/<run>/report.html with the PNG plots and the recipe (its files, the
+overrides, the resolved recipe); with logging.trackers also the before-RL and end-of-epoch
+validations as tracker scalars (TensorBoard: results/<run>/tensorboard/validation;
+W&B and MLflow: the run <run_name>/validation)."""
 import json
 from pathlib import Path
 
 from rl_core.config import load_resolved
-from rl_core.launch.stages import log_validations_tensorboard
-from rl_core.launch.workflow import run_in_rule, stage_config
-from rl_core.report import build_report
+from rl_core.launch.stages import log_validations
+from rl_core.launch.workflow import recipe_chain, run_in_rule, stage_config
+from rl_core.report import RecipeShown, build_report
 
 smk = snakemake  # noqa: F821 - injected by Snakemake
 
 
 def report() -> None:
-    print(build_report(smk.params.run_dir, smk.output.html, Path(smk.output.plots[0]).parent))
-    if load_resolved(stage_config(smk)).logging.tensorboard:
+    resolved = stage_config(smk)
+    # the workflow config of this invocation: read here, not as params, so that a change the
+    # report does not depend on (`cluster:`, `logging`) reruns no report (docs/workflow.md)
+    recipe = smk.config["recipe"]
+    shown = RecipeShown(path=recipe, overrides=[str(o) for o in smk.config.get("overrides") or []],
+                        files={p: Path(p).read_text() for p in recipe_chain(recipe)},
+                        resolved=Path(resolved).read_text())
+    print(build_report(smk.params.run_dir, smk.output.html, Path(smk.output.plots[0]).parent, recipe=shown))
+    cfg = load_resolved(resolved)
+    if cfg.logging.trackers:
         results = [json.loads(Path(p).read_text()) for p in [smk.input.init_validation, *smk.input.validations]]
-        print(log_validations_tensorboard(results, Path(smk.params.run_dir) / "tensorboard" / "validation"))
+        for line in log_validations(results, cfg, smk.params.run_dir):
+            print(line)
 
 
 run_in_rule(smk, report)

@@ -1,21 +1,16 @@
 """HttpBackend: the `GenerationBackend` protocol over N OpenAI-compatible HTTP servers.
 
 Owns: driving `rl-core serve` servers (started here on 127.0.0.1, or given by URL) or any
-OpenAI-compatible server that returns token ids (`server_kind="openai"`; no weight
-updates then) through the fleet's one HTTP client (aiohttp): a request a sample (`generate`),
-or one a prompt group on rl_core servers (`generate_group`: `n` choices with the `seeds`
-extension, the group call `rl_core.rollout.group` prefers); retries of infrastructure failures with
-backoff (data errors raise `GenerationRequestError` at once; seeds travel with the
-request, each attempt has its own server-side id), weight updates fanned out to every
-server (a published version directory, or the trainer's broadcast group), aborts through
-`/rl/abort`, and the weight versions of every token. Control routes carry the control
-secret of managed servers.
+OpenAI-compatible server that returns token ids (`server_kind="openai"`; no weight updates
+then) through the fleet's one HTTP client: a request a sample (`generate`) or one a prompt
+group on rl_core servers (`generate_group`: `n` choices, the `seeds` extension, packed
+answers); retries of infrastructure failures with backoff (data errors raise
+`GenerationRequestError` at once; seeds travel with the request, each attempt its own
+server-side id), weight updates fanned out to every server (a published version directory,
+or the trainer's broadcast group), aborts through `/rl/abort`, every token's weight version.
 
-Does not own: the servers' engines (rl_core.serve), routing and health (fleet.py),
-process handling of local servers (servers.py), or when to refit (the controller).
-
-See docs/generation.md, "The HTTP backend": routing, health, retries, weight updates,
-abort and versions.
+Does not own: the servers' engines (rl_core.serve), routing and health (fleet.py), local
+server processes (servers.py), or when to refit. Read more: docs/generation.md, "The HTTP backend".
 """
 
 from __future__ import annotations

@@ -1,33 +1,17 @@
 """The servers behind an `HttpBackend`: their state, routing, health checks and restarts.
 
-Owns: `Endpoint` (what is known about one server: healthy, stale, weight version,
-capacity, outstanding requests, counters), and `ServerFleet`:
+Owns: `Endpoint` (one server: healthy, stale, weight version, capacity, outstanding requests,
+counters) and `ServerFleet`: routing (`pick`: the routable server with the fewest outstanding
+requests, ties rotating, or `round_robin`; while none is routable a request waits up to
+`startup_timeout_s`); health checks every `health_check_interval_s` (a failure, or a
+transport error a request reports through `suspect`, takes a server out until a check
+succeeds; a server at another weight version goes to the backend's catch-up; a dead local
+server is relaunched up to `max_local_server_restarts` times); the one HTTP client (aiohttp,
+JSON through orjson: httpx's pool and the standard JSON decoder cost far more CPU a request);
+control requests with the control secret, and the failure classes (408/429/5xx, transport:
+infrastructure, retried; other 4xx: data, never retried).
 
-- **routing** (`pick`): the routable server (healthy and not stale) with the fewest
-  outstanding requests (`least_outstanding`; ties rotate) or the next one in turn
-  (`round_robin`); while none is routable a request waits (woken by a health check), at
-  most `startup_timeout_s`;
-- **health**: every `health_check_interval_s` each server is checked (`GET /health` and
-  `/rl/metrics` on rl_core servers, `GET /v1/models` on plain OpenAI ones); a failed
-  check, or a transport error reported by a request (`suspect`, which also triggers an
-  immediate check), takes the server out of routing until a check succeeds. A server
-  whose weight version differs from the backend's is handed to the backend's catch-up
-  callback. A local server whose process died is relaunched, at most
-  `max_local_server_restarts` times;
-- **the HTTP client**: one `aiohttp.ClientSession` (`send`: one request, its status and body
-  bytes; JSON bodies in and out through orjson). aiohttp and orjson, not httpx: on the hot
-  route (`/v1/completions`, a request a group or a sample) httpx's connection pool and the
-  standard-library JSON decoder cost 1.5-10 ms of the controller's CPU a request, growing with
-  the connections open; aiohttp + orjson 0.2-0.5 ms, flat (`bench/http_client_cost.py`);
-- **control requests** (`request`; requests to `/rl/*` carry the endpoint's control
-  secret in `X-RL-Core-Secret`: a local server's per-launch secret, or the backend's for
-  remote managed servers), with the failure classes every caller shares:
-  transport errors, timeouts and HTTP 408/429/5xx are *infrastructure* (retried with
-  exponential backoff when asked, then `GenerationError`); other 4xx are *data* errors
-  (`GenerationRequestError`, never retried).
-
-Does not own: generation, aborts or weight updates (backend.py), or the processes
-themselves (servers.py).
+Does not own: generation, aborts or weight updates (backend.py), or the processes (servers.py).
 """
 
 from __future__ import annotations

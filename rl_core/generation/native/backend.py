@@ -11,8 +11,7 @@ streaming (`StreamDelta`) and lockstep stepping for reproducible runs.
 Does not own: scheduling, sampling or stop rules (engine.py), or which weights to load
 (the controller's refit calls `update_weights`).
 
-See docs/generation.md, "The backend's worker thread", for the error, cancellation,
-streaming and lockstep rules.
+Read more: docs/generation.md, "The backend's worker thread".
 """
 
 from __future__ import annotations

@@ -1,45 +1,17 @@
 """A fused decode-attention step for the static/graph decode path: RoPE, cache write and
 attention of one new token per slot in one Triton kernel.
 
-Owns: `rope_store_attend(qkv, cos, sin, positions, k_cache, v_cache, heads, kv_heads)`,
-which for every slot s in 0..S-1 (one query token at `positions[s]`):
+Owns: `rope_store_attend` (its docstring gives the algorithm and the roundings), which
+replaces what `decode_layer` runs between the QKV and the output projection (the RoPE and
+cache-write kernels, the key/value range read, two batched matmuls, the mask and the
+softmax); the FP8 cache path (`kv_cache_dtype: fp8_e4m3`: the layer's scales read from
+device memory at each launch, keys and values read at 1 byte each); its launch tiles
+(`TILE`, `TILE_SMALL`); and `check_supported`: a CUDA device (or Triton's interpreter,
+`TRITON_INTERPRET=1`, in the CPU tests), a power-of-two head_dim >= 16, float32 / bfloat16 /
+float16, the cache in the model dtype or FP8 e4m3 (compute capability 8.9+), row s = slot s.
 
-1. rotates the token's query heads and its key head by RoPE (Su et al. 2021, "RoFormer"),
-   in the layout of `model.decode_layer` (rotate_half as a roll by D/2, the sign folded
-   into the `sin` table);
-2. writes the rotated key and the value into this layer's cache at (slot s, positions[s]);
-3. attends over keys 0..positions[s] of slot s: the cached keys 0..positions[s]-1 and
-   the new key itself, kept in registers (so nothing reads what the same kernel writes),
-   with an online softmax in float32 ("FlashAttention", Dao et al. 2022; the decode
-   form with one query row per head group, as in "Flash-Decoding", Dao et al. 2023),
-   grouped-query heads sharing one read of their key/value head (Ainslie et al. 2023).
-
-It replaces what `decode_layer` runs between the QKV projection and the output projection:
-the RoPE and cache-write kernels, the key/value range read, the two batched matmuls, the
-mask and the softmax. Keys are read only up to each slot's own position (not up to the
-step's key bucket). Results equal the unfused step up to float rounding: scores are
-accumulated in float32 from the cache dtype (the unfused bf16 step rounds them to bf16
-first), so in bf16 the two paths agree within bf16 tolerance and in float32 to ~1e-6.
-
-FP8 cache (`kv_cache_dtype: fp8_e4m3`, kv_cache.py; the `FP8` constexpr, so the model-dtype
-kernel is compiled without it): the kernel loads the layer's per-kv-head float32 scales from
-device memory (a captured graph follows `KVCache.set_scales`), stores the rotated key and the
-value as `kv_cache.quantize_fp8` does (float32 x / scale correctly rounded, clamped to +-448,
-rounded to nearest-even e4m3: the same bytes), and attends over what the torch step reads
-back (`kv_cache.dequantize_fp8`: e4m3 -> model dtype, times the scale rounded to the model
-dtype, the product rounded to the model dtype), the new token's own key and value included.
-The scales are applied per element as the torch step does, not folded into the scores and
-the output, so the two paths see the same keys and values and differ only as the
-model-dtype paths do. Keys and values are read as 1 byte each, half of bf16's reads.
-
-Limits (the engine checks them before building; `check_supported` says why not): a CUDA
-device (or Triton's interpreter, `TRITON_INTERPRET=1`, which the CPU tests use when
-triton is installed), a power-of-two head_dim of at least 16, float32/bfloat16/float16,
-the cache in the model dtype or FP8 e4m3 (FP8 on compute capability 8.9+, Triton's e4m3
-type), and the static step's slot layout (row s is slot s).
-
-Does not own: the projections, norms and MLP (model.py), Triton's import (triton_support.py), the cache storage (kv_cache.py),
-or when the fused step is used (decode_graph.py, from `generation.native.decode_attention`).
+Does not own: the projections, norms and MLP (model.py), Triton's import (triton_support.py),
+the cache (kv_cache.py), when it is used (decode_graph.py). Read more: docs/generation.md.
 """
 
 from __future__ import annotations
@@ -48,22 +20,17 @@ import torch
 
 from rl_core.generation.native.triton_support import gdc_launch_dependents, gdc_wait, interpreting, pdl_flags, tl, triton
 
-# The kernel's launch: (keys per inner step, warps, pipeline stages). Timed side by side on the
-# H200 (bench/decode_kernels_gpu.py, 2026-12-03, positions 64..320): at 256 slots none of `TILES`
-# beat (64, 4, 3) (12.3-12.8 us; the others 12.5-17.4 us), so the kernel is not autotuned; at 64
-# slots (128, 4, 3) was 0.2 us faster, within the noise. Splitting a slot's keys over several
-# programs with a merge kernel (Flash-Decoding's split-KV) took 2.1x (64 keys a program) and 1.4x
-# (128) as long at 256 slots, and 1.7x / 1.3x at 64: not kept.
+# The kernel's launch: (keys per inner step, warps, pipeline stages). Timed side by side
+# (bench/decode_kernels_gpu.py): no tile of `TILES` beat (64, 4, 3) at 256 slots, so the kernel is
+# not autotuned. Splitting a slot's keys over several programs with a merge kernel (Flash-Decoding's
+# split-KV) was slower at every row count: not kept (docs/generation.md, "What we learned").
 TILE = (64, 4, 3)
 # Steps of up to SMALL_ROWS slots take TILE_SMALL instead: fewer, longer programs read their keys in
-# 128-key tiles. In the engine (bench/generation_gpu.py --tile64, 2026-12-04, one H200, the two side by
-# side) batch 64 with 2048 new tokens took 1.18 ms a decode step against 1.27 ms with TILE, and the same
-# at 256 new tokens (0.87 / 0.86 ms); at 128 slots it gained nothing (1.66 / 1.64 ms at 2048 new tokens,
-# 1.12 / 1.10 at 256), at 256 slots TILE is faster alone. Only where a 128-key tile in the model dtype
-# holds no more bytes than at the measured shape (head_dim 64, bf16: SMALL_TILE_BYTES, 16 KB): larger
-# ones (head_dim 128, float32) take TILE, as before (at head_dim 128 in float32 the 128-key tile's
-# pipeline does not fit in shared memory). Module values, read at each launch (so fixed into a captured
-# graph): benchmarks set SMALL_ROWS to 0 to compare.
+# 128-key tiles, which pays on long rollouts at small batches (bench/generation_gpu.py --tile64) and
+# gains nothing from 128 slots on. Only where a 128-key tile in the model dtype holds no more bytes
+# than at the measured shape (head_dim 64, bf16: SMALL_TILE_BYTES, 16 KB): larger ones (head_dim 128,
+# float32) take TILE (there the 128-key tile's pipeline does not fit in shared memory). Module values,
+# read at each launch (so fixed into a captured graph): benchmarks set SMALL_ROWS to 0 to compare.
 TILE_SMALL = (128, 4, 3)
 SMALL_ROWS = 64
 SMALL_TILE_BYTES = 128 * 64 * 2
@@ -213,7 +180,20 @@ def rope_store_attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, p
     `TILE` otherwise, is for benchmarks. An FP8 cache (float8_e4m3fn, `KVCache(storage="fp8_e4m3")`)
     takes the layer's float32 scales `k_scale` / `v_scale` [kv_heads] (`KVCache.layer_scales`),
     read by the kernel from device memory at each launch (so a captured graph follows
-    `set_scales`); a cache in qkv's dtype takes none."""
+    `set_scales`); a cache in qkv's dtype takes none.
+
+    Per slot s: (1) rotate the token's query heads and key head by RoPE (Su et al. 2021,
+    "RoFormer"; rotate_half as a roll by D/2, the sign folded into `sin`, as `model.decode_layer`);
+    (2) write the rotated key and the value into the cache at (s, positions[s]); (3) attend over
+    the cached keys 0..positions[s]-1 and the new key kept in registers (nothing reads what the
+    kernel writes), online softmax in float32 (FlashAttention, Dao et al. 2022, in its decode
+    form as Flash-Decoding, Dao et al. 2023), grouped-query heads sharing one read of their KV
+    head (Ainslie et al. 2023). Keys are read only up to each slot's own position. Results equal
+    the unfused step to float rounding (scores accumulate in float32 where the unfused bf16 step
+    rounds them to bf16). With an FP8 cache the key and value are stored as
+    `kv_cache.quantize_fp8` stores them (x / scale in float32, clamped to +-448, nearest-even
+    e4m3: the same bytes) and read back as `kv_cache.dequantize_fp8` reads them, the scales
+    applied per element (not folded into the scores), so both paths see the same keys."""
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     if fp8 != (k_scale is not None) or (k_scale is None) != (v_scale is None) or v_cache.dtype != k_cache.dtype:
         raise ValueError(f"rope_store_attend: a {k_cache.dtype} key cache and a {v_cache.dtype} value cache with "

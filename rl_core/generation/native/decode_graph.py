@@ -287,7 +287,7 @@ class DecodeRunner:
 
     def _step_sampled(self, s: int, k: int) -> torch.Tensor:
         """The step of bucket (s, k) and its sampling (`_sample`): [2, s] float64. With the fused LM
-        head (`_lm_head`, up to `fused_sampling.LM_HEAD_ROWS` rows: where it measured faster than
+        head (`_lm_head`, up to `fused_sampling.LM_HEAD_ROWS` rows: where it is faster than
         cuBLAS and the two passes), the head's matmul and the sampling's first pass are one kernel."""
         if self._lm_head and s <= fused_sampling.LM_HEAD_ROWS:
             hidden = self._forward(s, k, head=False)

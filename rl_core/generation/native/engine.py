@@ -4,19 +4,13 @@ Owns: the life of a request inside the engine (waiting queue -> slot -> finished
 schedule of one step (decodes, then prefill chunks, then admissions, within
 `max_step_tokens` fed and `max_num_kv_tokens` held; the newest sequences are preempted
 over the KV budget), stop conditions, weight refits and KV invalidation, the per-token
-weight versions and MoE routes of each request, and per-step statistics. One `step()`
-is one forward over every running sequence. Built from one `EngineOptions` record, whose
-values it checks against the model and device.
-
-Not thread-safe: one thread drives an engine (backend.py owns the thread).
+weight versions and MoE routes of each request, and per-step statistics. One `step()` is
+one forward over every running sequence. Built from one `EngineOptions` record, whose
+values it checks against the model and device. Not thread-safe: one thread drives it.
 
 Does not own: the model maths (model.py), the cache layout (kv_cache.py), sampling
 (sampling.py), graph capture (decode_graph.py), the scale rule (kv_calibration.py), the
-records of requests, steps and counters (engine_state.py), the settings and their
-model-free checks (options.py).
-
-See docs/generation.md, "The native engine": scheduling, stop rules, the KV budget,
-versions, FP8 KV, the decode paths and `overlap_steps`; docs/moe.md for the routes.
+records (engine_state.py), the settings (options.py). Read more: docs/generation.md.
 """
 
 from __future__ import annotations
@@ -34,7 +28,7 @@ from rl_core.generation.native.decode_graph import DecodeRunner
 from rl_core.generation.native.engine_state import EngineStats, StepRecord, LaunchedStep, EngineSequence
 from rl_core.generation.native.kv_cache import KV_STORAGE, KVCache, StepLayout
 from rl_core.generation.native.kv_calibration import KVScaleSync
-from rl_core.generation.native.model import CausalLM, ModelSpec, load_safetensors_dir, read_config
+from rl_core.generation.native.model import CausalLM, ModelSpec, SafetensorsDir, read_config
 from rl_core.generation.native.options import EngineOptions
 from rl_core.generation.native.sampling import SamplingBatch, draw_uniforms, new_generator, sample_tokens
 from rl_core.types import GenerationRequest, GenerationResult
@@ -132,7 +126,7 @@ class NativeEngine:
     def from_pretrained(cls, model_dir: str | Path, options: EngineOptions | None = None) -> "NativeEngine":
         """From an HF directory (config.json, *.safetensors; eos ids of config.json and
         generation_config.json are merged)."""
-        return cls(read_config(model_dir), load_safetensors_dir(model_dir), options)
+        return cls(read_config(model_dir), SafetensorsDir(model_dir), options)
 
     # ------------------------------------------------------------------ queries
 

@@ -2,23 +2,15 @@
 
 Owns: `gate_up_silu(x, gate_up_weight, gate_up_bias)` = silu(x @ Wg^T + bg) * (x @ Wu^T + bu)
 for x [S, hidden] and the fused [2 m, hidden] gate/up weight of `model.MLP` (gate rows
-first): one kernel computes both projections of an output tile (one pass over x, each
-weight row read once per row block) and applies SiLU and the product in its epilogue, so
-the [S, 2 m] projection never goes to memory and the separate SiLU-gate kernel is gone
-(SwiGLU: Shazeer 2020, "GLU Variants Improve Transformer"). The roundings are the eager
-step's: each projection rounded to the model dtype (bias added first), SiLU computed in
-float32 and rounded, the product rounded; the projections themselves are accumulated in
-float32 in a different order than cuBLAS, so results equal `model.attention_output_mlp`'s
-to float rounding (bit-exact in float32 up to summation order).
+first), with the eager step's roundings (its docstring says how); the pointer kernel's
+autotuned tiles and the TMA kernel's fixed tiles (`TMA_TILES`, Hopper). Where it runs:
+`generation.native.decode_mlp: fused` (CUDA, or Triton's CPU interpreter in the tests; the
+device and dtype limits of `decode_attention.check_supported`). A down projection + residual
+kernel in the same style was slower than cuBLAS's split-K matmul and was dropped.
 
-Where it runs: `generation.native.decode_mlp: fused` (CUDA, or Triton's CPU interpreter
-in the tests; the same limits as `decode_attention.check_supported` for device and dtype).
-
-A down projection + residual kernel in the same style was tried and dropped: on the H200 it
-was slower than cuBLAS's split-K matmul (docs/generation.md).
-
-Does not own: the output and down projections and the norms (model.py, compiled by the decode runner),
-when the kernels are used (decode_graph.py), Triton's import (triton_support.py).
+Does not own: the output and down projections and the norms (model.py, split_k.py, compiled by
+the decode runner), when the kernels are used (decode_graph.py), Triton's import
+(triton_support.py). Read more: docs/generation.md, "Decode paths and CUDA graphs".
 """
 
 from __future__ import annotations
@@ -29,12 +21,11 @@ from rl_core.generation.native import triton_support
 from rl_core.generation.native.triton_support import (descriptor, gdc_launch_dependents, gdc_wait, interpreting, pdl_flags, tl,
                                                       tma_usable, triton)
 
-# Tile sizes tried on CUDA in bf16/fp16, autotuned on the first call per (row class, m, hidden),
-# i.e. in the decode runner's warm-up before a graph is captured. The H200 picked (128, 64, 64)
-# at 256 rows and (64, 64, 128) at 64 (bench/decode_kernels_gpu.py); the row class (a power of
-# two, 16..256) keeps the autotuning to a few runs instead of one per slot bucket. The last one,
-# (64, 64, 64) with 4 warps, was the fastest of 94 tiles at 256 rows in the bench's `--sweep`
-# (13.5 us against 15.3 us for (128, 64, 64, 8, 3), the Qwen2.5-0.5B shape; 2026-12-03).
+# Tile sizes tried on CUDA in bf16/fp16 by the pointer kernel, autotuned on the first call per
+# (row class, m, hidden), i.e. in the decode runner's warm-up before a graph is captured; the row
+# class (a power of two, 16..256) keeps the autotuning to a few runs instead of one per slot
+# bucket. The last one came out fastest at 256 rows of the Qwen2.5-0.5B shape in
+# `bench/decode_kernels_gpu.py --sweep`.
 _CUDA_CONFIGS = [(128, 64, 64, 8, 3), (64, 64, 128, 4, 3), (256, 32, 64, 8, 3), (128, 128, 64, 8, 3),
                  (32, 64, 128, 4, 3), (16, 64, 128, 4, 4), (64, 64, 64, 4, 3)]
 _FIXED = (16, 32, 32)  # float32 (the exact path: IEEE dots) and Triton's CPU interpreter: no autotuning
@@ -129,17 +120,13 @@ if triton is not None:
         key=["row_class", "m", "hidden"])(_gate_up_silu_kernel)
 
 
-# The TMA kernel's tile (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) for up to 64 rows and beyond: the
-# fastest of 12 / 22 tiles on the H200 (bench/decode_kernels_gpu.py --parts tma, 2026-12-03): 5.50 us
-# at 64 rows against 6.49 for the autotuned pointer kernel, 12.61 against 13.85 at 256. At 256 rows a
-# later sweep with two pipeline stages and 128-row tiles (2026-12-04, 46 tiles) found (128, 64, 64, 4, 2)
-# faster alone (12.37 against 12.90 / 12.94 us), but in the engine's decode step (CUDA graph, PDL) batch
-# 256 took 1.44-1.45 ms with it against 1.30 ms with (64, 64, 64, 4, 3) (three processes each): not kept.
-# Its programs are numbered row block first (`triton_support.ROWS_FIRST`): alone at 256 rows 10.15 against
-# 12.77 us column block first (2026-12-04, the same tile), and the engine's decode step 1.27 / 1.28 against
-# 1.31 ms at batch 256 (with split_k's partials in the same order). Triton's warp specialization
-# (`tl.range(..., warp_specialize=True)`, triton 3.6) gave no gain at 8-warp tiles and wrong results
-# at this 4-warp tile: not used.
+# The TMA kernel's tile (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) for up to 64 rows and beyond,
+# picked by sweeps (bench/decode_kernels_gpu.py --parts tma; bench/split_k_cold_sweep.py --sweeps
+# gate-up with the weight L2-cold, as a decode step reads it). A tile faster alone is kept only if
+# the engine's decode step is faster with it too: a 128-row, two-stage tile that won alone made the
+# step slower. Its programs are numbered row block first (`triton_support.ROWS_FIRST`), so programs
+# sharing a weight tile run side by side. Triton's warp specialization (`tl.range(...,
+# warp_specialize=True)`) gave no gain at 8-warp tiles and wrong results at this 4-warp tile: not used.
 TMA_TILES = {64: (64, 64, 128, 4, 4), 256: (64, 64, 64, 4, 3)}
 
 
@@ -148,7 +135,14 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """x [S, hidden], weight [2 m, hidden] (gate rows, then up rows), bias [2 m] or None;
     returns silu(gate) * up [S, m] in x's dtype, the roundings of the eager MLP. bf16/fp16 on a
     Hopper GPU load through TMA descriptors (`tma=None`); `tma=True` forces that kernel where
-    descriptors work (the interpreter too: the tests), False the pointer kernel."""
+    descriptors work (the interpreter too: the tests), False the pointer kernel.
+
+    One kernel computes both projections of an output tile (one pass over x, each weight row read
+    once per row block) and applies SiLU and the product in its epilogue (SwiGLU: Shazeer 2020,
+    "GLU Variants Improve Transformer"), so the [S, 2 m] projection never goes to memory. The
+    roundings are the eager step's (each projection rounded to the model dtype, bias first; SiLU in
+    float32, rounded; the product rounded); the projections accumulate in float32 in another order
+    than cuBLAS, so results equal `model.attention_output_mlp`'s to float rounding."""
     rows, hidden = x.shape
     m = weight.shape[0] // 2
     if weight.shape[1] != hidden or weight.stride(-1) != 1:

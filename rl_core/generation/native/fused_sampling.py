@@ -1,40 +1,16 @@
 """Plain sampling (greedy or temperature, no top-k/top-p) of a decode step in two Triton kernels.
 
-Owns: `sample_plain_fused(logits, temperature, greedy, uniform)`, the same contract as
-`sampling.sample_plain` (tokens [R] long, reported logprobs [R] float32, no host sync), and
-`sample_packed(logits, inputs, ids)`, the same two kernels in the layout of the CUDA-graph
-decode step (its [3, R] float64 sampling inputs in, its [2, R] float64 result out, and the
-tokens written as the next step's input ids), so that the step's sampling graph holds the
-two kernels and nothing else (no conversions, clamp or stack around them). The unfused
-`sample_plain` makes several full passes over the [R, vocab] logits in float32
-(log-softmax, its exponent, block sums); here the logits are read about once:
-
-1. `_block_stats_kernel`, grid (rows, splits): for every block of `sampling.CDF_BLOCK`
-   tokens, the block's maximum of x / T and the sum of exp(x / T - that maximum), plus,
-   for greedy rows only, each split's arg-max of the raw logits (first index on ties),
-   into small scratch tensors (a sampled row's arg-max entries stay -inf / 0, unread).
-2. `_select_kernel`, grid (rows,): the row's log-partition log Z = m + log(sum over blocks
-   of sum_b * exp(max_b - m)) (the usual max-shifted log-sum-exp, combined blockwise),
-   the block probabilities sum_b * exp(max_b - log Z), their cumulative sum in float64,
-   the block holding u * total, then the token inside that block from its 128 logits
-   (the two-level inverse CDF of `sampling.inverse_cdf`, with its guards: u capped at
-   1 - 2^-40, never a zero-probability token), or the arg-max for greedy rows; and the
-   reported logprob (x_token / T - m) - log(sum): `log_softmax(logits.float() / T)` at
-   the token, as sampling.py defines it.
-
-`sample_lm_head(hidden, weight, inputs, ids)` is `sample_packed` of the LM head's logits with
-the first pass moved into the head's matmul (`_lm_head_stats_kernel`: one program per row block
-and CDF block computes the logits tile, stores it, and writes the block's statistics and, for
-greedy rows, its arg-max), so the logits are written once and read back only in the chosen
-block; the decode runner uses it for steps of up to `LM_HEAD_ROWS` rows, where it measured
-faster than cuBLAS and the first pass (docs/generation.md).
-
-The values equal `sample_plain`'s up to float32 rounding of the sums (a sampled token can
-differ only when its uniform lies within that rounding of a CDF boundary; greedy tokens
-are the same).
+Owns: `sample_plain_fused(logits, temperature, greedy, uniform)`, the contract of
+`sampling.sample_plain` (tokens [R] long, logprobs [R] float32, no host sync) in two passes
+that read the [R, vocab] logits about once (its docstring gives the algorithm);
+`sample_packed`, the same two kernels in the CUDA-graph decode step's layout (its [3, R]
+float64 sampling inputs in, [2, R] out, the tokens written as the next step's input ids, so
+the sampling graph holds the two kernels and nothing else); and `sample_lm_head`, the first
+pass moved into the LM head's matmul (the logits written once, read back only in the chosen
+block), used up to `LM_HEAD_ROWS` rows where it is faster.
 
 Does not own: when it runs (decode_graph.py, under `decode_compile` on CUDA) or the
-definition of a generation logprob (sampling.py).
+definition of a generation logprob (sampling.py). Read more: docs/generation.md.
 """
 
 from __future__ import annotations
@@ -46,7 +22,7 @@ from rl_core.generation.native.triton_support import (descriptor, gdc_launch_dep
 from rl_core.generation.native.sampling import CDF_BLOCK
 
 SPLITS = 8  # programs per row in the first pass
-CHUNK_BLOCKS = 16  # CDF blocks per inner step of the first pass (bench/decode_kernels_gpu.py: 8 -> 16 = -7%)
+CHUNK_BLOCKS = 16  # CDF blocks per inner step of the first pass (faster than 8: bench/decode_kernels_gpu.py)
 STATS_WARPS = 4  # warps per program of the first pass
 
 
@@ -66,7 +42,7 @@ if triton is not None:
         first = split * blocks_per_split
         last = tl.minimum(first + blocks_per_split, num_blocks)
         # x / 1 is x bit for bit, so a row at temperature 1 (RL's usual) skips the division: the same
-        # statistics, ~16% less time for this kernel at 256 rows (bench/decode_kernels_gpu.py). The branch
+        # statistics in less time for this kernel (bench/decode_kernels_gpu.py). The branch
         # is taken once per program, outside the loop.
         row_logits = logits + row * stride_row
         row_max, row_sum = block_max + row * num_blocks, block_sum + row * num_blocks
@@ -230,7 +206,20 @@ def sample_plain_fused(logits: torch.Tensor, temperature: torch.Tensor, greedy: 
                        uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`sampling.sample_plain` in two kernels: logits [R, V] (any float dtype, unit stride
     in V), temperature [R] float32, greedy [R] bool, uniform [R] float64 -> (tokens [R]
-    long, logprobs [R] float32)."""
+    long, logprobs [R] float32).
+
+    1. `_block_stats_kernel`, grid (rows, splits): per block of `sampling.CDF_BLOCK` tokens, the
+       maximum of x / T and the sum of exp(x / T - that maximum), plus, for greedy rows only,
+       each split's arg-max of the raw logits (first index on ties).
+    2. `_select_kernel`, grid (rows,): log Z = m + log(sum_b sum_b' exp(max_b - m)) (the
+       max-shifted log-sum-exp combined blockwise), the block probabilities' cumulative sum in
+       float64, the block holding u * total, then the token inside it from its logits (the
+       two-level inverse CDF of `sampling.inverse_cdf`, with its guards: u capped at 1 - 2^-40,
+       never a zero-probability token), or the arg-max for greedy rows; and the logprob
+       (x_token / T - m) - log(sum), i.e. `log_softmax(logits.float() / T)` at the token.
+    The values equal `sample_plain`'s up to float32 rounding of the sums (a sampled token can
+    differ only when its uniform lies within that rounding of a CDF boundary; greedy tokens are
+    the same)."""
     inputs = torch.stack((temperature.double(), greedy.double(), uniform.double()))
     out = sample_packed(logits, inputs)
     return out[0].long(), out[1].float()
@@ -268,17 +257,16 @@ def sample_packed(logits: torch.Tensor, inputs: torch.Tensor, ids: torch.Tensor 
 
 
 # The LM head + first pass kernel's tile (BLOCK_M, BLOCK_K, warps, stages) by row regime (64: up to 64 rows,
-# else 256); BLOCK_N is the CDF block. The fastest of 12 / 30 tiles on the H200 (bench/decode_kernels_gpu.py
-# --parts lmhead, 2026-12-03). The interpreter runs small tiles with IEEE dots (float32 runs only there:
+# else 256); BLOCK_N is the CDF block. The fastest of the tiles swept by bench/decode_kernels_gpu.py
+# --parts lmhead. The interpreter runs small tiles with IEEE dots (float32 runs only there:
 # `lm_head_usable`).
 LM_HEAD_TILES = {64: (64, 64, 4, 3), 256: (256, 64, 8, 4)}
 # The decode runner samples through `sample_lm_head` where `lm_head_usable` (a switch for benchmarks:
 # bench/generation_gpu.py's `+unfusedhead` runs without it); read when a runner is built.
 LM_HEAD = True
-# ... for steps of up to this many rows. On the H200 (Qwen2.5-0.5B head, bf16, vocab 151,936): at 64 rows
-# 86 us against 99 us for cuBLAS + `sample_packed` (decode step 1-2% shorter: 0.86-0.87 against 0.87-0.88
-# ms); at 128 rows 110 against 107 us (step 1.20 against 1.10 ms); at 256 rows 171-175 against 163-169 us
-# (the epilogue's exponentials cost as much as the separate pass; step 1.42 against 1.32 ms).
+# ... for steps of up to this many rows: there the fused head beats cuBLAS + `sample_packed` (a slightly
+# shorter decode step); from 128 rows on it is even or slower, because its epilogue's exponentials do
+# not overlap the next tile's main loop (docs/generation.md, "What we learned").
 LM_HEAD_ROWS = 64
 
 

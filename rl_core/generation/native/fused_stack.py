@@ -2,24 +2,16 @@
 
 Owns: `FusedStack`, what `CausalLM.decode_slots` runs for all layers and the final norm under
 `decode_attention: fused`; `decode_layer_fused`, one such layer in `model.decode_layer`'s
-signature (the layer-level check of the tests); and the two pure functions whose compiled
-forms join a residual add to the norm after it (`down_add_norm`, `mlp_add_norm`).
+signature (the tests' layer-level check); and the pure functions whose compiled forms join a
+residual add to the norm after it (`down_add_norm`, `mlp_add_norm`). Per layer, from the
+input already normed: QKV projection, attention kernel (decode_attention.py), output
+projection with its residual add fused into the post-attention norm, the MLP (fused_mlp.py
+under `decode_mlp: fused`), down projection with its residual add fused into the *next*
+layer's input norm (after the last, the final norm): no residual or norm kernel of its own,
+no cuBLAS beta-add copying the residual; the eager layer's roundings.
 
-Per layer, from the input already normed: the QKV projection (one cuBLAS call, bias in its
-epilogue), the Triton RoPE + cache write + attention kernel (decode_attention.py), the output
-projection with its residual add fused into the post-attention norm, the MLP (the gate/up +
-SiLU Triton kernel of fused_mlp.py under `decode_mlp: fused`, else the torch MLP), and the down
-projection with its residual add fused into the *next* layer's input norm, or after the last
-layer into the model's final norm. Written layer by layer (`decode_layer`), a step ends each
-layer on an element-wise residual add and starts the next with an element-wise norm of the
-same [S, hidden] rows; compiled here, the two are one kernel, and the residual add is not
-turned into a cuBLAS beta-add that first copies the residual (`unfused_residual` of
-decode_graph._compiled). The roundings are the eager layer's: x is rounded to the model dtype
-by the add and normed from that (`emulate_precision_casts`).
-
-Does not own: the maths of the parts (model.py), the kernels (decode_attention.py,
-fused_mlp.py), compilation (decode_graph.py passes its compile function in), or when the
-fused step runs (decode_graph.py, from `generation.native.decode_attention` / `decode_mlp`).
+Does not own: the parts' maths (model.py), the kernels (decode_attention, fused_mlp, split_k),
+compilation or when the fused step runs (decode_graph.py). Read more: docs/generation.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,17 @@
 """The preallocated slot KV cache (optionally FP8) and the index tensors of one batched forward.
 
-Owns: `KVCache`, a fixed block of keys and values `[layers, slots, kv_heads, max_seq_len,
-head_dim]` (one slot per running sequence, its filled length, a free-slot heap that hands
-out the lowest slot first so that busy slots stay dense), and `StepLayout`, which turns
-"these rows feed these new tokens starting at these positions" into the tensors the model
-needs: packed token ids and positions, where each token's key/value goes, and one
-`AttentionGroup` per kind of row (single-token decode rows, multi-token prefill rows) with
-its padded query grid and mask.
+Owns: `KVCache`, a fixed block `[layers, slots, kv_heads, max_seq_len, head_dim]` (one slot per
+running sequence, its filled length, a free-slot heap handing out the lowest slot first so
+busy slots stay dense), and `StepLayout`, which turns "these rows feed these new tokens at
+these positions" into packed token ids and positions, cache write indices, and one
+`AttentionGroup` per kind of row (decode, prefill) with its padded query grid and boolean mask
+(none where a group sees every key or is plainly causal, so fused SDPA kernels can run): the
+projections run packed, attention pads only within a group. FP8 storage (`fp8_e4m3`):
+clamp(x / scale, +-448) in e4m3, one float32 scale per (layer, kv head) for keys and values
+(Micikevicius et al. 2022, per head), written through a uint8 view, scales updated in place
+(`set_scales`: captured graphs stay valid; what is held is re-quantised).
 
-Why packed + grouped: projections and MLP run on the packed tokens (no padding), while
-attention pads only within a group, so a long prefill never pads the decode rows that share
-its step. Masks are boolean (True = attend); a group whose rows all see every key (decode
-rows of one length) or that is plainly causal (prefills from position 0 of one length) gets
-no mask, which lets fused SDPA kernels run on a GPU.
-
-FP8 storage (`storage="fp8_e4m3"`): keys and values are stored as `torch.float8_e4m3fn`
-(1 byte, half of bf16) with one float32 scale per (layer, kv head) for keys and one for
-values: stored = clamp(x / scale, -448, 448) in e4m3, read back as stored * scale in the
-compute dtype (the per-tensor scaling of Micikevicius et al. 2022, "FP8 Formats for Deep
-Learning", refined to per-head scales). Writes go through a uint8 view of the storage, so
-index_put never needs an FP8 kernel. Scales live in tensors that are updated in place
-(`set_scales`), so CUDA graphs captured over the cache stay valid; `set_scales`
-re-quantises what the cache already holds, so sequences in flight survive a scale change.
-Who chooses the scales (a calibration pass after each refit) is the engine's business.
-
-Does not own: the model maths (model.py) or which rows run in a step (engine.py).
+Does not own: the model maths, which rows run, or the scales' choice (kv_calibration.py).
 """
 
 from __future__ import annotations

@@ -1,27 +1,17 @@
 """KV-scale sync: FP8 KV-cache scales recomputed from the policy at every refit.
 
 Owns: the calibration data (a bounded window of the sequences the engine finished most
-recently: prompt + completion ids), the calibration pass (the model's keys/values over that
-window, `CausalLM.kv_amax`), and the rule from maxima to scales:
-
-    scale[layer, kv_head] = max(amax[layer, kv_head] * margin, tiny) / 448
-
-so that the largest key (value) of the calibration data lands at 448 / margin in e4m3
-(448 is the largest finite float8_e4m3fn value; the margin leaves headroom for tokens that
-were not in the window; e4m3 keeps ~3 mantissa bits at every exponent, so the headroom
-costs precision only for values below 2^-6 * scale). This is the amax-based per-tensor
-scaling of Micikevicius et al. 2022 ("FP8 Formats for Deep Learning") at per-head
-granularity.
-
-Why at refit: the keys and values of the cache are products of the policy's weights, so
-their range moves as RL changes the weights; scales from version 0 can clip (or waste
-range) by version 100. The engine calls `calibrate()` after loading new weights, unless
-the caller hands it scales computed elsewhere (e.g. by the trainer, from the same
-forward that produced the new weights). Before any sequence has finished, the window is
-empty and calibration runs over a fixed, seeded set of random token sequences.
+recently; before any has finished, a fixed, seeded set of random sequences), the calibration
+pass (the model's keys and values over it, `CausalLM.kv_amax`), and the rule from maxima to
+scales, scale[layer, kv_head] = max(amax * margin, tiny) / 448 (the largest calibration value
+lands at 448 / margin in e4m3: the amax scaling of Micikevicius et al. 2022, "FP8 Formats for
+Deep Learning", per head). Recalibrated after every refit, because the keys' range moves with
+the weights; a caller may hand in scales computed elsewhere instead.
 
 Does not own: quantisation itself and re-encoding of cached entries (kv_cache.py), or when
 to calibrate (engine.py).
+
+Read more: docs/generation.md, "FP8 KV cache and KV-scale sync".
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
-"""Sizing the native engine's KV cache from the memory there is.
+"""Sizing the native engine's KV cache for `rl-core serve`.
 
 Owns: the bytes one KV-cache slot takes (the cache is dense: layers x slots x kv heads x
-max_seq_len x head_dim, keys and values), the memory available on a device, and the choice
-of the number of slots (`max_batch_size`) for `rl-core serve` when the user did not give one:
-as many as fit in a fraction of the available memory, at most `cap`. An explicit slot count
-that cannot fit in the available memory is an error naming the flags.
+max_seq_len x head_dim, keys and values), the memory available on a device, and the number
+of slots (`max_batch_size`) when the user gave none: `DEFAULT_SLOTS` sequences of the full
+context, so the cache is what the model needs at its context length and that batch, not a
+share of the machine (`--kv-cache-memory-fraction` asks for the share instead, at most
+`cap` slots). A slot count that cannot fit in the available memory is an error naming the
+flags.
 
 Does not own: allocating the cache (kv_cache.py) or the engine's token budget
 (`max_num_kv_tokens`, engine.py).
@@ -13,10 +15,13 @@ Does not own: allocating the cache (kv_cache.py) or the engine's token budget
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from rl_core.generation.native.model import ModelSpec
+if TYPE_CHECKING:  # importing this module stays torch-free (rl-core's parser reads DEFAULT_SLOTS)
+    from rl_core.generation.native.model import ModelSpec
 
 GIB = 1024 ** 3
+DEFAULT_SLOTS = 4  # sequences decoded together when neither --max-batch-size nor a memory share is given
 _ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -46,38 +51,41 @@ class KVPlan:
     slots: int
     bytes_per_slot: int
     available: int
-    fraction: float
-    sized_from_memory: bool
+    fraction: float | None
+    how: str  # "default", "requested" or "memory"
 
     @property
     def total(self) -> int:
         return self.slots * self.bytes_per_slot
 
     def describe(self, max_seq_len: int) -> str:
-        how = (f"sized from memory: {self.fraction:g} of {self.available / GIB:.1f} GiB available"
-               if self.sized_from_memory else f"--max-batch-size; {self.available / GIB:.1f} GiB available")
+        how = (f"sized for the model: the default batch of {DEFAULT_SLOTS} full-context sequences "
+               "(--max-batch-size for more)" if self.how == "default" else "--max-batch-size"
+               if self.how == "requested" else f"sized from memory: {self.fraction:g} of the available")
         return (f"KV cache: {self.slots} slots x {max_seq_len} tokens = {self.total / GIB:.2f} GiB "
-                f"({self.bytes_per_slot / 2**20:.1f} MiB per slot; {how})")
+                f"({self.bytes_per_slot / 2**20:.1f} MiB per slot; {how}; {self.available / GIB:.1f} GiB available)")
 
 
 def plan_kv_slots(spec: ModelSpec, max_seq_len: int, dtype: str, kv_cache_dtype: str, available: int,
-                  requested: int | None, fraction: float, cap: int = 256) -> KVPlan:
-    """Slots for the cache: `requested` if given (and it fits in `available`), else as many as fit
-    in `fraction * available`, at most `cap`."""
+                  requested: int | None, fraction: float | None, cap: int = 256) -> KVPlan:
+    """Slots for the cache: `requested` if given, else as many as fit in `fraction * available`
+    (at most `cap`) if a fraction is given, else `DEFAULT_SLOTS`; a count that does not fit in
+    `available` is a KVSizingError naming the flags."""
     per_slot = kv_bytes_per_slot(spec, max_seq_len, dtype, kv_cache_dtype)
-    if requested is not None:
-        if requested * per_slot > available:
-            fits = available // per_slot
+    if requested is None and fraction is not None:
+        slots = min(cap, int(fraction * available) // per_slot)
+        if slots < 1:
             raise KVSizingError(
-                f"--max-batch-size {requested} with --max-seq-len {max_seq_len} needs a KV cache of "
-                f"{requested * per_slot / GIB:.1f} GiB ({per_slot / 2**20:.1f} MiB per slot); expected at most the "
-                f"{available / GIB:.1f} GiB available ({fits} slots). Fix: lower --max-batch-size (or leave it out to "
-                f"size it from memory), lower --max-seq-len, or use --kv-cache-dtype fp8_e4m3.")
-        return KVPlan(requested, per_slot, available, fraction, False)
-    slots = min(cap, int(fraction * available) // per_slot)
-    if slots < 1:
+                f"one KV-cache slot of --max-seq-len {max_seq_len} tokens takes {per_slot / GIB:.2f} GiB; expected it "
+                f"to fit in --kv-cache-memory-fraction {fraction:g} of the {available / GIB:.1f} GiB available. Fix: "
+                f"lower --max-seq-len, raise --kv-cache-memory-fraction, or use --kv-cache-dtype fp8_e4m3.")
+        return KVPlan(slots, per_slot, available, fraction, "memory")
+    slots, flag = (requested, f"--max-batch-size {requested}") if requested is not None else \
+        (DEFAULT_SLOTS, f"the default --max-batch-size {DEFAULT_SLOTS}")
+    if slots * per_slot > available:
+        fits = available // per_slot
         raise KVSizingError(
-            f"one KV-cache slot of --max-seq-len {max_seq_len} tokens takes {per_slot / GIB:.2f} GiB; expected it to "
-            f"fit in --kv-cache-memory-fraction {fraction:g} of the {available / GIB:.1f} GiB available. Fix: lower "
-            f"--max-seq-len, raise --kv-cache-memory-fraction, or use --kv-cache-dtype fp8_e4m3.")
-    return KVPlan(slots, per_slot, available, fraction, True)
+            f"{flag} with --max-seq-len {max_seq_len} needs a KV cache of {slots * per_slot / GIB:.1f} GiB "
+            f"({per_slot / 2**20:.1f} MiB per slot); expected at most the {available / GIB:.1f} GiB available "
+            f"({fits} slots). Fix: lower --max-batch-size, lower --max-seq-len, or use --kv-cache-dtype fp8_e4m3.")
+    return KVPlan(slots, per_slot, available, fraction, "requested" if requested is not None else "default")

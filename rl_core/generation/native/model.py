@@ -1,25 +1,17 @@
 """Our own decoder forward for Llama / Qwen2 / Mixtral causal LMs, running on the slot KV cache.
 
 Owns: `ModelSpec` (the shape read from an HF `config.json` or transformers config),
-`CausalLM` (an `nn.Module` whose parameter names are the HF names, so an HF state dict
-loads and refits by name), its forward over one `StepLayout` (packed new tokens, written
-into and attending over the cache), a cache-free `sequence_logits` for scoring, and the
-safetensors loading helpers. The maths mirrors `transformers`' Llama/Qwen2 modelling code
-(fp32 CPU logits agree to ~1e-6).
+`CausalLM` (an `nn.Module` whose parameter names are the HF names, so an HF state dict loads
+and refits by name), its forward over one `StepLayout`, a cache-free `sequence_logits` for
+scoring, `decode_slots` (a static-shape decode step over slots 0..S-1 and keys 0..K-1, the
+mask built on the device, which CUDA graphs capture), `kv_amax` (for FP8 scales), and the
+safetensors loading helpers (`SafetensorsDir` reads lazily). The maths mirrors transformers' Llama/Qwen2 code (fp32 CPU
+logits agree to ~1e-6). Supported: "llama", "qwen2", "mixtral" (moe.py; the eager forward
+records routes in `last_routes`; `decode_slots` is dense-only), SiLU MLP, default RoPE, no
+sliding window; anything else raises `ValueError` naming the config field.
 
-Two more entry points: `decode_slots`, a static-shape decode step (one token for each of
-the slots 0..S-1, attending over the first K positions of each slot, with the mask built
-on the device from the positions) that CUDA graphs can capture (decode_graph.py); and
-`kv_amax`, the per-(layer, kv head) absolute maxima of keys and values over a few
-sequences, from which the engine calibrates FP8 KV-cache scales.
-
-Does not own: which requests run or when (engine.py), the cache storage and per-step
-index tensors (kv_cache.py), or sampling (sampling.py).
-
-Supported: `model_type` "llama", "qwen2" and "mixtral" (sparse mixture of experts, moe.py:
-the eager forward records each token's routed experts in `last_routes` [tokens, layers, k];
-`decode_slots` is dense-only), SiLU MLP, default RoPE (no rope scaling), no sliding
-window. Anything else raises `ValueError` naming the config field.
+Does not own: which requests run or when (engine.py), the cache storage and per-step index
+tensors (kv_cache.py), or sampling (sampling.py). Read more: docs/generation.md.
 """
 
 from __future__ import annotations
@@ -354,25 +346,27 @@ class CausalLM(nn.Module):
             state_dict = convert_legacy_moe(state_dict, self.spec.num_experts)
         params = dict(self.named_parameters())
         ignored = {"lm_head.weight"} if self.lm_head is None else set()
+        shape_of = getattr(state_dict, "shape_of", None)  # a SafetensorsDir: shapes without reading the tensors
         todo = []
-        for name, tensor in state_dict.items():
+        for name in state_dict.keys():
             if name in ignored or name.endswith("rotary_emb.inv_freq"):
                 continue
             if name not in params:
                 raise ValueError(f"weight {name!r} is not a parameter of this {self.spec.model_type} model "
                                  f"(expected HF names such as 'model.layers.0.self_attn.q_proj.weight').")
-            if tuple(tensor.shape) != tuple(params[name].shape):
-                raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}; "
+            shape = tuple(shape_of(name) if shape_of is not None else state_dict[name].shape)
+            if shape != tuple(params[name].shape):
+                raise ValueError(f"weight {name!r} has shape {shape}; "
                                  f"the model expects {tuple(params[name].shape)}.")
-            todo.append((params[name], tensor))
+            todo.append((params[name], name))
         if strict:
             missing = sorted(set(params) - set(state_dict))
             if missing:
                 raise ValueError(f"state dict lacks {len(missing)} weight(s), e.g. {missing[:3]}; "
                                  "pass every parameter (HF names) or load with strict=False.")
         with torch.no_grad():
-            for param, tensor in todo:
-                param.copy_(tensor)
+            for param, name in todo:  # one tensor at a time: a SafetensorsDir reads each only here
+                param.copy_(state_dict[name])
         return len(todo)
 
     def _rope_tables(self, device, dtype) -> None:
@@ -503,6 +497,40 @@ def read_config(model_dir: str | Path) -> dict[str, Any]:
                 ids.extend(value if isinstance(value, list) else [value])
         cfg["eos_token_id"] = sorted(set(ids)) or None
     return cfg
+
+
+class SafetensorsDir(Mapping):
+    """The tensors of a directory's `*.safetensors` files, read one at a time on access (so
+    loading a model holds the model and one tensor, not a second copy of every weight)."""
+
+    def __init__(self, model_dir: str | Path):
+        from safetensors import safe_open
+
+        files = sorted(Path(model_dir).glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors file in {model_dir}")
+        self._where: dict[str, Path] = {}
+        self._shapes: dict[str, tuple[int, ...]] = {}
+        for f in files:
+            with safe_open(str(f), framework="pt") as fh:
+                for name in fh.keys():
+                    self._where[name] = f
+                    self._shapes[name] = tuple(fh.get_slice(name).get_shape())
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        return self._shapes[name]
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        with safe_open(str(self._where[name]), framework="pt") as fh:
+            return fh.get_tensor(name)
+
+    def __iter__(self):
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
 
 
 def load_safetensors_dir(model_dir: str | Path) -> dict[str, torch.Tensor]:

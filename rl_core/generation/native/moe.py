@@ -1,23 +1,16 @@
 """The sparse mixture-of-experts block of the native engine (Mixtral layout), and its weights.
 
-Owns:
-- `SparseMoE`: the feed-forward block of an MoE decoder layer. A linear router scores the
-  experts of each token; softmax over experts in fp32, the top-k experts are kept and their
-  weights renormalised to sum to 1 when the config says so (Mixtral always does); each
-  chosen expert is a SwiGLU MLP, down(silu(gate(x)) * up(x)), and the block returns the
-  weighted sum of the chosen experts' outputs (Shazeer et al. 2017, "Outrageously Large
-  Neural Networks"; Jiang et al. 2024, "Mixtral of Experts"). The maths and the parameter
-  names (`mlp.gate.weight` [E, H], `mlp.experts.gate_up_proj` [E, 2I, H] with gate rows
-  first, `mlp.experts.down_proj` [E, H, I]) are those of transformers' `MixtralSparseMoeBlock`
-  as it lives in memory (transformers >= 5), so a trainer's state dict refits by name.
-  After each forward, `last_routes` holds the chosen expert ids [tokens, k] (descending
-  router probability), which the engine records per token for router replay.
-- `convert_legacy_moe`: on disk, transformers still writes Mixtral experts one module per
-  expert (`block_sparse_moe.experts.{e}.w1/w2/w3.weight`, `block_sparse_moe.gate.weight`);
-  this turns such names into the in-memory layout above.
+Owns: `SparseMoE`, an MoE layer's feed-forward block: a linear router, softmax over experts in
+fp32, the top-k kept and renormalised (Mixtral), each expert a SwiGLU MLP, the weighted sum of
+the chosen experts' outputs (Shazeer et al. 2017; Jiang et al. 2024, "Mixtral of Experts"),
+with transformers' in-memory `MixtralSparseMoeBlock` parameter names (`mlp.gate.weight`,
+`mlp.experts.gate_up_proj` gate rows first, `mlp.experts.down_proj`) so a trainer's state dict
+refits by name; after each forward `last_routes` holds the chosen expert ids [tokens, k]
+(descending router probability) for router replay. `convert_legacy_moe`: the on-disk layout
+(`block_sparse_moe.experts.{e}.w1/w2/w3.weight`) into the in-memory one.
 
 Does not own: attention, norms or the decode loop (model.py), nor the trainer-side replay
-(rl_core/train/router_replay.py).
+(rl_core/train/router_replay.py). Read more: docs/moe.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,17 @@
 """Token sampling for a batch of rows with per-row parameters, and the logprobs we report.
 
-Owns: the one definition of a generation logprob that the trainer must reproduce,
-
-    logprob(token) = log_softmax(logits.float() / T)[token],  T = params.logprob_temperature
-
-(T = 1 for greedy), computed on the raw logits, before any top-k/top-p filtering; and how a
-token is drawn: greedy rows take the arg-max (first index on ties); other rows scale by
-their temperature, keep the top-k tokens (ties at the k-th value kept), then the smallest
-top-p nucleus (sorted by probability, stable), and invert the CDF of the renormalised
-filtered distribution in vocabulary order with one uniform number per row.
-
-Reproducibility: the uniform of a row comes from the request's own `torch.Generator`
-when `params.seed` is set (one draw per sampled token), so its tokens do not depend on
-the other rows of the batch nor on when it arrived; other rows share the engine's
-generator. (The logits themselves are batch-invariant up to float rounding of the
-kernels; a token flips only if its uniform lies within that rounding of a CDF boundary.)
-
-Top logprobs (`params.top_logprobs = n`, what the OpenAI API calls `logprobs` /
-`top_logprobs`): the n largest values of that same reported distribution, computed only
-when some row of the step asks (one `topk` over the step's rows, each row then keeps its n).
+Owns: the one definition of a generation logprob the trainer must reproduce,
+log_softmax(logits.float() / T)[token] with T = params.logprob_temperature (1 when greedy), on
+the raw logits before any top-k/top-p filtering; how a token is drawn (greedy: the arg-max,
+first index on ties; else temperature, top-k with ties at the k-th value kept, the smallest
+top-p nucleus, and the inverse CDF of the filtered distribution with one uniform per row);
+per-request `torch.Generator`s for seeded rows (their tokens depend neither on the batch nor
+on arrival; the logits are batch-invariant only to kernel rounding); and top logprobs (the n
+largest of the same distribution, computed only when some row asks).
 
 Does not own: the logits (model.py) or when a request stops (engine.py).
+
+Read more: docs/generation.md, "Per-request sampling and logprobs".
 """
 
 from __future__ import annotations

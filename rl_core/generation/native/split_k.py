@@ -1,31 +1,14 @@
 """Split-K projections for the static/graph decode step: float32 partial sums, summed by the add + norm after them.
 
 Owns: `partials(a, weight)`, a Triton matmul of a [S, K] input by an nn.Linear weight [N, K]
-whose K range is cut into slices, one program per (row block, column block, slice), each writing
-its slice's float32 sum to out[slice] of a [splits, S, N] result; `add_norm(x, parts, bias, ln,
-eps)`, one Triton kernel that sums the slices, adds the bias, rounds to the model dtype (what a
-cuBLAS projection with its bias in the epilogue returns, up to summation order), adds the
-residual x, rounds, and RMS-norms the rows (model.rms_norm's roundings); and `summed`, the same
-sum in torch (the reference the tests compare with).
-
-Why: at decode batch sizes (64-256 rows) the decode layer's output and down projections have few
-output tiles (the down projection [256, 4864] x [896, 4864]^T: 2 x 7 tiles of 128 x 128 on a GPU
-of 132 multiprocessors), so cuBLAS splits K itself and runs a second kernel to reduce its slices,
-then the compiled residual add + norm reads the result again. Here the slices go to memory as
-float32 (256 x 896 x 4 bytes each: small beside the weights) and the add + norm sums them: one
-kernel and one round trip fewer per projection, and the matmul's tile fits the shape (on the
-H200 the split-K matmul alone: 8.2 against 9.1 us for cuBLAS's down projection at 256 rows, 4.1
-against 7.0 us at 64).
-
-Measured and dropped: the SiLU gate computed as the down projection loads its input (from the
-[S, 2 K] gate/up projection, so that could stay one cuBLAS call): 21 us against 8.2 us at 256
-rows, each of the 7 column blocks recomputing the gate of its rows; and the sum of the slices
-compiled by Inductor into the add + norm (5.9 us for that kernel, against ~3 for the add + norm
-after cuBLAS). Numbers: docs/generation.md.
-
-Tiles: fixed per (row regime, projection) (`TILES`), the fastest of a sweep on the H200
-(bench/decode_kernels_gpu.py `--parts splitk`); float32 and Triton's CPU interpreter use small
-tiles and IEEE dots (the exact path of the tests).
+whose K range is cut into slices, one program per (row block, column block, slice), each
+writing its slice's float32 sum to a [splits, S, N] result (its docstring says why);
+`add_norm(x, parts, bias, ln, eps)`, one Triton kernel that sums the slices, adds the bias,
+rounds to the model dtype (a cuBLAS projection with its bias in the epilogue, up to summation
+order), adds the residual, rounds and RMS-norms the rows (model.rms_norm's roundings);
+`linear` (one slice, the QKV projection); `summed` (the torch reference of the tests); and the
+tiles (`TILES`: fixed per row regime and projection, swept L2-cold; float32 and Triton's CPU
+interpreter use small tiles and IEEE dots, the exact path of the tests).
 
 Does not own: which projections use it (fused_stack.py), when the fused step runs
 (decode_graph.py), Triton's import (triton_support.py), `rounded` (fused_mlp.py).
@@ -40,14 +23,12 @@ from rl_core.generation.native.triton_support import (descriptor, gdc_launch_dep
                                                       tma_usable, triton)
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, splits, warps, stages, TMA) for bf16/fp16 on CUDA, by (64: up to 64 rows,
-# else 256; kind): the fastest of 20-115 tiles on the H200 at 64 and 256 rows of the Qwen2.5-0.5B shapes
-# with the weights L2-cold (bench/split_k_cold_sweep.py, 2026-12-04: 16-48 copies of each weight cycled,
-# so that every call reads its weight from HBM, as a decode step's 24 layers do). An earlier sweep with
-# one weight, L2-warm (bench/decode_kernels_gpu.py --parts splitk / tma), picked tiles that are fast
-# there and slow in the engine: the down projection at 256 rows 8.98 us warm / 11.15 us cold at its
-# tile, 9.02 us cold at the tile below. Deeper pipelines (4-5 stages) and 128-256 deep K blocks keep
-# more of the weight in flight. In the engine: batch 256 decode step 1.27 -> 1.17 ms, batch 64
-# 0.87 -> 0.81 ms (docs/generation.md, "L2-cold tiles"). Where TMA is not usable (before Hopper) a tile
+# else 256; kind): the fastest of a sweep at 64 and 256 rows of the Qwen2.5-0.5B shapes with the
+# weights L2-cold (bench/split_k_cold_sweep.py: copies of each weight cycled, so that every call reads
+# its weight from HBM, as a decode step's layers do). A sweep with one weight, L2-warm
+# (bench/decode_kernels_gpu.py --parts splitk / tma), picks tiles that are fast there and slow in the
+# engine. Deeper pipelines (4-5 stages) and 128-256 deep K blocks keep more of the weight in flight
+# (docs/generation.md, "What we learned"; the step times: docs/benchmarks.md). Where TMA is not usable (before Hopper) a tile
 # runs with pointer loads at `POINTER_STAGES` and K blocks of at most `POINTER_BLOCK_K`
 # (`launch_tile`): the deep TMA pipelines would need up to 192 KB of shared memory.
 DEFAULT_TILE = (64, 64, 128, 4, 4, 3, False)
@@ -198,7 +179,14 @@ def partials(a: torch.Tensor, weight: torch.Tensor, splits: int | None = None, *
     """a [S, K], weight [N, K] contiguous in K: returns float32 [splits, S, N] whose sum over dim 0
     is a @ weight^T. `kind` ("output", "down") picks the CUDA tile from `TILES` (`tile` overrides
     it, for benchmarks and the tests: its TMA flag is honoured where `tma_usable`, also in the
-    interpreter); `splits` overrides the tile's."""
+    interpreter); `splits` overrides the tile's.
+
+    Why: at decode batch sizes (64-256 rows) the output and down projections have few output
+    tiles, so cuBLAS splits K itself and runs a second kernel to reduce its slices, then the
+    compiled residual add + norm reads the result again. Here the slices go to memory as float32
+    (small beside the weights) and `add_norm` sums them: one kernel and one round trip fewer per
+    projection, with a tile that fits the shape. Computing the SiLU gate in the down projection's
+    loads, and summing the slices in Inductor's compiled add + norm, were slower and dropped."""
     return _matmul(a, weight, None, splits, kind, tile, to_dtype=False)
 
 

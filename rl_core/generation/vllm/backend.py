@@ -2,18 +2,15 @@
 
 Owns: building an `AsyncLLM` for one HF model directory with the settings that matter,
 translating rl_core requests into vLLM `SamplingParams` and vLLM outputs back into
-`GenerationResult`s (tokens, the logprob of each sampled token, per-token weight
-versions), abort, the weight-update sequence (pause, reload through `ext.py`, reset
-the prefix cache, label the version, resume; vllm-cpu.md §6), the KV/prefix-cache reset,
-and a clean shutdown that leaves no vLLM process behind. Shared by the server backend
-(`server.py`): `to_vllm_sampling`, `token_versions_from_spans`, `check_request`,
-`vllm_engine_env`, `ChildReaper`. Driven from the controller's event loop; only
-`prepare()` (the construction) may run in a worker thread.
+`GenerationResult`s (tokens, the logprob of each sampled token, per-token weight versions),
+abort, the weight-update sequence (pause, reload through `ext.py`, reset the prefix cache,
+label the version, resume), the KV/prefix-cache reset, and a clean shutdown that leaves no
+vLLM process behind. Shared with `server.py`: `to_vllm_sampling`, `token_versions_from_spans`,
+`check_request`, `vllm_engine_env`, `ChildReaper`. Driven from the controller's event loop;
+only `prepare()` (the construction) may run in a worker thread.
 
-Does not own: which weights to send or when (refit), the recipe (`from_recipe` reads it),
-or the OpenAI-server path (`server.py`).
-
-See docs/generation.md, "The vLLM backends": weight updates, logprob semantics, vLLM on CPU.
+Does not own: which weights to send or when (refit), the recipe (`from_recipe` reads it), or
+the OpenAI-server path (`server.py`). Read more: docs/generation.md, "The vLLM backends".
 """
 
 from __future__ import annotations
@@ -97,7 +94,7 @@ class VLLMBackend:
     # ------------------------------------------------------------------ start-up
 
     def prepare(self) -> None:
-        """Build the engine (spawns the EngineCore, loads the weights): blocking, ~15 s on CPU.
+        """Build the engine (spawns the EngineCore, loads the weights): blocking (seconds on CPU).
         Safe in a worker thread; `start()` calls it if nobody did."""
         if self._engine is not None:
             return
@@ -193,7 +190,7 @@ class VLLMBackend:
         if not getattr(request.params, "top_logprobs", 0) and hasattr(flat, "start_indices") and \
                 flat.token_ids == tokens and len(flat.logprobs) == len(tokens):
             # `flat_logprobs` (vLLM's FlatLogprobs): the sampled tokens' logprobs as one list,
-            # one entry a position; reading them through its per-position dicts costs ~3x more
+            # one entry a position; reading them through its per-position dicts costs more
             logprobs = list(flat.logprobs)
         else:
             logprobs = [float(pos[t].logprob) for t, pos in zip(tokens, flat or [])]

@@ -48,8 +48,8 @@ def backend_metrics(stats: Mapping[str, float], t_start: float | None, running: 
 def vllm_engine_env(is_cpu: bool) -> dict[str, str]:
     """Environment for a vLLM engine process (vllm-cpu.md §2). On CPU: one in-process
     executor ("uni") instead of a third process, one OpenMP thread for the EngineCore
-    (two threads beside the front-end on two cores are 10x slower), no torch.compile of the
-    logprob-rank kernel (9 s per new shape, needs g++). On GPU nothing is changed."""
+    (two threads beside the front-end on two cores are far slower), no torch.compile of the
+    logprob-rank kernel (a compilation per new shape, needs g++). On GPU nothing is changed."""
     if not is_cpu:
         return {}
     return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1", "TORCHDYNAMO_DISABLE": "1"}

