@@ -24,14 +24,23 @@ from tests.helpers.workflow import ROOT, make_workdir, snakemake
 
 
 class SubtractionEnv(BaseEnv):
-    """`a-b=` -> the difference's digits reversed, then the end token (reward 1 when exact)."""
+    """`a-b=` -> the difference's digits reversed, then the end token. Reward 1 when exact,
+    plus `kwargs.partial_credit` x the share of answer digits right (position by position,
+    for an ended completion): the denser signal docs/environments.md recommends."""
 
     name = "subtraction"
-    reward_names = ("correct",)
+    reward_names = ("correct", "digits")
+
+    def __init__(self, config, tokenizer):
+        super().__init__(config, tokenizer)
+        self.partial_credit = float(config.kwargs.get("partial_credit", 0.0))
 
     def score_completion(self, example: dict, completion: Completion) -> EnvResult:
-        correct = completion.ended and completion.text == example["answer"]
-        return EnvResult(reward=float(correct), rewards={"correct": float(correct)}, info={"correct": correct})
+        answer, text = example["answer"], completion.text
+        correct = completion.ended and text == answer
+        digits = sum(a == b for a, b in zip(text, answer)) / len(answer) if completion.ended else 0.0
+        return EnvResult(reward=float(correct) + self.partial_credit * digits,
+                         rewards={"correct": float(correct), "digits": digits}, info={"correct": correct})
 
 
 def make_subtraction_data(out: Path, num_val: int = 500, seed: int = 0) -> None:
