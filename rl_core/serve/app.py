@@ -24,7 +24,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -273,31 +273,43 @@ class Server:
                             **self._extension(body, res)})
         return {**head, "choices": choices, "usage": self._usage(prompts, results)}
 
-    async def _stream_completions(self, body, prompts, jobs, stops, head, base):
-        texts = {j.choice: TextStream(self.codec, stops) for j in jobs}
-        offsets = {j.choice: 0 for j in jobs}
+    async def _stream_choices(self, body, prompts, jobs, head, base, delta: Callable, end: Callable):
+        """The chunks of a streamed answer, as its tokens come: `delta(job, item, choice)` fills a
+        chunk of new tokens, `end(job, result, choice)` a choice's last chunk (rl_core's extension
+        fields follow each when asked for); then the usage chunk if `stream_options` asks for it."""
         results = []
         async for job, item in self._stream_all(base, jobs):
-            stream = texts[job.choice]
             choice: dict[str, Any] = {"index": job.choice, "logprobs": None, "finish_reason": None}
             if isinstance(item, StreamDelta):
-                choice["text"] = stream.push(item.token_ids)
-                if body.logprobs is not None:
-                    choice["logprobs"] = completion_logprobs(self.codec, item.token_ids, item.logprobs,
-                                                             item.top_logprobs if body.logprobs else None,
-                                                             offsets[job.choice])
-                    offsets[job.choice] = choice["logprobs"]["text_offset"][-1] + len(choice["logprobs"]["tokens"][-1])
+                delta(job, item, choice)
                 if body.return_token_ids:
                     choice["token_ids"] = item.token_ids
             else:
                 results.append(item)
-                choice.update(text=stream.finish(), finish_reason=item.finish_reason)
+                end(job, item, choice)
                 if body.return_token_ids:
                     choice.update({k: v for k, v in self._extension(body, item).items() if k != "token_ids"},
                                   token_ids=[])
             yield {**head, "choices": [choice]}
         if body.stream_options is not None and body.stream_options.include_usage:
             yield {**head, "choices": [], "usage": self._usage(prompts, results)}
+
+    def _stream_completions(self, body, prompts, jobs, stops, head, base):
+        texts = {j.choice: TextStream(self.codec, stops) for j in jobs}
+        offsets = {j.choice: 0 for j in jobs}
+
+        def delta(job, item: StreamDelta, choice: dict) -> None:
+            choice["text"] = texts[job.choice].push(item.token_ids)
+            if body.logprobs is not None:
+                choice["logprobs"] = completion_logprobs(self.codec, item.token_ids, item.logprobs,
+                                                         item.top_logprobs if body.logprobs else None,
+                                                         offsets[job.choice])
+                offsets[job.choice] = choice["logprobs"]["text_offset"][-1] + len(choice["logprobs"]["tokens"][-1])
+
+        def end(job, result: GenerationResult, choice: dict) -> None:
+            choice.update(text=texts[job.choice].finish(), finish_reason=result.finish_reason)
+
+        return self._stream_choices(body, prompts, jobs, head, base, delta, end)
 
     async def chat(self, body: ChatCompletionRequest, request: Request):
         self.counters["requests"] += 1
@@ -333,27 +345,20 @@ class Server:
         for job in jobs:  # the role comes first, as in OpenAI's streams
             yield {**head, "choices": [{"index": job.choice, "delta": {"role": "assistant", "content": ""},
                                         "logprobs": None, "finish_reason": None}]}
-        results = []
-        async for job, item in self._stream_all(base, jobs):
-            stream = texts[job.choice]
-            choice: dict[str, Any] = {"index": job.choice, "logprobs": None, "finish_reason": None}
-            if isinstance(item, StreamDelta):
-                choice["delta"] = {"content": stream.push(item.token_ids)}
-                if body.logprobs:
-                    choice["logprobs"] = {"content": chat_logprobs(self.codec, item.token_ids, item.logprobs,
-                                                                   item.top_logprobs if body.top_logprobs else None)}
-                if body.return_token_ids:
-                    choice["token_ids"] = item.token_ids
-            else:
-                results.append(item)
-                rest = stream.finish()
-                choice.update(delta={"content": rest} if rest else {}, finish_reason=item.finish_reason)
-                if body.return_token_ids:
-                    choice.update({k: v for k, v in self._extension(body, item).items() if k != "token_ids"},
-                                  token_ids=[])
-            yield {**head, "choices": [choice]}
-        if body.stream_options is not None and body.stream_options.include_usage:
-            yield {**head, "choices": [], "usage": self._usage(prompts, results)}
+
+        def delta(job, item: StreamDelta, choice: dict) -> None:
+            choice["delta"] = {"content": texts[job.choice].push(item.token_ids)}
+            if body.logprobs:
+                choice["logprobs"] = {"content": chat_logprobs(self.codec, item.token_ids, item.logprobs,
+                                                               item.top_logprobs if body.top_logprobs else None)}
+
+        def end(job, result: GenerationResult, choice: dict) -> None:
+            rest = texts[job.choice].finish()
+            choice.update(delta={"content": rest} if rest else {}, finish_reason=result.finish_reason)
+
+        async with contextlib.aclosing(self._stream_choices(body, prompts, jobs, head, base, delta, end)) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
     # ------------------------------------------------------------------ RL control
 

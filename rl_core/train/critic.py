@@ -19,15 +19,14 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from rl_core.algorithms.metrics import finalize_metrics, merge_metrics
+from rl_core.algorithms.metrics import finalize_metrics
 from rl_core.algorithms.value_loss import ClippedValueLoss
 from rl_core.config.schema import CriticConfig
 from rl_core.fsutil import atomic_dir
-from rl_core.train.update import LocalStep, local_microbatches, local_update
+from rl_core.train.update import LocalStep, local_microbatches
 from rl_core.types import TrainChunk
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -102,12 +101,6 @@ class Critic(LocalStep):
 
     # ------------------------------------------------------------------ split step API
 
-    def _reset_step(self) -> None:
-        self._normalizer = 0.0
-        self._loss_sum = 0.0
-        self._metrics: dict[str, list[float]] = {}
-        self._t_compute = 0.0
-
     def begin(self, loss=None) -> None:
         """Open one critic step; `loss` defaults to the clipped value loss of `critic.value_clip_eps`."""
         self._open_step(loss if loss is not None else ClippedValueLoss(self.cfg.value_clip_eps))
@@ -116,13 +109,8 @@ class Critic(LocalStep):
         self._require_open("train_microbatches")
         t0 = time.perf_counter()
         for mb in local_microbatches(chunk, self.cfg.microbatch_size, self.device):
-            values = self.model(mb.input_ids, mb.attention_mask)
-            out = self._loss(values, mb)
-            out.loss_sum.backward()
-            self._normalizer += out.normalizer
-            self._loss_sum += float(out.loss_sum.detach().item())
-            merge_metrics(self._metrics, out.metrics)
-        self._t_compute += time.perf_counter() - t0
+            self._step.backward(self._loss(self.model(mb.input_ids, mb.attention_mask), mb), mb)
+        self._step.compute_s += time.perf_counter() - t0
 
     def finish(self, advance_version: bool = True) -> dict[str, float]:
         """Normalise by the step's total normaliser, clip, one AdamW step; returns metrics.
@@ -130,15 +118,9 @@ class Critic(LocalStep):
         `version` counts RL steps the critic trained in, `optimizer_steps` every update."""
         self._require_open("finish")
         t0 = time.perf_counter()
-        try:
-            metrics = local_update(self.model, self.optimizer, self._normalizer, self._loss_sum,
-                                   self.cfg.max_grad_norm, f"critic gradient norm at critic step {self.version}")
-        except FloatingPointError:
-            self.abort()
-            raise
-        self.optimizer_steps += 1 - int(metrics["skipped_update"])
-        metrics.update(finalize_metrics(self._metrics))
-        metrics["compute_s"] = self._t_compute + (time.perf_counter() - t0)
+        metrics = self._update(self.cfg.max_grad_norm, f"critic gradient norm at critic step {self.version}")
+        metrics.update(finalize_metrics(self._step.metrics))
+        metrics["compute_s"] = self._step.compute_s + (time.perf_counter() - t0)
         if advance_version:
             self.version += 1
         self._loss = None
@@ -168,15 +150,6 @@ class Critic(LocalStep):
         if not with_final:
             return values
         return values, (torch.cat(finals) if finals else torch.zeros(chunk.num_samples, dtype=torch.float32))
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"version": self.version, "optimizer_steps": self.optimizer_steps,
-                "optimizer": self.optimizer.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.version = int(state["version"])
-        self.optimizer_steps = int(state["optimizer_steps"])
-        self.optimizer.load_state_dict(state["optimizer"])
 
     def save(self, out_dir: str | Path, with_optimizer: bool = True) -> Path:
         """Write the critic (weights, head, optionally optimizer state) as one directory, atomically."""

@@ -17,6 +17,7 @@ more: docs/distributed-training.md, "How the processes work together".
 from __future__ import annotations
 
 import abc
+import contextlib
 import math
 import time
 from pathlib import Path
@@ -26,9 +27,8 @@ import torch
 import torch.distributed as dist
 
 from rl_core.algorithms.flops import FlopsCounter, FlopsSpec, flops_metrics, peak_flops_per_s
-from rl_core.algorithms.metrics import finalize_metrics, merge_metrics
 from rl_core.protocols import PolicyLoss
-from rl_core.train.update import apply_update
+from rl_core.train.update import StepSums, apply_update, scheduled_lr, set_lr
 from rl_core.train.spmd import INIT, CommandChannel
 from rl_core.types import TrainChunk
 
@@ -38,12 +38,32 @@ class DataParallelTrainer(abc.ABC):
 
     reference_dir: str | None = None  # the KL reference's directory; `make_trainer` sets it
 
-    def _setup_step_state(self, channel: CommandChannel, dp_rank: int, dp_size: int, dp_group, microbatch_size: int,
-                          max_grad_norm: float | None, version: int) -> None:
-        self.channel = channel
+    @contextlib.contextmanager
+    def _constructing(self, **call: Any):
+        """The frame of a backend's constructor (its arguments: `call`), on every rank of an
+        initialised process group: the command channel and `cfg`, `device`, `temperature` set; on
+        rank 0 of several, the call published first, so the worker ranks build alongside, and
+        awaited at the end (whether the body built or raised)."""
+        if not dist.is_initialized():
+            raise RuntimeError(f"{type(self).__name__} needs an initialised process group: build it with "
+                               "rl_core.train.make_trainer (which calls rl_core.distributed.init_distributed)")
+        self.channel = CommandChannel.shared(call["cfg"].collective_timeout_s)
+        seq = self._driver_init(dict(call, model_dir=str(call["model_dir"])))
+        try:
+            self.cfg = call["cfg"]
+            self.device = torch.device(call["device"])
+            self.temperature = call["logprob_temperature"]
+            self.lr_total_steps = call.get("lr_total_steps", 0)  # the RL steps trainer.lr_schedule spans
+            yield
+        finally:
+            if seq is not None:
+                self.channel.complete(seq)
+
+    def _setup_step_state(self, dp_rank: int, dp_size: int, dp_group, version: int) -> None:
+        """The split step's state of this rank in its data-parallel group (inside `_constructing`)."""
         self.dp_rank, self.dp_size, self.dp_group = dp_rank, dp_size, dp_group
-        self.microbatch_size = microbatch_size
-        self.max_grad_norm = max_grad_norm
+        self.microbatch_size = self.cfg.microbatch_size
+        self.max_grad_norm = self.cfg.max_grad_norm
         self.version = version
         self.optimizer_steps = 0
         self._loss: PolicyLoss | None = None
@@ -117,17 +137,13 @@ class DataParallelTrainer(abc.ABC):
     # ------------------------------------------------------------------ SPMD bodies (every rank)
 
     def _reset_step(self) -> None:
-        self._normalizer = 0.0
-        self._loss_sum = 0.0
-        self._metric_sums: dict[str, list[float]] = {}
-        self._num_samples = 0
-        self._num_tokens = 0
-        self._t_compute = 0.0
+        self._step = StepSums()
 
     def _spmd_begin(self, loss: PolicyLoss) -> None:
         self._loss = loss
         self._reset_step()
         self._zero_grad()
+        set_lr(self.optimizer, scheduled_lr(self.cfg, self.version, self.lr_total_steps))
 
     def _my_microbatches(self, chunk: TrainChunk) -> list[TrainChunk | None]:
         """This rank's microbatches (None = dummy); the same count on every data-parallel rank."""
@@ -165,58 +181,51 @@ class DataParallelTrainer(abc.ABC):
             if dummy or mb.num_valid_tokens() == 0:
                 (lp.sum() * 0.0).backward()
                 if not dummy:  # as the single-process trainer: the loss may count its sequences
-                    self._normalizer += self._loss.skipped_normalizer(mb)
+                    self._step.normalizer += self._loss.skipped_normalizer(mb)
                 continue
-            out = self._loss(lp, mb)
-            out.loss_sum.backward()
-            self._normalizer += out.normalizer
-            self._loss_sum += float(out.loss_sum.detach().item())
-            merge_metrics(self._metric_sums, out.metrics)
+            self._step.backward(self._loss(lp, mb), mb)
             self._flops_counter().add_train(mb)
             if ref_pass:  # the KL term's reference pass above, counted as TorchTrainer counts it
                 self._flops_counter().add_forward(mb)
-            self._num_samples += mb.num_samples
-            self._num_tokens += mb.num_valid_tokens()
-        self._t_compute += time.perf_counter() - t0
+        self._step.compute_s += time.perf_counter() - t0
 
-    def _reduce_step_sums(self) -> dict[str, Any]:
+    def _reduce_step_sums(self) -> tuple[StepSums, float, float]:
+        """The step's sums over the data-parallel ranks, and their (train, forward-only) FLOPs."""
         counter = self._flops_counter()
-        mine = {"normalizer": self._normalizer, "loss_sum": self._loss_sum, "num_samples": self._num_samples,
-                "num_tokens": self._num_tokens, "metrics": self._metric_sums, "flops_train": counter.train,
-                "flops_forward": counter.forward}
+        flops_train, flops_forward = counter.train, counter.forward
         counter.reset()
         if self.dp_size == 1:
-            return mine
+            return self._step, flops_train, flops_forward
+        mine = {"normalizer": self._step.normalizer, "loss_sum": self._step.loss_sum,
+                "num_samples": self._step.num_samples, "num_tokens": self._step.num_tokens,
+                "metrics": self._step.metrics, "flops": [flops_train, flops_forward]}
         every: list[dict | None] = [None] * self.dp_size
         dist.all_gather_object(every, mine, group=self.dp_group)
-        total = {"normalizer": 0.0, "loss_sum": 0.0, "num_samples": 0, "num_tokens": 0, "metrics": {},
-                 "flops_train": 0.0, "flops_forward": 0.0}
+        total, flops_train, flops_forward = StepSums(), 0.0, 0.0
         for d in every:
-            for k in ("normalizer", "loss_sum", "num_samples", "num_tokens", "flops_train", "flops_forward"):
-                total[k] += d[k]
-            merge_metrics(total["metrics"], d["metrics"])
-        return total
+            flops = d.pop("flops")
+            total.add(StepSums(**d))
+            flops_train, flops_forward = flops_train + flops[0], flops_forward + flops[1]
+        return total, flops_train, flops_forward
 
     def _spmd_finish(self, advance_version: bool = True) -> dict[str, float]:
         t0 = time.perf_counter()
-        sums = self._reduce_step_sums()
+        sums, flops_train, flops_forward = self._reduce_step_sums()
         try:
-            metrics = apply_update(sums["normalizer"], sums["loss_sum"], self.max_grad_norm, scale=self._scale_grads,
+            metrics = apply_update(sums.normalizer, sums.loss_sum, self.max_grad_norm, scale=self._scale_grads,
                                    clip=self._clip_grads, step=self._optimizer_step,
                                    what=f"gradient norm at RL step {self.version}")
             self.optimizer_steps += 1 - int(metrics["skipped_update"])
         finally:
             self._zero_grad()
             self._loss = None
-        metrics.update(finalize_metrics(sums["metrics"]))
-        metrics["num_samples"] = float(sums["num_samples"])
-        metrics["num_tokens"] = float(sums["num_tokens"])
+        metrics.update(sums.report())
         metrics["lr"] = self._lr()
-        metrics["compute_s"] = self._t_compute + (time.perf_counter() - t0)
+        metrics["compute_s"] = self._step.compute_s + (time.perf_counter() - t0)
         # FLOPs/MFU over the RL step (PPO mini-steps and forward-only logprob passes included), as
         # TorchTrainer reports them; every data-parallel rank's passes count, MFU is over all devices
-        self._rl_flops[0] += sums["flops_train"]
-        self._rl_flops[1] += sums["flops_forward"]
+        self._rl_flops[0] += flops_train
+        self._rl_flops[1] += flops_forward
         self._rl_compute_s += metrics["compute_s"]
         if advance_version:
             self.version += 1

@@ -100,27 +100,19 @@ class FSDPTrainer(DataParallelTrainer):
 
     def __init__(self, model_dir: str | Path, cfg: TrainerConfig, *, logprob_temperature: float = 1.0,
                  device: str = "cpu", dtype: str = "float32", keep_reference: bool = False, version: int = 0,
-                 reference_dir: str | Path | None = None):
-        if not dist.is_initialized():
-            raise RuntimeError("FSDPTrainer needs an initialised process group: build it with "
-                               "rl_core.train.make_trainer (which calls rl_core.distributed.init_distributed)")
-        kwargs = dict(model_dir=str(model_dir), cfg=cfg, logprob_temperature=logprob_temperature, device=device,
-                      dtype=dtype, keep_reference=keep_reference, version=version, reference_dir=reference_dir)
-        rank, world = dist.get_rank(), dist.get_world_size()
-        self._setup_step_state(CommandChannel.shared(cfg.collective_timeout_s), rank, world, None,
-                               cfg.microbatch_size, cfg.max_grad_norm, version)
-        seq = self._driver_init(kwargs)
-        self.cfg = cfg
-        self.device = torch.device(device)
-        self.temperature = logprob_temperature
-        self.dtype = DTYPES[dtype]
-        mp = cfg.fsdp.mixed_precision
-        if mp == "auto":
-            mp = "bf16" if self.device.type == "cuda" else "none"
-        if mp == "bf16" and self.device.type != "cuda":
-            raise ValueError("trainer.fsdp.mixed_precision 'bf16' needs CUDA devices")
-        self.mixed_precision = mp
-        try:
+                 reference_dir: str | Path | None = None, lr_total_steps: int = 0):
+        with self._constructing(model_dir=model_dir, cfg=cfg, logprob_temperature=logprob_temperature, device=device,
+                                dtype=dtype, keep_reference=keep_reference, version=version, reference_dir=reference_dir,
+                                lr_total_steps=lr_total_steps):
+            world = dist.get_world_size()
+            self._setup_step_state(dist.get_rank(), world, None, version)
+            self.dtype = DTYPES[dtype]
+            mp = cfg.fsdp.mixed_precision
+            if mp == "auto":
+                mp = "bf16" if self.device.type == "cuda" else "none"
+            if mp == "bf16" and self.device.type != "cuda":
+                raise ValueError("trainer.fsdp.mixed_precision 'bf16' needs CUDA devices")
+            self.mixed_precision = mp
             self.mesh = self._mesh(world)
             self.model, self.hf_config = self._build(model_dir, trainable=True)
             self.reference = (self._build(reference_dir or model_dir, trainable=False)[0]  # the initial policy
@@ -131,9 +123,6 @@ class FSDPTrainer(DataParallelTrainer):
             # on CUDA the fused kernel over the local shards (about half the update's time over fp32 master
             # weights; over the DTensors themselves it was slower: docs/performance.md)
             fused_adamw(self.optimizer)
-        finally:
-            if seq is not None:
-                self.channel.complete(seq)
 
     # ------------------------------------------------------------------ building
 

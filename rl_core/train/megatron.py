@@ -158,20 +158,13 @@ class MegatronTrainer(DataParallelTrainer):
 
     def __init__(self, model_dir: str | Path, cfg: TrainerConfig, *, logprob_temperature: float = 1.0,
                  device: str = "cpu", dtype: str = "float32", keep_reference: bool = False, version: int = 0,
-                 reference_dir: str | Path | None = None):
-        if not dist.is_initialized():
-            raise RuntimeError("MegatronTrainer needs an initialised process group: build it with "
-                               "rl_core.train.make_trainer")
+                 reference_dir: str | Path | None = None, lr_total_steps: int = 0):
         from transformers import AutoConfig
 
-        kwargs = dict(model_dir=str(model_dir), cfg=cfg, logprob_temperature=logprob_temperature, device=device,
-                      dtype=dtype, keep_reference=keep_reference, version=version, reference_dir=reference_dir)
-        self.channel = CommandChannel.shared(cfg.collective_timeout_s)
-        seq = self._driver_init(kwargs)
-        try:
-            self.cfg, mcfg = cfg, cfg.megatron
-            self.device = torch.device(device)
-            self.temperature = logprob_temperature
+        with self._constructing(model_dir=model_dir, cfg=cfg, logprob_temperature=logprob_temperature, device=device,
+                                dtype=dtype, keep_reference=keep_reference, version=version, reference_dir=reference_dir,
+                                lr_total_steps=lr_total_steps):
+            mcfg = cfg.megatron
             on_cpu = self.device.type == "cpu"
             opt = mcfg.optimizer if mcfg.optimizer != "auto" else ("torch" if on_cpu else "megatron")
             mp = mcfg.mixed_precision if mcfg.mixed_precision != "auto" else (
@@ -188,8 +181,8 @@ class MegatronTrainer(DataParallelTrainer):
             self.tp, self.tp_rank, self.tp_group = tp, ps.get_tensor_model_parallel_rank(), \
                 ps.get_tensor_model_parallel_group()
             self.mp_group = ps.get_model_parallel_group()
-            self._setup_step_state(self.channel, ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(),
-                                   ps.get_data_parallel_group(), cfg.microbatch_size, cfg.max_grad_norm, version)
+            self._setup_step_state(ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(),
+                                   ps.get_data_parallel_group(), version)
             hf_sd = _read_hf_weights(model_dir)
             shard = split_tensor_parallel(hf_to_megatron(hf_sd, self.shape), tp, self.tp_rank)
             del hf_sd
@@ -211,9 +204,6 @@ class MegatronTrainer(DataParallelTrainer):
             self.optimizer = self._make_optimizer()
             if self.bf16 and self.optimizer_kind == "megatron":
                 self._seed_main_params(shard)
-        finally:
-            if seq is not None:
-                self.channel.complete(seq)
 
     # ------------------------------------------------------------------ building
 

@@ -25,12 +25,11 @@ from typing import Any
 import torch
 
 from rl_core.algorithms.flops import FlopsCounter, FlopsSpec, peak_flops_per_s
-from rl_core.algorithms.metrics import finalize_metrics, merge_metrics
 from rl_core.config.schema import TrainerConfig
 from rl_core.protocols import PolicyLoss
 from rl_core.train.logprobs import chunked_unsupported_reason, resolve_chunk_tokens, token_logprobs
 from rl_core.train.router_replay import RouterReplay, check_routes
-from rl_core.train.update import LocalStep, local_microbatches, local_update, scheduled_lr, set_lr
+from rl_core.train.update import LocalStep, StepSums, local_microbatches, scheduled_lr, set_lr
 from rl_core.types import TrainChunk
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -91,12 +90,7 @@ class TorchTrainer(LocalStep):
     # ------------------------------------------------------------------ split step API
 
     def _reset_step(self) -> None:
-        self._normalizer = 0.0
-        self._loss_sum = 0.0
-        self._metric_sums: dict[str, list[float]] = {}
-        self._num_samples = 0
-        self._num_tokens = 0
-        self._t_compute = 0.0
+        self._step = StepSums()
         self._route_tokens = 0  # router replay: tokens whose routes matter, and those backfilled
         self._route_backfilled = 0
 
@@ -122,7 +116,7 @@ class TorchTrainer(LocalStep):
             self._train_microbatches(chunk)
         finally:
             self._in_train = False
-            self._t_compute += time.perf_counter() - t0
+            self._step.compute_s += time.perf_counter() - t0
 
     def _train_microbatches(self, chunk: TrainChunk) -> None:
         for mb in local_microbatches(chunk, self.cfg.microbatch_size, self.device, on_skip=self._skipped):
@@ -131,37 +125,23 @@ class TorchTrainer(LocalStep):
             with self._replaying(self.replay, mb, count=True):
                 lp = token_logprobs(self.model, mb.input_ids, mb.attention_mask, self.temperature, self.chunk_tokens,
                                     fused=self.cfg.compile)
-            out = self._loss(lp, mb)
-            out.loss_sum.backward()
-            self._normalizer += out.normalizer
-            self._loss_sum += float(out.loss_sum.detach().item())
-            merge_metrics(self._metric_sums, out.metrics)  # `_min`/`_max` reduce as extremes
+            self._step.backward(self._loss(lp, mb), mb)
             self.flops.add_train(mb)
-            self._num_samples += mb.num_samples
-            self._num_tokens += mb.num_valid_tokens()
 
     def _skipped(self, mb: TrainChunk) -> None:
-        self._normalizer += self._loss.skipped_normalizer(mb)
+        self._step.normalizer += self._loss.skipped_normalizer(mb)
 
     def finish(self, advance_version: bool = True) -> dict[str, float]:
         """One optimizer step. `advance_version=False` for the inner mini-steps of an RL step
         (PPO epochs/minibatches): the weight version counts RL steps, not optimizer steps."""
         self._require_open("finish")
         t0 = time.perf_counter()
-        try:
-            metrics = local_update(self.model, self.optimizer, self._normalizer, self._loss_sum,
-                                   self.cfg.max_grad_norm, f"gradient norm at RL step {self.version}")
-        except FloatingPointError:
-            self._loss = None
-            raise
-        self.optimizer_steps += 1 - int(metrics["skipped_update"])
-        metrics.update(finalize_metrics(self._metric_sums))
-        metrics["num_samples"] = float(self._num_samples)
-        metrics["num_tokens"] = float(self._num_tokens)
+        metrics = self._update(self.cfg.max_grad_norm, f"gradient norm at RL step {self.version}")
+        metrics.update(self._step.report())
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         if self.replay is not None:
             metrics["router_replay_backfill_frac"] = self._route_backfilled / max(self._route_tokens, 1)
-        metrics["compute_s"] = self._t_compute + (time.perf_counter() - t0)
+        metrics["compute_s"] = self._step.compute_s + (time.perf_counter() - t0)
         self._rl_compute_s += metrics["compute_s"]
         if advance_version:
             self.version += 1
@@ -182,7 +162,7 @@ class TorchTrainer(LocalStep):
         try:
             return self._logprobs(chunk, reference)
         finally:
-            if not self._in_train:  # inside train_microbatches the time is in `_t_compute` already
+            if not self._in_train:  # inside train_microbatches the time is in the step's `compute_s` already
                 self._rl_compute_s += time.perf_counter() - t0
 
     @torch.no_grad()
@@ -209,14 +189,8 @@ class TorchTrainer(LocalStep):
     def save_pretrained(self, out_dir: str | Path) -> None:
         self.model.save_pretrained(str(out_dir), safe_serialization=True)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"version": self.version, "optimizer_steps": self.optimizer_steps,
-                "optimizer": self.optimizer.state_dict()}
-
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.version = int(state["version"])
-        self.optimizer_steps = int(state["optimizer_steps"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        super().load_state_dict(state)
         # the recipe's hyperparameters win over the saved ones: equal when resuming, changed on
         # purpose when a run branches from a checkpoint with another trainer.lr (README: Workflow)
         for group in self.optimizer.param_groups:

@@ -7,9 +7,9 @@ and the metrics `grad_norm`, `loss` (the step's mean) and `skipped_update` (1 wh
 had a gradient). `apply_update` takes the three actions as callables so the torch trainer,
 the critic and the data-parallel backends (FSDP2 scaling, Megatron's optimizer) share the
 rule; `local_update` is it for a plain module and a torch optimizer; `scheduled_lr`, the
-rate of each RL step (`trainer.lr_schedule`). Also the pieces of
-the split step that the one-process trainers (torch policy trainer, critic) share:
-`local_microbatches` and the open/abort bookkeeping of `LocalStep`.
+rate of each RL step (`trainer.lr_schedule`). Also a step's sums until `finish` (`StepSums`,
+every trainer), and what the one-process trainers share: `local_microbatches` and
+`LocalStep` (open/abort, update, checkpoint state).
 
 Does not own: the forward/backward of microbatches, how sums reach this rank (data_parallel
 all-reduces them first), versions or the other metrics of a step.
@@ -18,10 +18,12 @@ all-reduces them first), versions or the other metrics of a step.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
 
+from rl_core.algorithms.metrics import finalize_metrics, merge_metrics
 from rl_core.types import TrainChunk
 
 
@@ -46,6 +48,42 @@ def set_lr(optimizer: Any, lr: float) -> None:
     """Every parameter group of `optimizer` at learning rate `lr`."""
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+@dataclass
+class StepSums:
+    """What one split step accumulates until `finish` (a fresh record per step): the loss sum and
+    the normalizer it is divided by once (`apply_update`), the loss's metric pairs
+    (`rl_core.algorithms.metrics`), the samples and trained tokens, and this process's compute time."""
+
+    normalizer: float = 0.0
+    loss_sum: float = 0.0
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+    num_samples: int = 0
+    num_tokens: int = 0
+    compute_s: float = 0.0
+
+    def backward(self, out: Any, mb: TrainChunk) -> None:
+        """Backpropagate one microbatch's loss sum (`out`: a `LossOutput`) and add its sums."""
+        out.loss_sum.backward()
+        self.normalizer += out.normalizer
+        self.loss_sum += float(out.loss_sum.detach().item())
+        merge_metrics(self.metrics, out.metrics)  # `_min`/`_max` reduce as extremes
+        self.num_samples += mb.num_samples
+        self.num_tokens += mb.num_valid_tokens()
+
+    def add(self, other: StepSums) -> None:
+        """Add another process's sums (its compute time stays its own)."""
+        self.normalizer += other.normalizer
+        self.loss_sum += other.loss_sum
+        merge_metrics(self.metrics, other.metrics)
+        self.num_samples += other.num_samples
+        self.num_tokens += other.num_tokens
+
+    def report(self) -> dict[str, float]:
+        """The step's metrics of these sums: the loss metrics' values, `num_samples`, `num_tokens`."""
+        return {**finalize_metrics(self.metrics), "num_samples": float(self.num_samples),
+                "num_tokens": float(self.num_tokens)}
 
 
 def apply_update(normalizer: float, loss_sum: float, max_grad_norm: float | None, *,
@@ -97,10 +135,15 @@ def local_microbatches(chunk: TrainChunk, size: int, device: torch.device,
 
 
 class LocalStep:
-    """begin / abort of the split step for a trainer with `self.optimizer`, `self._loss` (None
-    while no step is open) and `_reset_step()`; `_name` prefixes its errors."""
+    """begin / abort of the split step, and the state of a checkpoint (version, optimizer steps,
+    optimizer), for a trainer with `self.model`, `self.optimizer`, `self.version`, `self.optimizer_steps` and
+    `self._loss` (None while no step is open); the step's sums are `self._step`; `_name` prefixes
+    its errors."""
 
     _name = "trainer"
+
+    def _reset_step(self) -> None:
+        self._step = StepSums()
 
     def _open_step(self, loss) -> None:
         if self._loss is not None:
@@ -118,3 +161,24 @@ class LocalStep:
         self.optimizer.zero_grad(set_to_none=True)
         self._loss = None
         self._reset_step()
+
+    def _update(self, max_grad_norm: float | None, what: str) -> dict[str, float]:
+        """`local_update` of `self.model` by the open step's sums, counted in `optimizer_steps`; a
+        non-finite gradient norm drops the step (`abort`) and raises."""
+        try:
+            metrics = local_update(self.model, self.optimizer, self._step.normalizer, self._step.loss_sum,
+                                   max_grad_norm, what)
+        except FloatingPointError:
+            self.abort()
+            raise
+        self.optimizer_steps += 1 - int(metrics["skipped_update"])
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "optimizer_steps": self.optimizer_steps,
+                "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.version = int(state["version"])
+        self.optimizer_steps = int(state["optimizer_steps"])
+        self.optimizer.load_state_dict(state["optimizer"])

@@ -1,6 +1,6 @@
 """Helpers of the serving tests: a tiny HF model directory (byte-level BPE tokenizer with a
-ChatML chat template) and `rl-core serve` run as a real subprocess on a free port, stopped
-by its PID."""
+ChatML chat template), `rl-core serve` run as a real subprocess on a free port, stopped
+by its PID, and the in-process engine's results that the servers' answers are checked against."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ from pathlib import Path
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rl_core.model.tokenizer import GENERIC_CORPUS, train_bpe, wrap_tokenizer
+from rl_core.generation import EngineOptions, NativeEngine
 from rl_core.generation.http.servers import stop_process
+from rl_core.model.tokenizer import GENERIC_CORPUS, train_bpe, wrap_tokenizer
+from tests.helpers.engine_models import run
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN_ENV = "RL_CORE_TEST_TOKEN"
@@ -46,6 +48,15 @@ def make_model_dir(path: Path, seed: int = 0) -> Path:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def engine_results(model_dir: Path, requests, max_batch_size: int, state_dict=None) -> dict:
+    """The requests through an in-process engine over `model_dir` (with `state_dict` loaded as
+    version 1 first), by request id: what a server started with the same settings answers."""
+    engine = NativeEngine.from_pretrained(model_dir, EngineOptions(max_batch_size=max_batch_size))
+    if state_dict is not None:
+        engine.update_weights(1, state_dict)
+    return run(engine, requests)
 
 
 def serve_command(model_dir: Path, ready_file: Path, *args: str) -> list[str]:

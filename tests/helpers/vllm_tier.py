@@ -14,6 +14,17 @@ from tests.helpers.paths import ROOT, TINY_RECIPE as RECIPE  # noqa: F401  (the 
 PROMPTS = ["07+45=", "99+01=", "50+50=", "12+34="]
 
 
+def started(loop, backend):
+    """`backend` started on the tier's event loop; shut down again (its processes ended) when the
+    start fails, so that a failed fixture leaves no vLLM process behind."""
+    try:
+        loop.run_until_complete(backend.start())
+    except BaseException:
+        backend.close_sync()
+        raise
+    return backend
+
+
 def encode_prompt(tokenizer, i):
     return tokenizer.encode(PROMPTS[i % len(PROMPTS)], add_special_tokens=False)
 

@@ -17,10 +17,10 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from tests.helpers.serving import SECRET, make_model, make_model_dir, make_tokenizer, running_server
+from tests.helpers.serving import SECRET, engine_results, make_model, make_model_dir, make_tokenizer, running_server
 
 from rl_core.columns import GroupResults
-from rl_core.generation import EngineOptions, GenerationError, GenerationRequestError, HttpBackend, NativeEngine
+from rl_core.generation import EngineOptions, GenerationError, GenerationRequestError, HttpBackend
 from rl_core.generation.http.fleet import FleetPolicy
 from rl_core.generation.http.servers import EngineArgs
 from rl_core.protocols import GenerationBackend
@@ -51,15 +51,7 @@ def run(coro, timeout_s: float = 300.0):
 
 
 def reference(model_dir, requests, state_dict=None) -> dict:
-    engine = NativeEngine.from_pretrained(model_dir, EngineOptions(max_batch_size=16))
-    if state_dict is not None:
-        engine.update_weights(1, state_dict)
-    for r in requests:
-        engine.add_request(r)
-    out = {}
-    while engine.has_work():
-        out.update({r.request_id: r for r in engine.step()})
-    return out
+    return engine_results(model_dir, requests, 16, state_dict)  # the servers' --max-batch-size
 
 
 def sampled(n: int, max_tokens: int = 12, prefix: str = "r") -> list[GenerationRequest]:

@@ -56,3 +56,19 @@ def test_the_torch_trainer_takes_the_rate_of_its_weight_version(tmp_path):
         trainer.begin(loss)
         assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(want)
         trainer.abort()
+
+
+@pytest.mark.parametrize("backend, nproc", [("fsdp2", 2), ("megatron", 1)])
+def test_data_parallel_trainers_follow_the_schedule_as_the_torch_trainer(backend, nproc, tmp_path):
+    """Two RL steps of a linear schedule over grpo.max_num_steps 2 (rates lr and lr / 2) give
+    the torch trainer's steps and weights (the cross-backend tolerances of test_fsdp_step)."""
+    from tests.helpers.trainers import assert_same_step, max_weight_diff, run_check
+
+    model = tiny_hf_dir(tmp_path / "m")
+    sets = ("trainer.lr=1e-3", "trainer.lr_schedule.type=linear", "grpo.max_num_steps=2")
+    ref, w_ref = run_check(model, tmp_path, "torch", 1, *sets)
+    got, w_got = run_check(model, tmp_path, backend, nproc, *sets)
+    assert [s["lr"] for s in ref["steps"]] == pytest.approx([1e-3, 5e-4])
+    assert [s["lr"] for s in got["steps"]] == pytest.approx([1e-3, 5e-4])
+    assert_same_step(ref, got, 1e-5)
+    assert max_weight_diff(w_ref, w_got) < 1e-4

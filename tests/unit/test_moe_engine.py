@@ -13,8 +13,9 @@ from rl_core.generation import EngineOptions, NativeEngine
 from rl_core.generation.native.moe import convert_legacy_moe
 from rl_core.train.router_replay import find_routers
 from rl_core.types import GenerationRequest, SamplingParams
+from tests.helpers.engine_models import VOCAB, prompts, run
 
-VOCAB, LAYERS, EXPERTS, TOP_K = 100, 2, 4, 2
+LAYERS, EXPERTS, TOP_K = 2, 4, 2
 
 
 def tiny_moe(seed: int = 0, tied: bool = True) -> MixtralForCausalLM:
@@ -43,21 +44,6 @@ def hf_routes(model, input_ids: torch.Tensor) -> torch.Tensor:
         for h in hooks:
             h.remove()
     return torch.stack(seen, dim=1)
-
-
-def prompts(n: int, seed: int = 1) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    sizes = torch.randint(3, 10, (n,), generator=g).tolist()
-    return [torch.randint(0, VOCAB, (s,), generator=g).tolist() for s in sizes]
-
-
-def run(engine: NativeEngine, requests) -> dict:
-    for r in requests:
-        engine.add_request(r)
-    out = {}
-    while engine.has_work():
-        out.update({r.request_id: r for r in engine.step()})
-    return out
 
 
 @pytest.fixture(scope="module")

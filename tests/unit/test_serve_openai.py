@@ -16,10 +16,9 @@ import numpy as np
 import openai
 import pytest
 import torch
-from tests.helpers.serving import (CONTROL, TOKEN_ENV, make_model, make_model_dir, make_tokenizer, running_server,
-                             serve_command)
+from tests.helpers.serving import (CONTROL, TOKEN_ENV, engine_results, make_model, make_model_dir, make_tokenizer,
+                                   running_server, serve_command)
 
-from rl_core.generation import EngineOptions, NativeEngine
 from rl_core.types import GenerationRequest, SamplingParams
 from rl_core.weights.filesystem import FilesystemWeightSync, version_dir
 
@@ -52,15 +51,7 @@ def tokenizer(model_dir):
 
 def engine_run(model_dir, requests, state_dict=None) -> dict:
     """The same requests through an in-process engine (the reference)."""
-    engine = NativeEngine.from_pretrained(model_dir, EngineOptions(max_batch_size=8))
-    if state_dict is not None:
-        engine.update_weights(1, state_dict)
-    for r in requests:
-        engine.add_request(r)
-    out = {}
-    while engine.has_work():
-        out.update({r.request_id: r for r in engine.step()})
-    return out
+    return engine_results(model_dir, requests, 8, state_dict)  # the server's --max-batch-size
 
 
 # ---------------------------------------------------------------------- OpenAI API

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.vllm_tier import RECIPE, ROOT  # noqa: E402
+from tests.helpers.vllm_tier import RECIPE, ROOT, started  # noqa: E402
 
 try:
     import vllm
@@ -91,8 +91,7 @@ def tiny_policy(tmp_path_factory) -> Path:
 def tiny_backend(tiny_policy, loop):
     from rl_core.generation.vllm.backend import VLLMBackend, VLLMOptions
 
-    backend = VLLMBackend(VLLMOptions(model=str(tiny_policy), max_model_len=64, max_num_seqs=64))
-    loop.run_until_complete(backend.start())
+    backend = started(loop, VLLMBackend(VLLMOptions(model=str(tiny_policy), max_model_len=64, max_num_seqs=64)))
     yield backend
     loop.run_until_complete(backend.shutdown())
 

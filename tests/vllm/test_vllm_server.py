@@ -11,7 +11,7 @@ import pytest
 
 from rl_core.types import GenerationRequest, SamplingParams
 
-from tests.helpers.vllm_tier import (check_group_call, encode_prompt, generate_all, perturbed_weights,
+from tests.helpers.vllm_tier import (check_group_call, encode_prompt, generate_all, perturbed_weights, started,
                                     trainer_logprobs)
 
 
@@ -20,13 +20,9 @@ def server(tiny_policy, loop, tmp_path_factory):
     from rl_core.generation.vllm.backend import VLLMOptions
     from rl_core.generation.vllm.server import VLLMServerBackend
 
-    backend = VLLMServerBackend(VLLMOptions(model=str(tiny_policy), max_model_len=64, max_num_seqs=64),
-                                weights_dir=tmp_path_factory.mktemp("server_weights"), startup_timeout_s=300)
-    try:
-        loop.run_until_complete(backend.start())
-    except BaseException:
-        backend.close_sync()
-        raise
+    backend = started(loop, VLLMServerBackend(VLLMOptions(model=str(tiny_policy), max_model_len=64, max_num_seqs=64),
+                                              weights_dir=tmp_path_factory.mktemp("server_weights"),
+                                              startup_timeout_s=300))
     yield backend
     pids = set(backend._reaper.pids) | ({backend._proc.pid} if backend._proc else set())
     loop.run_until_complete(backend.shutdown())

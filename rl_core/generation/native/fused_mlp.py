@@ -37,13 +37,7 @@ if triton is not None:
                              HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BF16_BITS: tl.constexpr,
                              BLOCK_M: tl.constexpr,
                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        pid_n = tl.program_id(0)
-        pid_m = tl.program_id(1)
-        r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        kk = tl.arange(0, BLOCK_K)
-        row_ok = r < rows
-        col_ok = c < m
+        r, c, kk, row_ok, col_ok = program_tile(rows, m, BLOCK_M, BLOCK_N, BLOCK_K)
         acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, hidden, BLOCK_K):
@@ -68,6 +62,17 @@ if triton is not None:
         s = rounded(g / (1.0 + tl.exp(-g)), dtype, BF16_BITS)  # F.silu: float32 inside, rounded
         tl.store(out + r[:, None] * stride_out + c[None, :], rounded(s * u, dtype, BF16_BITS).to(dtype),
                  mask=row_ok[:, None] & col_ok[None, :])
+
+    @triton.jit
+    def program_tile(rows, cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """The output tile of a pointer-load matmul program (program ids: column block, row block):
+        its rows r and columns c, the offsets kk of one K block, and which rows and columns exist."""
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+        r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        kk = tl.arange(0, BLOCK_K)
+        return r, c, kk, r < rows, c < cols
 
     @triton.jit
     def rounded(x, dtype: tl.constexpr, BF16_BITS: tl.constexpr):

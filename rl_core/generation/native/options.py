@@ -28,11 +28,11 @@ KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 # EngineOptions field -> its recipe field (from_recipe) and its `rl-core serve` flag (from_serve_args)
+# the options named alike in the recipe's `generation.native` section and in `rl-core serve`'s flags
+NATIVE_FIELDS = ("max_seq_len", "max_num_kv_tokens", "kv_cache_dtype", "kv_scale_margin", "decode_path",
+                 "decode_compile", "overlap_steps", "decode_attention", "decode_mlp")
 RECIPE_FIELDS = {"dtype": "model.dtype", "max_batch_size": "generation.max_batch_size", "seed": "grpo.seed",
-                 **{f: f"generation.native.{f}" for f in ("max_seq_len", "max_num_kv_tokens", "kv_cache_dtype",
-                                                          "kv_scale_margin", "decode_path", "decode_compile",
-                                                          "overlap_steps", "decode_attention",
-                                                          "decode_mlp")}}
+                 **{f: f"generation.native.{f}" for f in NATIVE_FIELDS}}
 
 
 def _is_int(value: Any) -> bool:
@@ -143,11 +143,7 @@ class EngineOptions:
         gen, n = cfg.generation, cfg.generation.native
         try:
             return cls(device=device, dtype=cfg.model.dtype, max_batch_size=gen.max_batch_size, decode=decode,
-                       seed=cfg.grpo.seed, weight_version=weight_version, max_seq_len=n.max_seq_len,
-                       max_num_kv_tokens=n.max_num_kv_tokens, kv_cache_dtype=n.kv_cache_dtype,
-                       kv_scale_margin=n.kv_scale_margin, decode_path=n.decode_path,
-                       decode_compile=n.decode_compile, overlap_steps=n.overlap_steps,
-                       decode_attention=n.decode_attention, decode_mlp=n.decode_mlp)
+                       seed=cfg.grpo.seed, weight_version=weight_version, **_native_fields(n))
         except EngineOptionsError as exc:
             raise recipe_error(exc) from None
 
@@ -159,14 +155,15 @@ class EngineOptions:
         `--decode-compile`, `--overlap-steps`, `--decode-attention`, `--decode-mlp`, `--seed`, `--weight-version`); the device and dtype
         as resolved from `--device`/`--dtype`. An invalid value raises `ArgumentError` naming the flag."""
         try:
-            return cls(device=device, dtype=dtype, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
-                       eos_token_ids=eos_token_ids, seed=args.seed, decode=decode, weight_version=args.weight_version,
-                       max_num_kv_tokens=args.max_num_kv_tokens, kv_cache_dtype=args.kv_cache_dtype,
-                       kv_scale_margin=args.kv_scale_margin, decode_path=args.decode_path,
-                       decode_compile=args.decode_compile, overlap_steps=args.overlap_steps,
-                       decode_attention=args.decode_attention, decode_mlp=args.decode_mlp)
+            return cls(device=device, dtype=dtype, max_batch_size=args.max_batch_size, eos_token_ids=eos_token_ids,
+                       seed=args.seed, decode=decode, weight_version=args.weight_version, **_native_fields(args))
         except EngineOptionsError as exc:
             raise flag_error(exc) from None
+
+
+def _native_fields(source: Any) -> dict[str, Any]:
+    """The `NATIVE_FIELDS` options as `source` (the recipe section or the parsed flags) sets them."""
+    return {name: getattr(source, name) for name in NATIVE_FIELDS}
 
 
 def recipe_error(exc: EngineOptionsError) -> RecipeError:

@@ -11,7 +11,7 @@ tiles (`TILES`: fixed per row regime and projection, swept L2-cold; float32 and 
 interpreter use small tiles and IEEE dots, the exact path of the tests).
 
 Does not own: which projections use it (fused_stack.py), when the fused step runs
-(decode_graph.py), Triton's import (triton_support.py), `rounded` (fused_mlp.py).
+(decode_graph.py), Triton's import (triton_support.py), `rounded` and `program_tile` (fused_mlp.py).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def launch_tile(tile: tuple[int, int, int, int, int, int, bool], tma_ok: bool) -
 _FIXED = (16, 32, 32)  # float32 and the interpreter: (BLOCK_M, BLOCK_N, BLOCK_K)
 
 if triton is not None:
-    from rl_core.generation.native.fused_mlp import rounded
+    from rl_core.generation.native.fused_mlp import program_tile, rounded
 
     @triton.jit
     def _partials_kernel(a, w, bias, out, rows, n, k_total, k_split, stride_a, stride_w,
@@ -61,14 +61,8 @@ if triton is not None:
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         if PDL:  # launched while the kernel before finishes: wait for it before any load or store
             gdc_wait()
-        pid_n = tl.program_id(0)
-        pid_m = tl.program_id(1)
+        r, c, kk, row_ok, col_ok = program_tile(rows, n, BLOCK_M, BLOCK_N, BLOCK_K)
         pid_s = tl.program_id(2)
-        r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        kk = tl.arange(0, BLOCK_K)
-        row_ok = r < rows
-        col_ok = c < n
         k_lo = pid_s * k_split
         k_hi = tl.minimum(k_lo + k_split, k_total)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)

@@ -3,11 +3,10 @@
 Owns: building an `AsyncLLM` for one HF model directory with the settings that matter,
 translating rl_core requests into vLLM `SamplingParams` and vLLM outputs back into
 `GenerationResult`s (tokens, the logprob of each sampled token, per-token weight versions),
-abort, the weight-update sequence (pause, reload through `ext.py`, reset the prefix cache,
-label the version, resume), the KV/prefix-cache reset, and a clean shutdown that leaves no
-vLLM process behind. Shared with `server.py`: `to_vllm_sampling`, `token_versions_from_spans`,
-`check_request`, `vllm_engine_env`, `ChildReaper`. Driven from the controller's event loop;
-only `prepare()` (the construction) may run in a worker thread.
+the engine's steps of abort, the weight update and the KV/prefix-cache reset (the sequence,
+pause / reload through `ext.py` / reset / label / resume, is `common.VLLMBackendBase`'s,
+shared with `server.py`), and a clean shutdown that leaves no vLLM process behind. Driven
+from the controller's event loop; only `prepare()` (the construction) may run in a worker thread.
 
 Does not own: which weights to send or when (refit), the recipe (`from_recipe` reads it), or
 the OpenAI-server path (`server.py`). Read more: docs/generation.md, "The vLLM backends".
@@ -26,11 +25,11 @@ from typing import Any, Mapping
 
 import torch
 
-from rl_core.generation.vllm.common import (EXTENSION_CLS, FINISH_REASONS, ChildReaper, VLLMError, backend_metrics,
-                                            consecutive_seeds, safetensors_files, scoped_env, state_dict_bytes,
-                                            to_vllm_sampling, token_versions_from_spans, vllm_engine_env)
+from rl_core.generation.vllm.common import (EXTENSION_CLS, VLLMBackendBase, VLLMError, safetensors_files, scoped_env,
+                                            state_dict_bytes, to_vllm_sampling, token_versions_from_spans,
+                                            vllm_engine_env)
 from rl_core.columns import GroupResults, generate_each
-from rl_core.types import GenerationRequest, GenerationResult, SamplingParams, group_requests, with_seed
+from rl_core.types import GenerationRequest, GenerationResult, SamplingParams, group_requests
 
 _OUTPUT_INDEX = operator.attrgetter("index")
 
@@ -73,23 +72,12 @@ def _is_cpu_platform() -> bool:
     return bool(current_platform.is_cpu())
 
 
-class VLLMBackend:
+class VLLMBackend(VLLMBackendBase):
     """Async generation over vLLM's `AsyncLLM` (one engine, one model directory)."""
 
     def __init__(self, options: VLLMOptions, *, weight_version: int = 0, name: str = "vllm"):
-        self.options = options
-        self.name = name
+        super().__init__(options, weight_version, name)
         self._engine = None
-        self._version = weight_version
-        self._started = False
-        self._closed = False
-        self._inflight: dict[str, asyncio.Event] = {}  # request id -> set when its generate() ends
-        self._update_lock = asyncio.Lock()
-        self._reaper = ChildReaper()
-        self.setup_s = 0.0
-        self._t_start = 0.0
-        self._stats = {"requests_added": 0, "requests_finished": 0, "requests_aborted": 0, "tokens_generated": 0,
-                       "weight_updates": 0, "kv_invalidations": 0, "update_s": 0.0}
 
     # ------------------------------------------------------------------ start-up
 
@@ -110,10 +98,6 @@ class VLLMBackend:
             self._reaper.after()
         self.setup_s = time.monotonic() - t0
 
-    @property
-    def weight_version(self) -> int:
-        return self._version
-
     async def start(self) -> None:
         if self._started:
             raise RuntimeError("VLLMBackend.start() was already called")
@@ -123,7 +107,8 @@ class VLLMBackend:
         self._started = True
         self._t_start = time.monotonic()
 
-    def _engine_or_raise(self):
+    def _handle(self):
+        """The engine, once started and until shut down."""
         if not self._started:
             raise RuntimeError(f"{type(self).__name__}.start() must be awaited first")
         if self._closed:
@@ -148,11 +133,11 @@ class VLLMBackend:
         request instead of n. Seeds that are not consecutive below 2^63, or more samples than
         `max_num_seqs`, go as a request a sample. Cancelling the call aborts every sample; one
         sample alone cannot be aborted (`abort(f"{key}/{i}")` leaves it running)."""
-        n = len(seeds)
-        if not consecutive_seeds(seeds) or n > self.options.max_num_seqs:
+        sampling = self._one_request(params, seeds)
+        if sampling is None:
             return await generate_each(self.generate, key, prompt_ids, params, seeds)
-        final, start_version, started = await self._run(key, prompt_ids,
-                                                        to_vllm_sampling(with_seed(params, int(seeds[0])), n=n))
+        final, start_version, started = await self._run(key, prompt_ids, sampling)
+        n = len(seeds)
         outputs = sorted(final.outputs, key=_OUTPUT_INDEX) if final is not None else []
         if [o.index for o in outputs] != list(range(n)):
             raise VLLMError(f"vLLM returned outputs {[o.index for o in outputs]} for a group of {n} ({key!r})")
@@ -166,22 +151,15 @@ class VLLMBackend:
         from vllm import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        engine = self._engine_or_raise()
-        if rid in self._inflight:
-            raise ValueError(f"request id {rid!r} is already in flight; request ids must be unique.")
+        engine = self._handle()
         sp = VSamplingParams(**sampling, output_kind=RequestOutputKind.FINAL_ONLY, flat_logprobs=True)
-        start_version, started = self._version, time.monotonic()
-        self._inflight[rid] = done = asyncio.Event()
-        self._stats["requests_added"] += 1
         final = None
-        try:
-            async for out in engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), sp, rid):
-                final = out
-        except Exception as exc:
-            raise VLLMError(f"vLLM failed on request {rid!r}: {exc!r}") from exc
-        finally:
-            del self._inflight[rid]
-            done.set()
+        with self._in_flight(rid) as (start_version, started):
+            try:
+                async for out in engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), sp, rid):
+                    final = out
+            except Exception as exc:
+                raise VLLMError(f"vLLM failed on request {rid!r}: {exc!r}") from exc
         return final, start_version, started
 
     def _result(self, request: GenerationRequest, out, start_version: int, started: float) -> GenerationResult:
@@ -197,11 +175,7 @@ class VLLMBackend:
         if len(logprobs) != len(tokens):
             raise VLLMError(f"vLLM returned {len(logprobs)} logprobs for {len(tokens)} tokens "
                             f"(request {request.request_id!r})")
-        reason = FINISH_REASONS.get(str(out.finish_reason))
-        if reason is None:
-            raise VLLMError(f"vLLM ended request {request.request_id!r} with finish_reason {out.finish_reason!r}")
-        self._stats["requests_aborted" if reason == "abort" else "requests_finished"] += 1
-        self._stats["tokens_generated"] += len(tokens)
+        reason = self._finished(request.request_id, out.finish_reason, len(tokens))
         k = int(getattr(request.params, "top_logprobs", 0) or 0)
         extra = {}
         if k:  # the k most likely tokens at each position, by vLLM's rank
@@ -213,76 +187,52 @@ class VLLMBackend:
             token_versions=token_versions_from_spans(getattr(out, "weight_versions", None), len(tokens), start_version),
             started_at=started, finished_at=time.monotonic(), worker="vllm", **extra)
 
-    async def abort(self, request_id: str) -> None:
-        """Stop one request; returns once it has ended (its `generate()` returns finish_reason
-        "abort" with the tokens so far). Unknown ids are ignored. An abort that reaches vLLM
-        before the request does (its input is still being processed) is repeated until it
-        takes."""
-        engine = self._engine_or_raise()
-        done = self._inflight.get(request_id)
-        deadline = time.monotonic() + 30.0
-        while done is not None and not done.is_set():
-            await engine.abort(request_id)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(done.wait(), 0.01)
-            if time.monotonic() > deadline:
-                raise VLLMError(f"request {request_id!r} did not end within 30 s of its abort")
-
     async def update_weights(self, version: int, weights: Mapping[str, torch.Tensor] | str | Path) -> None:
         """Load new weights (a state dict with HF names, or a directory of safetensors files)
         and label the tokens generated from now on with `version`."""
-        engine = self._engine_or_raise()
+        engine = self._handle()
         if isinstance(weights, (str, Path)):
             method, args = "rl_core_reload_files", (safetensors_files(weights),)
         else:
             method, args = "rl_core_reload_bytes", (await asyncio.to_thread(state_dict_bytes, weights),)
-        async with self._update_lock:
-            t0 = time.monotonic()
-            await engine.pause_generation(mode="keep", clear_cache=False)
+
+        async def reload() -> None:
             try:
-                try:
-                    await engine.collective_rpc(method, args=args)
-                except Exception as exc:
-                    raise VLLMError(f"the {self.name} engine failed to load weights of version {version}: "
-                                    f"{exc!r}") from exc
-                if self.options.enable_prefix_caching:
-                    await self._reset_cache(engine)
-                await engine.update_weight_version(str(version))
-                self._version = version
-            finally:
-                await engine.resume_generation()
-            self._stats["weight_updates"] += 1
-            self._stats["update_s"] += time.monotonic() - t0
+                await engine.collective_rpc(method, args=args)
+            except Exception as exc:
+                raise VLLMError(f"the {self.name} engine failed to load weights of version {version}: "
+                                f"{exc!r}") from exc
+
+        await self._swap_weights(engine, version, reload)
+
+    async def _pause(self, engine) -> None:
+        await engine.pause_generation(mode="keep", clear_cache=False)
 
     async def _reset_cache(self, engine) -> None:
         if not await engine.reset_prefix_cache(reset_running_requests=True):
             raise VLLMError(f"the {self.name} engine refused to reset its prefix cache")
 
-    async def invalidate_kv_cache(self) -> None:
-        """Drop cached keys/values: the prefix cache is reset and running requests are
-        re-prefilled under the current weights."""
-        engine = self._engine_or_raise()
-        async with self._update_lock:
-            await engine.pause_generation(mode="keep", clear_cache=False)
-            try:
-                await self._reset_cache(engine)
-            finally:
-                await engine.resume_generation()
-            self._stats["kv_invalidations"] += 1
+    async def _label(self, engine, version: int) -> None:
+        await engine.update_weight_version(str(version))
 
-    def capacity(self) -> int:
-        return self.options.max_num_seqs
+    async def _resume(self, engine) -> None:
+        await engine.resume_generation()
 
-    def metrics(self) -> dict[str, float]:
-        return backend_metrics(self._stats, self._t_start, len(self._inflight), self._version, self.setup_s)
+    async def _send_abort(self, engine, request_id: str) -> None:
+        await engine.abort(request_id)
+
+    def _detach(self):
+        """Mark the backend closed and take its engine (None if it has none)."""
+        self._closed = True
+        engine, self._engine = self._engine, None
+        return engine
 
     async def shutdown(self) -> None:
         """Abort what is in flight (those callers get "abort"), stop the engine, and end any
         process it left behind. Idempotent."""
         if self._closed:
             return
-        self._closed = True
-        engine, self._engine = self._engine, None
+        engine = self._detach()
         try:
             if engine is not None:
                 if self._inflight:
@@ -309,8 +259,7 @@ class VLLMBackend:
         """Shut down from synchronous code (a prepared engine that never started)."""
         if self._closed:
             return
-        self._closed = True
-        engine, self._engine = self._engine, None
+        engine = self._detach()
         try:
             if engine is not None:
                 engine.shutdown()

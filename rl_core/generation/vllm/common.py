@@ -4,22 +4,25 @@ Owns: the translation of an rl_core request into vLLM sampling arguments and the
 settings whose vLLM logprobs would mean something else (`to_vllm_sampling`,
 `check_request`), per-token weight versions from vLLM's `weight_versions` spans, the
 environment a vLLM engine process needs on CPU (`vllm_engine_env`, scoped with
-`scoped_env`), state dicts as safetensors bytes, and `ChildReaper`, which ends by PID the
-processes a vLLM start left alive. Imports no vLLM: usable (and unit-tested) anywhere.
+`scoped_env`), state dicts as safetensors bytes, `ChildReaper`, which ends by PID the
+processes a vLLM start left alive, and `VLLMBackendBase`: the requests in flight, counters,
+abort and the weight-update sequence of both backends. Imports no vLLM: usable anywhere.
 
-Does not own: driving an engine or a server (the two backends).
+Does not own: driving an engine or a server (the two backends' hooks).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Awaitable, Callable, Iterator, Mapping
 
 import torch
 
-from rl_core.types import MAX_SEED, SamplingParams
+from rl_core.types import MAX_SEED, SamplingParams, with_seed
 
 EXTENSION_CLS = "rl_core.generation.vllm.ext.WeightReloadExtension"
 MIN_TEMPERATURE = 0.01  # vLLM clamps 0 < T < 0.01 up to 0.01 (its logprobs would use 0.01)
@@ -36,8 +39,6 @@ class VLLMError(RuntimeError):
 def backend_metrics(stats: Mapping[str, float], t_start: float | None, running: int, version: int,
                     setup_s: float) -> dict[str, float]:
     """`metrics()` of both vLLM backends: their counters plus running, version, uptime, tokens/s."""
-    import time
-
     uptime = time.monotonic() - t_start if t_start else 0.0
     out = {k: float(v) for k, v in stats.items()}
     out.update(running=float(running), weight_version=float(version), setup_s=setup_s, uptime_s=uptime,
@@ -193,3 +194,133 @@ class ChildReaper:
                 proc.kill()
         psutil.wait_procs(still, timeout=timeout_s)
         return [p.pid for p in alive]
+
+
+class VLLMBackendBase:
+    """What the two vLLM backends share: the weight version, the requests in flight and the
+    counters of `metrics()`, abort, and the sequence of a weight update and of a KV-cache
+    invalidation (pause keeping the requests, reload, reset the prefix cache, label the version,
+    resume; vllm-cpu.md §6). A backend drives its vLLM through the hooks (`_handle`, `_pause`,
+    `_reset_cache`, `_label`, `_resume`, `_send_abort`); `_who` names it in errors."""
+
+    _who = "vLLM"
+    _abort_poll_s = 0.01  # how long an abort waits for the request to end before it is sent again
+
+    def __init__(self, options: Any, weight_version: int, name: str):
+        self.options = options
+        self.name = name
+        self._version = weight_version
+        self._started = self._closed = False
+        self._inflight: dict[str, asyncio.Event] = {}  # request id -> set when its generate() ends
+        self._update_lock = asyncio.Lock()
+        self._reaper = ChildReaper()
+        self.setup_s = 0.0
+        self._t_start = 0.0
+        self._stats = {"requests_added": 0, "requests_finished": 0, "requests_aborted": 0, "tokens_generated": 0,
+                       "weight_updates": 0, "kv_invalidations": 0, "update_s": 0.0}
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def capacity(self) -> int:
+        return self.options.max_num_seqs
+
+    def metrics(self) -> dict[str, float]:
+        return backend_metrics(self._stats, self._t_start, len(self._inflight), self._version, self.setup_s)
+
+    def _one_request(self, params: SamplingParams, seeds: list[int]) -> dict[str, Any] | None:
+        """vLLM's sampling arguments of a group sent as one request of n = len(seeds) samples with
+        seed seeds[0] (vLLM seeds sample i with seed + i); None where the group goes as a request a
+        sample: seeds that are not consecutive below 2^63, or more samples than `max_num_seqs`."""
+        if not consecutive_seeds(seeds) or len(seeds) > self.options.max_num_seqs:
+            return None
+        return to_vllm_sampling(with_seed(params, int(seeds[0])), n=len(seeds))
+
+    @contextlib.contextmanager
+    def _in_flight(self, rid: str) -> Iterator[tuple[int, float]]:
+        """Request `rid` in flight for the block (counted, abortable): yields the weight version at
+        its start and when it started."""
+        if rid in self._inflight:
+            raise ValueError(f"request id {rid!r} is already in flight; request ids must be unique.")
+        start = self._version, time.monotonic()
+        self._inflight[rid] = done = asyncio.Event()
+        self._stats["requests_added"] += 1
+        try:
+            yield start
+        finally:
+            del self._inflight[rid]
+            done.set()
+
+    def _finished(self, rid: str, finish_reason: Any, num_tokens: int) -> str:
+        """rl_core's finish reason of a request vLLM ended with `finish_reason`, counted in `metrics()`."""
+        reason = FINISH_REASONS.get(str(finish_reason))
+        if reason is None:
+            raise VLLMError(f"{self._who} ended request {rid!r} with finish_reason {finish_reason!r}")
+        self._stats["requests_aborted" if reason == "abort" else "requests_finished"] += 1
+        self._stats["tokens_generated"] += num_tokens
+        return reason
+
+    async def abort(self, request_id: str) -> None:
+        """Stop one request; returns once it has ended (its `generate()` returns finish_reason
+        "abort" with the tokens so far). Unknown ids are ignored. An abort that reaches vLLM
+        before the request does (its input is still being processed) is repeated until it
+        takes."""
+        handle = self._handle()
+        done = self._inflight.get(request_id)
+        deadline = time.monotonic() + 30.0
+        while done is not None and not done.is_set():
+            await self._send_abort(handle, request_id)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(done.wait(), self._abort_poll_s)
+            if time.monotonic() > deadline:
+                raise VLLMError(f"request {request_id!r} did not end within 30 s of its abort")
+
+    async def _swap_weights(self, handle: Any, version: int, reload: Callable[[], Awaitable[None]]) -> None:
+        """The weight update around `reload()` (see the class doc); tokens from now on carry `version`."""
+        async with self._update_lock:
+            t0 = time.monotonic()
+            await self._pause(handle)
+            try:
+                await reload()
+                if self.options.enable_prefix_caching:
+                    await self._reset_cache(handle)
+                await self._label(handle, version)
+                self._version = version
+            finally:
+                await self._resume(handle)
+            self._stats["weight_updates"] += 1
+            self._stats["update_s"] += time.monotonic() - t0
+
+    async def invalidate_kv_cache(self) -> None:
+        """Drop cached keys/values: the prefix cache is reset and running requests are
+        re-prefilled under the current weights."""
+        handle = self._handle()
+        async with self._update_lock:
+            await self._pause(handle)
+            try:
+                await self._reset_cache(handle)
+            finally:
+                await self._resume(handle)
+            self._stats["kv_invalidations"] += 1
+
+    # ------------------------------------------------------------------ hooks
+
+    def _handle(self) -> Any:
+        """What the hooks below drive (the engine); raises when the backend is not running."""
+        raise NotImplementedError
+
+    async def _pause(self, handle: Any) -> None:
+        raise NotImplementedError
+
+    async def _reset_cache(self, handle: Any) -> None:
+        raise NotImplementedError
+
+    async def _label(self, handle: Any, version: int) -> None:
+        raise NotImplementedError
+
+    async def _resume(self, handle: Any) -> None:
+        raise NotImplementedError
+
+    async def _send_abort(self, handle: Any, request_id: str) -> None:
+        raise NotImplementedError

@@ -34,11 +34,11 @@ import torch
 
 from rl_core.generation.http.fleet import CLIENT_KEEPALIVE_S, from_json, to_json
 from rl_core.generation.vllm.backend import VLLMOptions
-from rl_core.generation.vllm.common import (EXTENSION_CLS, FINISH_REASONS, ChildReaper, VLLMError, backend_metrics,
-                                            consecutive_seeds, safetensors_files, state_dict_bytes,
-                                            token_versions_from_spans, to_vllm_sampling, vllm_engine_env)
+from rl_core.generation.vllm.common import (EXTENSION_CLS, VLLMBackendBase, VLLMError, safetensors_files,
+                                            state_dict_bytes, token_versions_from_spans, to_vllm_sampling,
+                                            vllm_engine_env)
 from rl_core.columns import GroupResults, generate_each, logprob_array, token_array
-from rl_core.types import GenerationRequest, GenerationResult, SamplingParams, with_seed
+from rl_core.types import GenerationRequest, GenerationResult, SamplingParams
 
 ROOT = Path(__file__).resolve().parents[3]  # the directory holding rl_core/: so the spawned server imports this rl_core (worker extension)
 _INDEX = operator.itemgetter("index")
@@ -69,15 +69,17 @@ def server_command(options: VLLMOptions, host: str, port: int, python: str = sys
     return cmd
 
 
-class VLLMServerBackend:
+class VLLMServerBackend(VLLMBackendBase):
     """Async generation over one vLLM OpenAI-compatible server (started here, or at `server_url`)."""
+
+    _who = "the vLLM server"
+    _abort_poll_s = 0.02
 
     def __init__(self, options: VLLMOptions, *, weight_version: int = 0, server_url: str | None = None,
                  host: str = "127.0.0.1", port: int = 0, startup_timeout_s: float = 600.0,
                  request_timeout_s: float = 600.0, weights_dir: str | Path | None = None,
                  log_path: str | Path | None = None, python: str = sys.executable, name: str = "vllm-server"):
-        self.options = options
-        self.name = name
+        super().__init__(options, weight_version, name)
         self.startup_timeout_s = startup_timeout_s
         self.request_timeout_s = request_timeout_s
         self._spawn = server_url is None
@@ -87,17 +89,9 @@ class VLLMServerBackend:
         self.weights_dir = Path(weights_dir) if weights_dir else Path(tempfile.mkdtemp(prefix="rl_core_vllm_w_"))
         self.log_path = Path(log_path) if log_path else self.weights_dir / "server.log"
         self._proc: subprocess.Popen | None = None
-        self._reaper = ChildReaper()
         self._client = None
-        self._version = weight_version
-        self._prepared = self._started = self._closed = False
-        self._inflight: dict[str, asyncio.Event] = {}
-        self._update_lock = asyncio.Lock()
+        self._prepared = False
         self._last_file: Path | None = None
-        self.setup_s = 0.0
-        self._t_start = 0.0
-        self._stats = {"requests_added": 0, "requests_finished": 0, "requests_aborted": 0, "tokens_generated": 0,
-                       "weight_updates": 0, "kv_invalidations": 0, "update_s": 0.0}
 
     # ------------------------------------------------------------------ start-up
 
@@ -140,10 +134,6 @@ class VLLMServerBackend:
         with contextlib.suppress(OSError):
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         return "(no log)"
-
-    @property
-    def weight_version(self) -> int:
-        return self._version
 
     async def start(self) -> None:
         import aiohttp
@@ -198,11 +188,11 @@ class VLLMServerBackend:
         there, one group in ~2^59), or larger than the server's `max_num_seqs`, goes as a request a
         sample. The group's samples are aborted together (cancelling the call); vLLM has no
         route to abort one choice, so `abort(f"{key}/{i}")` leaves it running."""
-        n = len(seeds)
-        if not consecutive_seeds(seeds) or n > self.options.max_num_seqs:
+        sampling = self._one_request(params, seeds)
+        if sampling is None:
             return await generate_each(self.generate, key, prompt_ids, params, seeds)
-        choices, start_version, _ = await self._generate(key, prompt_ids,
-                                                         to_vllm_sampling(with_seed(params, int(seeds[0])), n=n))
+        choices, start_version, _ = await self._generate(key, prompt_ids, sampling)
+        n = len(seeds)
         if sorted(c.get("index", -1) for c in choices) != list(range(n)):
             raise VLLMError(f"the vLLM server answered choices {[c.get('index') for c in choices]} for n={n} "
                             f"(group {key!r})")
@@ -219,18 +209,10 @@ class VLLMServerBackend:
     async def _generate(self, rid: str, prompt_ids, sampling: dict) -> tuple[list[dict], int, float]:
         """POST one request to `/inference/v1/generate`: its choices, the weight version at its
         start and when it started."""
-        if rid in self._inflight:
-            raise ValueError(f"request id {rid!r} is already in flight; request ids must be unique.")
         body = {"request_id": rid, "token_ids": [int(t) for t in prompt_ids], "sampling_params": sampling,
                 "model": self.options.model}
-        start_version, started = self._version, time.monotonic()
-        self._inflight[rid] = done = asyncio.Event()
-        self._stats["requests_added"] += 1
-        try:
+        with self._in_flight(rid) as (start_version, started):
             data = await self._post("/inference/v1/generate", json=body)
-        finally:
-            del self._inflight[rid]
-            done.set()
         choices = data.get("choices") if isinstance(data, dict) else None
         if not choices or not all(isinstance(c, dict) for c in choices):
             raise VLLMError(f"the vLLM server answered request {rid!r} without choices: {str(data)[:300]}")
@@ -250,11 +232,7 @@ class VLLMServerBackend:
         if not same or not all(map(int.__instancecheck__, tokens)):
             raise VLLMError(f"the vLLM server returned {len(logprobs)} logprobs for {len(tokens)} tokens, or ids "
                             f"that differ from its logprob records' (request {rid!r})")
-        reason = FINISH_REASONS.get(str(choice.get("finish_reason")))
-        if reason is None:
-            raise VLLMError(f"the vLLM server ended request {rid!r} with finish_reason {choice.get('finish_reason')!r}")
-        self._stats["requests_aborted" if reason == "abort" else "requests_finished"] += 1
-        self._stats["tokens_generated"] += len(tokens)
+        reason = self._finished(rid, choice.get("finish_reason"), len(tokens))
         extra = {}
         if k:  # the k most likely tokens at each position, by vLLM's rank
             extra["top_logprobs"] = [
@@ -263,17 +241,6 @@ class VLLMServerBackend:
                  if e.get("rank") is not None and e["rank"] <= k] for c in content]
         versions = token_versions_from_spans(choice.get("weight_versions"), len(tokens), start_version)
         return tokens, logprobs, reason, versions, extra
-
-    async def abort(self, request_id: str) -> None:
-        """Stop one request; returns once its `generate()` has returned ("abort")."""
-        done = self._inflight.get(request_id)
-        deadline = time.monotonic() + 30.0
-        while done is not None and not done.is_set():
-            await self._post("/abort_requests", json={"request_ids": [ENGINE_ID_PREFIX + request_id]})
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(done.wait(), 0.02)
-            if time.monotonic() > deadline:
-                raise VLLMError(f"request {request_id!r} did not end within 30 s of its abort")
 
     def _write_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> Path:
         path = self.weights_dir / f"rl_core_v{version:08d}.safetensors"
@@ -291,43 +258,35 @@ class VLLMServerBackend:
         else:
             written = await asyncio.to_thread(self._write_weights, version, weights)
             files = [str(written)]
-        async with self._update_lock:
-            t0 = time.monotonic()
-            await self._post("/pause", params={"mode": "keep", "clear_cache": "false"})
-            try:
-                await self._post("/collective_rpc", json={"method": "rl_core_reload_files", "args": [json.dumps(files)]})
-                if self.options.enable_prefix_caching:
-                    await self._reset_cache()
-                await self._post("/update_weight_version", json={"new_version": str(version)})
-                self._version = version
-            finally:
-                await self._post("/resume")
-            self._stats["weight_updates"] += 1
-            self._stats["update_s"] += time.monotonic() - t0
+
+        async def reload() -> None:
+            await self._post("/collective_rpc", json={"method": "rl_core_reload_files", "args": [json.dumps(files)]})
+
+        await self._swap_weights(None, version, reload)
         if written is not None:
             if self._last_file is not None and self._last_file != written:
                 self._last_file.unlink(missing_ok=True)
             self._last_file = written
 
-    async def _reset_cache(self) -> None:
+    def _handle(self) -> None:
+        return None  # the hooks go through `_post`, which refuses a backend that is not running
+
+    async def _pause(self, _) -> None:
+        await self._post("/pause", params={"mode": "keep", "clear_cache": "false"})
+
+    async def _reset_cache(self, _) -> None:
         data = await self._post("/reset_prefix_cache", params={"reset_running_requests": "true"})
         if not (data or {}).get("success"):
             raise VLLMError(f"the vLLM server at {self.url} refused to reset its prefix cache: {data!r}")
 
-    async def invalidate_kv_cache(self) -> None:
-        async with self._update_lock:
-            await self._post("/pause", params={"mode": "keep", "clear_cache": "false"})
-            try:
-                await self._reset_cache()
-            finally:
-                await self._post("/resume")
-            self._stats["kv_invalidations"] += 1
+    async def _label(self, _, version: int) -> None:
+        await self._post("/update_weight_version", json={"new_version": str(version)})
 
-    def capacity(self) -> int:
-        return self.options.max_num_seqs
+    async def _resume(self, _) -> None:
+        await self._post("/resume")
 
-    def metrics(self) -> dict[str, float]:
-        return backend_metrics(self._stats, self._t_start, len(self._inflight), self._version, self.setup_s)
+    async def _send_abort(self, _, request_id: str) -> None:
+        await self._post("/abort_requests", json={"request_ids": [ENGINE_ID_PREFIX + request_id]})
 
     async def shutdown(self) -> None:
         """Abort what is in flight, close the client, stop a server started here (its whole
