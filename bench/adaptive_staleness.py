@@ -94,7 +94,7 @@ def _kl_by_trained_staleness(steps: list[dict]) -> dict[int, float]:
 
 
 def run_arm(arm: str, rnd: int, seed: int, common: list[str], out: Path, policy: Path, steps_n: int) -> dict:
-    from rl_core.config import load_recipe
+    from rl_core.launch.preflight import load_recipe
     from rl_core.launch.train import train_from_recipe
     from rl_core.metrics.logger import read_jsonl
 
@@ -130,7 +130,7 @@ def run_arm(arm: str, rnd: int, seed: int, common: list[str], out: Path, policy:
 
 def main() -> None:
     os.chdir(ROOT)
-    from rl_core.config import load_recipe
+    from rl_core.launch.preflight import load_recipe
     from rl_core.launch.train import ensure_policy, setup_process
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -38,7 +38,7 @@ def main() -> None:
     import os
 
     os.chdir(ROOT)
-    from rl_core.config import load_recipe
+    from rl_core.launch.preflight import load_recipe
     from rl_core.launch.train import ensure_policy, setup_process, train_from_recipe
     from rl_core.metrics.logger import read_jsonl
 

@@ -41,9 +41,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _recipe(path: str):
-    from rl_core.config.loader import load_recipe
+    from rl_core.config import read_recipe
 
-    return load_recipe(path, preflight_files=False)
+    return read_recipe(path)
 
 
 def _prompts(cfg, tokenizer, n: int) -> list[list[int]]:

@@ -123,7 +123,8 @@ def _copy_rate(dst, src, sync, reps: int = 8) -> float:
 
 def child_part1(args) -> None:
     """The controller run: recipe + overrides, the launch path's parts, no checkpoints (a bench)."""
-    from rl_core.config import load_recipe, run_dir, write_resolved
+    from rl_core.config import run_dir, write_resolved
+    from rl_core.launch.preflight import load_recipe
     from rl_core.launch.train import ensure_policy, run_controller, setup_process
     from rl_core.train import start_trainer_group
 

@@ -40,7 +40,7 @@ STEP_SAMPLES, STEP_S = 16_000, 10.0
 
 def tiny_policy(out: Path) -> Path:
     """The default recipe's tiny model, random init (no warm-up): what the vLLM tier tests use."""
-    from rl_core.config import load_recipe
+    from rl_core.launch.preflight import load_recipe
     from rl_core.launch.train import ensure_policy, setup_process
 
     os.chdir(ROOT)

@@ -13,15 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, runtime_checkable
+from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
 
 import torch
 
-from rl_core.types import EnvResult, GenerationRequest, GenerationResult, SamplingParams, TrainChunk
+from rl_core.types import EnvResult, GenerationRequest, GenerationResult, SamplingParams, SyncReport, TrainChunk
 from rl_core.columns import GroupResults, GroupScores
-
-if TYPE_CHECKING:
-    from rl_core.weights.base import SyncReport
 
 # Where new weights come from: an in-process state dict (HF parameter names), or a
 # directory of safetensors files (filesystem handoff).

@@ -1,8 +1,9 @@
 """What an `rl-core serve` process and its clients agree on, below both of them.
 
 Owns: the control-secret header of the managed `/rl/*` routes and the environment variable
-that carries the secret by default, and `check_safetensors_file` (the check a server makes
-before loading a safetensors file: at start-up and on every weight-version load).
+that carries the secret by default, the most choices one request may ask for (`MAX_N`), and
+`check_safetensors_file` (the check a server makes before loading a safetensors file: at
+start-up and on every weight-version load).
 
 Does not own: the command and its option checks (rl_core.launch.serve), the routes
 (rl_core.serve.app) or the clients (rl_core.generation.http.backend / rl_core.generation.http.fleet). This
@@ -18,6 +19,7 @@ from pathlib import Path
 
 DEFAULT_CONTROL_SECRET_ENV = "RL_CORE_CONTROL_SECRET"
 CONTROL_SECRET_HEADER = "X-RL-Core-Secret"
+MAX_N = 128  # choices per prompt of one request (rl_core.serve.protocol refuses more)
 
 
 def check_safetensors_file(path: Path) -> None:

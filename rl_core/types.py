@@ -1,11 +1,11 @@
 """Plain records passed between the parts: requests, samples, prompt groups, train chunks.
 
-Owns: the data shapes every seam agrees on (the train pump and the checkpoint share
-`TrainedGroup` and `OpenStep` through here), `group_requests` (the per-sample requests a
-group call stands for), and `scored_sample` (the one place a scored completion becomes a
-`Sample`). Token alignment: a sequence is `prompt_ids + completion_ids`, per-token arrays
-of a chunk align with `input_ids` (position t describes token t); routed experts are
-`num_layers * k` ids per token, layer-major, -1 where missing.
+Owns: the data shapes every seam agrees on (a weight sync's `SyncReport` too),
+`group_requests` (the per-sample requests a group call stands for), and `scored_sample` (the
+one place a scored completion becomes a `Sample`); imports nothing of rl_core. Token
+alignment: a sequence is `prompt_ids + completion_ids`, per-token arrays of a chunk align
+with `input_ids` (position t describes token t); routed experts are `num_layers * k` ids per
+token, layer-major, -1 where missing.
 
 Does not own: the column-wise records of a group (`GroupResults`, `GroupSamples`, the
 `GroupColumns` interface: columns.py), packing samples into padded training tensors
@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from rl_core.buffer.replay_buffer import Slot
 
 
 @dataclass
@@ -161,9 +158,12 @@ class PromptGroup:
 
     @property
     def rewards(self) -> list[float]:
-        from rl_core.columns import group_columns  # columns.py builds on these records
-
-        return list(group_columns(self.samples).rewards)
+        """Each sample's reward, as `rl_core.columns.group_columns(samples).rewards` reads it: a
+        GroupSamples whose `Sample`s were never built (`built` false) from its column, without
+        building them; `Sample` records from the records."""
+        if getattr(self.samples, "built", True):
+            return [s.reward for s in self.samples]
+        return list(self.samples.rewards)
 
 
 @dataclass
@@ -243,26 +243,20 @@ class TrainChunk:
 
 
 @dataclass
-class TrainedGroup:
-    """A prompt group the train pump took for an RL step, with its advantages."""
+class SyncReport:
+    """What one weight sync moved and how long it took (`rl_core.protocols.WeightSync.push`)."""
 
-    slot: Slot  # its buffer slot (rl_core.buffer.replay_buffer.Slot)
-    group: PromptGroup
-    advantages: list[float]
-    staleness: int  # trainer version at train time - weight version at dispatch
+    kind: str
+    version: int
+    bytes: int
+    seconds: float
+    parts: dict[str, float] = field(default_factory=dict)  # e.g. write_s, load_s, send_s
 
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bytes / self.seconds if self.seconds > 0 else 0.0
 
-@dataclass
-class OpenStep:
-    """An RL step interrupted between two of its PPO mini-steps: what the train pump needs to
-    continue it at `next_ministep` (after a checkpoint between mini-steps, or a failure once
-    some mini-steps had updated the policy). Built by the train pump, written and read back by
-    rl_core.checkpoint.run_state, handed back to the train pump on resume."""
-
-    step: int  # the RL step
-    next_ministep: int  # index of the first mini-step not yet done (epoch * num_minibatches + j)
-    trained: list[TrainedGroup]  # the step's groups, in training order
-    chunk: TrainChunk  # the step's whole batch (previous-policy logprobs included when computed)
-    served_weights: dict[str, torch.Tensor] | None = None  # the step's starting weights (generation serves them)
-    metric_sums: dict[str, float] = field(default_factory=dict)  # the finished mini-steps' metric sums
-    metric_counts: dict[str, int] = field(default_factory=dict)  # and how many mini-steps reported each
+    def as_metrics(self) -> dict[str, float]:
+        out = {"bytes": float(self.bytes), "update_s": self.seconds, "bytes_per_s": self.bytes_per_s}
+        out.update(self.parts)
+        return out

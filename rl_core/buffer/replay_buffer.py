@@ -3,7 +3,9 @@
 Owns: slot life cycle `reserved -> ready -> selected | evicted | aborted`, the capacity
 valve (reserved + ready slots never exceed `capacity`), waiting for capacity or for new
 ready groups, moving a live slot to another target step (partial rollouts), per-state
-counters, and the serialisable state of ready groups.
+counters, and the serialisable state of ready groups; the records of the slots the train
+pump took (`TrainedGroup`: a slot with its advantages; `OpenStep`: an RL step open between
+PPO mini-steps, built by the train pump and saved by the checkpoint, which both sit above).
 
 Does not own: which groups may train (the sampler decides), generation, or scoring.
 All methods run on the controller's event loop thread (no locking needed).
@@ -16,7 +18,9 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from rl_core.types import PromptGroup
+import torch
+
+from rl_core.types import PromptGroup, TrainChunk
 
 
 class SlotState(str, enum.Enum):
@@ -47,6 +51,32 @@ class Slot:
     ready_at: float | None = None
     carried: int = 0  # times its target step was moved to a later step (partial rollouts)
     selected_at: float | None = None  # when the train pump took it (trajectory age = selected_at - ready_at)
+
+
+@dataclass
+class TrainedGroup:
+    """A prompt group the train pump took for an RL step, with its advantages."""
+
+    slot: Slot  # its buffer slot
+    group: PromptGroup
+    advantages: list[float]
+    staleness: int  # trainer version at train time - weight version at dispatch
+
+
+@dataclass
+class OpenStep:
+    """An RL step interrupted between two of its PPO mini-steps: what the train pump needs to
+    continue it at `next_ministep` (after a checkpoint between mini-steps, or a failure once
+    some mini-steps had updated the policy). Built by the train pump, written and read back by
+    rl_core.checkpoint.run_state, handed back to the train pump on resume."""
+
+    step: int  # the RL step
+    next_ministep: int  # index of the first mini-step not yet done (epoch * num_minibatches + j)
+    trained: list[TrainedGroup]  # the step's groups, in training order
+    chunk: TrainChunk  # the step's whole batch (previous-policy logprobs included when computed)
+    served_weights: dict[str, torch.Tensor] | None = None  # the step's starting weights (generation serves them)
+    metric_sums: dict[str, float] = field(default_factory=dict)  # the finished mini-steps' metric sums
+    metric_counts: dict[str, int] = field(default_factory=dict)  # and how many mini-steps reported each
 
 
 def _by_dispatch(slot: Slot) -> int:

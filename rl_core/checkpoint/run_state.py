@@ -3,7 +3,7 @@
 Owns: what goes into a run checkpoint (trainer weights as an HF directory, optimizer
 state, RNG states, the controller's quiescent state: versions, counters, dataloader
 position, prompts drawn but not dispatched, sampler state, and the ready prompt groups
-with their payloads and partial-rollout marks (`Slot.carried`: older checkpoints without it load as never carried); an RL step open between PPO mini-steps, `rl_core.types.OpenStep`, as
+with their payloads and partial-rollout marks (`Slot.carried`: older checkpoints without it load as never carried); an RL step open between PPO mini-steps, `rl_core.buffer.replay_buffer.OpenStep`, as
 JSON plus its batch's tensors) and turning it back into the objects the controller runs with.
 
 The policy's `model/` carries its model card (card.py), listed in the manifest.
@@ -21,7 +21,8 @@ from typing import Any
 
 from rl_core.checkpoint.card import render_card, write_card
 from rl_core.checkpoint.store import load_json, load_torch, rng_state, set_rng_state, write_checkpoint
-from rl_core.types import OpenStep, PromptGroup, Sample, TrainChunk, TrainedGroup
+from rl_core.buffer.replay_buffer import OpenStep, Slot, SlotState, TrainedGroup
+from rl_core.types import PromptGroup, Sample, TrainChunk
 from rl_core.columns import plain
 
 
@@ -128,8 +129,6 @@ def load_run_checkpoint(path: str | Path, restore_rng: bool = True, verified: bo
                        "ready": [{**r, "group": group_from_json(r["group"])} for r in buffer_json["ready"]]}
     trainer_state = dict(state.pop("trainer"))
     if "open_step" in state:
-        from rl_core.buffer.replay_buffer import Slot, SlotState
-
         o = state["open_step"]
         tensors = load_torch(root / "open_step.pt")
         served = None

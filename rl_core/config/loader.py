@@ -2,11 +2,12 @@
 
 Owns: YAML parsing (with `extends:` to build a recipe on another one), dotted
 command-line overrides (`grpo.max_num_steps=300`), turning pydantic's errors into one
-`RecipeError` paragraph per problem (field, value, expectation, fix), the cheap
-file-system preflight (data files row by row, the output directory, a custom
-sampler's import, the environment's plug-ins: `env_plugins.py`), and writing `resolved_config.json` atomically.
+`RecipeError` paragraph per problem (field, value, expectation, fix), the checks that read
+one file or directory the recipe names (an HF policy's architecture, a writable output
+directory), and writing `resolved_config.json` atomically.
 
-Does not own: the schema itself (`schema.py`) or anything that needs torch.
+Does not own: the schema itself (`schema.py`), anything that needs torch, or the preflight
+of data files and plug-ins (rl_core.launch.preflight: it imports the parts' packages).
 """
 
 from __future__ import annotations
@@ -245,80 +246,12 @@ def validate_dict(data: dict, source: str | None = None) -> RecipeConfig:
 # --------------------------------------------------------------------------- public entry points
 
 
-def load_recipe(path: str | os.PathLike, overrides: list[str] | None = None, preflight_files: bool = True) -> RecipeConfig:
-    """parse -> override -> validate -> cheap preflight. Raises RecipeError; never builds a model."""
+def read_recipe(path: str | os.PathLike, overrides: list[str] | None = None) -> RecipeConfig:
+    """parse -> override -> validate. Raises RecipeError; reads nothing but the recipe files (the
+    file-system and plug-in checks before a run: rl_core.launch.preflight.load_recipe)."""
     data = _read_yaml(Path(path))
     data = apply_overrides(data, list(overrides or []))
-    cfg = validate_dict(data, source=str(path))
-    if preflight_files:
-        preflight(cfg, source=str(path))
-    return cfg
-
-
-def _tracker_problems(cfg: RecipeConfig) -> list[dict]:
-    """A tracker in logging.trackers whose library is not installed (found without importing it)."""
-    import importlib.util
-
-    return [{"field": "logging.trackers", "value": cfg.logging.trackers,
-             "expected": f"the {name!r} package installed for the {name!r} tracker (it is not importable here)",
-             "fix": f'pip install "rl_core[{name}]" (with -c constraints.txt), or remove {name!r} from logging.trackers.'}
-            for name in cfg.logging.trackers if name != "tensorboard" and importlib.util.find_spec(name) is None]
-
-
-def preflight(cfg: RecipeConfig, source: str | None = None) -> None:
-    """Checks that need the file system but nothing heavy: data files (every row), model
-    directory, the output directory, the environment's plug-ins (a `custom` class, reward
-    functions, a reasoning_gym task: `env_plugins.check_env_config`), and a `custom` sampler
-    (imported and constructed)."""
-    check_model_architecture(cfg, source)
-    problems = []
-    for field in ("train_file", "val_file"):
-        p = Path(getattr(cfg.data, field))
-        if not _is_data_path(p) and cfg.data.generate is None:  # generated files are made by make_data / train
-            problems.append({"field": f"data.{field}", "value": str(p),
-                             "expected": f"an existing JSON-lines file, Parquet file or datasets.save_to_disk "
-                                         f"directory (looked for {p.resolve()})",
-                             "fix": "fix the path, or generate the toy data with `rl-core make-data addition`."})
-    for name, file in cfg.evaluation.sets.items():
-        if not _is_data_path(Path(file)):
-            problems.append({"field": f"evaluation.sets.{name}", "value": file,
-                             "expected": f"an existing prompt file (JSON lines, Parquet or a save_to_disk "
-                                         f"directory; looked for {Path(file).resolve()})",
-                             "fix": "fix the path or remove the set (an empty evaluation.sets uses data.val_file)."})
-    if cfg.model.source == "hf" and cfg.model.path:
-        d = Path(cfg.model.path)
-        if not (d / "config.json").is_file():
-            problems.append({"field": "model.path", "value": str(d),
-                             "expected": "an HF model directory containing config.json",
-                             "fix": "point model.path at a saved transformers model directory."})
-    if cfg.model.source == "smollm2":
-        from rl_core.model.gguf import find_smollm2_gguf
-
-        find_smollm2_gguf()  # a ModelFileError naming the package and the fix, before anything is built
-    if cfg.critic.enabled and cfg.critic.model_path and not (Path(cfg.critic.model_path) / "config.json").is_file():
-        problems.append({"field": "critic.model_path", "value": cfg.critic.model_path,
-                         "expected": "an HF model directory containing config.json (or a directory saved by the critic)",
-                         "fix": "point critic.model_path at a saved transformers model, or remove it to start the critic from the initial policy."})
-    problems += _tracker_problems(cfg)
-    if problems:
-        raise RecipeError(problems, source)
-    check_output_dir(run_dir(cfg), "output_dir", source)
-    from rl_core.config.env_plugins import check_env_config  # the env's plug-ins and task, before anything is built
-
-    check_env_config(cfg, source)
-    _check_data(cfg, source)
-    if cfg.env.type in ("agent", "http") and cfg.async_rl.reproducible:
-        raise RecipeError.single("async_rl.reproducible", True, f"false with env.type {cfg.env.type} (the model "
-                                 "calls of agent episodes cross a socket, so the engine's batches depend on timing)",
-                                 "set async_rl.reproducible: false, or use an in-process environment.")
-    if cfg.env.type == "agent":  # import and check the agent function now, not after the build
-        from rl_core.envs.agent import load_agent
-
-        load_agent(cfg.env)
-    if cfg.async_rl.sampler.type == "custom":  # import, construct and check it now, not after the build
-        from rl_core.samplers import build_custom_sampler
-
-        build_custom_sampler(cfg.async_rl.sampler, cfg.grpo.num_prompts_per_step)
+    return validate_dict(data, source=str(path))
 
 
 def hf_architecture(path: str | os.PathLike | None) -> tuple[str, bool] | None:
@@ -340,45 +273,6 @@ def check_model_architecture(cfg: RecipeConfig, source: str | None = None) -> No
         check_moe_rules(cfg, hf_architecture(cfg.model.path))
     except RecipeError as exc:
         raise RecipeError(exc.problems, exc.source or source) from None
-
-
-def _is_data_path(p: Path) -> bool:
-    """A file, or a directory that looks like a dataset (its contents are checked by _check_data)."""
-    return p.is_file() or (p.is_dir() and ((p / "state.json").is_file() or (p / "dataset_dict.json").is_file()))
-
-
-def _check_data(cfg: RecipeConfig, source: str | None) -> None:
-    """Every row of every data file (format, UTF-8, size, object, mapped keys and types), and
-    enough training examples for one RL step."""
-    from rl_core.data.dataset import Fields, count_examples
-    from rl_core.errors import DataError
-
-    fields = Fields.of(cfg.data)
-
-    counts = {}
-    files = [("data.train_file", cfg.data.train_file), ("data.val_file", cfg.data.val_file)]
-    gen = cfg.data.generate
-    if gen is not None and not all(_is_data_path(Path(f)) for _, f in files):  # not generated yet
-        from rl_core.data.reasoning_gym import RECIPE_FIELDS, reasoning_gym_examples
-
-        reasoning_gym_examples(cfg.env.task, cfg.env.config, gen.num_train, gen.num_val, gen.seed, RECIPE_FIELDS)
-        counts = {"data.train_file": gen.num_train, "data.val_file": gen.num_val}
-        files = []
-    files += [(f"evaluation.sets.{name}", file) for name, file in cfg.evaluation.sets.items()]
-    for field, file in files:
-        try:
-            counts[field] = count_examples(file, fields)
-        except DataError as exc:
-            raise DataError(f"`{field}`: {exc}") from None
-    n = counts["data.train_file"]
-    if cfg.data.max_train_examples is not None:
-        n = min(n, cfg.data.max_train_examples)
-    p = cfg.grpo.num_prompts_per_step
-    if n < p:
-        raise RecipeError.single("grpo.num_prompts_per_step", p,
-                                 f"at most the training examples used ({n}, from data.train_file"
-                                 + (" and data.max_train_examples" if cfg.data.max_train_examples is not None else "") + ")",
-                                 "lower grpo.num_prompts_per_step or use a larger data.train_file.", source)
 
 
 def check_output_dir(path: str | os.PathLike, field: str, source: str | None = None) -> None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from rl_core.buffer.replay_buffer import ReplayBuffer
+from rl_core.buffer.replay_buffer import OpenStep, ReplayBuffer, TrainedGroup
 from rl_core.config.schema import RecipeConfig
 from rl_core.controller.events import Timeline, VersionClock, overlap_seconds
 from rl_core.controller.refit import Refitter
@@ -39,7 +39,6 @@ from rl_core.rollout.group import sampling_params
 from rl_core.rollout.spool import RolloutSpool
 from rl_core.rollout.validation import Validator
 from rl_core.samplers.in_order import InOrderSampler
-from rl_core.types import OpenStep, TrainedGroup
 
 if TYPE_CHECKING:
     from rl_core.data.dataset import PromptSource

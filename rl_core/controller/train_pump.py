@@ -26,11 +26,11 @@ import torch
 
 from rl_core.algorithms.metrics import merge_metrics
 from rl_core.algorithms.shaping import dropped_groups_budget
-from rl_core.buffer.replay_buffer import ReplayBuffer, Slot, SlotState
+from rl_core.buffer.replay_buffer import OpenStep, ReplayBuffer, Slot, SlotState, TrainedGroup
 from rl_core.controller.advantage_stage import AdvantageStage
 from rl_core.controller.events import Timeline, VersionClock, wait_until
 from rl_core.controller.step_metrics import step_metrics
-from rl_core.types import OpenStep, TrainChunk, TrainedGroup
+from rl_core.types import TrainChunk
 
 
 @dataclass

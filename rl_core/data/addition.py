@@ -21,7 +21,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from rl_core.config.loader import atomic_write_text
+from rl_core.fsutil import atomic_write_text
 
 TRAIN_FILE = "train.jsonl"
 VAL_FILE = "val.jsonl"

@@ -19,7 +19,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from rl_core.config.loader import atomic_write_text
+from rl_core.fsutil import atomic_write_text
 from rl_core.data.addition import TRAIN_FILE, VAL_FILE, to_jsonl
 
 DEFAULT_OPS = "+"

@@ -1,29 +1,64 @@
 """`env.type: reward_functions`: rewards from plain Python functions named by import path.
 
-Owns: the environment that calls the functions (rl_core.config.env_plugins loads and checks
-them at recipe load). Contract: `fn(prompt, completion, example) -> float`, with the prompt
-before templating (text, or chat messages with `use_chat_template`), the completion text
-without its end token, and a copy of the example. A real number (bool and int count) is
-required; anything else, NaN or infinity, or an exception raises `RewardFunctionError` naming
-the function (a *data* failure for the rollout pump). Each function is a named component;
-`reward = sum(weight_i * value_i)`; `env.success` decides correctness; GDPO normalises each component per group. Truncated
+Owns: importing and checking the functions (`load_reward_functions`; rl_core.launch.preflight
+calls it at recipe load) and the environment that calls them. Contract: `fn(prompt,
+completion, example) -> float`, with the prompt before templating (text, or chat messages
+with `use_chat_template`), the completion text without its end token, and a copy of the
+example. A real number (bool and int count) is required; anything else, NaN or infinity, or
+an exception raises `RewardFunctionError` naming the function (a *data* failure for the
+rollout pump). Each function is a named component; `reward = sum(weight_i * value_i)`;
+`env.success` decides correctness; GDPO normalises each component per group. Truncated
 completions are scored like any other; aborted ones are not (BaseEnv: reward 0, masked).
 
-Does not own: templating and end tokens (base.py), the advantage (rl_core.algorithms).
-
-Read more: docs/environments.md, "Reward functions".
+Does not own: templating and end tokens (base.py), the advantage (rl_core.algorithms). Read
+more: docs/environments.md, "Reward functions".
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
-from rl_core.config.env_plugins import load_reward_functions
 from rl_core.envs import register_env
 from rl_core.envs.base import BaseEnv, Completion
+from rl_core.errors import RecipeError
+from rl_core.plugins import load_target
 from rl_core.types import EnvResult
+
+
+@dataclass(frozen=True)
+class RewardFunction:
+    """One loaded `env.functions[i]`."""
+
+    name: str
+    target: str
+    weight: float
+    fn: Callable[..., Any]
+
+
+def load_reward_functions(specs: list[Any]) -> list[RewardFunction]:
+    """Import and check every `env.functions[i]` (a RecipeError naming `env.functions[i].target`)."""
+    out = []
+    for i, spec in enumerate(specs):
+        field = f"env.functions[{i}].target"
+        fn = load_target(spec.target, field=field, kind="callable")
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):
+            sig = None
+        if sig is not None:
+            try:
+                sig.bind(None, "", {})
+            except TypeError:
+                raise RecipeError.single(field, spec.target, f"a function called as fn(prompt, completion, example) "
+                                         f"(its signature is {sig})",
+                                         "give the function the three parameters (prompt, completion, example) "
+                                         "and return a float.") from None
+        out.append(RewardFunction(spec.component, spec.target, float(spec.weight), fn))
+    return out
 
 
 class RewardFunctionError(RuntimeError):

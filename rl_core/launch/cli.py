@@ -27,8 +27,9 @@ def _recipe_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_validate(args) -> int:
-    from rl_core.config import load_recipe, run_dir, write_resolved
+    from rl_core.config import run_dir, write_resolved
     from rl_core.config.loader import check_output_dir
+    from rl_core.launch.preflight import load_recipe
 
     if args.out:  # before the recipe's own checks: a bad --out is named as such
         check_output_dir(args.out, "--out")
@@ -151,7 +152,8 @@ def _check_init_policy_out(out: Path, force: bool, explicit: bool) -> bool:
 
 
 def cmd_init_policy(args) -> int:
-    from rl_core.config import load_recipe, run_dir, write_resolved
+    from rl_core.config import run_dir, write_resolved
+    from rl_core.launch.preflight import load_recipe
     from rl_core.launch.train import ensure_policy
 
     cfg = load_recipe(args.recipe, args.overrides)
@@ -184,7 +186,8 @@ def log_failure(exc: BaseException, log_path: Path) -> Path:
 
 
 def cmd_train(args) -> int:
-    from rl_core.config import load_recipe, run_dir
+    from rl_core.config import run_dir
+    from rl_core.launch.preflight import load_recipe
     from rl_core.launch.train import headline, train_from_recipe
 
     cfg = load_recipe(args.recipe, args.overrides)

@@ -21,8 +21,9 @@ import math
 import shutil
 from pathlib import Path
 
-from rl_core.config import RecipeConfig, load_recipe, load_resolved, write_resolved
+from rl_core.config import RecipeConfig, load_resolved, write_resolved
 from rl_core.errors import CheckpointError, RecipeError
+from rl_core.launch.preflight import load_recipe
 
 
 def load_workflow_recipe(recipe: str, run: str | None, overrides: list[str] | None = None) -> RecipeConfig:

@@ -6,6 +6,6 @@ safetensors directory, report the served version, abort requests, invalidate the
 cache, health), so that `HttpBackend` (rl_core.generation.http.backend) can drive several
 servers, and any OpenAI client can use one. protocol.py owns request bodies, text.py the
 text and logprob layouts, app.py the routes; process start-up (binding, token checks)
-is rl_core.launch.serve. The package imports nothing itself, so that clients can read
-protocol.py's limits (`MAX_N`) without loading the server's routes and the native engine.
+is rl_core.launch.serve; what the server and its clients share (the control-secret header,
+`MAX_N`) is rl_core.server_contract, below both.
 """

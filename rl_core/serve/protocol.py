@@ -22,11 +22,11 @@ from typing import Annotated, Any, Literal, Union
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rl_core.server_contract import MAX_N
 from rl_core.types import MAX_SEED, GenerationResult, SamplingParams
 
 MAX_TOP_LOGPROBS = 20
 MAX_TEMPERATURE = 10.0
-MAX_N = 128  # choices per prompt of one request
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 

@@ -26,10 +26,10 @@ from rl_core.algorithms.metrics import finalize_metrics
 from rl_core.algorithms.value_loss import ClippedValueLoss
 from rl_core.config.schema import CriticConfig
 from rl_core.fsutil import atomic_dir
+from rl_core.train.causal_lm import DTYPES
 from rl_core.train.update import LocalStep, local_microbatches
 from rl_core.types import TrainChunk
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 HEAD_FILE = "value_head.safetensors"
 STATE_FILE = "critic_state.pt"
 MARKER = "critic.json"

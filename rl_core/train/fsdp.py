@@ -25,24 +25,12 @@ import torch
 import torch.distributed as dist
 
 from rl_core.config.schema import TrainerConfig
+from rl_core.train.causal_lm import DTYPES, decoder_layers
 from rl_core.train.data_parallel import DataParallelTrainer
 from rl_core.train.fused_adam import fused_adamw
+from rl_core.train.logprobs import token_logprobs
 from rl_core.train.spmd import CommandChannel
-from rl_core.train.torch_trainer import DTYPES, token_logprobs
 from rl_core.types import TrainChunk
-
-
-def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated blocks of a transformers causal LM (each becomes one FSDP unit)."""
-    inner = getattr(model, "model", None)
-    layers = getattr(inner, "layers", None)
-    if isinstance(layers, torch.nn.ModuleList) and len(layers):
-        return list(layers)
-    found = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
-    if not found:
-        raise ValueError(f"cannot find the decoder layers of {type(model).__name__} to shard "
-                         "(expected model.model.layers or modules named *DecoderLayer)")
-    return found
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

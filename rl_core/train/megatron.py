@@ -27,13 +27,13 @@ import torch
 import torch.distributed as dist
 
 from rl_core.config.schema import TrainerConfig
+from rl_core.train.causal_lm import DTYPES
 from rl_core.train.data_parallel import DataParallelTrainer
 from rl_core.train.fused_adam import fused_adamw
 from rl_core.train.logprobs import fused_token_logprobs
 from rl_core.train.megatron_convert import (GPTShape, check_tensor_parallel, hf_to_megatron, megatron_to_hf,
                                             merge_tensor_parallel, shape_from_hf, split_tensor_parallel)
 from rl_core.train.spmd import CommandChannel
-from rl_core.train.torch_trainer import DTYPES
 from rl_core.types import TrainChunk
 
 # megatron-core warns on import and build that Apex / Transformer Engine are absent and

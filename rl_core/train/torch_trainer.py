@@ -27,13 +27,13 @@ import torch
 from rl_core.algorithms.flops import FlopsCounter, FlopsSpec, peak_flops_per_s
 from rl_core.config.schema import TrainerConfig
 from rl_core.protocols import PolicyLoss
+from rl_core.train.causal_lm import DTYPES, decoder_layers
 from rl_core.train.logprobs import chunked_unsupported_reason, resolve_chunk_tokens, token_logprobs
 from rl_core.train.router_replay import RouterReplay, check_routes
 from rl_core.train.update import LocalStep, StepSums, local_microbatches, scheduled_lr, set_lr
 from rl_core.types import TrainChunk
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-__all__ = ["DTYPES", "TorchTrainer", "token_logprobs"]  # token_logprobs: re-exported from rl_core.train.logprobs
+__all__ = ["TorchTrainer", "token_logprobs"]  # token_logprobs: re-exported from rl_core.train.logprobs
 
 
 
@@ -59,8 +59,6 @@ class TorchTrainer(LocalStep):
         if self.chunk_tokens and chunked_unsupported_reason(self.model):
             resolve_chunk_tokens(self.chunk_tokens, self.model)  # raises (e.g. a head that is not a Linear)
         if cfg.compile:
-            from rl_core.train.fsdp import decoder_layers
-
             for layer in decoder_layers(self.model):
                 layer.compile(dynamic=True)  # in place: parameter names and state dict keys stay the HF ones
         self.reference = None

@@ -17,7 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from rl_core.protocols import WeightSync
-from rl_core.weights.base import SyncReport, state_dict_bytes
+from rl_core.types import SyncReport
+from rl_core.weights.base import state_dict_bytes
 from rl_core.weights.broadcast import BroadcastGroup, BroadcastWeightSync, WeightBroadcaster, WeightReceiver
 from rl_core.weights.filesystem import (FilesystemWeightSync, latest_ready_version, read_version, version_dir,
                                         wait_for_version)

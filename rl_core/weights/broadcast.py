@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 import torch
 
-from rl_core.weights.base import SyncReport
+from rl_core.types import SyncReport
 
 HEADER_FORMAT = "rl_core.weights.broadcast/1"
 MAX_HEADER_BYTES = 64 * 2**20  # ~1M tensors of long names: far above any model, far below a memory problem

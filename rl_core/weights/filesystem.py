@@ -28,7 +28,8 @@ from typing import Iterable, Mapping
 import torch
 
 from rl_core.fsutil import atomic_write_json, fsync_dir
-from rl_core.weights.base import SyncReport, state_dict_bytes
+from rl_core.types import SyncReport
+from rl_core.weights.base import state_dict_bytes
 
 READY = "READY"
 LATEST = "LATEST"

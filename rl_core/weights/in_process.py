@@ -12,7 +12,8 @@ from typing import Iterable, Mapping
 
 import torch
 
-from rl_core.weights.base import SyncReport, state_dict_bytes
+from rl_core.types import SyncReport
+from rl_core.weights.base import state_dict_bytes
 
 
 class InProcessSync:

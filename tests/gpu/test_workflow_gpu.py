@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_core.config import load_recipe
+from rl_core.config import read_recipe
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 # both are rl_core dependencies; a GPU image with rl_core installed without its dependencies may lack them
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_local_job_sees_the_same_gpus(tmp_path):
-    cluster = load_recipe(ROOT / "recipes" / "tiny-addition.yaml", preflight_files=False).cluster
+    cluster = read_recipe(ROOT / "recipes" / "tiny-addition.yaml").cluster
     ex = make_executor("local", tmp_path, cluster.controller, cluster, "gpu-probe")
     (count,) = wait_for_jobs([ex.submit(torch.cuda.device_count)], "probe", poll_interval_s=0.5)
     assert count == torch.cuda.device_count() >= 1

@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-from rl_core.types import EnvResult, GenerationResult
-from rl_core.weights.base import SyncReport
+from rl_core.types import EnvResult, GenerationResult, SyncReport
 
 
 class FakeTokenizer:

@@ -14,7 +14,7 @@ from tests.helpers.paths import ROOT, TINY_RECIPE as RECIPE
 @pytest.fixture(scope="session")
 def warm_policy(tmp_path_factory) -> Path:
     """The default recipe's initial policy (tokenizer + warm-up to ~10% accuracy), built once."""
-    from rl_core.config import load_recipe
+    from rl_core.launch.preflight import load_recipe
     from rl_core.launch.train import ensure_policy, setup_process
 
     out = tmp_path_factory.mktemp("policy") / "init_policy"
@@ -30,7 +30,7 @@ def run_recipe(tmp_path, warm_policy, monkeypatch):
     monkeypatch.chdir(ROOT)
 
     def run(*overrides: str, name: str = "run"):
-        from rl_core.config import load_recipe
+        from rl_core.launch.preflight import load_recipe
         from rl_core.launch.train import train_from_recipe
 
         cfg = load_recipe(RECIPE, [f"output_dir={tmp_path}", f"run_name={name}", "logging.tensorboard=false",

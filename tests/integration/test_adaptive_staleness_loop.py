@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from rl_core.config import load_recipe
+from rl_core.launch.preflight import load_recipe
 from rl_core.controller.controller import Controller
 from rl_core.launch.train import build_parts
 
@@ -67,12 +67,15 @@ def test_bound_narrows_on_mismatch_in_a_reproducible_run(tmp_path, warm_policy, 
                           "async_rl.sampler.adaptive.max_lookahead_versions=2",
                           "async_rl.sampler.adaptive.metric=is_mult_prob_error",
                           "async_rl.sampler.adaptive.low_threshold=1.0",
-                          "async_rl.sampler.adaptive.high_threshold=1.000001", steps=8, name="narrow")
+                          "async_rl.sampler.adaptive.high_threshold=1.000001", steps=10, name="narrow")
     bounds = [int(r["async/staleness_bound"]) for r in recs]
     assert bounds == sorted(bounds, reverse=True) and bounds[-1] == 0 and bounds[0] <= 2
     assert max(r["staleness/max"] for r in recs) >= 1  # it started asynchronous
     _check_bounds_held(recs, start=2)
-    assert recs[-1]["staleness/max"] == 0 and recs[-2]["staleness/max"] == 0
+    # the pipeline of the wider bound (at most 2 versions ahead) drains within 2 steps of reaching 0
+    # (when it narrows depends on the first step that changes the weights: an all-wrong step does not)
+    drained = bounds.index(0) + 2
+    assert drained < len(recs) and all(r["staleness/max"] == 0 for r in recs[drained:])
     # reproducible: every group of a step has the same staleness
     assert all(r["staleness/max"] == r["staleness/mean"] for r in recs)
 

@@ -24,7 +24,7 @@ def agent_policy(tmp_path_factory):
     """The initial policy for the agent task: warmed up on the chat-templated first turn, to 30%
     greedy accuracy (the warm-up's accuracy jumps: 11% at its step 340, 46% at 370, ~5 s more)
     so that sampled answers are often nearly right and RL has a strong signal to follow."""
-    from rl_core.config import load_recipe
+    from rl_core.launch.preflight import load_recipe
     from rl_core.launch.train import ensure_policy, setup_process
 
     out = tmp_path_factory.mktemp("agent_policy") / "init_policy"
@@ -36,7 +36,7 @@ def agent_policy(tmp_path_factory):
 
 def _run(tmp_path, policy, monkeypatch, steps, *overrides, name="agent"):
     """The controller on the agent recipe; returns (summary, run dir), the spool under <run dir>/spool."""
-    from rl_core.config import load_recipe
+    from rl_core.launch.preflight import load_recipe
     from rl_core.controller.controller import Controller
     from rl_core.launch.train import build_parts
 

@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from rl_core.config import load_recipe
+from rl_core.launch.preflight import load_recipe
 from rl_core.launch.train import train_from_recipe
 from rl_core.metrics.logger import read_jsonl
 

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from rl_core.config import load_recipe
+from rl_core.launch.preflight import load_recipe
 from rl_core.controller.controller import Controller
 from rl_core.launch.train import build_parts
 

@@ -32,7 +32,7 @@ import pytest
 
 import rl_core.controller.train_pump as train_pump
 import rl_core.train.torch_trainer as torch_trainer
-from rl_core.config import load_recipe
+from rl_core.launch.preflight import load_recipe
 from rl_core.controller.controller import Controller
 from rl_core.envs.addition import AdditionEnv
 from rl_core.envs.chain import ChainAdditionEnv, third_operand
@@ -316,8 +316,11 @@ def test_ppo_critic_with_a_dropped_group_under_each_sampler(tmp_path, warm_polic
     assert ctl.p.trainer.optimizer_steps == 4 and ctl.p.critic.optimizer_steps == 4
     for r in recs:
         assert r["train/optimizer_steps_in_rl_step"] == 2.0
-        assert math.isfinite(r["critic/value_loss"]) and r["critic/grad_norm"] > 0
+        assert math.isfinite(r["critic/value_loss"])
+        # zero only where the zero-initialised head already predicts every return (an all-wrong step)
+        assert r["critic/grad_norm"] > 0 or r["critic/value_abs_error"] == 0
         assert r["train/num_groups"] in (P - 1, P)
+    assert any(r["critic/grad_norm"] > 0 for r in recs)
 
 
 # ---------------------------------------------------------------- FLOPs / MFU with PPO mini-steps

@@ -29,7 +29,7 @@ import re
 import pytest
 import torch
 
-from rl_core.config import load_recipe
+from rl_core.launch.preflight import load_recipe
 from rl_core.controller.controller import Controller
 from rl_core.launch.train import build_parts
 
@@ -214,4 +214,7 @@ def test_critic_warmup_freezes_the_policy_and_trains_the_critic(tmp_path, warm_p
     assert ctl.p.trainer.inner.optimizer_steps == 1  # the frozen steps took no optimizer step
     assert [r["train/policy_frozen"] for r in recs] == [1.0, 1.0, 0.0]
     assert ctl.p.critic.optimizer_steps == 3  # the critic trained in every step
-    assert all(r["critic/grad_norm"] > 0 for r in recs)
+    # a zero gradient only where the critic already predicts every target exactly (an all-wrong first
+    # step: returns 0 and the zero-initialised value head)
+    assert all(r["critic/grad_norm"] > 0 or r["critic/value_abs_error"] == 0 for r in recs)
+    assert any(r["critic/grad_norm"] > 0 for r in recs)

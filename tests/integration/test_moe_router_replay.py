@@ -11,7 +11,7 @@ RECIPE = ROOT / "recipes" / "tiny-addition-moe.yaml"
 
 
 def test_moe_recipe_trains_with_router_replay(tmp_path, monkeypatch):
-    from rl_core.config import load_recipe
+    from rl_core.launch.preflight import load_recipe
     from rl_core.launch.train import train_from_recipe
     from rl_core.metrics.logger import read_jsonl
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from rl_core.config import load_recipe
+from rl_core.launch.preflight import load_recipe
 from rl_core.controller.controller import Controller
 from rl_core.launch.train import build_parts
 

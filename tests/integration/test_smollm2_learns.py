@@ -40,7 +40,7 @@ def smollm2_dir():
 
 @pytest.mark.slow
 def test_smollm2_format_reward_rises(smollm2_dir, tmp_path, monkeypatch):
-    from rl_core.config import load_recipe
+    from rl_core.launch.preflight import load_recipe
     from rl_core.launch.train import train_from_recipe
 
     monkeypatch.chdir(ROOT)

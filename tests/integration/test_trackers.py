@@ -59,7 +59,7 @@ def _same(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> bool:
 def tracked_run(tmp_path_factory):
     import os
 
-    from rl_core.config import load_recipe
+    from rl_core.launch.preflight import load_recipe
     from rl_core.launch.train import train_from_recipe
 
     tmp = tmp_path_factory.mktemp("trackers")

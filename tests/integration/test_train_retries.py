@@ -15,7 +15,7 @@ import json
 import pytest
 
 import rl_core.launch.train as launch_train
-from rl_core.config import load_recipe
+from rl_core.launch.preflight import load_recipe
 from rl_core.checkpoint import load_run_checkpoint, newest_complete
 from rl_core.controller.train_pump import TrainStepFailed
 

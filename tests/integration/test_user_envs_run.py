@@ -63,7 +63,7 @@ NO_WARMUP = "model.warmup.enabled=false"
 @pytest.fixture(scope="module")
 def cold_policy(tmp_path_factory):
     """The default recipe's tiny model and tokenizer, not warmed up."""
-    from rl_core.config import load_recipe
+    from rl_core.launch.preflight import load_recipe
     from rl_core.launch.train import ensure_policy, setup_process
 
     out = tmp_path_factory.mktemp("cold") / "init_policy"
@@ -84,7 +84,7 @@ def user_module(tmp_path, monkeypatch):
 
 
 def _train(recipe, tmp_path, policy, name, *overrides):
-    from rl_core.config import load_recipe
+    from rl_core.launch.preflight import load_recipe
     from rl_core.launch.train import train_from_recipe
 
     cfg = load_recipe(recipe, [f"output_dir={tmp_path}", f"run_name={name}", "logging.tensorboard=false",

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rl_core.config import load_recipe
+from rl_core.launch.preflight import load_recipe
 from rl_core.envs.agent import AgentEnv, AgentError
 from rl_core.errors import RecipeError
 from tests.helpers.fakes import FakeChatTokenizer

@@ -1,5 +1,8 @@
 """The import rules of rl_core's layers, checked on the source (AST only, nothing imported).
 
+- every import (module level, inside functions, under `if TYPE_CHECKING:`) points down the
+  layer table of docs/architecture.md ("## Layers", read here: the one source of the order),
+  and the import graph has no circle, within a layer either (`layering_problems`);
 - no module outside rl_core/launch imports rl_core.launch (the launch layer is the top);
 - rl_core/checkpoint imports nothing from rl_core.controller (the checkpoint format sits
   below the controller that decides when to take one);
@@ -8,23 +11,25 @@
 - no module reads another object's private attribute (`obj._name` with `obj` other than
   `self`/`cls`), except the third-party ones listed in `THIRD_PARTY_PRIVATE` (torch and os
   offer no public spelling for them);
-- no import cycle among rl_core modules at module level (imports inside functions and under
-  `if TYPE_CHECKING:` are lazy and do not count);
-- vLLM (an optional install) is imported only inside functions of rl_core.generation.vllm.
+- vLLM (an optional install) is imported only inside functions of rl_core.generation.vllm;
+- no Python file of the repository exceeds 600 lines.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "rl_core"
+ARCHITECTURE_DOC = ROOT / "docs" / "architecture.md"
+MAX_MODULE_LINES = 600
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -35,8 +40,8 @@ def parse(path: Path) -> ast.Module:
     return ast.parse(path.read_text(), filename=str(path))
 
 
-def modules() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+def modules(pkg: Path = PKG) -> dict[str, Path]:
+    return {module_name(p, pkg.parent): p for p in sorted(pkg.rglob("*.py"))}
 
 
 def is_package(path: Path) -> bool:
@@ -58,11 +63,18 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 
 def imports(path: Path, mod: str, top_level_only: bool) -> list[tuple[int, str, list[str]]]:
-    """(line, imported module, names imported from it) for each import of `path`.
-    `top_level_only`: skip imports inside functions and under `if TYPE_CHECKING:` (lazy ones);
-    imports inside module-level `try`/`if` blocks still run at import time and count."""
+    """(line, imported module, names imported from it) for each import of `path`: every one, or
+    with `top_level_only` those that run when the module is imported (not inside functions or
+    under `if TYPE_CHECKING:`; inside module-level `try`/`if` blocks they run and count)."""
     tree = parse(path)
     out: list[tuple[int, str, list[str]]] = []
+    if not top_level_only:  # every import statement, wherever it stands
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                out.extend((node.lineno, a.name, []) for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                out.append((node.lineno, resolve_from(mod, path, node), [a.name for a in node.names]))
+        return out
 
     def visit(nodes: list[ast.stmt]) -> None:
         for node in nodes:
@@ -71,11 +83,8 @@ def imports(path: Path, mod: str, top_level_only: bool) -> list[tuple[int, str, 
             elif isinstance(node, ast.ImportFrom):
                 out.append((node.lineno, resolve_from(mod, path, node), [a.name for a in node.names]))
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                if not top_level_only:
-                    visit(node.body)
+                continue
             elif isinstance(node, ast.If) and _is_type_checking(node.test):
-                if not top_level_only:
-                    visit(node.body)
                 visit(node.orelse)
             else:
                 for field in ("body", "orelse", "finalbody", "handlers"):
@@ -210,21 +219,89 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def import_graph() -> dict[str, set[str]]:
-    """rl_core module -> rl_core modules it imports at module level. A package's `__init__`
+def strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of `graph` with more than one node: each holds one
+    circle or several."""
+    reach: dict[str, set[str]] = {}
+    for start in graph:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph[todo.pop()]:
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        reach[start] = seen
+    components: list[set[str]] = []
+    for a in sorted(graph):
+        component = {a} | {b for b in reach[a] if a in reach[b]}
+        if len(component) > 1 and component not in components:
+            components.append(component)
+    return components
+
+
+def import_edges(pkg: Path = PKG) -> list[tuple[str, int, str]]:
+    """(module, line, module that import loads) for every import of every module of `pkg`,
+    lazy ones included (inside functions, under `if TYPE_CHECKING:`). A package's `__init__`
     runs before any of its submodules, so importing `a.b.c` also loads `a.b` and `a`: those
-    edges are added too (a parent package importing its own submodule is the normal order of
-    loading, not a cycle, so a module's own ancestors are left out)."""
-    known = modules()
-    graph: dict[str, set[str]] = {m: set() for m in known}
+    are loaded too (a module's own ancestors are left out: a parent package importing its own
+    submodule is the normal order of loading, not a circle)."""
+    known = modules(pkg)
+    out: dict[tuple[str, int, str], None] = {}
     for mod, path in known.items():
         ancestors = {".".join(mod.split(".")[:i]) for i in range(1, mod.count(".") + 1)}
-        for _, imported, names in imports(path, mod, top_level_only=True):
+        for line, imported, names in imports(path, mod, top_level_only=False):
             for target in rl_core_targets(imported, names, known):
                 parts = target.split(".")
-                chain = {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
-                graph[mod] |= {t for t in chain if t in known and t != mod and t not in ancestors}
-    return graph
+                for t in (".".join(parts[:i]) for i in range(1, len(parts) + 1)):
+                    if t in known and t != mod and t not in ancestors:
+                        out[(mod, line, t)] = None
+    return list(out)
+
+
+def documented_layers(doc: Path = ARCHITECTURE_DOC) -> list[list[str]]:
+    """The layer table of docs/architecture.md ("## Layers"): per row, bottom first, its
+    backticked modules and packages (names under rl_core/)."""
+    section = doc.read_text().split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| *(\d+) *\|([^|\n]*)\|", section, flags=re.M)
+    assert [int(n) for n, _ in rows] == list(range(1, len(rows) + 1)), "layer rows are numbered 1, 2, ... bottom first"
+    return [re.findall(r"`([A-Za-z_][\w.]*)`", names) for _, names in rows]
+
+
+def layering_problems(pkg: Path, layers: list[list[str]]) -> list[str]:
+    """What breaks the layer order `layers` (bottom first; names relative to the package `pkg`,
+    a package's layer is every module in it) in the source under `pkg`, every import counted:
+    a module in no layer, each import of a higher layer, each circle of the import graph (one
+    per strongly connected component, within a layer too), and each circle between the
+    table's entries (two packages of one layer importing each other, even through modules
+    that form no circle). The root package is below every layer."""
+    level = {f"{pkg.name}.{name}": i + 1 for i, names in enumerate(layers) for name in names}
+
+    def entry(mod: str) -> str | None:  # the longest listed prefix
+        parts = mod.split(".")
+        return next((p for p in (".".join(parts[:i]) for i in range(len(parts), 1, -1)) if p in level), None)
+
+    def layer(mod: str) -> int | None:
+        return 0 if mod == pkg.name else level.get(entry(mod))
+
+    known = modules(pkg)
+    problems = [f"{mod} is in no layer" for mod in known if layer(mod) is None]
+    graph: dict[str, set[str]] = {m: set() for m in known}
+    for mod, line, target in import_edges(pkg):
+        graph[mod].add(target)
+        here, there = layer(mod), layer(target)
+        if here is not None and there is not None and there > here:
+            problems.append(f"{known[mod].relative_to(pkg.parent)}:{line} imports {target} (layer {there}) "
+                            f"from layer {here}")
+    for component in strongly_connected(graph):
+        problems.append("import circle: " + " -> ".join(find_cycle({n: graph[n] & component for n in component})))
+    entries: dict[str, set[str]] = {e: set() for e in level}
+    for mod, targets in graph.items():
+        if entry(mod) is not None:
+            entries[entry(mod)] |= {entry(t) for t in targets} - {None, entry(mod)}
+    for component in strongly_connected(entries):
+        problems.append("circle between packages: " +
+                        " -> ".join(find_cycle({n: entries[n] & component for n in component})))
+    return problems
 
 
 def test_the_cycle_finder_finds_a_cycle():
@@ -232,9 +309,77 @@ def test_the_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_no_import_cycles_at_module_level():
-    cycle = find_cycle(import_graph())
-    assert cycle is None, "import cycle among rl_core modules (module-level imports): " + " -> ".join(cycle)
+def test_the_layer_table_names_each_module_once():
+    names = [name for row in documented_layers() for name in row]
+    known = modules()
+    unknown = [name for name in names if f"rl_core.{name}" not in known]
+    assert len(documented_layers()) >= 5 and not unknown and len(names) == len(set(names)), (unknown, names)
+
+
+def test_every_import_points_down_the_documented_layers_and_closes_no_circle():
+    problems = layering_problems(PKG, documented_layers())
+    assert not problems, ("imports against the layer order of docs/architecture.md (## Layers), or import "
+                          "circles, every import counted (inside functions and under TYPE_CHECKING too); move "
+                          "the shared piece down to where both sides may import it:\n" + "\n".join(problems))
+
+
+TREE_LAYERS = [["errors"], ["config"], ["data", "envs"], ["launch"]]
+
+
+def write_tree(root: Path, files: dict[str, str]) -> Path:
+    """A package `rl_core` of `files` (path -> source) under `root`; returns the package folder."""
+    for rel, text in {"__init__.py": "", **files}.items():
+        path = root / "rl_core" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root / "rl_core"
+
+
+def test_the_layer_checker_passes_a_tree_that_keeps_the_order(tmp_path):
+    pkg = write_tree(tmp_path, {
+        "errors.py": "", "config/__init__.py": "from rl_core.errors import RecipeError\n",
+        "data/__init__.py": "", "data/files.py": "from rl_core import config\n",
+        "envs/__init__.py": "from rl_core.data.files import load\n", "launch.py": "import rl_core.envs\n"})
+    assert layering_problems(pkg, TREE_LAYERS) == []
+
+
+def test_the_layer_checker_finds_planted_upward_imports(tmp_path):
+    """Lazy imports count: one inside a function, one under TYPE_CHECKING; a module outside the table too."""
+    pkg = write_tree(tmp_path, {
+        "errors.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rl_core.config import Recipe\n",
+        "config/__init__.py": "def preflight():\n    from rl_core.envs import load_agent\n",
+        "data/__init__.py": "", "envs/__init__.py": "", "launch.py": "", "stray.py": ""})
+    assert layering_problems(pkg, TREE_LAYERS) == [
+        "rl_core.stray is in no layer",
+        "rl_core/config/__init__.py:2 imports rl_core.envs (layer 3) from layer 2",
+        "rl_core/errors.py:3 imports rl_core.config (layer 2) from layer 1"]
+
+
+def test_the_layer_checker_finds_planted_circles(tmp_path):
+    """Within a layer imports may go either way, never both: a circle of modules (data.files ->
+    envs -> data.files, one side of it lazy), and, in a second tree, a circle of the layer's
+    packages through modules that close none (data.files -> envs.base, envs.agent -> data.files)."""
+    pkg = write_tree(tmp_path / "a", {
+        "errors.py": "", "config/__init__.py": "", "launch.py": "", "data/__init__.py": "",
+        "data/files.py": "def load():\n    from rl_core.envs import make_env\n",
+        "envs/__init__.py": "from rl_core.data.files import load\n"})
+    assert layering_problems(pkg, TREE_LAYERS) == [
+        "import circle: rl_core.data.files -> rl_core.envs -> rl_core.data.files",
+        "circle between packages: rl_core.data -> rl_core.envs -> rl_core.data"]
+    pkg = write_tree(tmp_path / "b", {
+        "errors.py": "", "config/__init__.py": "", "launch.py": "", "data/__init__.py": "",
+        "data/files.py": "from rl_core.envs.base import Env\n", "envs/__init__.py": "", "envs/base.py": "",
+        "envs/agent.py": "def run():\n    from rl_core.data.files import load\n"})
+    assert layering_problems(pkg, TREE_LAYERS) == ["circle between packages: rl_core.data -> rl_core.envs -> rl_core.data"]
+
+
+def test_no_python_file_exceeds_600_lines():
+    """A module past 600 lines holds a second concept: split it where the concepts part."""
+    long = [f"{path.relative_to(ROOT)} ({n} lines)"
+            for folder in ("rl_core", "tests", "bench", "examples", "workflow")
+            for path in sorted((ROOT / folder).rglob("*.py"))
+            if (n := path.read_bytes().count(b"\n")) > MAX_MODULE_LINES]
+    assert not long, f"Python files over {MAX_MODULE_LINES} lines:\n" + "\n".join(long)
 
 
 def test_vllm_is_imported_only_lazily_and_only_by_generation_vllm():

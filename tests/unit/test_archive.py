@@ -122,10 +122,10 @@ def test_inspect_prints_summary_and_samples(tmp_path, capsys):
 
 
 def test_inspect_decodes_with_a_tokenizer(tmp_path):
-    from rl_core.config import load_recipe
+    from rl_core.config import read_recipe
     from rl_core.model.tokenizer import build_tokenizer
 
-    cfg = load_recipe("recipes/tiny-addition.yaml", preflight_files=False)
+    cfg = read_recipe("recipes/tiny-addition.yaml")
     tok = build_tokenizer([{"prompt": "07+45=", "answer": "250"}, {"prompt": "12+34=", "answer": "640"}],
                           cfg.model.tiny.tokenizer_vocab_size)
     tok_dir = tmp_path / "epoch_1" / "checkpoint" / "model"

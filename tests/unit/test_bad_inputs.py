@@ -448,7 +448,7 @@ def test_train_bad_data_fails_before_build(tmp_path, capsys, monkeypatch):
 
 def test_valid_yaml_features_still_load(tmp_path, monkeypatch):
     """Anchors, merge keys and date-like strings are fine; only abuse is refused."""
-    from rl_core.config import load_recipe
+    from rl_core.launch.preflight import load_recipe
 
     monkeypatch.chdir(ROOT)
     recipe = tmp_path / "r.yaml"
@@ -467,7 +467,7 @@ def test_case_count():
 
 def test_yaml_12_booleans_keep_on_off_as_strings(tmp_path, capsys):
     """`logging.progress=off` is the documented value "off" (YAML 1.1 would read it as false)."""
-    from rl_core.config import load_recipe
+    from rl_core.launch.preflight import load_recipe
 
     cfg = load_recipe(ROOT / "recipes" / "tiny-addition.yaml", ["logging.progress=off", f"output_dir={tmp_path}"])
     assert cfg.logging.progress == "off"

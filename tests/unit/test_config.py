@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.config import apply_overrides, load_recipe, validate_dict
+from rl_core.config import apply_overrides, validate_dict
 from rl_core.config.docs import render_docs
 from rl_core.errors import RecipeError
+from rl_core.launch.preflight import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "tiny-addition.yaml"

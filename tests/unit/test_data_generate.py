@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.config import load_recipe, preflight
 from rl_core.data.reasoning_gym import SPEC_FILE, generate_recipe_data
 from rl_core.errors import DataError, RecipeError
+from rl_core.launch.preflight import load_recipe, preflight
 from rl_core.launch.stages import plan_epochs
 from rl_core.launch.workflow import STAGE_SECTIONS, WorkflowPlan, load_workflow
 from tests.helpers.paths import ROOT

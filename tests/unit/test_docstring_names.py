@@ -2,7 +2,7 @@
 
 Scanned: the docstrings of every module, class and function under rl_core/, and the
 backticked spans of docs/*.md and README.md. A name resolves when its longest importable
-prefix is a module and the rest are attributes of it (`rl_core.config.loader.preflight`);
+prefix is a module and the rest are attributes of it (`rl_core.launch.preflight.preflight`);
 `rl_core.x.y:Name` (the import-path form of plug-ins) also needs `Name` in the module. A
 name directly followed by `/` is a format tag (`rl_core.rollouts/1`), not a Python name.
 """
@@ -64,7 +64,7 @@ def resolves(name: str) -> bool:
 
 
 def test_resolves_tells_real_names_from_broken_ones():
-    assert resolves("rl_core.config.loader.preflight") and resolves("rl_core.samplers.base")
+    assert resolves("rl_core.launch.preflight.preflight") and resolves("rl_core.samplers.base")
     assert resolves("rl_core.config.schema:RecipeConfig") and resolves("rl_core.config.RecipeConfig.needs_reference_policy")
     assert not resolves("rl_core.config.loader.no_such_function") and not resolves("rl_core.no_such_module")
     assert not resolves("rl_core.config.schema:NoSuchClass")

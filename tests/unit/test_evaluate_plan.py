@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rl_core.config import load_recipe
+from rl_core.config import read_recipe
 from rl_core.errors import CheckpointError
 from rl_core.launch.evaluate import choose_checkpoints, eval_sets, evaluation_validation_config
 
@@ -22,7 +22,7 @@ def _epochs(tmp_path, accuracies):
 
 @pytest.fixture
 def cfg():
-    return load_recipe("recipes/tiny-addition.yaml", preflight_files=False)
+    return read_recipe("recipes/tiny-addition.yaml")
 
 
 def test_final_and_best(tmp_path, cfg):
@@ -34,7 +34,7 @@ def test_final_and_best(tmp_path, cfg):
 def test_one_checkpoint_with_both_labels_and_ties_go_to_the_later_epoch(tmp_path, cfg):
     chosen = choose_checkpoints(cfg, _epochs(tmp_path, [0.5, 0.5]))
     assert {k: c["labels"] for k, c in chosen.items()} == {2: ["final", "best"]}
-    only_best = load_recipe("recipes/tiny-addition.yaml", ["evaluation.checkpoints=[best]"], preflight_files=False)
+    only_best = read_recipe("recipes/tiny-addition.yaml", ["evaluation.checkpoints=[best]"])
     assert list(choose_checkpoints(only_best, _epochs(tmp_path, [0.6, 0.5]))) == [1]
 
 
@@ -49,7 +49,7 @@ def test_eval_sets_and_sampling(cfg):
     assert eval_sets(cfg) == {"val": cfg.data.val_file}
     v = evaluation_validation_config(cfg)
     assert v.num_val_generations_per_prompt == 4 and v.sampling.temperature == 1.0 and not v.sampling.greedy
-    other = load_recipe("recipes/tiny-addition.yaml", ["evaluation.sets={a: data/addition/val.jsonl}",
-                                                       "evaluation.max_samples=7"], preflight_files=False)
+    other = read_recipe("recipes/tiny-addition.yaml", ["evaluation.sets={a: data/addition/val.jsonl}",
+                                                       "evaluation.max_samples=7"])
     assert eval_sets(other) == {"a": "data/addition/val.jsonl"}
     assert evaluation_validation_config(other).max_val_samples == 7

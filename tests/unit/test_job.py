@@ -13,7 +13,7 @@ import pytest
 import submitit
 from submitit.slurm.slurm import _make_sbatch_string
 
-from rl_core.config import load_recipe
+from rl_core.config import read_recipe
 from rl_core.launch.job import (JobError, TrainEpochJob, controller_lock, make_executor, read_lock,
                                 slurm_parameters, stop_on_sigterm_locally, wait_for_jobs)
 from rl_core.launch.branch import branch_epoch
@@ -22,7 +22,7 @@ from tests.helpers.jobs import sigterm_self_after_install
 
 @pytest.fixture(scope="module")
 def cluster():
-    return load_recipe("recipes/tiny-addition.yaml", preflight_files=False).cluster
+    return read_recipe("recipes/tiny-addition.yaml").cluster
 
 
 def test_local_executor_is_explicit_and_gets_the_time_limit(tmp_path, cluster, monkeypatch):
@@ -38,10 +38,9 @@ def test_local_executor_is_explicit_and_gets_the_time_limit(tmp_path, cluster, m
 
 
 def test_slurm_executor_takes_the_recipe_resources(tmp_path):
-    cfg = load_recipe("recipes/tiny-addition.yaml", [
+    cfg = read_recipe("recipes/tiny-addition.yaml", [
         "cluster.controller.partition=gpu", "cluster.controller.gpus_per_node=4", "cluster.controller.mem_gb=64",
-        "cluster.controller.timeout_min=240", "cluster.controller.extra_sbatch={reservation: big}"],
-        preflight_files=False)
+        "cluster.controller.timeout_min=240", "cluster.controller.extra_sbatch={reservation: big}"])
     p = slurm_parameters(cfg.cluster.controller, cfg.cluster, "rl_core-train")
     assert (p["partition"], p["gpus_per_node"], p["mem"], p["time"]) == ("gpu", 4, "65536M", 240)
     assert p["job_name"] == "rl_core-train" and p["additional_parameters"] == {"reservation": "big"}
@@ -128,10 +127,10 @@ def test_checkpoint_resubmits_the_same_call():
 
 def test_local_launcher_refuses_what_it_cannot_honour(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    cfg = load_recipe("recipes/tiny-addition.yaml", ["cluster.controller.nodes=2"], preflight_files=False)
+    cfg = read_recipe("recipes/tiny-addition.yaml", ["cluster.controller.nodes=2"])
     with pytest.raises(JobError, match=r"cluster.controller.nodes is 2 but the local launcher"):
         make_executor("local", tmp_path, cfg.cluster.controller, cfg.cluster, "n")
-    cfg = load_recipe("recipes/tiny-addition.yaml", ["cluster.evaluation.gpus_per_node=4"], preflight_files=False)
+    cfg = read_recipe("recipes/tiny-addition.yaml", ["cluster.evaluation.gpus_per_node=4"])
     with pytest.raises(JobError, match=r"cluster.evaluation.gpus_per_node is 4 but this machine has 1 usable GPU"):
         make_executor("local", tmp_path, cfg.cluster.evaluation, cfg.cluster, "n")
 

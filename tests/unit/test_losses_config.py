@@ -145,7 +145,7 @@ def test_cli_validate_reports_an_algorithm_combination():
 
 
 def test_preflight_checks_the_critic_model_path(tmp_path, monkeypatch):
-    from rl_core.config.loader import preflight
+    from rl_core.launch.preflight import preflight
 
     monkeypatch.chdir(ROOT)
     cfg = validate_dict({"critic": {"enabled": True, "model_path": str(tmp_path / "nope")},

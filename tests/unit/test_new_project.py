@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rl_core.config import load_recipe
+from rl_core.launch.preflight import load_recipe
 from rl_core.errors import ArgumentError, RecipeError
 from rl_core.launch.new_project import new_project, template_root
 from rl_core.launch.project_files import PROJECT_FILES

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.config import load_recipe
+from rl_core.launch.preflight import load_recipe
 from rl_core.config.placement_rules import SUPPORTED
 from rl_core.errors import RecipeError
 from rl_core.launch.placement import SetupRecord, build_overlapped

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from rl_core.config import load_recipe
+from rl_core.launch.preflight import load_recipe
 from rl_core.config.controller_sections import RolloutFailureConfig
 from rl_core.errors import RecipeError, UserError, user_frame
 from rl_core.metrics.progress import Progress

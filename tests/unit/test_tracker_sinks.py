@@ -94,7 +94,7 @@ def test_validations_reach_every_tracker_and_a_new_report_replaces_them(tmp_path
 def test_a_tracker_whose_package_is_missing_is_named_before_anything_is_built(tmp_path, monkeypatch):
     import importlib.util
 
-    from rl_core.config import preflight
+    from rl_core.launch.preflight import preflight
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))

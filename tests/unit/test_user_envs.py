@@ -197,7 +197,7 @@ def test_reward_function_errors_name_the_function(rewards_module, tok, fn, match
 @pytest.mark.parametrize("fn, match", [("two_args", "fn\\(prompt, completion, example\\)"), ("value", "a function"),
                                        ("missing", "a name missing")])
 def test_bad_reward_function_targets(rewards_module, fn, match):
-    from rl_core.config.env_plugins import load_reward_functions
+    from rl_core.envs.reward_functions import load_reward_functions
 
     with pytest.raises(RecipeError, match=r"env.functions\[1\].target.*" + match):
         load_reward_functions(_rf_config((f"{rewards_module}:exact", 1.0), (f"{rewards_module}:{fn}", 1.0),
@@ -254,7 +254,7 @@ def test_custom_env_builds_with_kwargs(envs_module, tok):
                                         ("NotAnEnv", "missing: name, reward_names"),
                                         ("Nope", "a name Nope defined")])
 def test_bad_custom_env_classes(envs_module, cls, match):
-    from rl_core.config.env_plugins import load_env_class
+    from rl_core.envs.custom import load_env_class
 
     with pytest.raises(RecipeError, match=r"env.target.*" + match):
         load_env_class(f"{envs_module}:{cls}")

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from rl_core.weights.base import SyncReport
+from rl_core.types import SyncReport
 from rl_core.weights.broadcast import BroadcastWeightSync, broadcast_buckets
 from tests.helpers.trainers import ROOT, free_port
 

@@ -70,7 +70,7 @@ def loop():
 
 
 def tiny_cfg(*overrides: str):
-    from rl_core.config import load_recipe
+    from rl_core.launch.preflight import load_recipe
 
     return load_recipe(RECIPE, ["model.warmup.enabled=false", *overrides])
 

@@ -13,7 +13,7 @@ from tests.helpers.vllm_tier import RECIPE, ROOT
 
 @pytest.mark.parametrize("placement", ["colocated", "separate"])
 def test_async_grpo_steps_with_vllm_generating(tiny_policy, tmp_path, monkeypatch, placement):
-    from rl_core.config import load_recipe
+    from rl_core.launch.preflight import load_recipe
     from rl_core.launch.train import train_from_recipe
 
     monkeypatch.chdir(ROOT)

@@ -32,8 +32,7 @@ from rl_core.columns import GroupResults, generate_each, logprob_array, token_ar
 from rl_core.generation.http.fleet import (TRANSPORT_ERRORS, Endpoint, FleetPolicy, GenerationRequestError, ServerFleet,
                                            error_message, from_json, is_infra_status)
 from rl_core.generation.http.servers import EngineArgs, LocalServer
-from rl_core.server_contract import DEFAULT_CONTROL_SECRET_ENV
-from rl_core.serve.protocol import MAX_N
+from rl_core.server_contract import DEFAULT_CONTROL_SECRET_ENV, MAX_N
 from rl_core.types import GenerationRequest, GenerationResult, SamplingParams
 
 _INDEX = operator.itemgetter("index")

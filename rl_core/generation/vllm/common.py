@@ -13,6 +13,7 @@ Does not own: driving an engine or a server (the two backends' hooks).
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import os
@@ -196,7 +197,7 @@ class ChildReaper:
         return [p.pid for p in alive]
 
 
-class VLLMBackendBase:
+class VLLMBackendBase(abc.ABC):
     """What the two vLLM backends share: the weight version, the requests in flight and the
     counters of `metrics()`, abort, and the sequence of a weight update and of a KV-cache
     invalidation (pause keeping the requests, reload, reset the prefix cache, label the version,
@@ -306,21 +307,26 @@ class VLLMBackendBase:
 
     # ------------------------------------------------------------------ hooks
 
+    @abc.abstractmethod
     def _handle(self) -> Any:
         """What the hooks below drive (the engine); raises when the backend is not running."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def _pause(self, handle: Any) -> None:
-        raise NotImplementedError
+        """Stop scheduling new work on the engine."""
 
+    @abc.abstractmethod
     async def _reset_cache(self, handle: Any) -> None:
-        raise NotImplementedError
+        """Drop the engine's prefix cache."""
 
+    @abc.abstractmethod
     async def _label(self, handle: Any, version: int) -> None:
-        raise NotImplementedError
+        """Tell the engine the weight version it now serves."""
 
+    @abc.abstractmethod
     async def _resume(self, handle: Any) -> None:
-        raise NotImplementedError
+        """Let the engine schedule again."""
 
+    @abc.abstractmethod
     async def _send_abort(self, handle: Any, request_id: str) -> None:
-        raise NotImplementedError
+        """Abort one request on the engine."""
