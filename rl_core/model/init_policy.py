@@ -140,7 +140,7 @@ def reused_policy_dir(cfg: Any) -> Path:
     problems = []
     if report.get("source") != "tiny":
         problems.append(f"it was built by model.source {report.get('source')!r}, not 'tiny'")
-    if report.get("train_file") is not None and Path(report["train_file"]) != Path(cfg.data.train_file):
+    if report.get("train_file") is not None and Path(report["train_file"]).resolve() != Path(cfg.data.train_file).resolve():
         problems.append(f"its tokenizer was trained on {report['train_file']}, not data.train_file "
                         f"{cfg.data.train_file}")
     want = cfg.model.tiny.model_dump(mode="json")

@@ -121,3 +121,17 @@ def test_a_reused_warmup_must_exist_and_match_the_recipe(tiny_dir, tmp_path):
                                           r"but 128 there"):
         init_policy(_reuse(str(out), tmp_path, hidden_size=64), tmp_path / "p", log=None)
     assert not (tmp_path / "p").exists()
+
+
+def test_load_recipe_checks_a_reused_warmup_before_any_build(tiny_dir, tmp_path):
+    from rl_core.launch.preflight import load_recipe
+    from tests.helpers.paths import ROOT
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"extends: {ROOT}/recipes/tiny-addition.yaml\noutput_dir: {tmp_path / 'results'}\n"
+                      f"data: {{train_file: {ROOT}/data/addition/train.jsonl, val_file: {ROOT}/data/addition/val.jsonl}}\n")
+    with pytest.raises(RecipeError, match=r"model\.warmup\.reuse_from.*'earlier'.*init-policy"):
+        load_recipe(recipe, ["model.warmup.reuse_from=earlier"])
+    with pytest.raises(RecipeError, match=r"model\.warmup\.reuse_from.*model\.tiny\.hidden_size is 64 in the recipe"):
+        load_recipe(recipe, [f"model.warmup.reuse_from={tiny_dir[0]}", "model.tiny.hidden_size=64"])
+    assert not (tmp_path / "results").exists()  # refused before anything was written
