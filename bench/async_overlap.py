@@ -252,7 +252,6 @@ def run_one(name: str, steps: int, tick_s: float, train_s: float, tmp: Path, ove
     wall = time.monotonic() - t0
     span = (engine.t_last - engine.t_first) if engine.t_first is not None else 0.0
     util_pumps = engine.busy / (SLOTS * summary["pumps_s"]) if summary["pumps_s"] > 0 else 0.0
-    rs = ctl.rollout.stats
     phases = run_phases(engine, ctl, summary["pumps_s"])
     return {"name": name, "wall_s": wall, "pumps_s": summary["pumps_s"], "step_s": summary["pumps_s"] / steps,
             "slot_utilisation": util_pumps, "slot_utilisation_while_decoding": engine.busy / (SLOTS * span) if span else 0,
@@ -263,7 +262,7 @@ def run_one(name: str, steps: int, tick_s: float, train_s: float, tmp: Path, ove
             # loaded machine inflate it; this one does not
             "engine_rate": engine.ticks * tick_s / span if span else 0.0,
             "nominal_rate_utilisation": engine.tokens * tick_s / (SLOTS * summary["pumps_s"]) if summary["pumps_s"] else 0.0,
-            "generated_samples": engine.calls, "wasted_samples": rs.wasted_samples,
+            "generated_samples": engine.calls, "wasted_samples": ctl.ledger.wasted_samples,
             # generated (or started) but never trained: the wasted ones plus groups still ready in the
             # buffer when the run ended (the controller does not count those as wasted)
             "untrained_samples": engine.calls - N * len(ctl.train.staleness_log),

@@ -21,7 +21,7 @@ import functools
 import itertools
 import operator
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -392,6 +392,16 @@ def columns_of(samples) -> GroupSamples | None:
     return samples if type(samples) is GroupSamples and not samples.built else None
 
 
+def _per_sample(read: Callable[[Sample], Any]) -> functools.cached_property:
+    """A `SampleColumns` column: `read(sample)` for each sample, read on first use and kept."""
+    return functools.cached_property(lambda self: list(map(read, self.samples)))
+
+
+def _info(key: str, default: Any) -> Callable[[Sample], Any]:
+    """A sample's `info[key]`, `default` when it has none."""
+    return lambda s: s.info.get(key, default)
+
+
 class SampleColumns(GroupColumns):
     """`GroupColumns` of a group held as `Sample` records (multi-turn, agent episodes, a
     `GroupSamples` whose records were built, shaped or restored groups): each column read from
@@ -401,9 +411,18 @@ class SampleColumns(GroupColumns):
     def __init__(self, samples):
         self.samples = list(samples)
 
-    @functools.cached_property
-    def prompts(self) -> list:
-        return [s.prompt_ids for s in self.samples]
+    # the columns of one attribute (or info key) per sample
+    prompts = _per_sample(operator.attrgetter("prompt_ids"))
+    completion_ids = _per_sample(operator.attrgetter("completion_ids"))
+    gen_logprobs = _per_sample(operator.attrgetter("gen_logprobs"))
+    finish_reasons = _per_sample(_FINISH)
+    rewards = _per_sample(_REWARD)
+    env_mask = _per_sample(operator.attrgetter("env_mask"))
+    start_versions = _per_sample(_START)
+    end_versions = _per_sample(_END)
+    env_s = _per_sample(_info("env_s", 0.0))
+    generate_s_each = _per_sample(_info("generate_s", 0.0))
+    turns = _per_sample(_info("turns", 1))
 
     @functools.cached_property
     def shared_prompt(self) -> list[int] | None:
@@ -413,14 +432,6 @@ class SampleColumns(GroupColumns):
     @functools.cached_property
     def prompt_lens(self) -> list[int]:
         return list(map(len, self.prompts))
-
-    @functools.cached_property
-    def completion_ids(self) -> list:
-        return [s.completion_ids for s in self.samples]
-
-    @functools.cached_property
-    def gen_logprobs(self) -> list:
-        return [s.gen_logprobs for s in self.samples]
 
     @functools.cached_property
     def completion_lens(self) -> list[int]:
@@ -437,38 +448,6 @@ class SampleColumns(GroupColumns):
         if masks is None:
             return self.completion_lens
         return [c if m is None else sum(m) for m, c in zip(masks, self.completion_lens)]
-
-    @functools.cached_property
-    def finish_reasons(self) -> list[str]:
-        return [s.finish_reason for s in self.samples]
-
-    @functools.cached_property
-    def rewards(self) -> list[float]:
-        return [s.reward for s in self.samples]
-
-    @functools.cached_property
-    def env_mask(self) -> list[bool]:
-        return [s.env_mask for s in self.samples]
-
-    @functools.cached_property
-    def start_versions(self) -> list[int]:
-        return [s.start_version for s in self.samples]
-
-    @functools.cached_property
-    def end_versions(self) -> list[int]:
-        return [s.end_version for s in self.samples]
-
-    @functools.cached_property
-    def env_s(self) -> list[float]:
-        return [s.info.get("env_s", 0.0) for s in self.samples]
-
-    @functools.cached_property
-    def generate_s_each(self) -> list[float]:
-        return [s.info.get("generate_s", 0.0) for s in self.samples]
-
-    @functools.cached_property
-    def turns(self) -> list[int]:
-        return [s.info.get("turns", 1) for s in self.samples]
 
     @functools.cached_property
     def routed_experts(self) -> list | None:

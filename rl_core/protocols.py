@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, Iterable, Mapping, Protocol, runtime_checkable
 
 import torch
 
@@ -114,7 +114,7 @@ class Environment(Protocol):
     end_token_ids: tuple[int, ...]
     """Token ids that end a completion (the first one ends reference completions)."""
     runs_episodes: bool
-    """True: an agent drives each episode (`run_agent`, `session_server`: rl_core.envs.agent)."""
+    """True: an agent drives each episode; the environment is then an `EpisodeEnvironment`."""
 
     def prompt_ids(self, example: dict[str, Any]) -> list[int]:
         """Token ids of the (templated) prompt for this example."""
@@ -163,6 +163,41 @@ class GroupScoringEnvironment(Protocol):
         columns (`rl_core.columns.GroupScores`, in sample order): sample i's entries are
         exactly what `score(example, completion_ids[i], completion_texts[i],
         finish_reasons[i])` would return, without an `EnvResult` and two dicts per sample."""
+
+
+@runtime_checkable
+class EpisodeEnvironment(Protocol):
+    """The optional agent episodes of an `Environment` whose `runs_episodes` is true (rl_core.envs.agent:
+    `env.type: agent` and `http`). rl_core.rollout.group calls it for every sample of such an
+    environment: it opens the episode's session on the run's session server (owned by
+    rl_core.rollout.session_server) and hands the session's URL and key to `run_agent`, which
+    drives the model there and returns the reward; the model calls are the sample's tokens."""
+
+    runs_episodes: bool
+    """True (an environment without agent episodes is not an `EpisodeEnvironment`)."""
+    episode_timeout_s: float | None
+    """Deadline of one episode (`run_agent` and its model calls); None: none."""
+
+    async def run_agent(self, base_url: str, api_key: str, example: dict[str, Any]) -> EnvResult:
+        """Run one episode of `example` against the OpenAI-compatible session at `base_url`
+        (`api_key` is the run's session secret); its reward(s). Raises on a failed episode: a
+        `ConnectionError` is an infrastructure failure of the group (retried), anything else a
+        data failure."""
+
+
+@runtime_checkable
+class BatchPromptEnvironment(Protocol):
+    """The optional batch prompt encode of an `Environment` (`rl_core.envs.base.BaseEnv` has it):
+    the rollout pump encodes each batch of prompts it draws in one call; otherwise every group
+    encodes its own (`prompt_ids`). Either way the ids are those of `prompt_ids`."""
+
+    def prompt_ids_many(self, examples: list[dict[str, Any]]) -> list[list[int]] | None:
+        """`[prompt_ids(e) for e in examples]` in one call, or None where that cannot be guaranteed."""
+
+    def start_prompt_ids_many(self, examples: list[dict[str, Any]]) -> Callable[[], list[list[int]] | None]:
+        """`prompt_ids_many(examples)` begun now; the function returned gives its result (or
+        raises its error) when called. The rollout pump calls it when it draws a batch and the
+        function when the batch's first group starts."""
 
 
 @dataclass

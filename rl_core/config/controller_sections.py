@@ -99,6 +99,12 @@ class InOrderSamplerConfig(Section):
         """The largest bound the sampler can ever use (the adaptive maximum when adaptive)."""
         return self.adaptive.max_lookahead_versions if self.adaptive.enabled else self.max_lookahead_versions
 
+    def required_capacity(self, num_prompts_per_step: int, reproducible: bool) -> int:
+        """Buffer slots the sampler needs (`InOrderSampler.required_capacity`, checked at recipe
+        load): a reproducible refit barrier holds every group of the next `largest_lookahead()`
+        steps, plus the step being trained; otherwise one step's groups."""
+        return num_prompts_per_step * ((self.largest_lookahead() + 1) if reproducible else 1)
+
 
 class WeightFifoSamplerConfig(Section):
     """Oldest weight version first (strict FIFO by version, waiting for its stragglers); ready groups older than the window are evicted."""

@@ -432,11 +432,9 @@ def check_device_dtype(cfg: RecipeConfig, device: str) -> None:
 
 
 def required_buffer_capacity(cfg: RecipeConfig) -> int:
-    """Buffer slots the configured sampler needs so that dispatch can never deadlock.
-
-    Reproducible mode holds every group of the next `lookahead` steps at a refit barrier,
-    plus the step being trained."""
+    """Buffer slots the configured sampler needs so that dispatch can never deadlock: the
+    `in_order` sampler's rule (`InOrderSamplerConfig.required_capacity`), else one step's groups
+    (a custom sampler's own `required_capacity()` is checked when the controller builds)."""
     p = cfg.grpo.num_prompts_per_step
-    if cfg.async_rl.reproducible and cfg.async_rl.sampler.type == "in_order":
-        return p * (cfg.async_rl.sampler.largest_lookahead() + 1)
-    return p
+    s = cfg.async_rl.sampler
+    return s.required_capacity(p, cfg.async_rl.reproducible) if s.type == "in_order" else p

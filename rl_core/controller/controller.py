@@ -1,16 +1,16 @@
-"""The single controller: wires the parts and runs the two pumps concurrently.
+"""The single controller: wires the parts and runs the two pumps on one asyncio event loop.
 
-Owns: building the run's moving parts (`setup()`: logger, buffer, pumps, refitter, watchdog,
-the restored state) and driving them (`run()`) on one asyncio event loop: start the
-generation backend, validate at start, run the rollout and train pumps side by side until
-the trainer reaches `stop_step` (the first failure of either stops both), validation pinned
-to one weight version (at the train pump's step boundary, after refit, before the version
-is published; rollout admission not paused), metric logging, progress, the rollout spool,
-step checkpoints at quiescent points (dispatch closed, every in-flight group committed), the
-timeline and the run summary; `step_observers` get each step's `RLStepRecord`.
+Owns: building the run (`setup()`: logger, buffer, `PumpLedger`, pumps, refitter, watchdog, an
+agent environment's session server, the restored state) and driving it (`run()`: the first
+failure of either pump stops both): validation pinned to one weight version and checkpoints
+at quiescent points (both at the train pump's step boundary), metrics, spool, summary.
+Does not own: building the parts (rl_core.launch), either pump's policy, the checkpoint format.
 
-Does not own: building the parts from a recipe (rl_core.launch), the policy of either
-pump, or the checkpoint format (rl_core.checkpoint). Read more: docs/controller.md.
+| pump    | waits for                                                   | unblocked by                         |
+| rollout | sampler gate, a buffer slot, in-flight caps, dispatch gate  | version published, slot or cap freed |
+| train   | ready groups of its step; its ledger requests served        | a group committed; the rollout pump  |
+| refit   | barrier: its steps' groups committed; drain: none in flight | groups committed (buffer, ledger)    |
+The pumps meet only at the buffer, the version clock and the ledger: docs/architecture.md, "Data flow".
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ from typing import TYPE_CHECKING, Any, Callable
 from rl_core.buffer.replay_buffer import OpenStep, ReplayBuffer, TrainedGroup
 from rl_core.config.schema import RecipeConfig
 from rl_core.controller.events import Timeline, VersionClock, overlap_seconds
+from rl_core.controller.ledger import PumpLedger
 from rl_core.controller.refit import Refitter
 from rl_core.controller.rollout_pump import RolloutPump
 from rl_core.controller.train_pump import TrainPump
 from rl_core.controller.watchdog import Watchdog
+from rl_core.errors import RecipeError
 from rl_core.fsutil import atomic_write_json
 from rl_core.metrics.gc_pauses import GcClock, freeze_setup_objects, run_thresholds, unfreeze
 from rl_core.metrics.logger import MetricsLogger
@@ -38,11 +40,11 @@ from rl_core.resilience import FailureKind, retry_notice
 from rl_core.rollout.group import sampling_params
 from rl_core.rollout.spool import RolloutSpool
 from rl_core.rollout.validation import Validator
-from rl_core.samplers.in_order import InOrderSampler
 
 if TYPE_CHECKING:
     from rl_core.data.dataset import PromptSource
     from rl_core.protocols import Environment, GenerationBackend, PolicyLoss, SetupReport, TrainerBackend
+    from rl_core.rollout.session_server import SessionServer
     from rl_core.samplers.base import Sampler
     from rl_core.train.critic import Critic
 
@@ -102,6 +104,8 @@ class Controller:
         self.rollout: RolloutPump | None = None
         self.train: TrainPump | None = None
         self.buffer: ReplayBuffer | None = None
+        self.ledger: PumpLedger | None = None
+        self.sessions: SessionServer | None = None  # agent environments: the run's episode session server
         self.watchdog: Watchdog | None = None
         # called after each RL step (after its metrics are logged and any periodic validation) with
         # the step's record; an observer may return an awaitable (awaited before the step ends)
@@ -126,7 +130,9 @@ class Controller:
             "sampler": self.p.sampler.state_dict(),
             "rollout": self.rollout.state_dict(),
             "buffer": self.buffer.state_dict(),
-            "train": {"carried_groups": self.train.carried_groups},  # partial rollouts: moves in the whole run
+            # partial rollouts' moves and the samples of evicted / set-aside groups in the whole run
+            "train": {"carried_groups": self.train.carried_groups,
+                      "wasted_samples": self.ledger.train_stats.wasted_samples},
             # earlier validations (before RL, periodic), so a resumed run's summary keeps them
             "validations": [{k: v for k, v in r.items() if k != "examples"} for r in self.validations],
         }
@@ -137,7 +143,9 @@ class Controller:
         self.p.sampler.load_state_dict(st["sampler"])
         self.rollout.load_state_dict(st["rollout"])
         self.buffer.load_state_dict(st["buffer"])
-        self.train.carried_groups = int((st.get("train") or {}).get("carried_groups", 0))  # older checkpoints: none
+        train = st.get("train") or {}  # older checkpoints: none (their rollout stats count every wasted sample)
+        self.train.carried_groups = int(train.get("carried_groups", 0))
+        self.ledger.train_stats.wasted_samples = int(train.get("wasted_samples", 0))
         self.validations = [dict(r) for r in st.get("validations") or []]  # checkpoints before this field: none
         if st.get("open_step") is not None:
             self.train.resume_open_step = st["open_step"]
@@ -147,7 +155,8 @@ class Controller:
     async def _validate(self, label: str) -> dict:
         val = Validator(self.cfg.validation, self.p.env, self.p.tokenizer, self.p.val_examples, self.cfg.grpo.seed,
                         self.p.stop_token_ids, failure=self.cfg.async_rl.failure,
-                        on_retry=lambda kind, exc: self._on_retry(kind, exc, f"validation {label}"))
+                        on_retry=lambda kind, exc: self._on_retry(kind, exc, f"validation {label}"),
+                        sessions=self.sessions)
         pause = self.cfg.validation.pause_rollouts and self.rollout is not None
         if pause:
             await self.rollout.set_dispatch_open(False)
@@ -269,30 +278,38 @@ class Controller:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.logger = MetricsLogger.for_run(cfg, self.run_dir)
         self.progress = Progress(self.total_steps, cfg.logging.progress, start=self.start_step, stop=self.stop_step)
+        sampler = self.p.sampler
+        capacity, need = cfg.async_rl.max_buffered_groups, sampler.required_capacity()
+        if capacity < need:  # built-in samplers: refused at recipe load already (required_buffer_capacity)
+            raise RecipeError.single("async_rl.max_buffered_groups", capacity,
+                                     f">= {need} (the '{sampler.name}' sampler's required_capacity(); fewer "
+                                     "slots would deadlock the pumps)",
+                                     f"set async_rl.max_buffered_groups to {need} or more.")
         cond = asyncio.Condition()
         clock = VersionClock(cond, self.p.trainer.version)
-        self.buffer = ReplayBuffer(cfg.async_rl.max_buffered_groups, cond)
+        self.buffer = ReplayBuffer(capacity, cond)
+        # stamped samplers dispatch no group for a step past stop_step + the largest lookahead ever used
+        self.ledger = PumpLedger(dispatch_limit=min(self.total_steps, self.stop_step + sampler.lookahead))
+        if self.p.env.runs_episodes:  # agent episodes: the run's session server, started at the first one
+            from rl_core.rollout.session_server import SessionServer
+            from rl_core.rollout.sessions import SessionRegistry
+
+            self.sessions = SessionServer(SessionRegistry(), self.p.tokenizer)
         params = sampling_params(cfg.generation, self.p.stop_token_ids, self.p.env.stop_strings())
-        sampler = self.p.sampler
-        adaptive = isinstance(sampler, InOrderSampler) and sampler.adaptive is not None
-        # the largest lookahead ever used bounds dispatch; the barrier reads the bound of each outgoing version
-        lookahead = (sampler.lookahead if isinstance(sampler, InOrderSampler) else sampler.staleness_bound) \
-            if sampler.stamps else 0
         self.rollout = RolloutPump(
-            cfg=cfg, source=self.p.source, sampler=self.p.sampler, buffer=self.buffer, backend=self.p.backend,
+            cfg=cfg, source=self.p.source, sampler=sampler, buffer=self.buffer, backend=self.p.backend,
             env=self.p.env, tokenizer=self.p.tokenizer, clock=clock, cond=cond, timeline=self.timeline, params=params,
-            dispatch_limit=min(self.total_steps, self.stop_step + lookahead), demand=lambda: self.train.demand(),
+            ledger=self.ledger, sessions=self.sessions,
             on_retry=lambda kind, exc: self._on_retry(kind, exc, "training"))
         mode = "barrier" if cfg.async_rl.reproducible else (cfg.async_rl.refit_mode or "in_flight")
         from rl_core.weights import make_weight_sync
 
-        refitter = Refitter([self.p.backend], self.p.trainer, self.rollout, mode,
-                            sampler.lookahead_at if adaptive else lookahead,
-                            recompute_kv=cfg.async_rl.recompute_kv_cache_after_weight_updates,
+        refitter = Refitter([self.p.backend], self.p.trainer, mode, ledger=self.ledger, buffer=self.buffer,
+                            sampler=sampler, recompute_kv=cfg.async_rl.recompute_kv_cache_after_weight_updates,
                             sync=make_weight_sync(cfg, self.run_dir))
         self.train = TrainPump(
-            cfg=cfg, sampler=self.p.sampler, buffer=self.buffer, trainer=self.p.trainer, loss=self.p.loss,
-            refitter=refitter, clock=clock, cond=cond, timeline=self.timeline, rollout=self.rollout,
+            cfg=cfg, sampler=sampler, buffer=self.buffer, trainer=self.p.trainer, loss=self.p.loss,
+            refitter=refitter, clock=clock, cond=cond, timeline=self.timeline, ledger=self.ledger,
             stop_step=self.stop_step, pad_id=self.p.pad_id, on_step=self._on_step,
             on_checkpoint=self._on_checkpoint, on_ministep=self._on_ministep, critic=self.p.critic)
         self.watchdog = Watchdog(cfg.async_rl.watchdog, self.rollout, self.train, self.buffer, self.p.backend,
@@ -361,6 +378,8 @@ class Controller:
                 gc.set_threshold(*gc_thresholds)
             self.progress.close()
             await self.p.backend.shutdown()
+            if self.sessions is not None:
+                await self.sessions.stop()
             await self.p.env.aclose()
             self.logger.close()
             self.timeline.write(self.run_dir / "timeline.jsonl")

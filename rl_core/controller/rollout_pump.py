@@ -1,16 +1,17 @@
 """The rollout pump: prompts -> generation -> environment -> replay buffer.
 
-Owns: drawing prompt batches from the epoch-bounded `PromptSource` (a batch's seeds in one
-pass, its prompt ids begun when drawn: `BatchPrompts`); the dispatch valves, each a knob with
-a metric (admission gate, buffer capacity, group in-flight cap, generation-level
-backpressure, the over-sampling bound, the dispatch gate closed by drains, checkpoints and
-validation); one task per prompt group with retries under separate infra/data budgets,
-backoff and deadlines; the drop budget (shrink or replace); aborting groups the sampler
-declares stale, and at the run's end those no step will train; committing finished groups
-with their versions and target step; its resumable state and what it waits on.
+Owns: drawing prompt batches from the epoch-bounded `PromptSource` (each batch's seeds in one
+pass, its prompts' ids in one encode where the environment is a `BatchPromptEnvironment`:
+`BatchPrompts`); the dispatch valves (the sampler's admission gate, buffer capacity, the
+in-flight caps, the over-sampling bound, the dispatch gate); one task per prompt group with
+retries, backoff, deadlines and the drop budget; serving the train pump's requests in the
+`PumpLedger` (refills, aborting groups the sampler declares stale, a drain's closed gate);
+at the run's end (`stop`) aborting the groups no step will train; committing finished groups
+with their versions and the target step their buffer slot holds (partial rollouts move it);
+its resumable state and what it waits on (watchdog, progress).
 
 Does not own: staleness policy (sampler), training, refit, or the failure taxonomy
-(rl_core.resilience). Read more: docs/controller.md, "Backpressure valves", "Resilience".
+(rl_core.resilience). docs/controller.md, "Backpressure valves", has each valve's knob.
 """
 
 from __future__ import annotations
@@ -20,40 +21,26 @@ import math
 import operator
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from rl_core.buffer.replay_buffer import ReplayBuffer, SlotState
 from rl_core.controller.events import Timeline, VersionClock, notify, wait_until
-from rl_core.protocols import Environment, GenerationBackend
+from rl_core.controller.ledger import PumpLedger, RolloutStats
+from rl_core.protocols import BatchPromptEnvironment, Environment, GenerationBackend
 from rl_core.algorithms.shaping import shape_group
 from rl_core.resilience import Attempts, FailureKind, GroupDropped, cancel_and_wait, group_failed, retrying
 from rl_core.rollout.group import GenerationSlots, GroupOptions, generate_group, seeds_of_groups
 from rl_core.types import PromptGroup, SamplingParams
 from rl_core.columns import group_columns
 
-
-@dataclass
-class RolloutStats:
-    dispatched_groups: int = 0
-    committed_groups: int = 0
-    aborted_groups: int = 0  # aborted in flight (stale) or by the backend
-    dropped_groups: int = 0  # exhausted their attempts
-    replaced_groups: int = 0
-    refill_groups: int = 0  # dispatched to refill steps dynamic sampling thinned
-    infra_retries: int = 0
-    data_retries: int = 0
-    wasted_samples: int = 0  # generated but never trained (aborted / dropped / evicted)
-    generated_tokens: int = 0
-    idle_s: float = 0.0  # time spent waiting on a valve
-    env_s: float = 0.0
-    per_step_tokens: dict[int, int] = field(default_factory=dict)
+if TYPE_CHECKING:
+    from rl_core.rollout.session_server import SessionServer
 
 
 class RolloutPump:
     def __init__(self, *, cfg, source, sampler, buffer: ReplayBuffer, backend: GenerationBackend, env: Environment,
                  tokenizer, clock: VersionClock, cond: asyncio.Condition, timeline: Timeline,
-                 params: SamplingParams, dispatch_limit: int, demand: Callable[[], int] | None = None,
+                 params: SamplingParams, ledger: PumpLedger, sessions: SessionServer | None = None,
                  on_retry: Callable[[FailureKind, BaseException], None] | None = None):
         a = cfg.async_rl
         self.cfg = cfg
@@ -74,25 +61,24 @@ class RolloutPump:
         self.max_inflight = a.max_inflight_groups
         self.fail = a.failure
         self.over_sampling = a.over_sampling_ratio
-        self.dispatch_limit = dispatch_limit  # stamped samplers: no group for a target step >= this
-        self.demand = demand  # unstamped samplers: groups the trainer may still consume
+        self.ledger = ledger  # shared with the train pump: counters, demand, requests (see ledger.py)
+        self.stats: RolloutStats = ledger.rollout_stats  # this pump's counters, read by step_metrics
+        self.dropped_per_step: Counter[int] = ledger.dropped_per_step  # read by the train pump's quota
         self.on_retry = on_retry  # told of every retried failure (the controller's console notices)
         self.seed = cfg.grpo.seed
         self.opts = GroupOptions(
             generation_timeout_s=a.failure.generation_timeout_s, env_timeout_s=a.failure.env_timeout_s,
             gen_slots=GenerationSlots(a.max_inflight_generations) if a.max_inflight_generations else None,
-            mask_flagged_samples=cfg.env.mask_flagged_samples)
+            mask_flagged_samples=cfg.env.mask_flagged_samples, sessions=sessions)
+        # a drawn batch's prompt ids in one encode, where the environment has the batch encode
+        self._encode_batch = env.start_prompt_ids_many if isinstance(env, BatchPromptEnvironment) else None
         rs = cfg.reward_shaping
         self.shaping = cfg.reward_shaping if (rs.overlong_filtering or rs.overlong_penalty.enabled
                                               or rs.scaling.enabled) else None
         self.max_tokens = cfg.generation.max_tokens
-        self.stats = RolloutStats()
-        self.dropped_per_step: Counter[int] = Counter()
         self.inflight: dict[str, asyncio.Task] = {}
-        self.inflight_targets: dict[str, int] = {}
-        self.dispatch_open = True  # closed by the refitter's drain gate, checkpoints, validation
+        self.dispatch_open = True  # closed by checkpoints and validation (a drain refit: `ledger.draining`)
         self._waiting_on: str | None = "not started"
-        self.exhausted = False
         self._stop = False
         self._pending: list = []  # prompts drawn from the source but not dispatched yet
         self._seeds: dict[tuple[int, int], list[int]] = {}  # (epoch, index) -> the seeds of a drawn batch's group
@@ -106,27 +92,17 @@ class RolloutPump:
         self._wakeups: set[asyncio.Task] = set()
         if self.opts.gen_slots is not None:
             self.opts.gen_slots.on_queue_shrunk = self._queue_shrunk
-        self._failure: BaseException | None = None
 
     # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict:
         """Only valid at a quiescent point (nothing in flight)."""
         assert not self.inflight, "rollout state captured while groups are in flight"
-        return {"pending": [[int(i), int(e), ex] for i, e, ex in self._pending],
-                "stats": {k: v for k, v in asdict(self.stats).items() if k != "per_step_tokens"},
-                "dropped_per_step": {str(k): v for k, v in self.dropped_per_step.items()}}
+        return {"pending": [[int(i), int(e), ex] for i, e, ex in self._pending], **self.ledger.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self._pending = [tuple(p) for p in state["pending"]]
-        for k, v in state["stats"].items():
-            setattr(self.stats, k, v)
-        self.dropped_per_step = Counter({int(k): v for k, v in state.get("dropped_per_step", {}).items()})
-
-    @property
-    def failure(self) -> BaseException | None:
-        """The first exception a group task raised (it stops the run), or None."""
-        return self._failure
+        self.ledger.load_state_dict(state)
 
     # ------------------------------------------------------------------ control from other parts
 
@@ -136,35 +112,8 @@ class RolloutPump:
 
     async def wait_idle(self) -> None:
         """Wait until no group is in flight."""
-        await wait_until(self.cond, lambda: not self.inflight or self._failure is not None)
+        await wait_until(self.cond, lambda: not self.inflight or self.ledger.failure is not None)
         self._raise_failed()
-
-    async def wait_committed_through(self, step: int) -> None:
-        """Wait until every group for target steps <= `step` is dispatched and finished
-        (the reproducible refit barrier). Stops waiting when no more can be dispatched."""
-        def done() -> bool:
-            if self._failure is not None:
-                return True
-            nxt = self.sampler.next_target_step()
-            all_dispatched = nxt > step or self.exhausted or self._stop or nxt >= self.dispatch_limit
-            return all_dispatched and not any(t <= step for t in self.inflight_targets.values())
-        await wait_until(self.cond, done)
-        self._raise_failed()
-
-    async def abort_stale(self, trainer_version: int) -> int:
-        """Abort in-flight groups the sampler says can no longer be trained (frees the engine at once)."""
-        stale = [gid for gid in list(self.inflight) if self.sampler.should_abort_inflight(self.buffer.get(gid),
-                                                                                         trainer_version)]
-        for gid in stale:
-            self.inflight[gid].cancel()
-        if stale:
-            await asyncio.gather(*(self.inflight[g] for g in stale if g in self.inflight), return_exceptions=True)
-        return len(stale)
-
-    def restamp(self, group_id: str, target: int) -> None:
-        """Partial rollouts: the in-flight group now trains in step `target` (the train pump moved it)."""
-        if group_id in self.inflight_targets:
-            self.inflight_targets[group_id] = target
 
     async def stop(self) -> None:
         """The train pump is done: dispatch ends, and groups still in flight are aborted (no step
@@ -172,25 +121,55 @@ class RolloutPump:
         self._stop = True
         await notify(self.cond)
 
-    def request_refill(self, target: int | None) -> None:
-        """Dispatch one fresh prompt for the step in training (dynamic sampling dropped one of its
-        groups); bypasses the admission gate and may exceed capacity by the refills in flight."""
-        prompt = self._next_prompt()
-        if prompt is None:
-            raise RuntimeError(f"no prompts left to refill step {target} (dynamic sampling dropped its groups); "
-                               "raise grpo.max_num_epochs or use more training data")
-        self.stats.refill_groups += 1
-        self._dispatch(*prompt, target, force=True)
+    # ------------------------------------------------------------------ the train pump's requests
+
+    async def _serve(self) -> None:
+        """Serve what the train pump asked for in the ledger: a fresh prompt per queued refill
+        (dynamic sampling set a group of the step in training aside; past the admission gate and
+        capacity), then the abort of the in-flight groups the sampler declares stale at the
+        requested trainer version (frees the engine at once)."""
+        ledger = self.ledger
+        while ledger.requests():  # (a request made while this one awaits is served before returning)
+            while ledger.refills:
+                target = ledger.refills.popleft()
+                prompt = self._next_prompt()
+                if prompt is None:
+                    raise RuntimeError(f"no prompts left to refill step {target} (dynamic sampling dropped its "
+                                       "groups); raise grpo.max_num_epochs or use more training data")
+                self.stats.refill_groups += 1
+                self._dispatch(*prompt, target, force=True)
+            if ledger.stale_at > ledger.stale_served:
+                version = ledger.stale_at
+                stale = [gid for gid in list(self.inflight)
+                         if self.sampler.should_abort_inflight(self.buffer.get(gid), version)]
+                for gid in stale:
+                    self.inflight[gid].cancel()
+                if stale:
+                    await asyncio.gather(*(self.inflight[g] for g in stale if g in self.inflight),
+                                         return_exceptions=True)
+                ledger.stale_aborted_groups += len(stale)
+                ledger.stale_served = version
+                await notify(self.cond)
+
+    async def _wait(self, predicate: Callable[[], bool]) -> None:
+        """Wait until `predicate()` holds, serving the train pump's requests meanwhile."""
+        ledger = self.ledger
+        while True:
+            await wait_until(self.cond, lambda: predicate() or ledger.requests())
+            if self._stop or ledger.failure is not None or not ledger.requests():
+                return
+            await self._serve()
 
     # ------------------------------------------------------------------ valves
 
     def _oversampling_ok(self) -> bool:
-        if self.sampler.stamps or self.demand is None:
+        demand = self.ledger.demand
+        if self.sampler.stamps or demand is None:
             return True
         window = self.sampler.window
         if window is None:
             window = self.sampler.staleness_bound or 0
-        need = min(self.demand(), self.groups_per_step * (window + 1))
+        need = min(demand, self.groups_per_step * (window + 1))
         return self.buffer.live() < math.ceil(self.over_sampling * need)
 
     def _queued_samples(self) -> int:
@@ -216,8 +195,9 @@ class RolloutPump:
             task.add_done_callback(self._wakeups.discard)
 
     def _admissible(self) -> bool:
-        return self._stop or self._failure is not None or (
+        return self._stop or self.ledger.failure is not None or (
             self.dispatch_open
+            and not self.ledger.draining
             and self.sampler.can_admit(self.clock.version)
             and self.buffer.has_capacity()
             and len(self.inflight) < self.max_inflight
@@ -236,7 +216,7 @@ class RolloutPump:
         self._waiting_on = what
 
     def _describe_wait(self) -> str:
-        if not self.dispatch_open:
+        if not self.dispatch_open or self.ledger.draining:
             return "dispatch gate (paused for a refit drain, a checkpoint or validation)"
         if not self.sampler.can_admit(self.clock.version):
             return (f"sampler admission ({self.sampler.name}: next batch {self.sampler.next_target_step()} "
@@ -258,8 +238,8 @@ class RolloutPump:
 
     def _done_dispatching(self) -> bool:
         if self.sampler.stamps:
-            return self.sampler.next_target_step() >= self.dispatch_limit
-        return self.demand is not None and self.demand() <= 0
+            return self.sampler.next_target_step() >= self.ledger.dispatch_limit
+        return self.ledger.demand is not None and self.ledger.demand <= 0
 
     def _next_prompt(self):
         if not self._pending:
@@ -279,24 +259,19 @@ class RolloutPump:
 
     def _batch_prompt_ids(self) -> "BatchPrompts | dict":
         """(epoch, index) -> prompt ids of the drawn batch's groups, encoded in one call where
-        the environment can (`BaseEnv.prompt_ids_many`: the same ids as `prompt_ids`; through
-        `start_prompt_ids_many` where it has that, whose Rust encode runs while the pump
-        dispatches: `BatchPrompts`); empty otherwise. A batch whose encoding fails is left to
-        each group, which then encodes its own prompt and fails (a data error of that group,
-        retried or dropped) as without the batch."""
-        start = getattr(self.env, "start_prompt_ids_many", None)
-        many = getattr(self.env, "prompt_ids_many", None)
-        if (start is None and many is None) or not self._pending:
+        the environment can (`protocols.BatchPromptEnvironment.start_prompt_ids_many`: the same
+        ids as `prompt_ids`, its Rust encode running while the pump dispatches: `BatchPrompts`);
+        empty otherwise. A batch whose encoding fails is left to each group, which then encodes
+        its own prompt and fails (a data error of that group, retried or dropped) as without
+        the batch."""
+        if self._encode_batch is None or not self._pending:
             return {}
         keys = [(int(e), int(i)) for i, e, _ in self._pending]
         examples = [ex for _, _, ex in self._pending]
         try:
-            if start is not None:
-                return BatchPrompts(keys, start(examples))
-            ids = many(examples)
+            return BatchPrompts(keys, self._encode_batch(examples))
         except Exception:  # noqa: BLE001 - not ignored: each group's own prompt_ids raises it again
             return {}
-        return BatchPrompts.of(keys, ids)
 
     # ------------------------------------------------------------------ the pump
 
@@ -306,12 +281,14 @@ class RolloutPump:
 
         try:
             while not self._stop and not self._done_dispatching():
+                if self.ledger.requests():
+                    await self._serve()
                 if not self._pending and self.source.exhausted:
                     break
                 self._waiting_on = None  # `waiting_on` describes the wait when read (the watchdog)
                 if not go():  # (while dispatching a step's groups it holds: no wait, no lock)
                     t0 = time.monotonic()
-                    await wait_until(self.cond, go)
+                    await self._wait(go)
                     self.stats.idle_s += time.monotonic() - t0
                 self._raise_failed()
                 if self._stop or self._done_dispatching():
@@ -322,14 +299,20 @@ class RolloutPump:
                 target = self.sampler.admit(self.clock.version)
                 self._dispatch(*prompt, target)
             self.waiting_on = "in-flight groups to finish"
-            await wait_until(self.cond, lambda: not self.inflight or self._stop or self._failure is not None)
+            await self._wait(lambda: not self.inflight or self._stop or self.ledger.failure is not None)
+            self._raise_failed()
+            self.ledger.exhausted = True  # dispatch has ended: only the train pump's refills come now
+            self.waiting_on = "the train pump's requests (dispatch has ended)"
+            await notify(self.cond)
+            # until the train pump is done: serve its requests (refills of the step in training)
+            await self._wait(lambda: self._stop or self.ledger.failure is not None)
             self._raise_failed()
             if self.inflight:  # stopped: the trainer has trained its last step, no step will train these
                 await self._abort_leftovers()
         finally:
             for task in self.inflight.values():
                 task.cancel()
-            self.exhausted = True
+            self.ledger.exhausted = True
             self.waiting_on = "done"
             await notify(self.cond)
 
@@ -342,8 +325,8 @@ class RolloutPump:
         await cancel_and_wait(list(self.inflight.values()))
 
     def _raise_failed(self) -> None:
-        if self._failure is not None:
-            raise self._failure
+        if self.ledger.failure is not None:
+            raise self.ledger.failure
 
     def _dispatch(self, index: int, epoch: int, example: dict, target: int | None, force: bool = False) -> None:
         version = self.clock.version
@@ -351,14 +334,13 @@ class RolloutPump:
         group_id = f"e{epoch}-p{index}-d{dispatch_index}"
         self.buffer.reserve(group_id, dispatch_index, index, epoch, version, target, force=force)
         self.stats.dispatched_groups += 1
-        if target is not None:
-            self.inflight_targets[group_id] = target
         task = asyncio.create_task(self._guarded(group_id, index, epoch, example, version, target))
         if self.opts.gen_slots is not None:
             self._unstarted.add(group_id)
             # a task cancelled before it ever ran skips _guarded's finally: never leave it counted
             task.add_done_callback(lambda _t, g=group_id: self._unstarted.discard(g))
         self.inflight[group_id] = task
+        self.ledger.inflight = len(self.inflight)
 
     async def _guarded(self, group_id: str, index: int, epoch: int, example: dict, version: int,
                        target: int | None) -> None:
@@ -384,11 +366,11 @@ class RolloutPump:
                 self.stats.wasted_samples += self.n
                 await self.buffer.finish([slot], SlotState.ABORTED)
         except BaseException as exc:  # noqa: BLE001 - handed to the pump, which re-raises it
-            if self._failure is None:
-                self._failure = exc
+            if self.ledger.failure is None:
+                self.ledger.failure = exc
         finally:
             self.inflight.pop(group_id, None)
-            self.inflight_targets.pop(group_id, None)
+            self.ledger.inflight = len(self.inflight)
             self._unstarted.discard(group_id)
             if not notified:
                 await notify(self.cond)
@@ -402,7 +384,7 @@ class RolloutPump:
             self.on_retry(kind, exc)
 
     async def _drop(self, group_id, index, epoch, example, target, attempts: Attempts, exc: Exception) -> None:
-        target = self.inflight_targets.get(group_id, target)  # partial rollouts may have moved it
+        target = self.buffer.get(group_id).target_step  # partial rollouts may have moved it
         self.stats.dropped_groups += 1
         self.stats.wasted_samples += self.n
         await self.buffer.finish([self.buffer.get(group_id)], SlotState.ABORTED)
@@ -440,7 +422,7 @@ class RolloutPump:
         cols = group_columns(samples)  # a single-turn group's columns (GroupSamples), read without building Samples
         if "abort" in cols.finish_reasons:
             raise ConnectionAbortedError(f"the backend aborted a sample of {group_id}")  # INFRA: retried
-        target = self.inflight_targets.get(group_id, target)  # partial rollouts may have moved it
+        target = self.buffer.get(group_id).target_step  # partial rollouts may have moved it
         metrics = {}
         if self.shaping is not None:  # scaling, DAPO overlong penalty, overlong filtering
             shaped = shape_group(self.shaping, samples, self.max_tokens)

@@ -6,9 +6,8 @@ percentiles of generated / input / total tokens; histograms go to TensorBoard), 
 rate, environment and generation timings, staleness in versions and trajectory age in
 seconds (from the group's commit to the buffer until the train pump selected it: the time
 its samples waited, not the training and refit after), the generated tokens of the step's
-trained samples per generation worker (`rollout/worker_gen_tokens/<worker>`: an HTTP or
-vLLM server's URL, `native` or `vllm` for an in-process engine), and the aborted /
-evicted / dropped / wasted counts.
+trained samples per generation worker (`rollout/worker_gen_tokens/<worker>`), and the
+aborted / evicted / dropped / wasted counts, read from the pumps' `PumpLedger`.
 
 Does not own: where metrics go (metrics.logger) or how they are computed upstream.
 """
@@ -25,6 +24,7 @@ from itertools import chain, compress, repeat
 
 from rl_core.algorithms.metrics import finalize_metrics
 from rl_core.columns import DictColumns, GroupSamples, group_columns
+from rl_core.controller.ledger import PumpLedger
 
 
 def _pct(s: list[float], q: float) -> float:
@@ -95,8 +95,12 @@ def _component_names(comp_groups: list) -> set[str]:
     return set().union(*(c.names() for c in comp_groups))
 
 
-def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: dict, t_step0: float,
-                 idle: float) -> dict:
+def step_metrics(ledger: PumpLedger, step: int, trained, train_metrics: dict, refit_metrics: dict, t_step0: float,
+                 idle: float, *, step_pairs: dict | None = None, policy_frozen: bool = False, buffer_live: int = 0,
+                 gc_clock=None) -> dict:
+    """One RL step's metrics from its trained groups and the run's counters in `ledger`;
+    `step_pairs` are the step's (sum, count) metrics (advantage, shaping, dynamic sampling),
+    `buffer_live` the buffer's live groups, `gc_clock` a `metrics.gc_pauses.GcClock` (or None)."""
     advs = list(chain.from_iterable(map(_ADVANTAGES, trained)))
     stal = [t.staleness for t in trained]
     now = time.monotonic()
@@ -149,7 +153,7 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
     gen_sorted = sorted(gen_len)
     gen_mean = statistics.fmean(gen_len)  # two keys report it
     step_s = now - t_step0
-    rs = pump.rollout.stats
+    rs, ts = ledger.rollout_stats, ledger.train_stats
     m = {
         "train/reward_mean": statistics.fmean(rewards),
         "train/accuracy": correct / n,  # == fmean of 0/1 values
@@ -177,16 +181,16 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
         "rollout/dispatched_groups": float(rs.dispatched_groups),
         "rollout/committed_groups": float(rs.committed_groups),
         "rollout/aborted_groups": float(rs.aborted_groups),
-        "rollout/aborted_stale_inflight_groups": float(pump.stale_aborted_groups),
-        "rollout/evicted_groups": float(pump.evicted_groups),
+        "rollout/aborted_stale_inflight_groups": float(ledger.stale_aborted_groups),
+        "rollout/evicted_groups": float(ts.evicted_groups),
         "rollout/dropped_groups": float(rs.dropped_groups),
         "rollout/replaced_groups": float(rs.replaced_groups),
         "rollout/infra_retries": float(rs.infra_retries),
         "rollout/data_retries": float(rs.data_retries),
-        "rollout/wasted_samples": float(rs.wasted_samples),
-        "rollout/buffer_live_groups": float(pump.buffer.live()),
-        "train/step_retries_total": float(pump.train_retries),
-        "train/pass_retries_total": float(pump.pass_retries),
+        "rollout/wasted_samples": float(ledger.wasted_samples),
+        "rollout/buffer_live_groups": float(buffer_live),
+        "train/step_retries_total": float(ts.train_retries),
+        "train/pass_retries_total": float(ts.pass_retries),
         "staleness/mean": statistics.fmean(stal),
         "staleness/max": float(max(stal)),
         "staleness/age_s_mean": statistics.fmean(ages) if ages else 0.0,
@@ -198,9 +202,9 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
         "epoch": float(max(map(_EPOCH, trained)) + 1),  # 1-based, as the workflow's epoch_<k> folders
     }
     m["rollout/refill_groups"] = float(rs.refill_groups)
-    m["rollout/dynamic_filtered_groups"] = float(pump.dynamic_filtered_groups)
-    m["train/policy_frozen"] = float(pump.policy_frozen)
-    for k, v in finalize_metrics(pump.step_pairs).items():  # advantage, shaping, dynamic sampling
+    m["rollout/dynamic_filtered_groups"] = float(ts.dynamic_filtered_groups)
+    m["train/policy_frozen"] = float(policy_frozen)
+    for k, v in finalize_metrics(step_pairs or {}).items():  # advantage, shaping, dynamic sampling
         m[k if k.startswith(("shaping/", "dynamic_sampling/")) else f"train/{k}"] = v
     for w, n in sorted(workers.items()):
         m[f"rollout/worker_gen_tokens/{w}"] = float(n)
@@ -210,7 +214,7 @@ def step_metrics(pump, step: int, trained, train_metrics: dict, refit_metrics: d
         m[k if k.startswith(("critic/", "flops/", "perf/")) else f"train/{k}"] = v
     for k, v in refit_metrics.items():
         m[f"refit/{k}"] = v
-    if pump.gc_clock is not None:  # the garbage collector's time since the last step (metrics.gc_pauses)
-        m.update({f"timing/{k}": v for k, v in pump.gc_clock.take().items()})
+    if gc_clock is not None:  # the garbage collector's time since the last step (metrics.gc_pauses)
+        m.update({f"timing/{k}": v for k, v in gc_clock.take().items()})
     m["_histograms"] = {"rollout/gen_tokens": gen_len, "rollout/input_tokens": in_len, "rollout/total_tokens": tot_len}
     return m

@@ -1,17 +1,17 @@
 """The train pump: buffer -> sampler -> advantages -> trainer (split step API) -> refit.
 
-Owns: the RL step loop (one RL step = one weight version, possibly several optimizer steps:
-`ppo_epochs` x `num_minibatches`), the step quota (shrunk by dropped groups), eviction,
-partial rollouts (`carry_over` swaps), dynamic sampling, streaming chunks into the trainer
-as the sampler releases them (or the whole step: reproducible runs, PPO), the critic's
-updates and warm-up, the refresh of previous-policy logprobs, bounded retries of a failed
-step, per-step metrics, and the order of a step's end: finish -> refit -> abort stale
-groups -> step hook -> checkpoint hook (quiescent) -> publish the new version. Trainer calls
-run in a worker thread, so the event loop keeps running while the trainer computes.
+Owns: the RL step loop (one RL step = one weight version; PPO mini-steps inside it counted
+apart), the step quota (shrunk by the groups dropped for it), eviction, partial rollouts
+(swapping the buffer slots' steps of a straggler and a ready later group: `carry_over`),
+dynamic sampling (zero-variance groups set aside, refills asked for), streaming chunks into
+the trainer (or the whole step: reproducible runs, PPO), the critic, bounded retries, and the
+step's end: finish -> refit -> abort stale in-flight groups -> step hook (metrics,
+validation, spool) -> checkpoint hook (quiescent) -> publish the new version. It meets the
+rollout pump only at the buffer, the version clock and the `PumpLedger` (its requests there).
+Trainer calls run in worker threads, so the event loop keeps running while the trainer computes.
 
-Does not own: which groups are eligible (sampler), generation (rollout pump), advantage
-formulas (advantage_stage + rl_core.algorithms), how weights move (refit.py), checkpoint
-contents (controller). Read more: docs/controller.md.
+Does not own: which groups are eligible (sampler), generation (rollout pump), advantage formulas
+(advantage_stage), how weights move (refit.py), checkpoint contents (controller).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from rl_core.algorithms.metrics import merge_metrics
 from rl_core.algorithms.shaping import dropped_groups_budget
 from rl_core.buffer.replay_buffer import OpenStep, ReplayBuffer, Slot, SlotState, TrainedGroup
 from rl_core.controller.advantage_stage import AdvantageStage
-from rl_core.controller.events import Timeline, VersionClock, wait_until
+from rl_core.controller.events import Timeline, VersionClock, notify, wait_until
+from rl_core.controller.ledger import PumpLedger
 from rl_core.controller.step_metrics import step_metrics
 from rl_core.types import TrainChunk
 
@@ -66,7 +67,7 @@ def needs_reference_logprobs(cfg) -> bool:
 
 class TrainPump:
     def __init__(self, *, cfg, sampler, buffer: ReplayBuffer, trainer, loss, refitter, clock: VersionClock,
-                 cond: asyncio.Condition, timeline: Timeline, rollout, stop_step: int, pad_id: int,
+                 cond: asyncio.Condition, timeline: Timeline, ledger: PumpLedger, stop_step: int, pad_id: int,
                  on_step: StepHook | None = None, on_checkpoint: Callable[[int], Awaitable[None]] | None = None,
                  on_ministep: Callable[[OpenStep], Awaitable[None]] | None = None, critic=None):
         self.cfg = cfg
@@ -79,7 +80,7 @@ class TrainPump:
         self.clock = clock
         self.cond = cond
         self.timeline = timeline
-        self.rollout = rollout
+        self.ledger = ledger  # shared with the rollout pump: counters, demand, requests (see ledger.py)
         self.stop_step = stop_step
         self.pad_id = pad_id
         self.on_step = on_step
@@ -93,13 +94,9 @@ class TrainPump:
         self.idle_s = 0.0
         self.gc_clock = None  # a metrics.gc_pauses.GcClock while the pumps run: timing/gc_* per step
         self.selected_in_step = 0  # groups of the open step already taken from the buffer
-        self.evicted_groups = 0
-        self.dynamic_filtered_groups = 0
-        self.train_retries = 0  # every retry: policy update, logprob/value passes, critic update
-        self.pass_retries = 0  # of which logprob/value passes and critic updates
+        self.stats = ledger.train_stats  # evicted / set-aside groups, wasted samples, retries (read by step_metrics)
         self._step_retries = 0  # policy-update retries used by the RL step in progress
         self._open_step: OpenStep | None = None  # the open RL step after its last completed PPO mini-step
-        self.stale_aborted_groups = 0
         self.carried_groups = 0  # partial rollouts: stragglers moved to a later step (each move counted)
         self._open = False  # a trainer step is open (begin called, finish not yet)
         self.policy_frozen = False  # critic warm-up: the policy is not updated this step
@@ -111,13 +108,27 @@ class TrainPump:
         self.on_ministep = on_ministep  # may checkpoint between mini-steps
         self.trained_group_ids: list[str] = []
         self.staleness_log: list[int] = []
+        self._publish_demand()
 
     # ------------------------------------------------------------------ bookkeeping
+
+    @property
+    def train_retries(self) -> int:
+        return self.stats.train_retries
+
+    @property
+    def dynamic_filtered_groups(self) -> int:
+        return self.stats.dynamic_filtered_groups
+
+    @property
+    def stale_aborted_groups(self) -> int:
+        """In-flight groups aborted as stale (by the rollout pump, at this pump's request)."""
+        return self.ledger.stale_aborted_groups
 
     def quota(self, step: int) -> int:
         """Groups step `step` trains: fewer when the rollout pump dropped some of its groups."""
         if self.sampler.stamps:
-            return self.per_step - self.rollout.dropped_per_step.get(step, 0)
+            return self.per_step - self.ledger.dropped_per_step.get(step, 0)
         return self.per_step
 
     def demand(self) -> int:
@@ -125,6 +136,11 @@ class TrainPump:
         Counted from the pump's own step counter: the trainer's version changes inside a worker
         thread, before the pump has reset its per-step count."""
         return max(0, (self.stop_step - self.current_step) * self.per_step - self.selected_in_step)
+
+    def _publish_demand(self) -> None:
+        """`demand()` into the ledger (the rollout pump reads it): after every change of the step
+        counter or of the groups taken, before the next suspension point."""
+        self.ledger.demand = self.demand()
 
     async def run(self) -> None:
         while self.trainer.version < self.stop_step:
@@ -144,14 +160,15 @@ class TrainPump:
         await self.buffer.restore_ready(self._open_slots)
         self._open_slots = []
         self.selected_in_step = 0
+        self._publish_demand()
 
     # ------------------------------------------------------------------ selection
 
     async def _evict(self) -> None:
         gone = self.sampler.evict(self.buffer, self.trainer.version)
         if gone:
-            self.evicted_groups += len(gone)
-            self.rollout.stats.wasted_samples += sum(len(s.group.samples) for s in gone if s.group)
+            self.stats.evicted_groups += len(gone)
+            self.stats.wasted_samples += sum(len(s.group.samples) for s in gone if s.group)
             await self.buffer.finish(gone, SlotState.EVICTED)
 
     async def _select(self, step: int, want: int, most: int) -> list[Slot]:
@@ -173,37 +190,41 @@ class TrainPump:
                 if dropped:
                     await self._set_aside(step, dropped)
                 self.selected_in_step += len(kept)
+                self._publish_demand()
                 self._open_slots.extend(kept)
                 if kept:
                     return kept
                 continue
-            if self.rollout.failure is not None:
-                raise self.rollout.failure
-            if self.rollout.exhausted and not self.rollout.inflight:  # refills may still be in flight
+            ledger = self.ledger
+            if ledger.failure is not None:
+                raise ledger.failure
+            if ledger.exhausted and not ledger.inflight and not ledger.refills:  # refills may still come
                 raise RuntimeError(f"rollouts ended with step {step} incomplete "
                                    f"({self.selected_in_step}/{self.quota(step)} groups)")
             self.waiting_on = (f"{need} ready group(s) for step {step} "
                                f"(have {self.selected_in_step}/{self.quota(step)})")
-            snapshot = (self.buffer.num_ready(), self.quota(step), self.rollout.exhausted, len(self.rollout.inflight))
-            await wait_until(self.cond, lambda: self.rollout.failure is not None or snapshot != (
-                self.buffer.num_ready(), self.quota(step), self.rollout.exhausted, len(self.rollout.inflight)))
+            def progress() -> tuple:
+                return self.buffer.num_ready(), self.quota(step), ledger.exhausted, ledger.inflight, len(ledger.refills)
+
+            snapshot = progress()
+            await wait_until(self.cond, lambda: ledger.failure is not None or snapshot != progress())
 
     def _carry_over(self, step: int, need: int) -> None:
         """Partial rollouts: swap the target steps of the stragglers of `step` and the ready groups
-        of later steps the sampler pairs them with, so the step trains those instead of waiting."""
+        of later steps the sampler pairs them with, so the step trains those instead of waiting.
+        The straggler's slot carries its new step: the rollout pump commits it with that step."""
         for straggler, sub in self.sampler.carry_over(self.buffer, step, need):
             later = sub.target_step
             self.buffer.restamp(sub.group_id, step)
             self.buffer.restamp(straggler.group_id, later)
-            self.rollout.restamp(straggler.group_id, later)
             straggler.carried += 1
             self.carried_groups += 1
 
     async def _set_aside(self, step: int, dropped: list[Slot]) -> None:
         """Dynamic sampling dropped these zero-variance groups: count them and refill the step."""
         self._filtered_in_step += len(dropped)
-        self.dynamic_filtered_groups += len(dropped)
-        self.rollout.stats.wasted_samples += sum(len(s.group.samples) for s in dropped)
+        self.stats.dynamic_filtered_groups += len(dropped)
+        self.stats.wasted_samples += sum(len(s.group.samples) for s in dropped)
         await self.buffer.finish(dropped, SlotState.EVICTED)
         if self._filtered_in_step > self.ds_budget:
             raise RuntimeError(
@@ -212,8 +233,8 @@ class TrainPump:
                 "group gets the same reward, so the task is too easy or too hard for the policy. Fix: change the "
                 "data or the reward, or raise the budget.")
         if self.sampler.stamps:  # unstamped samplers refill by demand
-            for _ in dropped:
-                self.rollout.request_refill(step)
+            self.ledger.refills.extend([step] * len(dropped))  # the rollout pump dispatches them
+            await notify(self.cond)
 
     # ------------------------------------------------------------------ one RL step
 
@@ -244,6 +265,7 @@ class TrainPump:
     def _begin_step(self, step: int) -> None:
         self.current_step = step
         self.selected_in_step, self._filtered_in_step, self.step_pairs = 0, 0, {}
+        self._publish_demand()
         self._step_retries = 0
         self._open_step = None
         self._open_slots = []
@@ -254,6 +276,7 @@ class TrainPump:
         batch.trained = resume.trained
         self._open_slots = [t.slot for t in batch.trained]
         self.selected_in_step = len(batch.trained)
+        self._publish_demand()
         batch.stage_chunks = [resume.chunk]
         batch.t_train0 = time.monotonic()
 
@@ -329,6 +352,7 @@ class TrainPump:
         trained = batch.trained
         t_finish = time.monotonic()
         self.current_step, self.selected_in_step = step + 1, 0  # demand() now counts from the next step
+        self._publish_demand()
         self._open_slots = []
         self.timeline.add("train", step, batch.t_train0 or t_finish, t_finish, step)
         for t in trained:
@@ -337,9 +361,11 @@ class TrainPump:
         self.waiting_on = f"refit to version {self.trainer.version}"
         refit_metrics = await self.refitter.refit(self.trainer.version)
         self.timeline.add("refit", step, t_finish, time.monotonic(), self.trainer.version)
-        self.stale_aborted_groups += await self.rollout.abort_stale(self.trainer.version)
+        await self._abort_stale(self.trainer.version)
         self.idle_s += batch.idle
-        metrics = step_metrics(self, step, trained, train_metrics, refit_metrics, t_step0, batch.idle)
+        metrics = step_metrics(self.ledger, step, trained, train_metrics, refit_metrics, t_step0, batch.idle,
+                               step_pairs=self.step_pairs, policy_frozen=self.policy_frozen,
+                               buffer_live=self.buffer.live(), gc_clock=self.gc_clock)
         # in_order: async/* bounds; adaptive: decides the bound of versions > step
         metrics.update(self.sampler.observe(step, metrics))
         if self.sampler.carry_bound is not None:  # partial rollouts
@@ -353,6 +379,17 @@ class TrainPump:
             await self.on_checkpoint(self.trainer.version)
         await self.clock.publish(self.trainer.version)
         return metrics
+
+    async def _abort_stale(self, version: int) -> None:
+        """Have the rollout pump abort the in-flight groups the sampler declares stale at `version`
+        (frees the engine at once): asked through the ledger where a reserved slot is stale, and
+        waited for, so the step's metrics count them."""
+        if not any(self.sampler.should_abort_inflight(s, version) for s in self.buffer.reserved()):
+            return
+        ledger = self.ledger
+        ledger.stale_at = version
+        await notify(self.cond)
+        await wait_until(self.cond, lambda: ledger.stale_served >= version or ledger.failure is not None)
 
     # ------------------------------------------------------------------ training with retries
 
@@ -404,7 +441,7 @@ class TrainPump:
         last = exc
         while self._step_retries < budget:
             self._step_retries += 1
-            self.train_retries += 1
+            self.stats.train_retries += 1
             self._close_step()
             try:
                 self.trainer.begin(self.loss)
@@ -432,8 +469,8 @@ class TrainPump:
                 if cleanup is not None:
                     cleanup()
                 if i < budget:
-                    self.train_retries += 1
-                    self.pass_retries += 1
+                    self.stats.train_retries += 1
+                    self.stats.pass_retries += 1
         if self._open:
             self._close_step()
         raise TrainStepFailed(f"{what} of RL step {self.current_step} failed {budget + 1} times "

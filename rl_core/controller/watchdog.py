@@ -13,19 +13,30 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rl_core.errors import StallError
 
+if TYPE_CHECKING:
+    from rl_core.buffer.replay_buffer import ReplayBuffer
+    from rl_core.config.controller_sections import WatchdogConfig
+    from rl_core.controller.rollout_pump import RolloutPump
+    from rl_core.controller.train_pump import TrainPump
+    from rl_core.protocols import GenerationBackend, TrainerBackend
 
+
+@dataclass(eq=False)
 class Watchdog:
-    def __init__(self, cfg, rollout, train, buffer, backend, trainer):
-        self.cfg = cfg
-        self.rollout = rollout
-        self.train = train
-        self.buffer = buffer
-        self.backend = backend
-        self.trainer = trainer
-        self.stalls = 0
+    """Reads the pumps, the buffer, the backend and the trainer it is given; counts its stalls."""
+
+    cfg: WatchdogConfig  # async_rl.watchdog
+    rollout: RolloutPump
+    train: TrainPump
+    buffer: ReplayBuffer
+    backend: GenerationBackend
+    trainer: TrainerBackend
+    stalls: int = 0  # stalls reported so far
 
     def _progress(self) -> tuple:
         return (self.rollout.stats.committed_groups, self.rollout.stats.dropped_groups,

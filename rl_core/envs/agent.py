@@ -1,16 +1,15 @@
-"""`env.type: agent`: an agent program drives each episode over the OpenAI API.
+"""`env.type: agent` / `http`: an agent program or a service drives each episode over the OpenAI API.
 
-Owns: loading and checking the agent function (`env.target`, an async function
-`agent(client, example, **kwargs)`), the run's session server (started in the controller's
-event loop at the first episode, stopped by `aclose`), one `openai.AsyncOpenAI` client per
-episode bound to the episode's session URL (no client-side retries: a retried call would be
-a second model turn), and turning what the agent returns into an `EnvResult` (a float is the
-reward; a dict of floats is named components matching `env.reward_names`, summed; `env.success` sets
-`info["correct"]`). The observation `prompt_ids` (the prompt as a user message after `env.system_prompt`) is what the
-warm-up trains on; what the model sees in an episode is whatever the agent sends.
+Owns: loading and checking the agent function once (`env.target`, an async function
+`agent(client, example, **kwargs)`: `load_agent`), running one episode (`run_agent`, the
+`protocols.EpisodeEnvironment` seam: an `openai.AsyncOpenAI` client bound to the session URL
+it is given, no client-side retries, since a retried call would be a second model turn; or a
+POST to the environment service) and turning what comes back into an `EnvResult`: a float is
+the reward, a dict of floats named components (matching `env.reward_names`) summed;
+`env.success` sets `info["correct"]`. `prompt_ids` is what the warm-up trains on.
 
-Does not own: the rollout (rl_core.rollout.group.generate_episode), HTTP (session_server) or
-how episodes become samples (rl_core.rollout.sessions). Read more: docs/agents.md.
+Does not own: the rollout and the session server the episode's URL points at
+(rl_core.rollout.group.generate_episode, rl_core.rollout.session_server). Guide: docs/agents.md.
 """
 
 from __future__ import annotations
@@ -32,8 +31,16 @@ class AgentError(RuntimeError):
     """The agent function failed or returned something that is not a reward (a data failure of its group)."""
 
 
+_CHECKED: dict[tuple[str, tuple[str, ...]], Any] = {}  # (target, kwarg names) -> the checked agent
+
+
 def load_agent(env_config: Any):
-    """Import `env.target` and check it is an async function (at recipe load, before any build)."""
+    """Import `env.target` and check it is an async function taking `env.kwargs` (at recipe
+    load, before any build); once per process: the environment built later gets the same
+    function without importing or checking it again."""
+    key = (env_config.target, tuple(sorted(env_config.kwargs)))
+    if key in _CHECKED:
+        return _CHECKED[key]
     fn = load_target(env_config.target, field="env.target", kind="callable")
     if not inspect.iscoroutinefunction(fn):
         raise RecipeError.single("env.target", env_config.target, "an async function `async def agent(client, example, "
@@ -49,11 +56,14 @@ def load_agent(env_config: Any):
         raise RecipeError.single("env.kwargs", dict(env_config.kwargs),
                                  f"keyword arguments {env_config.target} accepts (it has no {', '.join(unknown)})",
                                  "fix env.kwargs to match the agent function's parameters.")
+    _CHECKED[key] = fn
     return fn
 
 
 @register_env("agent")
 class AgentEnv(BaseEnv):
+    """An `EpisodeEnvironment`: the agent function `env.target` drives each episode."""
+
     name = "agent"
     use_chat_template = True
     runs_episodes = True
@@ -62,12 +72,13 @@ class AgentEnv(BaseEnv):
         super().__init__(config, tokenizer)
         self.system_prompt = config.system_prompt
         self.reward_names = tuple(config.reward_names)
-        self.agent = load_agent(config)
-        self.kwargs = dict(config.kwargs)
         self.episode_timeout_s = config.episode_timeout_s
-        self._server = None
+        self.agent, self.kwargs = self._program(config)
         self._http = None
-        self._lock: asyncio.Lock | None = None
+
+    def _program(self, config: Any) -> tuple[Any, dict[str, Any]]:
+        """The agent function and its keyword arguments (checked at recipe load: `load_agent`)."""
+        return load_agent(config), dict(config.kwargs)
 
     @property
     def agent_name(self) -> str:
@@ -75,32 +86,20 @@ class AgentEnv(BaseEnv):
         target = getattr(self.config, "target", None)
         return f"agent {target}" if target else f"environment service {self.config.url}"
 
-    # ------------------------------------------------------------------ the session server
+    def http(self):
+        """The environment's HTTP client (made on first use in the running loop): its agents'
+        OpenAI clients share its connections."""
+        if self._http is None:
+            import httpx
 
-    async def session_server(self):
-        """The run's session server, started on first use in the running loop."""
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
-            if self._server is None:
-                import httpx
+            from rl_core.generation.http.fleet import CLIENT_KEEPALIVE_S
 
-                from rl_core.generation.http.fleet import CLIENT_KEEPALIVE_S
-                from rl_core.rollout.session_server import SessionServer
-                from rl_core.rollout.sessions import SessionRegistry
-
-                server = SessionServer(SessionRegistry(), self.tokenizer)
-                await server.start()
-                self._http = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=None,
-                                                                                 max_keepalive_connections=256,
-                                                                                 keepalive_expiry=CLIENT_KEEPALIVE_S))
-                self._server = server
-        return self._server
+            self._http = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=None,
+                                                                             max_keepalive_connections=256,
+                                                                             keepalive_expiry=CLIENT_KEEPALIVE_S))
+        return self._http
 
     async def aclose(self) -> None:
-        if self._server is not None:
-            await self._server.stop()
-            self._server = None
         if self._http is not None:
             await self._http.aclose()
             self._http = None
@@ -111,7 +110,7 @@ class AgentEnv(BaseEnv):
         """Run the agent on one example against the session at `base_url`; its reward(s)."""
         import openai
 
-        client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=self._http)
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=self.http())
         try:
             out = await self.agent(client, dict(example), **self.kwargs)
         except asyncio.CancelledError:
@@ -173,18 +172,17 @@ class HttpServiceEnv(AgentEnv):
     name = "http"
 
     def __init__(self, config: Any, tokenizer: Any):
-        BaseEnv.__init__(self, config, tokenizer)
-        self.system_prompt = config.system_prompt
-        self.reward_names = tuple(config.reward_names)
-        self.episode_timeout_s = config.episode_timeout_s
+        super().__init__(config, tokenizer)
         self.url = config.url.rstrip("/")
-        self._server = self._http = self._lock = None
         self._healthy = False
         self.process = None
         if config.command:
             import subprocess
 
             self.process = subprocess.Popen(list(config.command), stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def _program(self, config: Any) -> tuple[Any, dict[str, Any]]:
+        return None, {}  # the service runs the episode
 
     async def _wait_healthy(self) -> None:
         import time
@@ -199,7 +197,7 @@ class HttpServiceEnv(AgentEnv):
                                          f"a command that keeps the service running (it exited with status "
                                          f"{self.process.returncode})", "run the command by hand to see its error.")
             try:
-                r = await self._http.get(f"{self.url}/health", timeout=5.0)
+                r = await self.http().get(f"{self.url}/health", timeout=5.0)
                 if r.status_code == 200:
                     self._healthy = True
                     return
@@ -218,7 +216,7 @@ class HttpServiceEnv(AgentEnv):
         body = {"example": dict(example), "base_url": base_url, "api_key": api_key,
                 "episode_id": base_url.rstrip("/").rsplit("/", 2)[-2]}
         try:
-            r = await self._http.post(f"{self.url}/episodes", json=body, timeout=self.episode_timeout_s)
+            r = await self.http().post(f"{self.url}/episodes", json=body, timeout=self.episode_timeout_s)
         except httpx.TransportError as exc:
             raise ConnectionError(f"environment service {self.url}: {type(exc).__name__}: {exc}") from exc
         if r.status_code >= 500 or r.status_code in (408, 429):

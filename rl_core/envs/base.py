@@ -1,4 +1,4 @@
-"""Environments: the base class every built-in environment extends.
+"""Environments: the base classes the built-in environments extend.
 
 Owns: `BaseEnv`, the `Environment` protocol (`rl_core.protocols`) around two hooks a subclass
 fills in, `prompt_text(example)` and `score_completion(example, completion)`, with the guards
@@ -7,8 +7,8 @@ opened), `prompt_ids_many` / `start_prompt_ids_many` (a batch in one encode, cac
 looked up, the Rust encode on its own thread), `score` (finish reasons checked, aborted
 samples masked, the end token stripped), `score_group` (a group in one call through the
 optional `score_columns`), `reference_completion_ids` (what the warm-up trains on) and
-`observe` (multi-turn observations as text or chat turns). End tokens: the eos token, plus
-`<|im_end|>` with the chat template; a sample *ended* on "stop" with an end token last.
+`observe` (multi-turn observations as text or chat turns); `FinalAnswerEnv` (math, reasoning_gym).
+End tokens: eos, plus `<|im_end|>` with the chat template; *ended*: "stop" with an end token last.
 
 Does not own: the registry (`rl_core.envs`: `@register_env`, `make_env`), generation, the
 dataset, or what a reward means for training. Read more: docs/environments.md.
@@ -58,7 +58,7 @@ class BaseEnv(ABC):
     max_turns: int = 1
     """Turns of a multi-turn rollout (generate -> `observe` -> generate ...); 1 = single turn."""
     runs_episodes: bool = False
-    """True for environments whose episodes an agent drives (`run_agent`, rl_core.envs.agent)."""
+    """True for environments whose episodes an agent drives (`protocols.EpisodeEnvironment`: rl_core.envs.agent)."""
 
     async def aclose(self) -> None:
         """Release what the environment started (servers, clients); called once at the end of a run."""
@@ -316,6 +316,23 @@ class BaseEnv(ABC):
         """Rewards of a stopped or truncated completion (hook). Its `info["correct"]` says whether
         the sample is right (what accuracy counts); without it reward > 0 counts, so set it
         where the reward has a shaping term (a format bonus, partial credit)."""
+
+
+class FinalAnswerEnv(BaseEnv):
+    """A single-turn environment scored on the final answer it reads from each completion, with
+    reward components `correct` and `format` (`MathEnv`, `ReasoningGymEnv`). Its config section
+    chooses `use_chat_template`, `system_prompt`, where the answer is (`answer_format`), the
+    `instruction` added to each prompt and the `format_reward`."""
+
+    reward_names = ("correct", "format")
+
+    def __init__(self, config: Any, tokenizer: Any):
+        self.use_chat_template = bool(config.use_chat_template)
+        self.system_prompt = config.system_prompt
+        super().__init__(config, tokenizer)
+        self.answer_format = config.answer_format
+        self.instruction = config.instruction
+        self.format_reward = float(config.format_reward)
 
 
 _FINISH_SET = frozenset(FINISH_REASONS)

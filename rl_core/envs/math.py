@@ -24,7 +24,7 @@ from typing import Any
 
 from rl_core.columns import GroupScores
 from rl_core.envs import register_env
-from rl_core.envs.base import BaseEnv, Completion, distinct_scored
+from rl_core.envs.base import Completion, FinalAnswerEnv, distinct_scored
 from rl_core.types import EnvResult
 
 ANSWER_FORMATS = ("boxed", "hash", "last_number", "number_only")
@@ -135,15 +135,12 @@ def answers_match(gold: str, answer: str) -> bool:
 
 
 @register_env("math")
-class MathEnv(BaseEnv):
+class MathEnv(FinalAnswerEnv):
     """Final-answer math problems (config: `MathEnvConfig`)."""
 
     name = "math"
-    reward_names = ("correct", "format")
 
     def __init__(self, config: Any, tokenizer: Any):
-        self.use_chat_template = bool(config.use_chat_template)
-        self.system_prompt = config.system_prompt
         super().__init__(config, tokenizer)
         import math_verify  # noqa: F401  (fail here, not at the first score, when the package is missing)
 
@@ -151,11 +148,8 @@ class MathEnv(BaseEnv):
 
         if config.answer_format not in EXTRACTORS:
             raise ValueError(f"answer_format must be one of {ANSWER_FORMATS}, got {config.answer_format!r}")
-        self.answer_format = config.answer_format
         self.extract = EXTRACTORS[config.answer_format]
-        self.instruction = config.instruction
         self.correct_reward = float(config.correct_reward)
-        self.format_reward = float(config.format_reward)
 
     def prompt_text(self, example: dict[str, Any]) -> str:
         prompt = str(example["prompt"])

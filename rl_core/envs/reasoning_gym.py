@@ -21,7 +21,7 @@ from typing import Any
 
 from rl_core.columns import GroupScores
 from rl_core.envs import register_env
-from rl_core.envs.base import BaseEnv, Completion, distinct_scored
+from rl_core.envs.base import Completion, FinalAnswerEnv, distinct_scored
 from rl_core.types import EnvResult
 
 _TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -37,21 +37,17 @@ def extract_answer(text: str, answer_format: str = "answer_tag") -> str | None:
 
 
 @register_env("reasoning_gym")
-class ReasoningGymEnv(BaseEnv):
+class ReasoningGymEnv(FinalAnswerEnv):
+    """A reasoning-gym task scored by the task's own scorer (config: `ReasoningGymEnvConfig`)."""
+
     name = "reasoning_gym"
-    reward_names = ("correct", "format")
 
     def __init__(self, config: Any, tokenizer: Any):
         from rl_core.data.reasoning_gym import task_dataset
 
-        self.use_chat_template = bool(config.use_chat_template)
-        self.system_prompt = config.system_prompt
         super().__init__(config, tokenizer)
         self.task = config.task
         self.dataset = task_dataset(config.task, dict(config.config))
-        self.answer_format = config.answer_format
-        self.instruction = config.instruction
-        self.format_reward = float(config.format_reward)
 
     def prompt_text(self, example: dict[str, Any]) -> str:
         question = super().prompt_text(example)

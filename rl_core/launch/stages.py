@@ -240,6 +240,8 @@ def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json
     from rl_core.metrics.progress import Progress
     from rl_core.resilience import retry_notice
     from rl_core.train import trainer_device
+    from rl_core.rollout.session_server import SessionServer
+    from rl_core.rollout.sessions import SessionRegistry
     from rl_core.rollout.validation import Validator
 
     cfg = load_resolved(resolved_config_path)
@@ -260,10 +262,11 @@ def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json
     backend = NativeBackend(engine, group_arrays=True)
     stop = tuple(dict.fromkeys(i for i in (*env.end_token_ids, tokenizer.eos_token_id) if i is not None))
     notices = Progress(1, "log")
+    sessions = SessionServer(SessionRegistry(), tokenizer) if env.runs_episodes else None  # agent episodes
     validator = Validator(validation or cfg.validation, env, tokenizer, examples, cfg.grpo.seed, stop,
                           failure=cfg.async_rl.failure,
                           on_retry=lambda kind, exc: notices.notice(kind.value, retry_notice(
-                              kind, exc, f"validation {split}", cfg.async_rl.failure)))
+                              kind, exc, f"validation {split}", cfg.async_rl.failure)), sessions=sessions)
 
     async def go():
         await backend.start()
@@ -271,6 +274,8 @@ def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json
             return await validator.run(backend, split)
         finally:
             await backend.shutdown()
+            if sessions is not None:
+                await sessions.stop()
             await env.aclose()
 
     result = run_async(go())

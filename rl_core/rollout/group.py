@@ -24,17 +24,20 @@ import operator
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rl_core.config.schema import SamplingParamsConfig
 from rl_core.rollout.decode import decode_group, decode_text
 from rl_core.resilience import gather_or_cancel, with_deadline
-from rl_core.protocols import Environment, GenerationBackend
+from rl_core.protocols import Environment, EpisodeEnvironment, GenerationBackend
 from rl_core.types import (MAX_SEED, GenerationRequest, GenerationResult, Sample, SamplingParams, group_requests,
                            scored_sample, with_seed)
 from rl_core.columns import GroupResults, GroupSamples, GroupScores, plain
+
+if TYPE_CHECKING:
+    from rl_core.rollout.session_server import SessionServer
 
 _MASK64 = (1 << 64) - 1
 
@@ -173,6 +176,7 @@ class GroupOptions:
     env_timeout_s: float | None = None
     gen_slots: GenerationSlots | asyncio.Semaphore | None = None  # generation-level backpressure
     mask_flagged_samples: bool = True
+    sessions: SessionServer | None = None  # agent environments: the run's episode session server
 
 
 @dataclass
@@ -280,13 +284,19 @@ async def generate_sample(backend: GenerationBackend, env: Environment, tokenize
     return sample
 
 
-async def generate_episode(backend: GenerationBackend, env: Environment, tokenizer, example: dict[str, Any],
+async def generate_episode(backend: GenerationBackend, env: EpisodeEnvironment, tokenizer, example: dict[str, Any],
                            params: SamplingParams, request_id: str, opts: GroupOptions,
                            ticket: _Ticket | None = None) -> Sample:
-    """One agent episode (rl_core.envs.agent): the agent calls the model through its session's
-    OpenAI endpoint; each call is generated here like a turn (a generation place, the
-    generation deadline, a derived seed) and recorded; the episode's last segment is the sample
-    (rl_core.rollout.sessions). Cancelling the episode (stale abort) aborts its model calls."""
+    """One agent episode (`protocols.EpisodeEnvironment`, e.g. rl_core.envs.agent): a session is
+    opened on the run's session server (`opts.sessions`) and the environment's `run_agent`
+    drives it through the session's OpenAI endpoint, within `episode_timeout_s`; each model
+    call is generated here like a turn (a generation place, the generation deadline, a derived
+    seed) and recorded; the episode's last segment is the sample (rl_core.rollout.sessions).
+    Cancelling the episode (stale abort) aborts its model calls."""
+    server = opts.sessions
+    if server is None:
+        raise RuntimeError(f"environment {env.name} runs agent episodes, but no session server was given "
+                           "(GroupOptions.sessions: the controller and the validator build one per run)")
     timings = SampleTimings()
     t0 = time.monotonic()
     first = [ticket]
@@ -298,13 +308,12 @@ async def generate_episode(backend: GenerationBackend, env: Environment, tokeniz
     def seed_for(k: int) -> int | None:
         return None if params.seed is None else derive_seed(params.seed, k)
 
-    server = await env.session_server()
-    session = server.registry.open(request_id, params, tokenizer, generate, seed_for)
+    session = await server.open(request_id, params, tokenizer, generate, seed_for)
     try:
-        scored = await with_deadline(env.run_agent(server.base_url(session), server.registry.secret, example),
+        scored = await with_deadline(env.run_agent(server.base_url(session), server.secret, example),
                                      env.episode_timeout_s, f"agent episode {request_id}")
     finally:
-        await server.registry.close(session)
+        await server.close(session)
         if first[0] is not None:  # the agent never called the model
             first[0].take()
     if not session.turns:  # nothing to train on: a data failure of the group, naming the agent
@@ -313,8 +322,6 @@ async def generate_episode(backend: GenerationBackend, env: Environment, tokeniz
                          "model calls it makes through its client, so it must make at least one (e.g. "
                          "`await client.chat.completions.create(model=\"policy\", messages=...)`) before it returns")
     traj = session.trajectory()
-    if traj.segments > 1:
-        server.registry.segment_breaks += traj.segments - 1
     timings.generate_s = time.monotonic() - t0
     text = decode_text(tokenizer, traj.completion_ids)
     sample = _sample(list(traj.prompt_ids), traj.completion_ids, traj.logprobs, traj.completion_mask,

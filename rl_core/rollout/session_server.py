@@ -10,8 +10,8 @@ session. Its field policy: the recipe's sampling (other `temperature`, `top_p`, 
 recipe's, `stop` strings added, `tools` through the chat template and `<tool_call>` replies
 as `tool_calls`; an ended or unknown session is 404.
 
-Does not own: the sessions (sessions.py), the agent, or the generation backend. Read more:
-docs/agents.md, "What the endpoint accepts".
+One per run, built and stopped by the controller (or validation), started at the first episode.
+Does not own: the sessions (sessions.py), the agent or the backend. Read more: docs/agents.md.
 """
 
 from __future__ import annotations
@@ -24,16 +24,17 @@ import secrets
 import socket
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import model_validator
 
-from rl_core.rollout.sessions import EpisodeSession, SessionClosed, SessionRegistry
+from rl_core.rollout.sessions import EpisodeSession, Generate, SessionClosed, SessionRegistry
 from rl_core.serve.protocol import ChatCompletionRequest, CompletionRequest
 from rl_core.serve.text import TextCodec, chat_logprobs, cut_at_stop
+from rl_core.types import SamplingParams
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed")
@@ -95,8 +96,10 @@ def quiet_uvicorn_server(config):
 
 
 class SessionServer:
-    """The HTTP front of a `SessionRegistry` (see the module doc). `await start()` in the
-    controller's loop, `base_url(session)` for an agent's client, `await stop()` at the end."""
+    """The HTTP front of a `SessionRegistry` (see the module doc): `await open(...)` an episode's
+    session (the server starts in the running loop at the first), `base_url(session)` and
+    `secret` for the agent's client, `await close(session)` when the episode ends, `await
+    stop()` at the end of the run."""
 
     def __init__(self, registry: SessionRegistry, tokenizer: Any, model_name: str = "policy"):
         self.registry = registry
@@ -106,6 +109,7 @@ class SessionServer:
         self.counters = {"requests": 0, "client_errors": 0, "tool_calls": 0}
         self._server = None
         self._task: asyncio.Task | None = None
+        self._starting: asyncio.Lock | None = None
         template = getattr(tokenizer, "chat_template", None) or ""
         self.template_renders_tools = "tools" in template
 
@@ -133,6 +137,27 @@ class SessionServer:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._task, 10)
         self._server = self._task = None
+
+    # ------------------------------------------------------------------ episodes
+
+    async def open(self, request_prefix: str, params: SamplingParams, tokenizer: Any, generate: Generate,
+                   seed_for: Callable[[int], int | None]) -> EpisodeSession:
+        """A new episode session (`SessionRegistry.open`); starts the server on first use."""
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if self._server is None:
+                await self.start()
+        return self.registry.open(request_prefix, params, tokenizer, generate, seed_for)
+
+    async def close(self, session: EpisodeSession) -> None:
+        """End an episode's session: later calls get 404, its model calls in flight are aborted."""
+        await self.registry.close(session)
+
+    @property
+    def secret(self) -> str:
+        """The run's session secret: the API key an episode's client sends."""
+        return self.registry.secret
 
     def base_url(self, session: EpisodeSession) -> str:
         return f"http://127.0.0.1:{self.port}/sessions/{session.session_id}/v1"

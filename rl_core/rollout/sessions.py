@@ -190,7 +190,6 @@ class SessionRegistry:
         self.secret = secrets.token_urlsafe(24)
         self._sessions: dict[str, EpisodeSession] = {}
         self._ids = itertools.count()
-        self.segment_breaks = 0
         self.episodes = 0
 
     def open(self, request_prefix: str, params: SamplingParams, tokenizer: Any, generate: Generate,

@@ -24,7 +24,7 @@ from typing import Any
 
 from rl_core.config.schema import RolloutFailureConfig, ValidationConfig
 from rl_core.resilience import Attempts, FailureKind, gather_or_cancel, group_failed, retrying
-from rl_core.rollout.group import generate_group, is_correct, sampling_params
+from rl_core.rollout.group import GroupOptions, generate_group, is_correct, sampling_params
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -66,7 +66,7 @@ class Validator:
 
     def __init__(self, cfg: ValidationConfig, env, tokenizer, examples: list[dict[str, Any]], seed: int,
                  stop_token_ids: tuple[int, ...] = (), max_concurrency: int = 256,
-                 failure: RolloutFailureConfig | None = None, on_retry=None):
+                 failure: RolloutFailureConfig | None = None, on_retry=None, sessions=None):
         self.cfg = cfg
         self.env = env
         self.tokenizer = tokenizer
@@ -77,6 +77,7 @@ class Validator:
         self.max_concurrency = max_concurrency
         self.failure = failure or RolloutFailureConfig()
         self.on_retry = on_retry
+        self.opts = GroupOptions(sessions=sessions)  # agent environments: the run's episode session server
 
     async def run(self, backend, label: str = "val") -> dict[str, Any]:
         t0 = time.monotonic()
@@ -100,7 +101,7 @@ class Validator:
                 async with sem:  # not held while a retry backs off
                     return await generate_group(backend, self.env, self.tokenizer, ex, self.env.prompt_ids(ex), k,
                                                 self.params, f"{label}-v{version}-{i}" + (f"/a{n}" if n else ""),
-                                                (self.seed, 10**9 + version, i))
+                                                (self.seed, 10**9 + version, i), self.opts)
             try:
                 return await retrying(attempt, attempts, fail.backoff_base_s, fail.max_backoff_s, retried)
             except asyncio.CancelledError:

@@ -8,10 +8,9 @@ A sampler decides, for the controller: whether the rollout pump may dispatch now
 (`can_admit` / `admit`, which may stamp a target step), which ready groups train now
 (`select`), which ready groups can never train and must go (`evict`), which in-flight
 groups are already too old to be worth finishing (`should_abort_inflight`), and, with partial
-rollouts, which straggler trades its step with a ready later group (`carry_over`). It owns its
-staleness rule and its `state_dict`. It reads the buffer; it never changes it.
-
-Does not own: waiting (the pumps wait on its answers), the buffer, or the trainer.
+rollouts, which straggler trades its step with a ready later group (`carry_over`); and what
+the controller sizes from it (`lookahead`, `required_capacity`). It owns its staleness rule and
+its `state_dict`. Does not own: waiting (the pumps wait on it), the buffer, or the trainer.
 """
 
 from __future__ import annotations
@@ -28,6 +27,11 @@ class Sampler(Protocol):
     staleness_bound: int | None  # largest trainer_version - start_version of a trained group (None = unbounded)
     window: int | None  # admission gate: batch b dispatches once trainer_version >= b - window (None: no gate)
     carry_bound: int | None  # partial rollouts: largest staleness of a carried group (None: carry_over never pairs)
+    lookahead: int
+    """Stamped samplers: the largest number of steps dispatch can ever run ahead of the trainer
+    (a group for step s is dispatched at weight version >= s - lookahead): the controller's
+    dispatch limit (`stop_step + lookahead`) and the reach of the reproducible refit barrier
+    come from it. 0 for samplers that do not stamp (their dispatch follows the trainer's demand)."""
 
     def lookahead_at(self, version: int) -> int | None:
         """The staleness bound that applies while the trainer holds `version` (the admission
@@ -43,7 +47,9 @@ class Sampler(Protocol):
     def select(self, buffer: ReplayBuffer, trainer_version: int, max_groups: int) -> list[Slot]: ...
     def evict(self, buffer: ReplayBuffer, trainer_version: int) -> list[Slot]: ...
     def should_abort_inflight(self, slot: Slot, trainer_version: int) -> bool: ...
-    def required_capacity(self) -> int: ...
+    def required_capacity(self) -> int:
+        """Buffer slots the sampler needs so that the pumps cannot deadlock; the controller refuses
+        a smaller `async_rl.max_buffered_groups` (built-in samplers: checked at recipe load)."""
 
     def carry_over(self, buffer: ReplayBuffer, step: int, need: int) -> list[tuple[Slot, Slot]]:
         """Partial rollouts (stamped samplers): pairs (straggler of `step` still generating, ready
@@ -77,6 +83,11 @@ class BaseSampler:
     @property
     def staleness_bound(self) -> int | None:
         return self.window
+
+    @property
+    def lookahead(self) -> int:
+        """See `Sampler.lookahead`: the staleness bound of a stamped sampler, else 0."""
+        return (self.staleness_bound or 0) if self.stamps else 0
 
     def lookahead_at(self, version: int) -> int | None:
         return self.staleness_bound

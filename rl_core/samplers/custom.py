@@ -16,7 +16,7 @@ from rl_core.samplers.base import Sampler
 
 PROTOCOL_METHODS = ("next_target_step", "can_admit", "admit", "select", "evict", "should_abort_inflight",
                     "required_capacity", "state_dict", "load_state_dict", "lookahead_at", "observe", "carry_over")
-PROTOCOL_ATTRIBUTES = ("name", "stamps", "staleness_bound", "window", "carry_bound")
+PROTOCOL_ATTRIBUTES = ("name", "stamps", "staleness_bound", "window", "carry_bound", "lookahead")
 
 
 def load_custom_class(target: str):

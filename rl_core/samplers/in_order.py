@@ -30,10 +30,8 @@ class InOrderSampler(BaseSampler):
         return cls(cfg.async_rl.sampler, cfg.grpo.num_prompts_per_step, reproducible=cfg.async_rl.reproducible)
 
     def __init__(self, cfg, num_prompts_per_step: int, reproducible: bool = False):
-        ad = getattr(cfg, "adaptive", None)
-        self.adaptive = AdaptiveBound(ad, cfg.max_lookahead_versions) if ad is not None and ad.enabled else None
-        # the largest bound ever used: sizes the buffer, the dispatch limit and the reproducible barrier's reach
-        self.lookahead = self.adaptive.max if self.adaptive is not None else cfg.max_lookahead_versions
+        self.cfg = cfg
+        self.adaptive = AdaptiveBound(cfg.adaptive, cfg.max_lookahead_versions) if cfg.adaptive.enabled else None
         super().__init__(num_prompts_per_step, self.lookahead)
         self.reproducible = reproducible
         self._bound = cfg.max_lookahead_versions  # bound of versions >= _since
@@ -42,6 +40,12 @@ class InOrderSampler(BaseSampler):
         self.admitted_bound: dict[int, int] = {}  # target step -> largest bound its groups were admitted under
         pr = getattr(cfg, "partial_rollouts", None)
         self.carry_bound: int | None = pr.max_staleness_versions if pr is not None and pr.enabled else None
+
+    @property
+    def lookahead(self) -> int:
+        """The largest bound ever used (`InOrderSamplerConfig.largest_lookahead`): sizes the buffer,
+        the dispatch limit and the reproducible barrier's reach; the admission gate's window."""
+        return self.cfg.largest_lookahead()
 
     @property
     def staleness_bound(self) -> int:
@@ -115,8 +119,7 @@ class InOrderSampler(BaseSampler):
         return sorted((s for t in old for s in buffer.ready_for_target(t)), key=lambda s: s.dispatch_index)
 
     def required_capacity(self) -> int:
-        # a reproducible refit barrier holds every group of the next `lookahead` steps, plus the current one
-        return self.groups_per_step * ((self.lookahead + 1) if self.reproducible else 1)
+        return self.cfg.required_capacity(self.groups_per_step, self.reproducible)
 
     def state_dict(self) -> dict:
         st = super().state_dict()

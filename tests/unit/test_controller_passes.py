@@ -23,6 +23,7 @@ from rl_core.algorithms.estimate import estimate_advantages
 from rl_core.buffer.replay_buffer import ReplayBuffer
 from rl_core.columns import DictColumns, GroupScores, group_columns
 from rl_core.config import validate_dict
+from rl_core.controller.ledger import PumpLedger
 from rl_core.controller.step_metrics import step_metrics
 from rl_core.envs.base import distinct_scored
 from rl_core.packing import make_group_chunk, make_train_chunk
@@ -31,12 +32,7 @@ from tests.unit.test_group_columns import InfoEnv, SeededBackend, _groups
 
 
 def _pump():
-    stats = SimpleNamespace(dispatched_groups=0, committed_groups=0, aborted_groups=0, dropped_groups=0,
-                            replaced_groups=0, infra_retries=0, data_retries=0, wasted_samples=0, idle_s=0.0,
-                            refill_groups=0)
-    return SimpleNamespace(rollout=SimpleNamespace(stats=stats), stale_aborted_groups=0, evicted_groups=0,
-                           buffer=SimpleNamespace(live=lambda: 0), train_retries=0, pass_retries=0, step_pairs={},
-                           dynamic_filtered_groups=0, policy_frozen=False, gc_clock=None)
+    return PumpLedger()  # the run's counters step_metrics reads, all zero
 
 
 def _trained(groups):

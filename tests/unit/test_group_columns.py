@@ -19,6 +19,7 @@ import torch
 
 from rl_core.config import validate_dict
 from rl_core.controller.advantage_stage import AdvantageStage
+from rl_core.controller.ledger import PumpLedger, RolloutStats
 from rl_core.controller.step_metrics import pstdev, step_metrics
 from rl_core.rollout.group import GroupOptions, generate_group
 from rl_core.packing import ARENA, Arena, make_group_chunk, make_train_chunk
@@ -217,12 +218,7 @@ def test_advantage_stage_and_step_metrics_read_columns_as_they_read_samples():
         assert torch.equal(getattr(a.chunk, k), getattr(b.chunk, k)), k
     assert [g.rewards for g in as_columns] == [g.rewards for g in as_samples]
 
-    stats = SimpleNamespace(dispatched_groups=7, committed_groups=7, aborted_groups=0, dropped_groups=0,
-                            replaced_groups=0, infra_retries=0, data_retries=0, wasted_samples=0, idle_s=0.0,
-                            refill_groups=0)
-    pump = SimpleNamespace(rollout=SimpleNamespace(stats=stats), stale_aborted_groups=0, evicted_groups=0,
-                           buffer=SimpleNamespace(live=lambda: 0), train_retries=0, pass_retries=0, step_pairs={},
-                           dynamic_filtered_groups=0, policy_frozen=False, gc_clock=None)
+    pump = PumpLedger(rollout_stats=RolloutStats(dispatched_groups=7, committed_groups=7))  # what step_metrics reads
 
     def trained(groups, advs):
         slot = SimpleNamespace(ready_at=1.0, selected_at=2.0)

@@ -16,7 +16,8 @@ import inspect
 import pytest
 
 from rl_core.envs import ENVS, make_env
-from rl_core.protocols import Environment, GenerationBackend, TrainerBackend, WeightSync
+from rl_core.protocols import (BatchPromptEnvironment, Environment, EpisodeEnvironment, GenerationBackend,
+                                TrainerBackend, WeightSync)
 from rl_core.samplers import SAMPLERS, make_sampler
 from rl_core.samplers.base import Sampler
 from rl_core.weights import WEIGHT_SYNCS, make_weight_sync
@@ -186,6 +187,30 @@ def test_builtin_environments_satisfy_environment(env_type, tokenizer):
 @pytest.mark.parametrize("env_type", sorted(ENVS))
 def test_every_registered_environment_class_has_the_protocols_methods(env_type):
     assert_conforms(ENVS[env_type], Environment)
+
+
+@pytest.mark.parametrize("env_type", sorted(ENVS))
+def test_environments_that_run_episodes_are_episode_environments(env_type):
+    """`EpisodeEnvironment` is what rl_core.rollout calls on an environment with `runs_episodes`."""
+    cls = ENVS[env_type]
+    if cls.runs_episodes:
+        assert_conforms(cls, EpisodeEnvironment)
+    else:
+        assert not hasattr(cls, "run_agent")
+
+
+def test_agent_environments_built_satisfy_both_protocols(tokenizer):
+    env = make_env(recipe(env={"type": "http", "url": "http://127.0.0.1:8765"}).env, tokenizer)
+    assert_conforms(env, EpisodeEnvironment)
+    assert_conforms(env, Environment)
+
+
+def test_builtin_environments_have_the_batch_prompt_encode(tokenizer):
+    """`BatchPromptEnvironment` is optional (the rollout pump then encodes each group's prompt):
+    `BaseEnv` has it, the fake environment of the controller's unit tests does not."""
+    for env_type in ("addition", "chain_addition"):
+        assert_conforms(make_env(recipe(env={"type": env_type}).env, tokenizer), BatchPromptEnvironment)
+    assert not isinstance(fakes.FakeEnv(), BatchPromptEnvironment)
 
 
 SAMPLER_RECIPES = {

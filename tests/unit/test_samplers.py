@@ -105,6 +105,7 @@ class GoodSampler:
     staleness_bound = 0
     window = None
     carry_bound = None
+    lookahead = 0
 
     def __init__(self, num_prompts_per_step, bias=0):
         self.p, self.bias, self.n = num_prompts_per_step, bias, 0

@@ -41,7 +41,7 @@ def test_refit_exports_on_the_device_only_for_a_transport_that_sends_from_it():
             return SyncReport("test", version, 8, 0.0)
 
     for from_device in (False, True):
-        asyncio.run(Refitter([], Trainer(), rollout=None, sync=Sync(from_device)).refit(1))
+        asyncio.run(Refitter([], Trainer(), sync=Sync(from_device)).refit(1))
     assert asked == [False, True]
     assert BroadcastWeightSync("cuda:0").sends_from_device and not BroadcastWeightSync("cpu").sends_from_device
 
