@@ -197,9 +197,9 @@ class TrainChunk:
         return TrainChunk(**{k: move(getattr(self, k)) for k in self.__dataclass_fields__})
 
     def take(self, idx: torch.Tensor) -> "TrainChunk":
-        """The rows `idx` (a LongTensor), right padding trimmed."""
+        """The rows `idx` (a LongTensor, on any device), right padding trimmed."""
         def pick(t):
-            return None if t is None else t.index_select(0, idx)
+            return None if t is None else t.index_select(0, idx.to(t.device))
 
         out = TrainChunk(**{k: pick(getattr(self, k)) for k in self.__dataclass_fields__})
         return out.slice(0, out.num_samples)

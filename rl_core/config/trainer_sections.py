@@ -70,6 +70,17 @@ class RouterReplayConfig(Section):
     """Replay the routed experts recorded by generation in every trainer forward (training, old and reference logprobs): gate weights are the trainer router's softmax at the replayed experts, renormalised, so the router still gets gradients. Needs an MoE policy, `trainer.backend: torch` and `generation.backend: native`; a sample without routes is an error; tokens with missing routes are routed by the trainer (metric `train/router_replay_backfill_frac`)."""
 
 
+class LRScheduleConfig(Section):
+    """How the policy's learning rate changes over the run's RL steps (`trainer.lr_schedule`)."""
+
+    type: Literal["constant", "linear", "cosine"] = "constant"
+    """`constant`: trainer.lr at every RL step; `linear` / `cosine`: after the warm-up, from trainer.lr down towards trainer.lr * min_lr_ratio at grpo.max_num_steps, on a straight line or a half cosine (the schedules of transformers' get_linear_schedule_with_warmup / get_cosine_schedule_with_warmup; cosine: Loshchilov & Hutter 2017). A function of the RL step alone, so a resumed run continues it exactly."""
+    warmup_steps: int = Field(0, ge=0)
+    """RL steps over which the rate rises linearly to trainer.lr (the k-th RL step of the warm-up uses trainer.lr * k / warmup_steps); 0 = none."""
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
+    """`linear` / `cosine`: the rate approached at grpo.max_num_steps, as a share of trainer.lr."""
+
+
 class TrainerConfig(Section):
     """The training backend and its optimizer."""
 
@@ -93,6 +104,8 @@ class TrainerConfig(Section):
     """Sequence packing: each microbatch's samples run through the model as one row of their real tokens (no padding), every sample restarting at position 0, with variable-length attention within each sample (on CUDA in bf16/fp16 torch's FlashAttention-2 varlen kernels, else one causal SDPA over the samples as rows: rl_core.train.varlen); per-token outputs go back to the padded layout, so the loss, masks, router replay, the critic and the FLOPs counter see the same values as without it, to rounding. Every backend, and the critic. Served: Llama, Qwen2/3, Mistral, Mixtral and Qwen MoE models without a sliding window; megatron with `trainer.megatron.attention: sdpa`. `auto`: packed where served, padded elsewhere; `on`: packed, a recipe error where not served; `off`: padded. Pair with `max_tokens_per_microbatch` so a microbatch holds a token budget rather than a sample count (docs/performance.md, \"Sequence packing\")."""
     max_grad_norm: float | None = Field(1.0, gt=0)
     """Clip the global gradient norm to this (null = no clipping)."""
+    lr_schedule: LRScheduleConfig = LRScheduleConfig()
+    """The learning rate over the run (constant by default; a decay steadies the last RL steps)."""
     logprob_chunk_tokens: int = Field(0, ge=0)
     """`backend: torch`: compute the LM head, log-softmax and the target's logprob this many tokens at a time from the last hidden state, so the [tokens, vocabulary] fp32 logits never exist whole (the backward recomputes each chunk's logits: one extra LM-head matmul); 0 = the full-logits path. Same logprobs to rounding. A memory lever: about a third less peak memory for a slower step at the same microbatch (docs/performance.md). Policies with a plain linear head only (Llama, Qwen2/3, Mistral, Mixtral, Qwen MoE); fsdp2/megatron: must stay 0."""
     compile: bool = False

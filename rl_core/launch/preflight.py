@@ -31,7 +31,7 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] | None = None) -> 
 
 def preflight(cfg: RecipeConfig, source: str | None = None) -> None:
     """Checks that need the file system but nothing heavy: data files (every row), model
-    directory, the output directory, the environment's plug-ins (a `custom` class, reward
+    directory, a reused warm-up (`model.warmup.reuse_from`), the output directory, the environment's plug-ins (a `custom` class, reward
     functions, a reasoning_gym task: `check_env_config`), and a `custom` sampler (imported and
     constructed)."""
     check_model_architecture(cfg, source)
@@ -55,6 +55,10 @@ def preflight(cfg: RecipeConfig, source: str | None = None) -> None:
             problems.append({"field": "model.path", "value": str(d),
                              "expected": "an HF model directory containing config.json",
                              "fix": "point model.path at a saved transformers model directory."})
+    if cfg.model.source == "tiny" and cfg.model.warmup.reuse_from:
+        from rl_core.model.init_policy import reused_policy_dir
+
+        reused_policy_dir(cfg)  # the named warm-up exists and fits this recipe's model and data
     if cfg.model.source == "smollm2":
         from rl_core.model.gguf import find_smollm2_gguf
 

@@ -40,6 +40,10 @@ _HF_FILES = (
 
 def init_policy(cfg: Any, out_dir: str | Path, log: Callable[[str], None] | None = print) -> dict[str, Any]:
     """Build (tiny) or copy (hf) the initial policy into `out_dir`; returns the init report."""
+    if cfg.model.source == "tiny" and cfg.model.warmup.reuse_from:
+        src = reused_policy_dir(cfg)
+        return _init_hf(cfg, Path(out_dir), log, src, source="tiny", field="model.warmup.reuse_from",
+                        carry=json.loads((src / INIT_REPORT).read_text()))
     if cfg.model.source == "tiny":
         return _init_tiny(cfg, Path(out_dir), log)
     if cfg.model.source == "hf":
@@ -116,19 +120,57 @@ def check_lengths(env: Any, examples: list[dict[str, Any]], max_new_tokens: int,
     return longest
 
 
+def reused_policy_dir(cfg: Any) -> Path:
+    """The `init_policy` directory that `model.warmup.reuse_from` names, checked against the
+    recipe (built by `source: tiny`, same shape, tokenizer trained on the same file); raises
+    a `RecipeError` naming the field otherwise. Reads two small JSON files, builds nothing."""
+    name = cfg.model.warmup.reuse_from
+    field = "model.warmup.reuse_from"
+    cand = Path(name)
+    if not (cand / INIT_REPORT).is_file():
+        run_dir = Path(cfg.output_dir) / name
+        cand = run_dir / "init_policy" if (run_dir / "init_policy" / INIT_REPORT).is_file() else cand / "init_policy"
+    if not (cand / INIT_REPORT).is_file():
+        raise RecipeError.single(
+            field, name, f"a run name with a finished initial policy ({Path(cfg.output_dir) / name / 'init_policy'}) "
+            "or the path of an init_policy directory (it holds init_report.json)",
+            "run that recipe's initial policy first (`rl-core init-policy RECIPE --out DIR`, or any training run), "
+            "or remove model.warmup.reuse_from to build and warm up a new model.")
+    report = json.loads((cand / INIT_REPORT).read_text())
+    problems = []
+    if report.get("source") != "tiny":
+        problems.append(f"it was built by model.source {report.get('source')!r}, not 'tiny'")
+    if report.get("train_file") is not None and Path(report["train_file"]).resolve() != Path(cfg.data.train_file).resolve():
+        problems.append(f"its tokenizer was trained on {report['train_file']}, not data.train_file "
+                        f"{cfg.data.train_file}")
+    want = cfg.model.tiny.model_dump(mode="json")
+    problems += [f"model.tiny.{k} is {v!r} in the recipe but {report.get('tiny', {}).get(k)!r} there"
+                 for k, v in want.items() if report.get("tiny", {}).get(k) != v]
+    if problems:
+        raise RecipeError.single(field, name, "an initial policy built for this recipe's model and training data",
+                                 f"{'; '.join(problems)}. Set the recipe to match it, or remove "
+                                 "model.warmup.reuse_from to build a new one.")
+    return cand
+
+
 # --------------------------------------------------------------------------- hf
 
 
 def _init_hf(cfg: Any, out_dir: Path, log: Callable[[str], None] | None, src: Path,
-             source: str = "hf") -> dict[str, Any]:
+             source: str = "hf", field: str = "model.path", carry: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Copy the HF directory `src`; `carry` (a reused warm-up's report) keeps its fields, the
+    copy's own (`path`, `files`, `seconds`, ...) on top and `reused_from` added."""
     t0 = time.perf_counter()
     weights = sorted(src.glob("*.safetensors")) if src.is_dir() else []
     if not (src / "config.json").is_file() or not weights:
         raise RecipeError.single(
-            "model.path", str(src), "an HF model directory holding config.json and *.safetensors weights",
+            field, str(src), "an HF model directory holding config.json and *.safetensors weights",
             "point model.path at such a directory (save_pretrained writes one), or use model.source: tiny.")
     files = [src / name for name in _HF_FILES if (src / name).is_file()] + weights
-    report: dict[str, Any] = {"source": source, "path": str(src), "files": sorted(f.name for f in files)}
+    report: dict[str, Any] = dict(carry or {})
+    if carry is not None:
+        report["reused_from"] = str(src)
+    report.update({"source": source, "path": str(src), "files": sorted(f.name for f in files)})
 
     def fill(tmp: Path) -> None:
         for f in files:
@@ -137,11 +179,11 @@ def _init_hf(cfg: Any, out_dir: Path, log: Callable[[str], None] | None, src: Pa
             model, tokenizer = load_hf_dir(tmp)
         except Exception as exc:  # any failure to load means the directory is not usable
             raise RecipeError.single(
-                "model.path", str(src), "a directory that AutoModelForCausalLM and AutoTokenizer load offline",
+                field, str(src), "a directory that AutoModelForCausalLM and AutoTokenizer load offline",
                 f"fix the model directory (loading the copy failed: {type(exc).__name__}: "
                 f"{str(exc).splitlines()[0] if str(exc) else ''})") from exc
         if tokenizer.eos_token_id is None:
-            raise RecipeError.single("model.path", str(src), "a tokenizer with an eos token",
+            raise RecipeError.single(field, str(src), "a tokenizer with an eos token",
                                      "set eos_token in the tokenizer_config.json of the model directory.")
         env = make_env(cfg.env, tokenizer)
         report.update({

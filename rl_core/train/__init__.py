@@ -84,7 +84,8 @@ def make_trainer(cfg, policy_dir: str | Path, *, device: str | None = None, vers
     saved_ref = trainer_state.pop("reference_dir", None) if trainer_state is not None else None
     reference_dir = resolve_reference_dir(reference_dir or saved_ref or policy_dir) if keep_reference else None
     kwargs = dict(logprob_temperature=gen.logprob_temperature,
-                  device=device, dtype=cfg.model.dtype, keep_reference=keep_reference, version=version)
+                  device=device, dtype=cfg.model.dtype, keep_reference=keep_reference, version=version,
+                  lr_total_steps=cfg.grpo.max_num_steps)
     if reference_dir is not None and reference_dir != str(Path(policy_dir).resolve()):
         kwargs["reference_dir"] = reference_dir
     backend = cfg.trainer.backend

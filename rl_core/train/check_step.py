@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             m = trainer.finish()
             steps.append({"loss": m.get("loss"), "grad_norm": m.get("grad_norm"), "num_tokens": m["num_tokens"],
                           "flops_total": m.get("flops/total"), "flops_train": m.get("flops/train"),
-                          "flops_per_s": m.get("flops/per_s"), "compute_s": m.get("compute_s")})
+                          "flops_per_s": m.get("flops/per_s"), "compute_s": m.get("compute_s"), "lr": m.get("lr")})
         lp = trainer.logprobs(chunk).float().cpu()
         weights = trainer.export_weights()
     finally:

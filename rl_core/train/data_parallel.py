@@ -29,7 +29,7 @@ import torch.distributed as dist
 from rl_core.algorithms.flops import FlopsCounter, FlopsSpec, flops_metrics, peak_flops_per_s
 from rl_core.packing import PackedRows, microbatch_rows, select_rows, split_rows
 from rl_core.protocols import PolicyLoss
-from rl_core.train.update import StepSums, apply_update
+from rl_core.train.update import StepSums, apply_update, scheduled_lr, set_lr
 from rl_core.train.spmd import INIT, CommandChannel
 from rl_core.types import TrainChunk
 
@@ -54,6 +54,7 @@ class DataParallelTrainer(abc.ABC):
             self.cfg = call["cfg"]
             self.device = torch.device(call["device"])
             self.temperature = call["logprob_temperature"]
+            self.lr_total_steps = call.get("lr_total_steps", 0)  # the RL steps trainer.lr_schedule spans
             yield
         finally:
             if seq is not None:
@@ -144,6 +145,7 @@ class DataParallelTrainer(abc.ABC):
         self._loss = loss
         self._reset_step()
         self._zero_grad()
+        set_lr(self.optimizer, scheduled_lr(self.cfg, self.version, self.lr_total_steps))
 
     def _rank_plans(self, chunk: TrainChunk) -> list[list[range | list[int] | None]]:
         """Every data-parallel rank's microbatches as rows of the chunk (None = dummy), the same count

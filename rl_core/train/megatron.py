@@ -188,11 +188,12 @@ class MegatronTrainer(DataParallelTrainer):
 
     def __init__(self, model_dir: str | Path, cfg: TrainerConfig, *, logprob_temperature: float = 1.0,
                  device: str = "cpu", dtype: str = "float32", keep_reference: bool = False, version: int = 0,
-                 reference_dir: str | Path | None = None):
+                 reference_dir: str | Path | None = None, lr_total_steps: int = 0):
         from transformers import AutoConfig
 
         with self._constructing(model_dir=model_dir, cfg=cfg, logprob_temperature=logprob_temperature, device=device,
-                                dtype=dtype, keep_reference=keep_reference, version=version, reference_dir=reference_dir):
+                                dtype=dtype, keep_reference=keep_reference, version=version, reference_dir=reference_dir,
+                                lr_total_steps=lr_total_steps):
             mcfg = cfg.megatron
             on_cpu = self.device.type == "cpu"
             opt = mcfg.optimizer if mcfg.optimizer != "auto" else ("torch" if on_cpu else "megatron")

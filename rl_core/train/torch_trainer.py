@@ -31,7 +31,8 @@ from rl_core.protocols import PolicyLoss
 from rl_core.train.causal_lm import DTYPES, decoder_layers
 from rl_core.train.logprobs import chunked_unsupported_reason, resolve_chunk_tokens, token_logprobs
 from rl_core.train.router_replay import RouterReplay, check_routes
-from rl_core.train.update import LocalStep, StepSums, chunk_rows, local_microbatches, rows_in_order
+from rl_core.train.update import (LocalStep, StepSums, chunk_rows, local_microbatches, rows_in_order, scheduled_lr,
+                                  set_lr)
 from rl_core.train.varlen import resolve_packing, use_packed_attention
 from rl_core.types import TrainChunk
 
@@ -47,10 +48,11 @@ class TorchTrainer(LocalStep):
 
     def __init__(self, model_dir: str | Path, cfg: TrainerConfig, *, logprob_temperature: float = 1.0,
                  device: str = "cpu", dtype: str = "float32", keep_reference: bool = False, version: int = 0,
-                 reference_dir: str | Path | None = None):
+                 reference_dir: str | Path | None = None, lr_total_steps: int = 0):
         from transformers import AutoConfig, AutoModelForCausalLM
 
         self.cfg = cfg
+        self.lr_total_steps = lr_total_steps  # the RL steps `trainer.lr_schedule` spans (grpo.max_num_steps)
         self.device = torch.device(device)
         self.temperature = logprob_temperature
         # trainer.logprob_chunk_tokens and trainer.packing: checked on the config before the weights load
@@ -118,6 +120,7 @@ class TorchTrainer(LocalStep):
 
     def begin(self, loss: PolicyLoss) -> None:
         self._open_step(loss)
+        set_lr(self.optimizer, scheduled_lr(self.cfg, self.version, self.lr_total_steps))
 
     def train_microbatches(self, chunk: TrainChunk) -> None:
         self._require_open("train_microbatches")

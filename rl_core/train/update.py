@@ -6,11 +6,12 @@ a non-finite norm (`FloatingPointError`, the controller's retry signal), the opt
 and the metrics `grad_norm`, `loss` (the step's mean) and `skipped_update` (1 when nothing
 had a gradient). `apply_update` takes the three actions as callables so the torch trainer,
 the critic and the data-parallel backends (FSDP2 scaling, Megatron's optimizer) share the
-rule; `local_update` is it for a plain module and a torch optimizer. Also a step's sums
-until `finish` (`StepSums`, every trainer), and what the one-process trainers share:
-`local_microbatches` (token budgets, packing: `chunk_rows`, `rows_in_order`) and `LocalStep`
-(open/abort, update, checkpoint state). Does not own: the forward/backward of microbatches, how
-sums reach this rank (data_parallel all-reduces them first), versions or other step metrics.
+rule; `local_update` is it for a plain module and a torch optimizer; `scheduled_lr`, the
+rate of each RL step (`trainer.lr_schedule`). Also a step's sums until `finish` (`StepSums`,
+every trainer), and what the one-process trainers share: `local_microbatches` (token budgets,
+packing: `chunk_rows`, `rows_in_order`) and `LocalStep` (open/abort, update, checkpoint state).
+Does not own: the forward/backward of microbatches, how sums reach this rank (data_parallel
+all-reduces them first), versions or the other metrics of a step.
 """
 
 from __future__ import annotations
@@ -24,6 +25,29 @@ import torch
 from rl_core.algorithms.metrics import finalize_metrics, merge_metrics
 from rl_core.packing import PackedRows, microbatch_rows, select_rows
 from rl_core.types import TrainChunk
+
+
+def scheduled_lr(cfg: Any, rl_step: int, total_steps: int) -> float:
+    """The learning rate of the update that makes weight version `rl_step + 1` under
+    `cfg.lr_schedule` (`cfg`: the recipe's `trainer` section) over a run of `total_steps` RL
+    steps: a linear warm-up over `warmup_steps`, then constant, or a linear or half-cosine
+    decay from `cfg.lr` towards `cfg.lr * min_lr_ratio` at `total_steps` (transformers'
+    get_linear_schedule_with_warmup / get_cosine_schedule_with_warmup, with a floor)."""
+    sched = cfg.lr_schedule
+    if rl_step < sched.warmup_steps:
+        return cfg.lr * (rl_step + 1) / sched.warmup_steps
+    if sched.type == "constant":
+        return cfg.lr
+    span = max(total_steps - sched.warmup_steps, 1)
+    progress = min(max((rl_step - sched.warmup_steps) / span, 0.0), 1.0)
+    shape = 1.0 - progress if sched.type == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+    return cfg.lr * (sched.min_lr_ratio + (1.0 - sched.min_lr_ratio) * shape)
+
+
+def set_lr(optimizer: Any, lr: float) -> None:
+    """Every parameter group of `optimizer` at learning rate `lr`."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
 
 
 @dataclass

@@ -35,7 +35,7 @@ def snakemake(workdir: Path, *args: str, timeout: float = 1800, check: bool = Fa
               **popen) -> subprocess.CompletedProcess | subprocess.Popen:
     """`snakemake -s <repo>/Snakefile --directory <workdir> ARGS` (Popen when popen=True)."""
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir), *args]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **popen.pop("extra_env", {}))
     if popen.pop("popen", False):
         return subprocess.Popen(cmd, cwd=workdir, env=env, stdout=popen.pop("stdout", subprocess.PIPE),
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-RECIPE = ROOT / "recipes" / "tiny-addition.yaml"
+RECIPE = ROOT / "tests" / "recipes" / "tiny-addition-loop.yaml"
 STEPS = 3
 
 

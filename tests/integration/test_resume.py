@@ -28,7 +28,7 @@ def _sha(path: Path) -> str:
 
 
 def _cmd(out: Path, name: str) -> list[str]:
-    return [sys.executable, "-m", "rl_core.launch.cli", "train", "recipes/tiny-addition.yaml",
+    return [sys.executable, "-m", "rl_core.launch.cli", "train", "tests/recipes/tiny-addition-loop.yaml",
             f"output_dir={out}", f"run_name={name}", *ARGS]
 
 
@@ -75,7 +75,7 @@ def test_resume_between_ppo_mini_steps(tmp_path, warm_policy):
              "checkpoint.save_every_optimizer_steps=2", "checkpoint.keep_last=4"]
 
     def cmd(name):
-        return [sys.executable, "-m", "rl_core.launch.cli", "train", "recipes/tiny-addition.yaml",
+        return [sys.executable, "-m", "rl_core.launch.cli", "train", "tests/recipes/tiny-addition-loop.yaml",
                 f"output_dir={tmp_path}", f"run_name={name}", *ARGS, *extra]
 
     ref = _prepare(tmp_path, "ref", warm_policy)

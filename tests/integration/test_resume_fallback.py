@@ -11,7 +11,7 @@ from pathlib import Path
 from rl_core.launch.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[2]
-RECIPE = str(ROOT / "recipes" / "tiny-addition.yaml")
+RECIPE = str(ROOT / "tests" / "recipes" / "tiny-addition-loop.yaml")
 
 
 def test_damaged_newest_checkpoint_falls_back_and_keeps_before_rl_accuracy(tmp_path, warm_policy, monkeypatch,

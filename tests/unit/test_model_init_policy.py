@@ -92,3 +92,46 @@ def test_hf_source_that_does_not_load_names_model_path(tmp_path):
     with pytest.raises(RecipeError, match=r"model\.path.*loading the copy failed"):
         init_policy(cfg, tmp_path / "out", log=None)
     assert [p.name for p in tmp_path.iterdir()] == ["bad"]  # no half-written output or temp dir
+
+
+def _reuse(name, output_dir, **tiny):
+    return RecipeConfig.model_validate({
+        "output_dir": str(output_dir), "grpo": {"seed": 7},
+        "model": {"tiny": {"tie_word_embeddings": False, **tiny}, "warmup": {"reuse_from": name}}})
+
+
+def test_a_warmup_is_reused_by_run_name_or_path(tiny_dir, tmp_path):
+    out, report = tiny_dir
+    (tmp_path / "runs" / "earlier").mkdir(parents=True)
+    (tmp_path / "runs" / "earlier" / "init_policy").symlink_to(out, target_is_directory=True)
+    for name in ("earlier", str(out)):
+        dest = tmp_path / f"p{len(name)}"
+        reused = init_policy(_reuse(name, tmp_path / "runs"), dest, log=None)
+        assert (dest / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+        assert reused["warmup"] == report["warmup"] and reused["seed"] == 3  # the warm-up's own record
+        assert reused["reused_from"].endswith("init_policy") or reused["reused_from"] == str(out)
+        assert json.loads((dest / INIT_REPORT).read_text())["reused_from"] == reused["reused_from"]
+
+
+def test_a_reused_warmup_must_exist_and_match_the_recipe(tiny_dir, tmp_path):
+    out, _ = tiny_dir
+    with pytest.raises(RecipeError, match=r"model\.warmup\.reuse_from.*'nope'.*init-policy"):
+        init_policy(_reuse("nope", tmp_path), tmp_path / "p", log=None)
+    with pytest.raises(RecipeError, match=r"model\.warmup\.reuse_from.*model\.tiny\.hidden_size is 64 in the recipe "
+                                          r"but 128 there"):
+        init_policy(_reuse(str(out), tmp_path, hidden_size=64), tmp_path / "p", log=None)
+    assert not (tmp_path / "p").exists()
+
+
+def test_load_recipe_checks_a_reused_warmup_before_any_build(tiny_dir, tmp_path):
+    from rl_core.launch.preflight import load_recipe
+    from tests.helpers.paths import ROOT
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"extends: {ROOT}/recipes/tiny-addition.yaml\noutput_dir: {tmp_path / 'results'}\n"
+                      f"data: {{train_file: {ROOT}/data/addition/train.jsonl, val_file: {ROOT}/data/addition/val.jsonl}}\n")
+    with pytest.raises(RecipeError, match=r"model\.warmup\.reuse_from.*'earlier'.*init-policy"):
+        load_recipe(recipe, ["model.warmup.reuse_from=earlier"])
+    with pytest.raises(RecipeError, match=r"model\.warmup\.reuse_from.*model\.tiny\.hidden_size is 64 in the recipe"):
+        load_recipe(recipe, [f"model.warmup.reuse_from={tiny_dir[0]}", "model.tiny.hidden_size=64"])
+    assert not (tmp_path / "results").exists()  # refused before anything was written
