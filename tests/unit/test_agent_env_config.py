@@ -14,7 +14,7 @@ from rl_core.envs.agent import AgentEnv, AgentError
 from rl_core.errors import RecipeError
 from tests.helpers.fakes import FakeChatTokenizer
 
-ROOT_RECIPE = "recipes/tiny-addition.yaml"
+ROOT_RECIPE = "tests/recipes/tiny-addition-loop.yaml"
 AGENTS = '''
 async def good(client, example, turns=2):
     return 1.0

@@ -240,7 +240,7 @@ CASES = {
     "seed_too_large": (_recipe(f"grpo:\n  seed: {2**70}\n"), ["grpo.seed"]),
     "seed_negative": (_recipe("grpo:\n  seed: -1\n"), ["grpo.seed"]),
     "float16_on_cpu": (_recipe("runtime: {device: cpu}\nmodel: {dtype: float16}\n"), ["model.dtype", "float32"]),
-    "max_train_examples_below_step": (_recipe("data:\n  max_train_examples: 4\n"), ["data.max_train_examples", "16"]),
+    "max_train_examples_below_step": (_recipe("data:\n  max_train_examples: 4\n"), ["data.max_train_examples", "64"]),
     "missing_data_file": (_recipe("data:\n  train_file: data/nope/train.jsonl\n"), ["data.train_file"]),
     "sampler_not_importable": (_sampler("no_such_module_xyz:Sampler"), ["async_rl.sampler.target", "no_such_module_xyz"]),
     "sampler_class_missing": (_sampler("my_samplers:Missing"), ["async_rl.sampler.target", "Missing"]),

@@ -36,7 +36,7 @@ def test_extends_deep_merges(tmp_path, monkeypatch):
     child = tmp_path / "child.yaml"
     child.write_text(f"extends: {RECIPE}\ngrpo: {{max_num_steps: 5}}\n")
     cfg = load_recipe(child)
-    assert cfg.grpo.max_num_steps == 5 and cfg.grpo.num_prompts_per_step == 16
+    assert cfg.grpo.max_num_steps == 5 and cfg.grpo.num_prompts_per_step == 64  # the default recipe's
 
 
 def test_discriminator_defaults_to_the_default_type():
