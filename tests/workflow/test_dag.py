@@ -7,8 +7,10 @@ import re
 
 from tests.helpers.workflow import ROOT, RUN, job_stats, make_workdir, short_config, snakemake
 
+# the short recipe's stages (2 epochs); the embedded default has 3 epochs (grpo.max_num_epochs)
 DEFAULT_JOBS = {"validate_recipe": 1, "init_policy": 1, "train_epoch": 2, "archive_rollouts": 2, "validate_init": 1,
                 "validate_epoch": 2, "evaluate": 1, "report": 1, "all": 1}
+THREE_EPOCHS = {**DEFAULT_JOBS, "train_epoch": 3, "archive_rollouts": 3, "validate_epoch": 3}
 
 
 def test_lint_is_clean(tmp_path):
@@ -20,8 +22,8 @@ def test_lint_is_clean(tmp_path):
 def test_dry_run_of_the_default_lists_every_stage(tmp_path):
     out = snakemake(make_workdir(tmp_path), "-n", "--cores", "2")  # config/config.yaml: the embedded default
     assert out.returncode == 0, out.stderr
-    assert job_stats(out.stdout) == DEFAULT_JOBS
-    for path in ("results/tiny-addition/epoch_2/checkpoint", "results/tiny-addition/epoch_1/rollouts.h5",
+    assert job_stats(out.stdout) == THREE_EPOCHS
+    for path in ("results/tiny-addition/epoch_3/checkpoint", "results/tiny-addition/epoch_1/rollouts.h5",
                  "results/tiny-addition/evaluation.json", "results/tiny-addition/report.html"):
         assert path in out.stdout
 
