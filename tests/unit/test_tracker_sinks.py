@@ -7,6 +7,7 @@ older `logging.tensorboard` knob still picks the trackers and may not contradict
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -49,7 +50,9 @@ def test_a_restarted_process_continues_its_tracker_runs(tmp_path):
         [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)]
     assert set(client.get_run(ids[0][1]).data.metrics) == {"train/reward_mean", "staleness/max"}  # numbers only
     runs = sorted((run_dir / "wandb").glob("offline-run-*"))  # one directory per process, one W&B run id
-    assert len(runs) == 2 and all(p.name.endswith(ids[0][0]) for p in runs)
+    # W&B names a run's directory offline-run-<time>-<id>, with "-1" added when a second process
+    # starts within the same second
+    assert len(runs) == 2 and all(re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{ids[0][0]}(-\d+)?", p.name) for p in runs)
     rows = [row for p in runs for row in history(run_file(p))]
     assert [(row["rl_step"], row["train/reward_mean"]) for row in rows] == [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)]
 
