@@ -31,9 +31,9 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] | None = None) -> 
 
 def preflight(cfg: RecipeConfig, source: str | None = None) -> None:
     """Checks that need the file system but nothing heavy: data files (every row), model
-    directory, a reused warm-up (`model.warmup.reuse_from`), the output directory, the environment's plug-ins (a `custom` class, reward
-    functions, a reasoning_gym task: `check_env_config`), and a `custom` sampler (imported and
-    constructed)."""
+    directory, a reused warm-up (`model.warmup.reuse_from`), the output directory, the
+    environment's plug-ins (a `custom` class, reward functions, a reasoning_gym task:
+    `check_env_config`), and a `custom` sampler (imported and constructed)."""
     check_model_architecture(cfg, source)
     problems = []
     for field in ("train_file", "val_file"):
