@@ -27,11 +27,11 @@ import time
 import uuid
 from typing import Any, Callable
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from pydantic import model_validator
 
 from rl_core.rollout.sessions import EpisodeSession, Generate, SessionClosed, SessionRegistry
-from rl_core.serve.checks import ApiError, BodyLimit, RequestLimits, install_error_handlers
+from rl_core.serve.checks import ApiError, BodyLimit, RequestLimits, install_error_handlers, parse_body
 from rl_core.serve.protocol import ChatCompletionRequest, CompletionRequest
 from rl_core.serve.text import TextCodec, chat_logprobs, cut_at_stop
 from rl_core.types import SamplingParams
@@ -56,8 +56,8 @@ class SessionChatRequest(ChatCompletionRequest):
         return self
 
 
-def SessionApiError(status: int, message: str, param: str | None = None) -> ApiError:  # noqa: N802
-    """An error answer of a session route (rl-core serve's `ApiError`)."""
+def refusal(status: int, message: str, param: str | None = None) -> ApiError:
+    """An error answer of a session route (rl-core serve's `ApiError`), naming the field `param`."""
     return ApiError(status, message, "invalid_request_error" if status < 500 else "server_error", param)
 
 
@@ -182,19 +182,22 @@ class SessionServer:
         async def health():
             return {"status": "ok", "sessions": len(self.registry)}
 
-        # a dependency: the session and its key are checked before the body's fields
+        # the session and its key are checked before the body is parsed
         @app.get("/sessions/{sid}/v1/models")
-        async def models(session: EpisodeSession = Depends(self._session)):
+        async def models(request: Request, sid: str):
+            self._session(request, sid)
             return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
                                                 "owned_by": "rl_core"}]}
 
         @app.post("/sessions/{sid}/v1/chat/completions")
-        async def chat(body: SessionChatRequest, session: EpisodeSession = Depends(self._session)):
-            return await self.chat(session, body)
+        async def chat(request: Request, sid: str):
+            session = self._session(request, sid)
+            return await self.chat(session, parse_body(await request.body(), SessionChatRequest))
 
         @app.post("/sessions/{sid}/v1/completions")
-        async def completions(body: CompletionRequest, session: EpisodeSession = Depends(self._session)):
-            return await self.completions(session, body)
+        async def completions(request: Request, sid: str):
+            session = self._session(request, sid)
+            return await self.completions(session, parse_body(await request.body(), CompletionRequest))
 
         return app
 
@@ -202,28 +205,28 @@ class SessionServer:
         """The open session `sid`, if the request carries its key (404: not open; 401: not its key)."""
         session = self.registry.get(sid)
         if session is None:
-            raise SessionApiError(404, f"episode session {sid!r} is not open (it ended, was aborted as stale, or "
-                                       "never existed); an agent may only call the model during its episode")
+            raise refusal(404, f"episode session {sid!r} is not open (it ended, was aborted as stale, or "
+                               "never existed); an agent may only call the model during its episode")
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), session.api_key.encode()):
-            raise SessionApiError(401, f"missing or wrong API key for episode session {sid!r}: each episode has its "
-                                       "own key; use the client (base_url and api_key) this episode was given, "
-                                       "never one kept from another episode (Authorization: Bearer <key>)")
+            raise refusal(401, f"missing or wrong API key for episode session {sid!r}: each episode has its "
+                               "own key; use the client (base_url and api_key) this episode was given, "
+                               "never one kept from another episode (Authorization: Bearer <key>)")
         return session
 
     def _check_sampling(self, session: EpisodeSession, body) -> None:
         if body.n != 1:
-            raise SessionApiError(400, f"n is {body.n}; an episode session generates one choice per call (the "
-                                       "recipe's generation.num_generations_per_prompt sets the group size)", "n")
+            raise refusal(400, f"n is {body.n}; an episode session generates one choice per call (the "
+                               "recipe's generation.num_generations_per_prompt sets the group size)", "n")
         if body.stream:
-            raise SessionApiError(400, "stream is not supported on episode sessions; send stream: false", "stream")
+            raise refusal(400, "stream is not supported on episode sessions; send stream: false", "stream")
         p = session.params
         mine = {"temperature": 0.0 if p.greedy else p.temperature, "top_p": p.top_p, "top_k": p.top_k,
                 "seed": None}
         for name in SAMPLING_FIELDS:
             if name in body.model_fields_set and getattr(body, name) is not None:
                 if name == "seed" or getattr(body, name) != mine[name]:
-                    raise SessionApiError(
+                    raise refusal(
                         400, f"{name} is {getattr(body, name)!r}, but the sampling of training episodes is the "
                              f"recipe's (generation.*: {name} {mine[name]!r}); leave {name} out of the agent's calls",
                         name)
@@ -236,28 +239,28 @@ class SessionServer:
         try:
             stops = body.stop_strings()
         except ValueError as exc:
-            raise SessionApiError(400, str(exc), "stop") from None
+            raise refusal(400, str(exc), "stop") from None
         self.counters["requests"] += 1
         try:
             return await session.call(prompt_ids, text, getattr(body, max_tokens), stops), stops
         except SessionClosed as exc:
-            raise SessionApiError(404, str(exc)) from None
+            raise refusal(404, str(exc)) from None
         except ValueError as exc:  # the engine refused the request
-            raise SessionApiError(400, str(exc)) from None
+            raise refusal(400, str(exc)) from None
 
     async def chat(self, session: EpisodeSession, body: SessionChatRequest) -> dict:
         self._check_sampling(session, body)
         if body.tools and not self.template_renders_tools:
-            raise SessionApiError(400, "tools were sent, but this model's chat template does not render tools; "
-                                       "describe the tool in the system or user message and parse the reply's text",
-                                  "tools")
+            raise refusal(400, "tools were sent, but this model's chat template does not render tools; "
+                               "describe the tool in the system or user message and parse the reply's text",
+                          "tools")
         messages = [m.for_template() for m in body.messages]
         self.limits.check_messages(messages, body.tools)
         try:  # the template and the tokenizer run off the event loop
             ids, text = await asyncio.to_thread(session.chat_prompt, messages, body.add_generation_prompt,
                                                 body.continue_final_message, tools=body.tools)
         except Exception as exc:  # noqa: BLE001 - a template error is about the messages sent
-            raise SessionApiError(400, f"the chat template failed on these messages: {exc}", "messages") from None
+            raise refusal(400, f"the chat template failed on these messages: {exc}", "messages") from None
         res, stops = await self._run(session, ids, text, body, body.max_tokens_field())
         content, _ = cut_at_stop(self.tokenizer.decode(res.token_ids, skip_special_tokens=True), stops)
         message: dict[str, Any] = {"role": "assistant", "content": content}
@@ -281,12 +284,12 @@ class SessionServer:
         self._check_sampling(session, body)
         prompts = body.prompts()
         if len(prompts) != 1:
-            raise SessionApiError(400, f"prompt holds {len(prompts)} prompts; an episode session takes one per call",
-                                  "prompt")
+            raise refusal(400, f"prompt holds {len(prompts)} prompts; an episode session takes one per call",
+                          "prompt")
         prompt = prompts[0]
         if body.logprobs:
-            raise SessionApiError(400, "logprobs is not supported on /completions of episode sessions (the trainer "
-                                       "records them); leave it out", "logprobs")
+            raise refusal(400, "logprobs is not supported on /completions of episode sessions (the trainer "
+                               "records them); leave it out", "logprobs")
         if isinstance(prompt, str):
             self.limits.check_text(prompt, "prompt")
             ids, text = await asyncio.to_thread(session.text_prompt, prompt), prompt  # off the event loop

@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rl_core.serve.protocol import param_of
@@ -64,6 +65,19 @@ def invalid_body(errors: Sequence[dict]) -> ApiError:
         else:
             parts.append(f"{loc or 'body'}: {e.get('msg')} (got {short(e.get('input'))})")
     return ApiError(400, "invalid request: " + "; ".join(parts)[:1000], param=param_of(list(errors)))
+
+
+def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
+    """A JSON body read as FastAPI reads a route's body (`json.loads`, then the model), its
+    errors as `invalid_body` words them: for a route that checks something before the body."""
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise invalid_body([{"type": "json_invalid", "ctx": {"error": getattr(exc, "msg", str(exc))}}]) from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise invalid_body(exc.errors()) from None
 
 
 def install_error_handlers(app: FastAPI, count: Callable[[int], None]) -> None:
