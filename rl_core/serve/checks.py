@@ -9,7 +9,8 @@ against the context (a text longer than the context times the vocabulary's longe
 cannot fit), token ids inside the vocabulary, prompt and `max_tokens` against the context.
 
 Does not own: the routes (app.py, rl_core.rollout.session_server), request schemas
-(protocol.py). Read more: docs/generation.md, "Limits and errors"; docs/agents.md, "Sessions".
+(protocol.py). Read more: docs/generation.md, "Serving and security" (limits and errors);
+docs/agents.md, "What the endpoint accepts".
 """
 
 from __future__ import annotations
