@@ -6,8 +6,9 @@ A real session server on loopback over the real native engine (a tiny Qwen2 mode
   401, a call to an ended episode 404, and neither reaches the engine nor touches the victim's
   recorded turns (finding 1);
 - each bad body gets the same 4xx (status, `param`, `code`) from the session server as from
-  `rl-core serve` (same model, same context), before the engine sees anything, and a 20 MB
-  message or 5,000 messages never block the event loop for a second (finding 2).
+  `rl-core serve` (same model, same context), before the engine sees anything (a body over
+  32 MiB is 413, chunked or not), and a 20 MB message or 5,000 messages never block the
+  event loop for a second (finding 2).
 """
 
 from __future__ import annotations
@@ -133,6 +134,7 @@ CASES = [
     ("malformed-json", "completions", '{"prompt": [5, 6'),
     ("unknown-field", "completions", json.dumps({"prompt": [5], "foo": 1})),
     ("role-bogus", "chat/completions", json.dumps({"messages": [{"role": "bogus", "content": "hi"}]})),
+    ("body-over-32-mib", "completions", json.dumps({"prompt": "y" * (33 * 2**20)})),
 ]
 
 
@@ -173,6 +175,16 @@ def test_session_bodies_get_the_errors_of_rl_core_serve_without_blocking_the_loo
                                             headers=headers, timeout=60)
                 err = r.json()["error"]
                 got[name], messages[name] = (r.status_code, err["param"], err["code"]), err["message"]
+
+            def chunked():  # no Content-Length: refused once the bytes read pass the limit
+                yield b'{"prompt": "'
+                for _ in range(40):
+                    yield b"z" * 2**20
+                yield b'"}'
+
+            r = await asyncio.to_thread(httpx.post, f"{server.base_url(s)}/completions", content=chunked(),
+                                        headers=headers, timeout=60)
+            got["chunked"] = (r.status_code, r.json()["error"]["param"], r.json()["error"]["code"])
         finally:
             tick.cancel()
             await server.stop()
@@ -180,10 +192,12 @@ def test_session_bodies_get_the_errors_of_rl_core_serve_without_blocking_the_loo
         return got, messages, lags, engine.requests, s.turns
 
     got, messages, lags, requests, turns = asyncio.run(main())
+    assert got.pop("chunked") == (413, "body", "body_too_large")
     assert got == expected
     assert expected["malformed-json"] == (400, None, "invalid_json") and "not valid JSON" in messages["malformed-json"]
     assert expected["20mb-message"][1] == "messages.0.content" and "characters" in messages["20mb-message"]
     assert expected["5000-messages"][1] == "messages" and expected["prompt-id-above-vocab"][1] == "prompt"
     assert "vocabulary" in messages["prompt-ids-negative"] and "zero tokens" in messages["prompt-empty-text"]
+    assert expected["body-over-32-mib"] == (413, "body", "body_too_large")
     assert requests == [] and turns == []  # refused before any generation
     assert max(lags) < 1.0, f"the event loop was blocked {max(lags):.2f} s"
