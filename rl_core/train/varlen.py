@@ -15,7 +15,6 @@ attention (megatron.py calls `varlen_attention`). Read more: docs/performance.md
 
 from __future__ import annotations
 
-import functools
 import inspect
 
 import torch
@@ -42,40 +41,44 @@ def packing_unsupported_reason(model_or_config) -> str | None:
     return None
 
 
-@functools.cache
-def _flash_varlen():
-    """(torch's `varlen_attn`, its parameters) where this torch has them, else None. Its signature
-    moved between releases (causality as `is_causal` or as `window_size=(-1, 0)`; `enable_gqa`)."""
+def _find_flash_varlen():
+    """(torch's `varlen_attn`, the names of its parameters) where this torch has them, else None.
+    Its signature moved between releases (causality as `is_causal` or as `window_size=(-1, 0)`;
+    `enable_gqa`). Looked up once, at import: compiled layers read the result as a constant."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return None
-    params = inspect.signature(varlen_attn).parameters
+    params = frozenset(inspect.signature(varlen_attn).parameters)
     if "is_causal" not in params and "window_size" not in params:
         return None
     return varlen_attn, params
 
 
+_FLASH_VARLEN = _find_flash_varlen()
+
+
 def attention_path(q: torch.Tensor) -> str:
     """`varlen` (flash kernels: CUDA, bf16/fp16, torch's varlen API present) or `padded`."""
-    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256 and _flash_varlen():
+    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256 and _FLASH_VARLEN is not None:
         return "varlen"
     return "padded"
 
 
-@torch.compiler.disable  # also inside compiled layers (megatron.compile): eager, as its sizes change per microbatch
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_len: int,
                      scale: float | None = None) -> torch.Tensor:
     """Causal attention within each sequence of a packed row: q [N, Hq, D], k and v [N, Hkv, D]
     (grouped-query attention when Hkv < Hq: query head h reads key/value head h // (Hq / Hkv)),
-    `cu_seqlens` [s + 1] int32 offsets, `max_len` the longest sequence; returns [N, Hq, D]."""
+    `cu_seqlens` [s + 1] int32 offsets, `max_len` the longest sequence; returns [N, Hq, D].
+    The `varlen` path is torch's custom operator, which a compiled decoder layer traces (no graph
+    break: one compiled region a layer; `max_len` stays a symbol there, no recompile per size)."""
     if attention_path(q) == "varlen":
         return _flash(q, k, v, cu_seqlens, max_len, scale)
     return _padded(q, k, v, cu_seqlens, max_len, scale)
 
 
 def _flash(q, k, v, cu_seqlens, max_len: int, scale):
-    fn, params = _flash_varlen()
+    fn, params = _FLASH_VARLEN
     kwargs = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
     if "scale" in params:
         kwargs["scale"] = scale
@@ -88,9 +91,10 @@ def _flash(q, k, v, cu_seqlens, max_len: int, scale):
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
-    return fn(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, int(max_len), int(max_len), **kwargs)
+    return fn(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, max_len, max_len, **kwargs)
 
 
+@torch.compiler.disable  # a compiled layer runs it eagerly: its layout depends on the offsets' values
 def _padded(q, k, v, cu_seqlens, max_len: int, scale):
     """The sequences as rows of a [s, max_len] batch, one causal SDPA call, the rows' real
     positions gathered back (no host synchronisation: the slots come from the offsets on the device)."""
@@ -115,31 +119,36 @@ def _padded(q, k, v, cu_seqlens, max_len: int, scale):
     return out.transpose(1, 2).reshape(s * max_len, *q.shape[1:]).index_select(0, slot)
 
 
-@torch.compiler.disable  # a compiled decoder layer calls it eagerly (its sizes change every microbatch)
 def packed_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                              attention_mask, dropout: float = 0.0, scaling: float | None = None,
                              sliding_window: int | None = None, **kwargs):
     """transformers' attention-function interface ([b, heads, T, dim] in, [b, T, heads, dim] out).
     A packed row (one row; its offsets from the model call: `PackedRows.model_kwargs`) goes
-    straight to `varlen_attention`; any other call (`unpacked_layout`) is laid out the same way
-    first, so the model stays usable outside the trainers' packed forwards."""
+    straight to `varlen_attention` (traced by a compiled layer); any other call (`unpacked_layout`)
+    is laid out the same way first, eagerly, so the model stays usable outside the trainers' packed
+    forwards."""
     if dropout or sliding_window is not None:  # resolve_packing turns packing off for such models
         raise RuntimeError(f"packed attention called with dropout {dropout} / sliding window {sliding_window}, "
                            "which it does not apply")
     cu, max_len = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
     if cu is not None and max_len is not None and query.shape[0] == 1:
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
-        return varlen_attention(q, k, v, cu, int(max_len), scaling).unsqueeze(0), None
+        return varlen_attention(q, k, v, cu, max_len, scaling).unsqueeze(0), None
+    return _unpacked_attention(query, key, value, attention_mask, scaling, kwargs.get("position_ids")), None
+
+
+@torch.compiler.disable  # the layout reads the mask's values on the host
+def _unpacked_attention(query, key, value, attention_mask, scaling, position_ids) -> torch.Tensor:
     b, heads, t, dim = query.shape
     if key.shape[2] != t:
         raise RuntimeError(f"packed attention over {t} queries and {key.shape[2]} keys: it serves whole-sequence "
                            "forwards (no KV cache); load the model without trainer.packing to generate with it")
-    index, cu, max_len = unpacked_layout(attention_mask, kwargs.get("position_ids"), b, t, query.device)
+    index, cu, max_len = unpacked_layout(attention_mask, position_ids, b, t, query.device)
     if not max_len:  # no real token
-        return query.new_zeros((b, t, heads, dim)), None
+        return query.new_zeros((b, t, heads, dim))
     q, k, v = (x.transpose(1, 2).reshape(b * t, *x.shape[1::2]).index_select(0, index) for x in (query, key, value))
     out = varlen_attention(q, k, v, cu, max_len, scaling)
-    return out.new_zeros((b * t, heads, dim)).index_copy(0, index, out).view(b, t, heads, dim), None
+    return out.new_zeros((b * t, heads, dim)).index_copy(0, index, out).view(b, t, heads, dim)
 
 
 def unpacked_layout(attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None, b: int, t: int,
