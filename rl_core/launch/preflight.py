@@ -21,6 +21,11 @@ from rl_core.config.loader import check_model_architecture, check_output_dir
 from rl_core.errors import DataError, RecipeError
 
 
+GENERATE_CHECKED = 20_000
+"""Examples of `data.generate` the preflight generates (each set's first ones): a larger set is
+made only by train / make_data; the schema bounds its size (config.model_sections)."""
+
+
 def load_recipe(path: str | os.PathLike, overrides: list[str] | None = None) -> RecipeConfig:
     """parse -> override -> validate (`rl_core.config.read_recipe`) -> preflight. Raises
     RecipeError; never builds a model."""
@@ -156,7 +161,8 @@ def _check_data(cfg: RecipeConfig, source: str | None) -> None:
     if gen is not None and not all(_is_data_path(Path(f)) for _, f in files):  # not generated yet
         from rl_core.data.reasoning_gym import RECIPE_FIELDS, reasoning_gym_examples
 
-        reasoning_gym_examples(cfg.env.task, cfg.env.config, gen.num_train, gen.num_val, gen.seed, RECIPE_FIELDS)
+        few = min(gen.num_train, GENERATE_CHECKED), min(gen.num_val, GENERATE_CHECKED)  # a large set: its start
+        reasoning_gym_examples(cfg.env.task, cfg.env.config, *few, gen.seed, RECIPE_FIELDS)
         counts = {"data.train_file": gen.num_train, "data.val_file": gen.num_val}
         files = []
     files += [(f"evaluation.sets.{name}", file) for name, file in cfg.evaluation.sets.items()]

@@ -119,3 +119,21 @@ def test_planted_module_in_working_directory_not_imported(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "not importable", out.stdout
     assert not marker.exists()
+
+
+def test_huge_generate_refused_in_seconds(tmp_path, capsys, monkeypatch):
+    """reasoning-gym `data.generate.num_train=1e8` is refused by validate with its bound, in
+    seconds, before anything is generated; make-data refuses it too."""
+    monkeypatch.chdir(ROOT)
+    recipe = ROOT / "recipes" / "tiny-reasoning-gym.yaml"
+    capsys.readouterr()
+    t0 = time.perf_counter()
+    rc = main(["validate", str(recipe), f"output_dir={tmp_path / 'out'}", "data.generate.num_train=100000000"])
+    err, dt = capsys.readouterr().err, time.perf_counter() - t0
+    _refused(rc, err, "`data.generate.num_train`", "100000000", "1000000")
+    assert dt < 5, f"took {dt:.1f} s"
+    rc = main(["make-data", "reasoning_gym", "--name", "chain_sum", "--num-train", "100000000",
+               "--out", str(tmp_path / "rg")])
+    err = capsys.readouterr().err
+    _refused(rc, err, "--num-train", "1,000,000")
+    assert not (tmp_path / "rg").exists() and not (tmp_path / "out").exists()
