@@ -102,8 +102,9 @@ def metadata_from_json(data: Any) -> _md.Metadata:
         if not isinstance(s, dict) or not isinstance(s.get("fqn"), str):
             raise ValueError(f"storage entry {s!r} has no string fqn")
         rel = s.get("relative_path")
-        if not isinstance(rel, str) or Path(rel).name != rel or rel in ("", ".", ".."):
-            raise ValueError(f"storage entry {s['fqn']!r} names file {rel!r} outside the checkpoint directory")
+        if not isinstance(rel, str) or "\x00" in rel or Path(rel).name != rel or rel in ("", ".", ".."):
+            raise ValueError(f"storage entry {s['fqn']!r} names file {rel!r} outside the checkpoint directory "
+                             f"(or not a file name: a NUL byte, a path)")
         if not all(type(s.get(k)) is int and s[k] >= 0 for k in ("file_offset", "length")):
             raise ValueError(f"storage entry {s['fqn']!r} has no non-negative integer file_offset / length")
         if s.get("index") is not None and type(s["index"]) is not int:
@@ -144,7 +145,7 @@ class JsonMetadataReader(FileSystemReader):
             raise CheckpointError(f"The sharded checkpoint {self.path} has no per-rank metadata. {_FIX}")
         try:
             raw = path.read_bytes()
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
             raise CheckpointError(f"The sharded checkpoint metadata {path} cannot be read ({exc.strerror or exc}); "
                                   f"expected the JSON metadata rl_core writes beside DCP's shards. {_FIX}") from None
         try:
@@ -187,4 +188,6 @@ def load_sharded(state: dict[str, Any], path: str | Path) -> None:
         ours = [e for e, _ in exc.failures.values() if isinstance(e, CheckpointError)]
         if ours:
             raise ours[0] from None
-        raise
+        first = next(iter(exc.failures.values()), (exc, None))[0]
+        raise CheckpointError(f"The sharded checkpoint {path} could not be read ({type(first).__name__}: "
+                              f"{str(first)[:300]}). {_FIX}") from None

@@ -137,3 +137,158 @@ def test_huge_generate_refused_in_seconds(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     _refused(rc, err, "--num-train", "1,000,000")
     assert not (tmp_path / "rg").exists() and not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------- finding 6: silent accepts
+
+
+def test_env_result_refuses_non_numbers_and_float32_overflow():
+    """`EnvResult(reward="1.0")` was coerced by float(); 1e300 is finite in float64 but not in
+    float32, where advantages are computed. Both are refused, naming the field."""
+    import numpy as np
+
+    from rl_core.types import EnvResult
+
+    for bad, where in [({"reward": "1.0"}, "EnvResult.reward got '1.0' (str)"),
+                       ({"reward": None}, "EnvResult.reward got None"),
+                       ({"reward": 1e300}, "EnvResult.reward got 1e+300"),
+                       ({"reward": -1e300}, "EnvResult.reward got -1e+300"),
+                       ({"reward": float("nan")}, "EnvResult.reward got nan"),
+                       ({"reward": 1.0, "rewards": {"a": "0.5"}}, "EnvResult.rewards['a'] got '0.5'"),
+                       ({"reward": 1.0, "rewards": {"a": 1e300}}, "EnvResult.rewards['a'] got 1e+300"),
+                       ({"reward": 1.0, "rewards": [("a", 1.0)]}, "EnvResult.rewards got list")]:
+        with pytest.raises(ValueError, match="float32|dict") as info:
+            EnvResult(**bad)
+        assert where in str(info.value), str(info.value)
+    assert EnvResult(reward=np.float32(0.5), rewards={"a": 1, "b": True}).reward == 0.5
+    assert EnvResult(reward=-3.4e38).reward == -3.4e38
+
+
+AGENTS = '''
+async def agent(client, example):
+    return 1.0
+'''
+
+
+def test_agent_rewards_outside_float32_and_varying_names_refused(tmp_path, monkeypatch):
+    from rl_core.envs.agent import AgentEnv, AgentError
+    from rl_core.launch.preflight import load_recipe
+    from tests.helpers.fakes import FakeChatTokenizer
+    from tests.helpers.user_code import user_module
+
+    monkeypatch.chdir(ROOT)
+    with user_module(tmp_path, monkeypatch, "limits_agents", AGENTS) as mod:
+        cfg = load_recipe("tests/recipes/tiny-addition-loop.yaml", ["env.type=agent", f"env.target={mod}:agent"])
+        env = AgentEnv(cfg.env, FakeChatTokenizer())
+        for bad in (1e300, -1e300, {"a": 1e300}, {"a": 3e38, "b": 3e38}):
+            with pytest.raises(AgentError, match="float32"):
+                env.to_result(bad)
+        assert env.to_result({"a": 1.0, "b": 0.5}).reward == 1.5  # the first episode's names...
+        with pytest.raises(AgentError, match=r"returned reward components \['c'\]; an earlier episode returned "
+                                              r"\['a', 'b'\]"):
+            env.to_result({"c": 1.0})  # ...are every episode's
+        with pytest.raises(AgentError, match="reward components"):
+            env.to_result(1.0)
+
+
+CUSTOM_ENVS = '''
+from rl_core.envs.base import BaseEnv
+from rl_core.types import EnvResult
+
+class Declared(BaseEnv):
+    name = "declared"
+    reward_names = ("correct", "format")
+    def score_completion(self, example, completion):
+        parts = {"correct": 1.0, "format": 0.0} if completion.text == "ok" else {"correct": 1.0, "fmt": 0.0}
+        return EnvResult(reward=1.0, rewards=parts)
+
+class Undeclared(BaseEnv):
+    name = "undeclared"
+    def score_completion(self, example, completion):
+        return EnvResult(reward=1.0, rewards={completion.text: 1.0})
+
+class Coerced(BaseEnv):
+    name = "coerced"
+    def score_completion(self, example, completion):
+        return EnvResult(reward="1.0")
+'''
+
+
+def test_custom_env_reward_names_checked(tmp_path, monkeypatch):
+    """Components other than the class's `reward_names`, or (without them) varying per sample,
+    and a string reward are refused when the sample is scored."""
+    from rl_core.config.schema import CustomEnvConfig
+    from rl_core.data.dataset import load_jsonl
+    from rl_core.envs import make_env
+    from rl_core.model.tokenizer import build_tokenizer
+    from tests.helpers.user_code import user_module
+
+    monkeypatch.chdir(ROOT)
+    tok = build_tokenizer(load_jsonl("data/addition/val.jsonl"), 300)
+
+    def score(env, text):
+        return env.score({"prompt": "1", "answer": "1"}, tok.encode(text, add_special_tokens=False), text, "stop")
+
+    with user_module(tmp_path, monkeypatch, "limits_envs", CUSTOM_ENVS) as mod:
+        declared = make_env(CustomEnvConfig(target=f"{mod}:Declared"), tok)
+        assert score(declared, "ok").rewards == {"correct": 1.0, "format": 0.0}
+        with pytest.raises(ValueError, match=r"reward components \['correct', 'fmt'\]; Declared.reward_names says "
+                                             r"\['correct', 'format'\]"):
+            score(declared, "no")
+        undeclared = make_env(CustomEnvConfig(target=f"{mod}:Undeclared"), tok)
+        score(undeclared, "a")
+        score(undeclared, "a")
+        with pytest.raises(ValueError, match=r"\['b'\]; an earlier sample returned \['a'\]"):
+            score(undeclared, "b")
+        with pytest.raises(ValueError, match=r"EnvResult.reward got '1.0' \(str\)"):
+            score(make_env(CustomEnvConfig(target=f"{mod}:Coerced"), tok), "a")
+
+
+RF = '''
+async def async_reward(prompt, completion, example):
+    return 1.0
+
+def reward(prompt, completion, example):
+    return 1.0
+'''
+
+
+def test_async_reward_function_and_misspelt_key_refused_by_validate(tmp_path, capsys, monkeypatch):
+    from tests.helpers.user_code import user_module
+
+    monkeypatch.chdir(ROOT)
+    with user_module(tmp_path, monkeypatch, "limits_rf", RF) as mod:
+        rc, err, _ = _validate(tmp_path, f"""
+            env:
+              type: reward_functions
+              functions: [{{target: "{mod}:async_reward"}}]
+            """, capsys)
+        _refused(rc, err, "`env.functions[0].target`", "async def", "define it with `def`")
+        rc, err, _ = _validate(tmp_path, f"""
+            env:
+              type: reward_functions
+              functions: [{{target: "{mod}:reward", wieght: 2}}]
+            """, capsys)
+        _refused(rc, err, "`env.functions[0].wieght`", "name, target, weight", "did you mean `weight`?")
+        rc, err, _ = _validate(tmp_path, f"""
+            env:
+              type: reward_functions
+              functions: [{{target: "{mod}:reward", weight: 2}}]
+            """, capsys)
+        assert rc == 0, err
+
+
+# --------------------------------------------------------------------------- finding 8: smaller ones
+
+
+def test_empty_run_on_the_command_line_refused(monkeypatch):
+    """`snakemake --config run=` reads as null: refused, not silently the recipe's run_name."""
+    from rl_core.errors import RecipeError
+    from rl_core.launch.workflow import load_workflow
+
+    monkeypatch.chdir(ROOT)
+    schema = ROOT / "workflow" / "schemas" / "config.schema.yaml"
+    config = {"recipe": "recipes/tiny-addition-short.yaml", "run": None}
+    with pytest.raises(RecipeError, match=r"field `run` got ''; expected a run name.*leave --config run= out"):
+        load_workflow(config, schema, command_line={"run": None})
+    assert load_workflow(config, schema, command_line={}).run == "tiny-addition-short"
