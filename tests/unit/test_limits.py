@@ -292,3 +292,44 @@ def test_empty_run_on_the_command_line_refused(monkeypatch):
     with pytest.raises(RecipeError, match=r"field `run` got ''; expected a run name.*leave --config run= out"):
         load_workflow(config, schema, command_line={"run": None})
     assert load_workflow(config, schema, command_line={}).run == "tiny-addition-short"
+
+
+def test_prompt_over_the_context_refused_when_init_policy_exists(tmp_path, capsys, monkeypatch):
+    """With <run>/init_policy/ present (its tokenizer and config fix the model), a 300-token
+    prompt is refused by validate naming the file and row, not after the build in the rollout."""
+    import json
+
+    from rl_core.data.dataset import load_jsonl
+    from rl_core.model.tokenizer import build_tokenizer
+
+    monkeypatch.chdir(ROOT)
+    policy = tmp_path / "out" / "tiny-addition" / "init_policy"
+    build_tokenizer(load_jsonl("data/addition/val.jsonl"), 300, model_max_length=64).save_pretrained(str(policy))
+    (policy / "config.json").write_text(json.dumps({"max_position_embeddings": 64}))
+    rows = [ROW] * 20 + [{"prompt": "12+34=" * 50, "answer": "46"}] + [ROW] * 80
+    data = tmp_path / "long.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rc, err, dt = _validate(tmp_path, f"run_name: tiny-addition\ndata:\n  train_file: {data}\n", capsys)
+    _refused(rc, err, "`data.train_file`", "row 21 has", "> 64, the model's context", str(policy / "config.json"),
+             "rebuild it")
+    rc, err, dt = _validate(tmp_path, "run_name: tiny-addition\n", capsys)  # the shipped data fits
+    assert rc == 0, err
+    assert dt < 30, f"validate took {dt:.1f} s"
+
+
+def test_native_max_seq_len_beyond_the_model_refused(tmp_path, capsys, monkeypatch):
+    """SmolLM2 with generation.native.max_seq_len 10,000,000 (train refused it at the engine's
+    build): validate names the field and the model's 8,192 positions read from the GGUF header."""
+    from rl_core.model.gguf import ModelFileError, find_smollm2_gguf
+
+    try:
+        find_smollm2_gguf()
+    except ModelFileError:
+        pytest.skip("SmolLM2's GGUF file is not installed (make setup)")
+    monkeypatch.chdir(ROOT)
+    capsys.readouterr()
+    rc = main(["validate", str(ROOT / "recipes" / "smollm2-arithmetic.yaml"), f"output_dir={tmp_path / 'out'}",
+               "generation.native.max_seq_len=10000000"])
+    _refused(rc, capsys.readouterr().err, "`generation.native.max_seq_len`", "10000000", "8,192 tokens",
+             "llama.context_length")
+    assert not (tmp_path / "out").exists()
