@@ -120,9 +120,12 @@ def check_env_config(cfg: RecipeConfig, source: str | None = None) -> None:
 
             load_reward_functions(list(env.functions))
         elif env.type == "reasoning_gym":
-            from rl_core.data.reasoning_gym import task_dataset
+            from rl_core.data.reasoning_gym import check_data_matches_env, task_dataset
 
             task_dataset(env.task, dict(env.config))
+            if cfg.data.generate is None:  # files made elsewhere: the same task and settings
+                check_data_matches_env(env, [(f"data.{f}", getattr(cfg.data, f)) for f in ("train_file", "val_file")
+                                             if _is_data_path(Path(getattr(cfg.data, f)))])
     except RecipeError as exc:
         raise RecipeError(exc.problems, source) from None
     if cfg.data.answer_key is None:

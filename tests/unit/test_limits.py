@@ -333,3 +333,22 @@ def test_native_max_seq_len_beyond_the_model_refused(tmp_path, capsys, monkeypat
     _refused(rc, capsys.readouterr().err, "`generation.native.max_seq_len`", "10000000", "8,192 tokens",
              "llama.context_length")
     assert not (tmp_path / "out").exists()
+
+
+def test_reasoning_gym_config_must_match_the_data(tmp_path, capsys, monkeypatch):
+    """Data made with one reasoning-gym config and a recipe whose env.config differs (the task
+    would score with other settings): refused naming env.config and the recorded settings."""
+    from rl_core.data.reasoning_gym import make_reasoning_gym_data
+
+    monkeypatch.chdir(ROOT)
+    made = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2, "operators": ["+"]}
+    out = make_reasoning_gym_data(tmp_path / "rg", "basic_arithmetic", made, 40, 8)
+    base = ["data.generate=null", f"data.train_file={out['train_file']}", f"data.val_file={out['val_file']}"]
+    recipe = str(ROOT / "recipes" / "tiny-reasoning-gym.yaml")
+    capsys.readouterr()
+    rc = main(["validate", recipe, f"output_dir={tmp_path / 'out'}", *base])  # the recipe's config: max_digits 1
+    _refused(rc, capsys.readouterr().err, "`env.config`", "'max_digits': 1", '"max_digits": 2', "generate.json")
+    rc = main(["validate", recipe, f"output_dir={tmp_path / 'out'}", *base, "env.task=chain_sum", "env.config={}"])
+    _refused(rc, capsys.readouterr().err, "`env.task`", "'basic_arithmetic'")
+    rc = main(["validate", recipe, f"output_dir={tmp_path / 'out'}", *base, "env.config.max_digits=2"])
+    assert rc == 0, capsys.readouterr().err
