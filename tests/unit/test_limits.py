@@ -352,3 +352,30 @@ def test_reasoning_gym_config_must_match_the_data(tmp_path, capsys, monkeypatch)
     _refused(rc, capsys.readouterr().err, "`env.task`", "'basic_arithmetic'")
     rc = main(["validate", recipe, f"output_dir={tmp_path / 'out'}", *base, "env.config.max_digits=2"])
     assert rc == 0, capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- finding 7/8: archives
+
+
+def test_damaged_archive_reported_by_inspect(tmp_path, capsys):
+    """8 KB zeroed in the middle of rollouts.h5: `rl-core inspect` reports it damaged from the
+    checksum manifest, in seconds, before h5py opens it; the intact archive says it was verified."""
+    from tests.unit.test_archive import _spool
+
+    from rl_core.archive import compile_spool, manifest_path
+
+    out = tmp_path / "rollouts.h5"
+    compile_spool(_spool(tmp_path, num_steps=6)[0], out, attrs={"run": "r", "epoch": 1})
+    assert manifest_path(out).is_file()
+    capsys.readouterr()
+    assert main(["inspect", str(out), "--num-samples", "1"]) == 0
+    assert "checksum verified" in capsys.readouterr().out
+    data = bytearray(out.read_bytes())
+    mid = len(data) // 2
+    data[mid:mid + 8192] = bytes(min(8192, len(data) - mid))
+    out.write_bytes(bytes(data))
+    t0 = time.perf_counter()
+    rc = main(["inspect", str(out)])
+    err = capsys.readouterr().err
+    _refused(rc, err, "rollouts.h5 is damaged", "manifest", "rollouts.h5.manifest.json", "rebuild it")
+    assert time.perf_counter() - t0 < 5
