@@ -129,13 +129,16 @@ class AgentEnv(BaseEnv):
         set by `env.success` where the recipe gives one."""
         result = self._result(out)
         names = sorted(result.rewards)
-        expected = sorted(self.reward_names) if self.reward_names else self._first_names
-        if expected is None:
-            self._first_names = names  # without env.reward_names: every episode returns the first's names
-        elif names != expected:
-            said = "env.reward_names says" if self.reward_names else "an earlier episode returned"
-            raise AgentError(f"{self.agent_name} returned reward components {names}; {said} {expected}. Fix: "
-                             "return the same named components from every episode (list them in env.reward_names)")
+        if names and self.reward_names and not set(names) <= set(self.reward_names):
+            raise AgentError(f"{self.agent_name} returned reward components {names}; env.reward_names says "
+                             f"{sorted(self.reward_names)}. Fix: return only the components env.reward_names lists")
+        if names and not self.reward_names:  # every episode returns the first named components
+            if self._first_names is None:
+                self._first_names = names
+            elif names != self._first_names:
+                raise AgentError(f"{self.agent_name} returned reward components {names}; an earlier episode returned "
+                                 f"{self._first_names}. Fix: return the same named components from every episode "
+                                 "(list them in env.reward_names)")
         success = getattr(self.config, "success", None)
         if success is not None:
             if success.component is not None and success.component not in result.rewards:

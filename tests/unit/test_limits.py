@@ -173,6 +173,7 @@ async def agent(client, example):
 def test_agent_rewards_outside_float32_and_varying_names_refused(tmp_path, monkeypatch):
     from rl_core.envs.agent import AgentEnv, AgentError
     from rl_core.launch.preflight import load_recipe
+    from rl_core.types import EnvResult
     from tests.helpers.fakes import FakeChatTokenizer
     from tests.helpers.user_code import user_module
 
@@ -187,8 +188,11 @@ def test_agent_rewards_outside_float32_and_varying_names_refused(tmp_path, monke
         with pytest.raises(AgentError, match=r"returned reward components \['c'\]; an earlier episode returned "
                                               r"\['a', 'b'\]"):
             env.to_result({"c": 1.0})  # ...are every episode's
-        with pytest.raises(AgentError, match="reward components"):
-            env.to_result(1.0)
+        with pytest.raises(AgentError, match=r"returned reward components \['a', 'c'\]; an earlier"):
+            env.to_result(EnvResult(1.0, {"a": 1.0, "c": 0.0}))  # one the agent built, too
+        env.reward_names = ("a", "b")
+        with pytest.raises(AgentError, match=r"\['z'\]; env.reward_names says \['a', 'b'\]"):
+            env.to_result(EnvResult(1.0, {"z": 1.0}))
 
 
 CUSTOM_ENVS = '''
