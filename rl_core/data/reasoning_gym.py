@@ -11,7 +11,6 @@ errors naming the recipe or command-line field), and `generate_recipe_data`, the
 `check_data_matches_env`: a recipe's `env.task` / `env.config` must be what its files were made with.
 
 Does not own: scoring (rl_core.envs.reasoning_gym) or reading the files (dataset.py).
-
 Read more: docs/environments.md, "reasoning_gym".
 """
 
