@@ -383,3 +383,17 @@ def test_damaged_archive_reported_by_inspect(tmp_path, capsys):
     err = capsys.readouterr().err
     _refused(rc, err, "rollouts.h5 is damaged", "manifest", "rollouts.h5.manifest.json", "rebuild it")
     assert time.perf_counter() - t0 < 5
+
+
+def test_group_scores_refuse_non_numbers_and_float32_overflow():
+    """A group scoring (`score_group` / `score_columns`) is held to what EnvResult is."""
+    from rl_core.columns import GroupScores
+
+    GroupScores([1.0, 0.0], {"a": [1, 0.5]}).check(2, "MyEnv.score_group")
+    for scores, where in [(GroupScores(["1.0", 0.0]), "rewards holding '1.0' (str)"),
+                          (GroupScores([1.0, -1e300]), "rewards holding -1e+300"),
+                          (GroupScores([1.0, 0.0], {"a": [1.0, 1e300]}), "components['a'] holding 1e+300"),
+                          (GroupScores([1.0, 0.0], [{"a": 1.0}, {"a": None}]), "components[1]['a'] holding None")]:
+        with pytest.raises(ValueError, match="float32") as info:
+            scores.check(2, "MyEnv.score_group")
+        assert "MyEnv.score_group returned " + where in str(info.value), str(info.value)
