@@ -262,12 +262,13 @@ class BaseEnv(ABC):
         return result
 
     _names_seen: list[str] | None = None  # the components of the last result checked
+    _names_first: list[str] | None = None  # without reward_names: the first result's components
 
     def _check_reward_names(self, result: EnvResult) -> None:
         """The result's components are the class's `reward_names` (any order), or without them
         the same on every sample (the first result's); a ValueError naming both otherwise."""
         names = sorted(result.rewards)
-        expected = sorted(self.reward_names) if self.reward_names else getattr(self, "_names_first", None)
+        expected = sorted(self.reward_names) if self.reward_names else self._names_first
         if expected is None:
             self._names_first = names
         elif names != expected:

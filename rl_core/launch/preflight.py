@@ -245,9 +245,14 @@ def _check_context(cfg: RecipeConfig, source: str | None) -> None:
     from rl_core.data.dataset import Fields, iter_examples
     from rl_core.envs import make_env
 
-    tokenizer = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True, model_max_length=1 << 40)  # we check
-    env = make_env(cfg.env, tokenizer)
-    engine = None if cfg.generation.backend == "vllm" else (seq or min(ctx, 4096))  # the native engine's sequences
+    from rl_core.generation.native.engine import DEFAULT_MAX_SEQ_LEN_CAP
+
+    try:  # model_max_length: no tokenizer warning for long prompts, this check names them
+        tokenizer = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True, model_max_length=1 << 40)
+        env = make_env(cfg.env, tokenizer)
+    except Exception:  # noqa: BLE001 - a broken or unfit initial policy: train's own checks refuse or rebuild it
+        return
+    engine = (seq or min(ctx, DEFAULT_MAX_SEQ_LEN_CAP)) if cfg.generation.backend == "native" else None
     for field in ("train_file", "val_file"):
         batch: list = []
         for row, example in enumerate(iter_examples(getattr(cfg.data, field), Fields.of(cfg.data)), start=1):
@@ -270,14 +275,14 @@ def _check_prompts(env, batch: list, context: tuple[int, str], engine: int | Non
     n, (ctx, where), new = len(ids[longest]), context, cfg.generation.max_tokens
     if n + new > ctx:
         why = f"{n} + generation.max_tokens {new} > {ctx}, the model's context (from {where})"
+        fix = "lower generation.max_tokens, or use a model with a longer context"
+        if (run_dir(cfg) / "init_policy" / "config.json").is_file():
+            fix += f" (the initial policy {run_dir(cfg) / 'init_policy'} fixes the model: rebuild it for another)"
     elif engine is not None and n >= engine:
-        why = f"the native engine's generation.native.max_seq_len is {engine} (null: the context, at most 4096)"
+        why = f"the native engine's generation.native.max_seq_len is {engine} (null: the context, at most 4,096)"
+        fix = f"or raise generation.native.max_seq_len (at most {ctx})"
     else:
         return
-    rebuild = ""
-    if (run_dir(cfg) / "init_policy" / "config.json").is_file():
-        rebuild = f" (the initial policy {run_dir(cfg) / 'init_policy'} fixes the model: rebuild it for another)"
     raise RecipeError.single(field, getattr(cfg.data, field.split(".")[1]),
                              f"prompts that fit the model: row {batch[longest][0]} has {n} tokens, and {why}",
-                             f"shorten or drop that row, lower generation.max_tokens or raise "
-                             f"generation.native.max_seq_len, or use a model with a longer context{rebuild}.", source)
+                             f"shorten or drop that row, {fix}.", source)
