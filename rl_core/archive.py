@@ -200,8 +200,8 @@ def verify_archive(archive: str | os.PathLike) -> bool:
                         f"{MANIFEST_FORMAT} JSON naming {p.name}. {fix}") from None
     got, n = _sha256(p)
     if n != size or got != digest:
-        raise DataError(f"Rollout archive {p} is damaged: {n:,} bytes with SHA-256 {got[:16]}..., but its manifest "
-                        f"{m.name} records {size:,} bytes with SHA-256 {digest[:16]}.... {fix}")
+        raise DataError(f"Rollout archive {p} is damaged: {n:,} bytes (SHA-256 {got[:16]}...), but its manifest "
+                        f"{m.name} records {size:,} bytes (SHA-256 {digest[:16]}...). {fix}")
     return True
 
 
