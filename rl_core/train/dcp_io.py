@@ -143,9 +143,12 @@ class JsonMetadataReader(FileSystemReader):
         path = Path(self.path) / JSON_METADATA
         if kwargs.get("rank") is not None:  # DCP asks for per-rank metadata only of checkpoints saved without collectives
             raise CheckpointError(f"The sharded checkpoint {self.path} has no per-rank metadata. {_FIX}")
+        if "\x00" in str(path):  # no file system accepts it (open raises ValueError)
+            raise CheckpointError(f"The sharded checkpoint path {str(self.path)!r} holds a NUL byte; expected a "
+                                  f"directory path. {_FIX}")
         try:
             raw = path.read_bytes()
-        except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+        except OSError as exc:
             raise CheckpointError(f"The sharded checkpoint metadata {path} cannot be read ({exc.strerror or exc}); "
                                   f"expected the JSON metadata rl_core writes beside DCP's shards. {_FIX}") from None
         try:

@@ -397,3 +397,13 @@ def test_group_scores_refuse_non_numbers_and_float32_overflow():
         with pytest.raises(ValueError, match="float32") as info:
             scores.check(2, "MyEnv.score_group")
         assert "MyEnv.score_group returned " + where in str(info.value), str(info.value)
+
+
+def test_nul_byte_in_a_sharded_checkpoint_path_is_a_checkpoint_error(tmp_path):
+    """A NUL byte in the checkpoint directory's path: a CheckpointError naming it, not a raw
+    ValueError or DCP's CheckpointException (the storage-path case: test_no_pickle.py)."""
+    from rl_core.errors import CheckpointError
+    from rl_core.train.dcp_io import load_sharded
+
+    with pytest.raises(CheckpointError, match=r"path '.*ck\\x00pt' holds a NUL byte.*FSDPTrainer.save_checkpoint"):
+        load_sharded({}, str(tmp_path / "ck\x00pt"))
