@@ -180,7 +180,7 @@ class EpisodeEnvironment(Protocol):
 
     async def run_agent(self, base_url: str, api_key: str, example: dict[str, Any]) -> EnvResult:
         """Run one episode of `example` against the OpenAI-compatible session at `base_url`
-        (`api_key` is the run's session secret); its reward(s). Raises on a failed episode: a
+        (`api_key` is that session's own key); its reward(s). Raises on a failed episode: a
         `ConnectionError` is an infrastructure failure of the group (retried), anything else a
         data failure."""
 

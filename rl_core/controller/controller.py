@@ -294,7 +294,7 @@ class Controller:
             from rl_core.rollout.session_server import SessionServer
             from rl_core.rollout.sessions import SessionRegistry
 
-            self.sessions = SessionServer(SessionRegistry(), self.p.tokenizer)
+            self.sessions = SessionServer(SessionRegistry(), self.p.tokenizer, backend=self.p.backend)
         params = sampling_params(cfg.generation, self.p.stop_token_ids, self.p.env.stop_strings())
         self.rollout = RolloutPump(
             cfg=cfg, source=self.p.source, sampler=sampler, buffer=self.buffer, backend=self.p.backend,

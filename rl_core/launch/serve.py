@@ -40,6 +40,7 @@ SERVER_KEEPALIVE_S = 30
 DEFAULT_API_KEY_ENV = "RL_CORE_API_KEY"
 MIN_SECRET_CHARS = 16
 DEFAULT_MAX_CHOICES = 512
+MAX_ENGINE_SEED = 2**64 - 1  # torch's generator seed (as grpo.seed)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
 
 
@@ -176,6 +177,9 @@ def check_numbers(args) -> None:
     if args.weight_version < 0:
         raise ServeError(f"--weight-version got {args.weight_version}; expected an integer >= 0. Fix: pass the "
                          "weight version of MODEL_DIR's weights (0 for an initial policy).")
+    if not 0 <= args.seed <= MAX_ENGINE_SEED:
+        raise ServeError(f"--seed got {args.seed}; expected an integer in 0..2^64 - 1 (the engine's random generator "
+                         "takes 64 bits). Fix: pass a smaller seed, e.g. --seed 0.")
     if not args.kv_scale_margin > 0:
         raise ServeError(f"--kv-scale-margin got {args.kv_scale_margin}; expected a number > 0. Fix: leave it at "
                          "its default 2.0.")

@@ -262,7 +262,8 @@ def validate_checkpoint(resolved_config_path: str, checkpoint_dir: str, out_json
     backend = NativeBackend(engine, group_arrays=True)
     stop = tuple(dict.fromkeys(i for i in (*env.end_token_ids, tokenizer.eos_token_id) if i is not None))
     notices = Progress(1, "log")
-    sessions = SessionServer(SessionRegistry(), tokenizer) if env.runs_episodes else None  # agent episodes
+    # agent episodes: the session server, its requests checked against the engine's context
+    sessions = SessionServer(SessionRegistry(), tokenizer, backend=backend) if env.runs_episodes else None
     validator = Validator(validation or cfg.validation, env, tokenizer, examples, cfg.grpo.seed, stop,
                           failure=cfg.async_rl.failure,
                           on_retry=lambda kind, exc: notices.notice(kind.value, retry_notice(

@@ -310,7 +310,7 @@ async def generate_episode(backend: GenerationBackend, env: EpisodeEnvironment, 
 
     session = await server.open(request_id, params, tokenizer, generate, seed_for)
     try:
-        scored = await with_deadline(env.run_agent(server.base_url(session), server.secret, example),
+        scored = await with_deadline(env.run_agent(server.base_url(session), session.api_key, example),
                                      env.episode_timeout_s, f"agent episode {request_id}")
     finally:
         await server.close(session)

@@ -3,12 +3,13 @@
 Owns: a small HTTP server (FastAPI on uvicorn, in the controller's event loop, bound to
 127.0.0.1 on a free port) with, for every open episode session `<id>`,
 `GET /sessions/<id>/v1/models`, `POST /sessions/<id>/v1/chat/completions` (the tokenizer's
-chat template) and `POST /sessions/<id>/v1/completions`, plus `GET /health`; every route but
-`/health` needs `Authorization: Bearer <run secret>`. Each call is one model turn of the
-session. Its field policy: the recipe's sampling (other `temperature`, `top_p`, `top_k`,
-`seed` refused naming the field), `n` 1, no `stream`, `max_tokens` can only lower the
-recipe's, `stop` strings added, `tools` through the chat template and `<tool_call>` replies
-as `tool_calls`; an ended or unknown session is 404.
+chat template, run in a worker thread) and `POST /sessions/<id>/v1/completions`, plus
+`GET /health`; every route but `/health` needs `Authorization: Bearer <the session's own key>`
+(an ended or unknown session is 404, another session's key 401). Each call is one model turn.
+Field policy: the recipe's sampling (other `temperature`, `top_p`, `top_k`, `seed` refused),
+`n` 1, no `stream`, `max_tokens` only lowers the recipe's, `stop` strings added, `tools`
+through the chat template, `<tool_call>` replies as `tool_calls`; the checks, limits and error
+shape of `rl-core serve` (rl_core.serve.checks), before anything is tokenized or generated.
 
 One per run, built and stopped by the controller (or validation), started at the first episode.
 Does not own: the sessions (sessions.py), the agent or the backend. Read more: docs/agents.md.
@@ -26,12 +27,11 @@ import time
 import uuid
 from typing import Any, Callable
 
-from fastapi import Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI, Request
 from pydantic import model_validator
 
 from rl_core.rollout.sessions import EpisodeSession, Generate, SessionClosed, SessionRegistry
+from rl_core.serve.checks import ApiError, BodyLimit, RequestLimits, install_error_handlers, parse_body
 from rl_core.serve.protocol import ChatCompletionRequest, CompletionRequest
 from rl_core.serve.text import TextCodec, chat_logprobs, cut_at_stop
 from rl_core.types import SamplingParams
@@ -56,15 +56,21 @@ class SessionChatRequest(ChatCompletionRequest):
         return self
 
 
-class SessionApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
+def refusal(status: int, message: str, param: str | None = None) -> ApiError:
+    """An error answer of a session route (rl-core serve's `ApiError`), naming the field `param`."""
+    return ApiError(status, message, "invalid_request_error" if status < 500 else "server_error", param)
 
-    def response(self) -> JSONResponse:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return JSONResponse({"error": {"message": self.message, "type": kind, "param": self.param, "code": None}},
-                            status_code=self.status)
+
+def context_limits(tokenizer: Any, backend: Any = None) -> RequestLimits:
+    """The limits of a session call: the backend's context and vocabulary where it tells them
+    (`max_model_len`, `vocab_size`: the native engine does), else the tokenizer's
+    `model_max_length` (when set) and its vocabulary."""
+    context = getattr(backend, "max_model_len", None)
+    if context is None:
+        context = getattr(tokenizer, "model_max_length", None)
+        context = context if isinstance(context, int) and 0 < context < 10**8 else None
+    vocab = getattr(backend, "vocab_size", None) or (len(tokenizer) if hasattr(tokenizer, "__len__") else None)
+    return RequestLimits.of(tokenizer, context, vocab)
 
 
 def parse_tool_calls(text: str) -> tuple[str, list[dict]]:
@@ -98,13 +104,16 @@ def quiet_uvicorn_server(config):
 class SessionServer:
     """The HTTP front of a `SessionRegistry` (see the module doc): `await open(...)` an episode's
     session (the server starts in the running loop at the first), `base_url(session)` and
-    `secret` for the agent's client, `await close(session)` when the episode ends, `await
-    stop()` at the end of the run."""
+    `session.api_key` for the agent's client, `await close(session)` when the episode ends,
+    `await stop()` at the end of the run. `backend` (the run's generation backend) gives the
+    context and vocabulary requests are checked against (`context_limits`)."""
 
-    def __init__(self, registry: SessionRegistry, tokenizer: Any, model_name: str = "policy"):
+    def __init__(self, registry: SessionRegistry, tokenizer: Any, model_name: str = "policy", backend: Any = None):
         self.registry = registry
         self.tokenizer = tokenizer
         self.model_name = model_name
+        self.backend = backend
+        self.limits: RequestLimits | None = None  # at start: a remote backend knows its context once started
         self.port: int | None = None
         self.counters = {"requests": 0, "client_errors": 0, "tool_calls": 0}
         self._server = None
@@ -122,6 +131,7 @@ class SessionServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
+        self.limits = context_limits(self.tokenizer, self.backend)
         config = uvicorn.Config(self.app(), log_level="warning", access_log=False, lifespan="off",
                                 timeout_keep_alive=30)
         self._server = quiet_uvicorn_server(config)
@@ -154,11 +164,6 @@ class SessionServer:
         """End an episode's session: later calls get 404, its model calls in flight are aborted."""
         await self.registry.close(session)
 
-    @property
-    def secret(self) -> str:
-        """The run's session secret: the API key an episode's client sends."""
-        return self.registry.secret
-
     def base_url(self, session: EpisodeSession) -> str:
         return f"http://127.0.0.1:{self.port}/sessions/{session.session_id}/v1"
 
@@ -167,92 +172,96 @@ class SessionServer:
     def app(self) -> FastAPI:
         app = FastAPI(title="rl_core episode sessions", docs_url=None, redoc_url=None, openapi_url=None)
 
-        @app.exception_handler(SessionApiError)
-        async def _api_error(request: Request, exc: SessionApiError):
-            self.counters["client_errors"] += exc.status < 500
-            return exc.response()
+        def count(status: int) -> None:
+            self.counters["client_errors"] += status < 500
 
-        @app.exception_handler(RequestValidationError)
-        async def _invalid(request: Request, exc: RequestValidationError):
-            self.counters["client_errors"] += 1
-            first = exc.errors()[0] if exc.errors() else {}
-            loc = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
-            return SessionApiError(400, f"{loc or 'body'}: {first.get('msg', 'invalid request')}", loc).response()
+        install_error_handlers(app, count)  # rl-core serve's error shape
+        app.add_middleware(BodyLimit, limit=lambda: self.limits.body_bytes, count=count)
 
         @app.get("/health")
         async def health():
             return {"status": "ok", "sessions": len(self.registry)}
 
-        async def check_key(request: Request) -> None:
-            scheme, _, token = request.headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(),
-                                                                          self.registry.secret.encode()):
-                raise SessionApiError(401, "missing or wrong API key: use the api_key of the client the episode "
-                                           "was given (Authorization: Bearer <key>)")
-
-        auth = [Depends(check_key)]
-
-        @app.get("/sessions/{sid}/v1/models", dependencies=auth)
-        async def models(sid: str):
-            self._session(sid)
+        # the session and its key are checked before the body is parsed
+        @app.get("/sessions/{sid}/v1/models")
+        async def models(request: Request, sid: str):
+            self._session(request, sid)
             return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
                                                 "owned_by": "rl_core"}]}
 
-        @app.post("/sessions/{sid}/v1/chat/completions", dependencies=auth)
-        async def chat(sid: str, body: SessionChatRequest):
-            return await self.chat(self._session(sid), body)
+        @app.post("/sessions/{sid}/v1/chat/completions")
+        async def chat(request: Request, sid: str):
+            session = self._session(request, sid)
+            return await self.chat(session, parse_body(await request.body(), SessionChatRequest))
 
-        @app.post("/sessions/{sid}/v1/completions", dependencies=auth)
-        async def completions(sid: str, body: CompletionRequest):
-            return await self.completions(self._session(sid), body)
+        @app.post("/sessions/{sid}/v1/completions")
+        async def completions(request: Request, sid: str):
+            session = self._session(request, sid)
+            return await self.completions(session, parse_body(await request.body(), CompletionRequest))
 
         return app
 
-    def _session(self, sid: str) -> EpisodeSession:
+    def _session(self, request: Request, sid: str) -> EpisodeSession:
+        """The open session `sid`, if the request carries its key (404: not open; 401: not its key)."""
         session = self.registry.get(sid)
         if session is None:
-            raise SessionApiError(404, f"episode session {sid!r} is not open (it ended, was aborted as stale, or "
-                                       "never existed); an agent may only call the model during its episode")
+            raise refusal(404, f"episode session {sid!r} is not open (it ended, was aborted as stale, or "
+                               "never existed); an agent may only call the model during its episode")
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), session.api_key.encode()):
+            raise refusal(401, f"missing or wrong API key for episode session {sid!r}: each episode has its "
+                               "own key; use the client (base_url and api_key) this episode was given, "
+                               "never one kept from another episode (Authorization: Bearer <key>)")
         return session
 
     def _check_sampling(self, session: EpisodeSession, body) -> None:
         if body.n != 1:
-            raise SessionApiError(400, f"n is {body.n}; an episode session generates one choice per call (the "
-                                       "recipe's generation.num_generations_per_prompt sets the group size)", "n")
+            raise refusal(400, f"n is {body.n}; an episode session generates one choice per call (the "
+                               "recipe's generation.num_generations_per_prompt sets the group size)", "n")
         if body.stream:
-            raise SessionApiError(400, "stream is not supported on episode sessions; send stream: false", "stream")
+            raise refusal(400, "stream is not supported on episode sessions; send stream: false", "stream")
         p = session.params
         mine = {"temperature": 0.0 if p.greedy else p.temperature, "top_p": p.top_p, "top_k": p.top_k,
                 "seed": None}
         for name in SAMPLING_FIELDS:
             if name in body.model_fields_set and getattr(body, name) is not None:
                 if name == "seed" or getattr(body, name) != mine[name]:
-                    raise SessionApiError(
+                    raise refusal(
                         400, f"{name} is {getattr(body, name)!r}, but the sampling of training episodes is the "
                              f"recipe's (generation.*: {name} {mine[name]!r}); leave {name} out of the agent's calls",
                         name)
 
-    async def _run(self, session: EpisodeSession, prompt_ids: list[int], text: str | None, max_tokens, stops):
+    async def _run(self, session: EpisodeSession, prompt_ids: list[int], text: str | None, body, max_tokens: str):
+        """The model turn, once the prompt passed rl-core serve's checks (rl_core.serve.checks);
+        an episode that ended meanwhile is refused before its generation starts."""
+        self.limits.check_prompt_ids(prompt_ids)
+        self.limits.check_max_tokens(getattr(body, max_tokens), max_tokens)
+        try:
+            stops = body.stop_strings()
+        except ValueError as exc:
+            raise refusal(400, str(exc), "stop") from None
         self.counters["requests"] += 1
         try:
-            return await session.call(prompt_ids, text, max_tokens, stops)
+            return await session.call(prompt_ids, text, getattr(body, max_tokens), stops), stops
         except SessionClosed as exc:
-            raise SessionApiError(404, str(exc)) from None
+            raise refusal(404, str(exc)) from None
+        except ValueError as exc:  # the engine refused the request
+            raise refusal(400, str(exc)) from None
 
     async def chat(self, session: EpisodeSession, body: SessionChatRequest) -> dict:
         self._check_sampling(session, body)
         if body.tools and not self.template_renders_tools:
-            raise SessionApiError(400, "tools were sent, but this model's chat template does not render tools; "
-                                       "describe the tool in the system or user message and parse the reply's text",
-                                  "tools")
+            raise refusal(400, "tools were sent, but this model's chat template does not render tools; "
+                               "describe the tool in the system or user message and parse the reply's text",
+                          "tools")
         messages = [m.for_template() for m in body.messages]
-        try:
-            ids, text = session.chat_prompt(messages, body.add_generation_prompt, body.continue_final_message,
-                                            tools=body.tools)
+        self.limits.check_messages(messages, body.tools)
+        try:  # the template and the tokenizer run off the event loop
+            ids, text = await asyncio.to_thread(session.chat_prompt, messages, body.add_generation_prompt,
+                                                body.continue_final_message, tools=body.tools)
         except Exception as exc:  # noqa: BLE001 - a template error is about the messages sent
-            raise SessionApiError(400, f"the chat template failed on these messages: {exc}", "messages") from None
-        stops = body.stop_strings()
-        res = await self._run(session, ids, text, body.new_tokens(), stops)
+            raise refusal(400, f"the chat template failed on these messages: {exc}", "messages") from None
+        res, stops = await self._run(session, ids, text, body, body.max_tokens_field())
         content, _ = cut_at_stop(self.tokenizer.decode(res.token_ids, skip_special_tokens=True), stops)
         message: dict[str, Any] = {"role": "assistant", "content": content}
         finish = res.finish_reason
@@ -275,18 +284,18 @@ class SessionServer:
         self._check_sampling(session, body)
         prompts = body.prompts()
         if len(prompts) != 1:
-            raise SessionApiError(400, f"prompt holds {len(prompts)} prompts; an episode session takes one per call",
-                                  "prompt")
+            raise refusal(400, f"prompt holds {len(prompts)} prompts; an episode session takes one per call",
+                          "prompt")
         prompt = prompts[0]
         if body.logprobs:
-            raise SessionApiError(400, "logprobs is not supported on /completions of episode sessions (the trainer "
-                                       "records them); leave it out", "logprobs")
+            raise refusal(400, "logprobs is not supported on /completions of episode sessions (the trainer "
+                               "records them); leave it out", "logprobs")
         if isinstance(prompt, str):
-            ids, text = session.text_prompt(prompt), prompt
+            self.limits.check_text(prompt, "prompt")
+            ids, text = await asyncio.to_thread(session.text_prompt, prompt), prompt  # off the event loop
         else:
             ids, text = [int(i) for i in prompt], None
-        stops = body.stop_strings()
-        res = await self._run(session, ids, text, body.max_tokens, stops)
+        res, stops = await self._run(session, ids, text, body, "max_tokens")
         content, _ = cut_at_stop(self.tokenizer.decode(res.token_ids, skip_special_tokens=True), stops)
         return {"id": f"cmpl-{session.session_id}-{len(session.turns)}", "object": "text_completion",
                 "created": int(time.time()), "model": self.model_name,

@@ -3,7 +3,8 @@
 Owns: `EpisodeSession`, which generates through the run's generation backend on behalf of an
 agent (every call takes a generation place and has the generation deadline), records each
 model turn (prompt ids, completion ids, logprobs, weight versions) and turns them into one
-training trajectory; `SessionRegistry`, the sessions open in a run. Token identity: a prompt
+training trajectory; `SessionRegistry`, the sessions open in a run, each with an id and an API
+key of its own (128 and 256 random bits: no episode can reach another). Token identity: a prompt
 that extends what the session holds reuses those exact ids and tokenizes only the new text,
 so nothing generated is re-tokenized; a prompt that does not starts a new *segment*, the last
 segment is trained and the breaks are counted (`segments`, `rollout/agent_segment_breaks`),
@@ -72,6 +73,7 @@ class EpisodeSession:
     cancels (a cancelled backend call aborts its request in the engine)."""
 
     session_id: str
+    api_key: str  # the key this episode's client sends (Authorization: Bearer); no other session takes it
     request_prefix: str
     params: SamplingParams
     tokenizer: Any
@@ -184,18 +186,17 @@ class EpisodeSession:
 
 
 class SessionRegistry:
-    """The open sessions of a run, by id, and the run's session secret (the API key agents send)."""
+    """The open sessions of a run, by id; each gets its own random id and API key."""
 
     def __init__(self):
-        self.secret = secrets.token_urlsafe(24)
         self._sessions: dict[str, EpisodeSession] = {}
         self._ids = itertools.count()
         self.episodes = 0
 
     def open(self, request_prefix: str, params: SamplingParams, tokenizer: Any, generate: Generate,
              seed_for: Callable[[int], int | None]) -> EpisodeSession:
-        sid = f"e{next(self._ids)}-{secrets.token_hex(4)}"
-        session = EpisodeSession(sid, request_prefix, params, tokenizer, generate, seed_for)
+        sid = f"e{next(self._ids)}-{secrets.token_hex(16)}"  # 128 random bits: not guessed from another's
+        session = EpisodeSession(sid, secrets.token_urlsafe(32), request_prefix, params, tokenizer, generate, seed_for)
         self.episodes += 1
         self._sessions[sid] = session
         return session

@@ -27,9 +27,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi.responses import StreamingResponse
 from safetensors import SafetensorError
 
 from rl_core.generation.base import GenerationError, StreamDelta
@@ -37,14 +35,14 @@ from rl_core.generation.native.backend import NativeBackend
 from rl_core.resilience import cancel_and_wait
 from rl_core.server_contract import CONTROL_SECRET_HEADER, DEFAULT_CONTROL_SECRET_ENV
 from rl_core.metrics.gc_pauses import freeze_setup_objects, unfreeze
+from rl_core.serve.checks import ApiError, BodyLimit, RequestLimits, install_error_handlers
 from rl_core.serve.protocol import (AbortRequest, ChatCompletionRequest, CompletionRequest, ReceiveWeightsRequest,
-                                    SamplingBody, UpdateWeightsRequest, WeightGroupRequest, packed_choice, param_of)
+                                    SamplingBody, UpdateWeightsRequest, WeightGroupRequest, packed_choice)
 from rl_core.serve.text import TextCodec, TextStream, chat_logprobs, completion_logprobs, cut_at_stop
 from rl_core.types import GenerationRequest, GenerationResult
 from rl_core.weights.broadcast import BroadcastHeaderError
 
 DISCONNECT_POLL_S = 0.25
-_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
 @dataclass
@@ -56,17 +54,6 @@ class ServerSettings:
     managed: bool = False  # --managed: the /rl/* control routes are on (and need control_secret)
     control_secret: str | None = None
     max_choices: int = 512  # prompts x n of one request (--max-choices-per-request)
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-
-    def response(self) -> JSONResponse:
-        return JSONResponse({"error": {"message": self.message, "type": self.type, "param": self.param,
-                                       "code": self.code}}, status_code=self.status)
 
 
 @dataclass
@@ -83,6 +70,8 @@ class Server:
         self.backend = backend
         self.codec = TextCodec(tokenizer)
         self.settings = settings
+        # the checks the session server of agent episodes shares (rl_core.serve.checks)
+        self.limits = RequestLimits.of(tokenizer, settings.max_model_len, settings.vocab_size, settings.max_choices)
         self.inflight: dict[str, list[str]] = {}  # request_id -> engine request ids
         self.weights_lock = asyncio.Lock()
         self.weight_receiver = None  # rl_core.weights.WeightReceiver once the trainer's broadcast group is joined
@@ -130,26 +119,12 @@ class Server:
                                 f"this server's cap is {self.settings.max_choices} per request (rl-core serve "
                                 "--max-choices-per-request). Send fewer prompts or a smaller n per request",
                            param="n")
-        if max_tokens is not None and max_tokens > self.settings.max_model_len:
-            raise ApiError(400, f"{body.max_tokens_field()} is {max_tokens}; this server's context is "
-                                f"{self.settings.max_model_len} tokens (prompt + completion), so no completion can be "
-                                "that long. Send at most "
-                                f"{self.settings.max_model_len} (a completion that reaches the context ends with "
-                                "finish_reason 'length')", param=body.max_tokens_field())
-        vocab = self.settings.vocab_size
-        if vocab is not None and any(not 0 <= t < vocab for t in body.stop_token_ids):
-            bad = [t for t in body.stop_token_ids if not 0 <= t < vocab][:5]
-            raise ApiError(400, f"stop_token_ids holds {bad}, outside [0, {vocab}) (this model's vocabulary)",
-                           param="stop_token_ids")
+        self.limits.check_max_tokens(max_tokens, body.max_tokens_field())
+        self.limits.check_stop_ids(body.stop_token_ids)
         jobs = []
         for p, ids in enumerate(prompts):
-            if vocab is not None and (min(ids) < 0 or max(ids) >= vocab):
-                raise ApiError(400, f"prompt {p} holds token ids outside [0, {vocab}) (this model's vocabulary)",
-                               param="prompt")
+            self.limits.check_prompt_ids(ids, p)
             room = self.settings.max_model_len - len(ids)
-            if room < 1:
-                raise ApiError(400, f"prompt {p} has {len(ids)} tokens; this server's context is "
-                                    f"{self.settings.max_model_len} tokens (shorten the prompt)", param="prompt")
             try:
                 for i in range(body.n):
                     choice = p * body.n + i
@@ -162,9 +137,10 @@ class Server:
     def _encode_prompts(self, body: CompletionRequest) -> list[list[int]]:
         out = []
         for p in body.prompts():
+            if isinstance(p, str):
+                self.limits.check_text(p, "prompt")
             ids = self.codec.encode(p) if isinstance(p, str) else list(p)
-            if not ids:
-                raise ApiError(400, "a prompt encodes to zero tokens; send a non-empty prompt", param="prompt")
+            self.limits.check_prompt_ids(ids, len(out))
             out.append(ids)
         return out
 
@@ -313,9 +289,10 @@ class Server:
 
     async def chat(self, body: ChatCompletionRequest, request: Request):
         self.counters["requests"] += 1
+        messages = [m.for_template() for m in body.messages]
+        self.limits.check_messages(messages)
         try:
-            ids = self.codec.chat_prompt([m.for_template() for m in body.messages], body.add_generation_prompt,
-                                         body.continue_final_message)
+            ids = self.codec.chat_prompt(messages, body.add_generation_prompt, body.continue_final_message)
         except ValueError as exc:
             raise ApiError(400, str(exc), param="messages") from None
         except Exception as exc:  # a template error (jinja) is about the messages sent
@@ -408,7 +385,11 @@ class Server:
                 raise ApiError(400, f"the broadcast carried weight version {version}, the request says {body.version}",
                                param="version")
             t0 = time.monotonic()
-            await self.backend.update_weights(version, state)
+            try:  # checked before anything is copied: a tensor the model lacks, a wrong shape
+                await self.backend.update_weights(version, state)
+            except (ValueError, KeyError) as exc:
+                raise ApiError(400, f"the broadcast of weight version {version} does not fit this model: {exc}",
+                               param=None, code="weights_do_not_fit") from None
             if body.invalidate_kv_cache:
                 await self.backend.invalidate_kv_cache()
             load_s = time.monotonic() - t0
@@ -446,11 +427,6 @@ def _read_ready_version(path: Path, version: int) -> dict:
     return read_version(path.parent, version)
 
 
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
 def _sse(events: AsyncIterator[dict]) -> StreamingResponse:
     async def body():
         try:
@@ -486,47 +462,8 @@ def create_app(backend: NativeBackend, tokenizer: Any, settings: ServerSettings)
     def count(status: int) -> None:
         server.counters["server_errors" if status >= 500 else "client_errors"] += 1
 
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError):
-        count(exc.status)
-        return exc.response()
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError):
-        errors = exc.errors()
-        if any(e.get("type") == "json_invalid" for e in errors):
-            err = ApiError(400, "the request body is not valid JSON (" + str(errors[0].get("ctx", {}).get("error", "")
-                                                                           )[:100] + "); send a JSON object",
-                           param=None, code="invalid_json")
-        else:
-            parts = []
-            for e in errors:
-                loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
-                if e.get("type") == "extra_forbidden":
-                    parts.append(f"{loc}: unknown field (not part of this API; leave it out) "
-                                 f"(got {_short(e.get('input'))})")
-                elif e.get("type") == "value_error" and not loc:  # a check across fields: the message names them
-                    parts.append(str(e.get("msg")).removeprefix("Value error, "))
-                else:
-                    parts.append(f"{loc or 'body'}: {e.get('msg')} (got {_short(e.get('input'))})")
-            err = ApiError(400, "invalid request: " + "; ".join(parts)[:1000], param=param_of(errors))
-        count(err.status)
-        return err.response()
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException):  # unknown route, wrong method, ...
-        what = {404: f"no route {request.url.path}: see GET /v1/models and the API's routes",
-                405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
-        count(exc.status_code)
-        response = ApiError(exc.status_code, what, code=_HTTP_CODES.get(exc.status_code)).response()
-        response.headers.update(exc.headers or {})  # e.g. 405's Allow
-        return response
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception):  # JSON, never starlette's plain-text 500
-        err = ApiError(500, f"internal server error: {type(exc).__name__}: {str(exc)[:300]}", type="server_error")
-        count(err.status)
-        return err.response()
+    install_error_handlers(app, count)  # the shape of every error, shared with the session server
+    app.add_middleware(BodyLimit, limit=lambda: server.limits.body_bytes, count=count)
 
     @app.get("/health")
     async def health():

@@ -127,7 +127,7 @@ def test_the_openai_client_drives_a_session_over_http(tok):
         await server.start()
         try:
             s = _session(registry, tok, backend, SamplingParams(temperature=1.0, max_tokens=8))
-            client = openai.AsyncOpenAI(base_url=server.base_url(s), api_key=registry.secret, max_retries=0)
+            client = openai.AsyncOpenAI(base_url=server.base_url(s), api_key=s.api_key, max_retries=0)
             msgs = [{"role": "user", "content": "07+45="}]
             r = await client.chat.completions.create(model="policy", messages=msgs)
             assert r.choices[0].message.content == "250" and r.choices[0].finish_reason == "stop"
@@ -182,7 +182,7 @@ def test_the_calculator_example_runs_its_text_protocol_through_a_session(tok):
         await server.start()
         try:
             s = _session(registry, tok, backend, SamplingParams(max_tokens=8))
-            client = openai.AsyncOpenAI(base_url=server.base_url(s), api_key=registry.secret, max_retries=0)
+            client = openai.AsyncOpenAI(base_url=server.base_url(s), api_key=s.api_key, max_retries=0)
             reward = await calculator_agent(client, {"prompt": "What is 7 + 45?", "answer": "52"})
             await registry.close(s)
             return reward, s.trajectory()

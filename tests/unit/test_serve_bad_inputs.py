@@ -82,6 +82,8 @@ CLI_CASES = [
     ("max-choices-0", None, ["--max-choices-per-request", "0"], {}, "--max-choices-per-request got 0"),
     ("weight-version-negative", None, ["--weight-version", "-1"], {}, "--weight-version got -1"),
     ("kv-scale-margin-0", None, ["--kv-scale-margin", "0"], {}, "--kv-scale-margin got 0"),
+    ("seed-2-70", None, ["--seed", str(2**70)], {}, f"--seed got {2**70}; expected an integer in 0..2^64 - 1"),
+    ("seed-negative", None, ["--seed", "-1"], {}, "--seed got -1"),
     ("truncated-safetensors", _truncate, [], {}, "model.safetensors"),
     ("garbage-safetensors", _garbage, [], {}, "model.safetensors"),
     ("empty-safetensors", _empty, [], {}, "model.safetensors"),
@@ -203,6 +205,15 @@ HTTP_CASES = [
      "response_format", "not supported"),
     ("messages-empty", CHAT, '{"messages": []}', 400, "messages", "at least 1"),
     ("model-unknown", CMPL, '{%s, "model": "gpt-99"}' % P, 404, "model", "not served here"),
+    # issue 49: each refused before the tokenizer or the engine sees it
+    ("prompt-ids-negative", CMPL, '{"prompt": [-1, 5]}', 400, "prompt", "[-1] outside [0,"),
+    ("prompt-empty-text", CMPL, '{"prompt": ""}', 400, "prompt", "zero tokens"),
+    ("prompt-ids-over-context", CMPL, '{"prompt": [%s]}' % ", ".join(["5"] * 64), 400, "prompt", "context is 64"),
+    ("prompt-text-over-context", CMPL, '{"prompt": "%s"}' % ("ab " * 2000), 400, "prompt", "characters"),
+    ("chat-5000-messages", CHAT, '{"messages": [%s]}' % ", ".join(['{"role": "user", "content": "hi"}'] * 5000),
+     400, "messages", "at most 64"),
+    ("chat-20mb-message", CHAT, '{"messages": [{"role": "user", "content": "%s"}]}' % ("x" * 20 * 2**20), 400,
+     "messages.0.content", "characters"),
 ]
 
 
@@ -274,6 +285,37 @@ def test_update_weights_with_a_damaged_file_is_400_naming_it(managed, model_dir,
     err = r.json()["error"]
     assert err["param"] == "path" and str(d / "model.safetensors") in err["message"] and words in err["message"]
     assert managed.get("/rl/weight_version").json() == {"weight_version": 0}
+
+
+def test_a_broadcast_naming_a_tensor_the_model_lacks_is_400_naming_it(model_dir):
+    """A real 2-rank gloo group: rank 0 broadcasts a state dict with a tensor this model does not
+    have; the managed server's receive is a 400 naming it, and the weights stay as they were."""
+    import threading
+
+    import torch
+
+    from rl_core.weights.broadcast import BroadcastGroup, WeightBroadcaster
+    from tests.helpers.trainers import free_port
+
+    port = free_port()
+
+    def trainer():
+        group = BroadcastGroup.create("127.0.0.1", port, 0, 2, timeout_s=60)
+        WeightBroadcaster(group).send(1, {"model.bogus_layer.weight": torch.zeros(4, 4)})
+
+    sender = threading.Thread(target=trainer)
+    sender.start()
+    with _app(model_dir, "--managed", secret=SECRET) as c:
+        ok = {"X-RL-Core-Secret": SECRET}
+        r = c.post("/rl/init_weight_broadcast", json={"host": "127.0.0.1", "port": port, "rank": 1, "world_size": 2,
+                                                      "timeout_s": 60}, headers=ok)
+        assert r.status_code == 200, r.text
+        r = c.post("/rl/receive_weights", json={"version": 1}, headers=ok)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert "model.bogus_layer.weight" in err["message"] and err["type"] == "invalid_request_error", err
+        assert c.get("/rl/weight_version").json() == {"weight_version": 0}
+    sender.join(60)
 
 
 def test_error_counters_separate_client_and_server_errors(model_dir, tmp_path, monkeypatch):

@@ -111,6 +111,13 @@ class HttpBackend:
         return self.fleet.endpoints
 
     @property
+    def max_model_len(self) -> int | None:
+        """The smallest context the rl_core servers told (GET /health), None when none did: what a
+        session's prompt is checked against (rl_core.rollout.session_server)."""
+        known = [ep.max_model_len for ep in self.fleet.endpoints if ep.max_model_len]
+        return min(known) if known else None
+
+    @property
     def weight_version(self) -> int:
         return self._version
 

@@ -119,6 +119,16 @@ class NativeBackend:
         """The version of the weights applied in the engine (updated by the worker)."""
         return self.engine.version
 
+    @property
+    def max_model_len(self) -> int:
+        """The longest sequence (prompt + completion) the engine takes: what a client's prompt is checked against."""
+        return self.engine.max_seq_len
+
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary: prompt token ids lie in [0, vocab_size)."""
+        return self.engine.spec.vocab_size
+
     async def start(self) -> None:
         if self._thread is not None:
             raise RuntimeError("NativeBackend.start() was already called")

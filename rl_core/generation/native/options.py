@@ -87,8 +87,8 @@ class EngineOptions:
         if self.eos_token_ids is not None and not all(_is_int(i) and i >= 0 for i in self.eos_token_ids):
             raise bad("eos_token_ids", "token ids (integers >= 0) or None (the model config's)",
                       "pass the tokenizer's end-of-sequence ids.")
-        if not _is_int(self.seed):
-            raise bad("seed", "an integer", "pass an integer seed.")
+        if not _is_int(self.seed) or not 0 <= self.seed <= 2**64 - 1:
+            raise bad("seed", "an integer in [0, 2^64 - 1] (torch's generator seed)", "pass a smaller seed.")
         if self.max_step_tokens is not None and (not _is_int(self.max_step_tokens)
                                                  or self.max_step_tokens < self.max_batch_size):
             raise EngineOptionsError(
