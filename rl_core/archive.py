@@ -1,8 +1,9 @@
 """The rollout archive: an epoch's trained rollouts in one HDF5 file, and reading it back.
 
 Owns: `compile_spool` (the JSON spool an epoch leaves, `rollouts.spool/step_NNNNNN.json`
-written by `rl_core.rollout.spool`, -> `rollouts.h5`, written atomically); the HDF5 layout
-(`format` attribute `rl_core.rollouts/1`: `/steps`, `/groups`, `/samples` and its
+written by `rl_core.rollout.spool`, -> `rollouts.h5`, written atomically, with its checksum
+manifest `rollouts.h5.manifest.json`: SHA-256 per file, verified before h5py opens it); the
+HDF5 layout (`format` attribute `rl_core.rollouts/1`: `/steps`, `/groups`, `/samples` and its
 per-token vlen columns) and `RolloutArchive`, which reads it; `rl-core inspect`
 (`inspect_main`): summary statistics and a few samples, decoded with the tokenizer of the
 epoch's checkpoint when one is found next to the archive.
@@ -14,6 +15,7 @@ Read more: docs/workflow.md, "The rollout archive" (every dataset and column).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -143,10 +145,64 @@ def compile_spool(spool_dir: str | os.PathLike, out_path: str | os.PathLike,
             f.attrs["num_steps"] = len(steps["step"])
             f.attrs["num_groups"] = len(groups["step"])
             f.attrs["num_samples"] = n
+        write_manifest(out, tmp)  # the checksum of the bytes about to become `out`, then the rename
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
     return {"num_steps": len(steps["step"]), "num_groups": len(groups["step"]), "num_samples": len(samples["step"])}
+
+
+MANIFEST_FORMAT = "rl_core.archive-manifest/1"
+_CHUNK = 1 << 20
+
+
+def manifest_path(archive: str | os.PathLike) -> Path:
+    """The checksum manifest beside an archive: `<archive>.manifest.json`."""
+    p = Path(archive)
+    return p.with_name(p.name + ".manifest.json")
+
+
+def _sha256(path: Path) -> tuple[str, int]:
+    h, n = hashlib.sha256(), 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            h.update(chunk)
+            n += len(chunk)
+    return h.hexdigest(), n
+
+
+def write_manifest(archive: str | os.PathLike, written: str | os.PathLike | None = None) -> Path:
+    """Write `archive`'s manifest (atomically): the SHA-256 and size of each file it covers,
+    hashed from `written` (the temporary file about to be renamed to `archive`) when given."""
+    from rl_core.fsutil import atomic_write_text
+
+    digest, size = _sha256(Path(written or archive))
+    out = manifest_path(archive)
+    atomic_write_text(out, json.dumps({"format": MANIFEST_FORMAT, "files": {Path(archive).name: {
+        "sha256": digest, "bytes": size}}}, indent=1) + "\n")
+    return out
+
+
+def verify_archive(archive: str | os.PathLike) -> bool:
+    """Check `archive` against its manifest before anything parses it: False when it has none
+    (an archive written before checksums), True when the bytes match, else a DataError naming
+    the file (a damaged HDF5 file is never opened: h5py can hang on one)."""
+    p, m = Path(archive), manifest_path(archive)
+    if not m.is_file():
+        return False
+    fix = ("Fix: rebuild it from the epoch's spool (rerun the archive_rollouts rule, e.g. delete the file and rerun "
+           "snakemake; or rerun `rl-core train`, which writes it at the end).")
+    try:
+        want = json.loads(m.read_text())["files"][p.name]
+        digest, size = str(want["sha256"]), int(want["bytes"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"Rollout archive manifest {m} is unreadable ({type(exc).__name__}: {exc}); expected "
+                        f"{MANIFEST_FORMAT} JSON naming {p.name}. {fix}") from None
+    got, n = _sha256(p)
+    if n != size or got != digest:
+        raise DataError(f"Rollout archive {p} is damaged: {n:,} bytes (SHA-256 {got[:16]}...), but its manifest "
+                        f"{m.name} records {size:,} bytes (SHA-256 {digest[:16]}...). {fix}")
+    return True
 
 
 def _stats(x: np.ndarray) -> dict[str, float]:
@@ -163,6 +219,7 @@ class RolloutArchive:
         if not self.path.is_file():
             raise DataError(f"Rollout archive {self.path} does not exist. Fix: pass results/<run>/epoch_<k>/rollouts.h5 "
                             f"of a trained epoch (the workflow's archive_rollouts rule writes it).")
+        self.verified = verify_archive(self.path)  # before h5py reads a byte
         try:
             self.f = h5py.File(self.path, "r")
         except OSError as exc:
@@ -287,6 +344,7 @@ def inspect_main(path: str, tokenizer_dir: str | None = None, num_samples: int =
     if tokenizer_dir:
         _check_tokenizer_dir(Path(tokenizer_dir))
     with RolloutArchive(p) as ar:
+        verified = ar.verified
         try:
             summ = ar.summary()
             if as_json:
@@ -319,7 +377,8 @@ def inspect_main(path: str, tokenizer_dir: str | None = None, num_samples: int =
                             f"checkpoint/model).") from None
         decode = lambda ids: tok.decode(ids, skip_special_tokens=False)  # noqa: E731
     a = summ["attrs"]
-    lines = [f"{p}: run {a.get('run', '?')}, epoch {a.get('epoch', '?')}",
+    check = "checksum verified" if verified else f"unverified: no {manifest_path(p).name} (written before checksums)"
+    lines = [f"{p}: run {a.get('run', '?')}, epoch {a.get('epoch', '?')} ({check})",
              f"  {summ['num_steps']} steps {summ['steps']}, {summ['num_groups']} groups, {summ['num_samples']} samples;"
              f" weight versions {summ['weight_versions']}",
              f"  reward       {_fmt(summ['reward'])}",

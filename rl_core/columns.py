@@ -26,7 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from rl_core.resilience import gather_or_cancel
-from rl_core.types import GenerationResult, Sample, group_requests, scored_sample
+from rl_core.types import REWARD_EXPECTED, GenerationResult, Sample, group_requests, is_reward, scored_sample
 
 class GroupResults:
     """What a backend's group call (`protocols.GroupGenerationBackend.generate_group`) returns:
@@ -114,6 +114,7 @@ class GroupScores:
         comps, infos = self.components, self.infos
         if (len(self.rewards) == n and (self.masks is None or len(self.masks) == n)
                 and _all_of_length(comps, n) and _all_of_length(infos, n)):
+            self._check_values(who)
             return
         comps, infos = self._lengths(comps), self._lengths(infos)
         bad = [f"rewards ({len(self.rewards)})"] if len(self.rewards) != n else []
@@ -124,6 +125,20 @@ class GroupScores:
         if bad:
             raise ValueError(f"{who} returned {', '.join(bad)} entries for a group of {n} completions; every "
                              f"column of a GroupScores holds one entry per completion, in sample order")
+
+    def _check_values(self, who: str) -> None:
+        """ValueError unless every reward and component is a real number within float32's range
+        (`types.is_reward`, what `EnvResult` checks per sample)."""
+        cols = [("rewards", self.rewards)]
+        if type(self.components) is list:
+            cols += [(f"components[{i}][{k!r}]", [v]) for i, d in enumerate(self.components) for k, v in d.items()]
+        else:
+            cols += [(f"components[{k!r}]", v) for k, v in self.components.items()]
+        for name, col in cols:
+            if not all(map(is_reward, col)):
+                bad = next(v for v in col if not is_reward(v))
+                raise ValueError(f"{who} returned {name} holding {bad!r:.80} ({type(bad).__name__}); expected "
+                                 f"{REWARD_EXPECTED}. Fix: return float rewards")
 
     def columns(self, field: str) -> "DictColumns":
         """`components` or `infos` (`field`) as `DictColumns` of the N samples (lists taken over)."""

@@ -16,6 +16,7 @@ Read more: docs/architecture.md (vocabulary, data flow), docs/moe.md (routes).
 
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,12 +96,44 @@ def with_seed(params: SamplingParams, seed: int) -> SamplingParams:
 @dataclass
 class EnvResult:
     """What an environment says about one completion. `info["correct"]` (a bool), where given,
-    is whether the sample counts as correct (accuracy, pass@k); else reward > 0 counts."""
+    is whether the sample counts as correct (accuracy, pass@k); else reward > 0 counts. The
+    reward and each component must be real numbers within float32's range (`is_reward`): a
+    string, a list or 1e300 is a `ValueError` naming the field, never coerced or zeroed later."""
 
     reward: float
     rewards: dict[str, float] = field(default_factory=dict)  # named components (multi-reward)
     mask: bool = False  # True: exclude this sample from the loss (environment-flagged)
     info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not is_reward(self.reward):
+            raise ValueError(f"EnvResult.reward got {self.reward!r:.80} ({type(self.reward).__name__}); expected "
+                             f"{REWARD_EXPECTED}. Fix: return a float, e.g. EnvResult(reward=1.0).")
+        if not isinstance(self.rewards, dict):
+            raise ValueError(f"EnvResult.rewards got {type(self.rewards).__name__}; expected a dict of named float "
+                             "components. Fix: e.g. EnvResult(reward=1.0, rewards={'correct': 1.0}).")
+        for name, value in self.rewards.items():
+            if type(name) is not str or not is_reward(value):
+                raise ValueError(f"EnvResult.rewards[{name!r:.40}] got {value!r:.80} ({type(value).__name__}); "
+                                 f"expected a string name and {REWARD_EXPECTED}. Fix: return floats, e.g. "
+                                 "rewards={'correct': 1.0}.")
+
+
+REWARD_LIMIT = 3.4028234663852886e38
+"""Largest reward magnitude: float32's largest finite value (rewards and advantages are
+float32 tensors in training; 1e300 is finite in float64 but infinite there)."""
+REWARD_EXPECTED = "a real number (int or float) with |reward| <= 3.4e38 (float32's range: rewards train in float32)"
+
+
+def is_reward(value: Any) -> bool:
+    """Whether `value` is a usable reward: a real number (bools count as 0/1; a string, None or a
+    tensor does not) whose magnitude fits float32 (NaN and infinities do not)."""
+    if type(value) is float or type(value) is int or isinstance(value, numbers.Real):
+        try:
+            return abs(float(value)) <= REWARD_LIMIT
+        except (OverflowError, TypeError, ValueError):  # an int too large for a float
+            return False
+    return False
 
 
 @dataclass

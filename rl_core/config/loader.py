@@ -137,6 +137,8 @@ def _unwrap(annotation, tag=None):
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
         return _unwrap(typing.get_args(annotation)[0], tag)
+    if origin in (list, tuple, dict) and typing.get_args(annotation):  # an item's model (`env.functions[0]`)
+        return _unwrap(typing.get_args(annotation)[-1 if origin is dict else 0], tag)
     members = [annotation]
     if origin in (typing.Union, types.UnionType):
         members = [a for a in typing.get_args(annotation) if a is not type(None)]

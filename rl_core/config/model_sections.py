@@ -122,13 +122,21 @@ class ModelConfig(Section):
 # --------------------------------------------------------------------------- data / env
 
 
+MAX_GENERATED_TRAIN = 1_000_000
+"""Most training examples `data.generate` (and `rl-core make-data reasoning_gym`) makes: the
+set is generated and written in memory (a few hundred bytes a row as JSON, more as Python
+objects), so a larger one is refused at validation instead of filling the machine."""
+MAX_GENERATED_VAL = 100_000
+"""Most held-out examples `data.generate` makes (each is checked against the training set)."""
+
+
 class DataGenerateConfig(Section):
     """Sizes and seed of a reasoning_gym task's generated data (`data.generate`)."""
 
-    num_train: int = Field(1000, ge=1)
-    """Training examples to generate."""
-    num_val: int = Field(100, ge=1)
-    """Held-out examples to generate (never a question of the training set)."""
+    num_train: int = Field(1000, ge=1, le=MAX_GENERATED_TRAIN)
+    """Training examples to generate (at most 1,000,000: the set is made in memory)."""
+    num_val: int = Field(100, ge=1, le=MAX_GENERATED_VAL)
+    """Held-out examples to generate (never a question of the training set; at most 100,000)."""
     seed: int = Field(0, ge=0, le=2**31 - 1)
     """Generator seed: the same task, config, sizes and seed give byte-identical files."""
 

@@ -5,10 +5,10 @@ Owns: `load_jsonl` / `iter_jsonl` / `count_jsonl` (one JSON object a line, at mo
 `MAX_LINE_BYTES`; a `DataError` names the file and line for bad UTF-8, bad JSON, a non-object,
 a missing or mistyped key, an empty file); `load_examples` / `iter_examples` /
 `count_examples` (any supported format with the recipe's field mapping, `Fields`; each row
-checked like a JSON line, plus the canonical `prompt`, `answer`, `messages` keys);
-`count_rows` (from file metadata); and `PromptSource`, the seeded, resumable iterator the
-rollout pump draws one RL step's prompts from (epoch e's order depends only on (seed, e);
-full batches only; `None` after `max_num_epochs`; a `state_dict` of a few ints).
+checked like a JSON line, Parquet and saved datasets streamed in batches, plus the canonical
+`prompt`, `answer`, `messages` keys); `count_rows` (from file metadata); and `PromptSource`,
+the seeded, resumable iterator the rollout pump draws one RL step's prompts from (epoch e's
+order depends only on (seed, e); full batches only; `None` after `max_num_epochs`).
 
 Does not own: generating task files, turning examples into tokens (environments), or when
 a drawn prompt trains (samplers, buffer). Read more: docs/environments.md, "Use a dataset".
@@ -26,8 +26,9 @@ from rl_core.errors import DataError, RecipeError
 
 
 MAX_LINE_BYTES = 1 << 20
-"""Longest line (one example) read from a data file: 1 MiB. A prompt longer than any model's
-context is a broken file (a missing newline, a binary file), and reading it must fail fast."""
+"""Longest line (one example) read from a data file: 1 MiB, in every format (a JSON line, a
+Parquet or saved-dataset row as Arrow holds it). A prompt longer than any model's context is a
+broken file (a missing newline, a binary file, a stray blob), and reading it must fail fast."""
 
 FIELD_TYPES: dict[str, tuple[type, ...]] = {"prompt": (str,), "answer": (str,), "a": (int,), "b": (int,), "id": (int, str)}
 """Types of the known example keys (`prompt` and `answer` are text: an answer such as `052`
@@ -215,13 +216,39 @@ def _parquet_records(p: Path) -> Iterator[tuple[str, dict[str, Any]]]:
         raise DataError(f"{p}: not a readable Parquet file ({type(exc).__name__}: {exc}); "
                         f"write it with pandas/pyarrow/datasets `to_parquet`, or rename a JSON-lines file "
                         f"to end in .jsonl.") from None
+    first = 1
+    for k in range(pf.metadata.num_row_groups):  # from the footer, before any row is read
+        group = pf.metadata.row_group(k)
+        if group.num_rows and group.total_byte_size > (MAX_LINE_BYTES + 1024) * group.num_rows:
+            raise DataError(f"{p}, rows {first}-{first + group.num_rows - 1}: {group.total_byte_size:,} bytes for "
+                            f"{group.num_rows} row(s), so a row is longer than {MAX_LINE_BYTES:,} bytes (the data "
+                            f"row-size limit); each row must be one example such as "
+                            f'{{"prompt": "07+45=", "answer": "250"}}: shorten or drop the long rows.')
+        first += group.num_rows
+    yield from _arrow_records(p, pf.iter_batches(batch_size=ARROW_BATCH_ROWS), "the Parquet file has no rows")
+
+
+ARROW_BATCH_ROWS = 256
+"""Rows of a Parquet file or saved dataset converted to Python at a time (streamed reading)."""
+
+
+def _arrow_records(p: Path, batches: Iterator[Any], empty: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The rows of Arrow record batches (or tables), each checked against `MAX_LINE_BYTES` in
+    Arrow's memory before it becomes a Python object; a file without rows is an error."""
     row = 0
-    for batch in pf.iter_batches(batch_size=1024):
+    for batch in batches:
+        if batch.nbytes > MAX_LINE_BYTES:  # some row may be over the limit: measure each
+            for i in range(batch.num_rows):
+                size = batch.slice(i, 1).nbytes
+                if size > MAX_LINE_BYTES:
+                    raise DataError(f"{p}, row {row + i + 1}: {size:,} bytes, longer than {MAX_LINE_BYTES:,} bytes "
+                                    f"(the data row-size limit); each row must be one example such as "
+                                    f'{{"prompt": "07+45=", "answer": "250"}}: shorten or drop the long rows.')
         for record in batch.to_pylist():
             row += 1
             yield f"{p}, row {row}", record
     if row == 0:
-        raise DataError(f"{p} holds no examples (the Parquet file has no rows).")
+        raise DataError(f"{p} holds no examples ({empty}).")
 
 
 def _save_to_disk_records(p: Path) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -239,10 +266,8 @@ def _save_to_disk_records(p: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     except Exception as exc:  # noqa: BLE001 - a foreign directory: any failure is the data's fault
         raise DataError(f"{p}: cannot be read by datasets.load_from_disk ({type(exc).__name__}: {exc}); "
                         f"write it again with Dataset.save_to_disk.") from None
-    if len(ds) == 0:
-        raise DataError(f"{p} holds no examples (the saved dataset has no rows).")
-    for row, record in enumerate(ds, start=1):
-        yield f"{p}, row {row}", dict(record)
+    yield from _arrow_records(p, ds.with_format("arrow").iter(batch_size=ARROW_BATCH_ROWS),
+                              "the saved dataset has no rows")
 
 
 def _records(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -7,10 +7,10 @@ training question: fixed and disjoint), building the task's dataset object (`tas
 errors naming the recipe or command-line field), and `generate_recipe_data`, the recipe's
 `data.generate` (the workflow's make_data stage and `rl-core train`): the same files under
 <output_dir>/<run_name>/data/ beside a `generate.json` recording what they were made from
-(files without it are never overwritten).
+(files without it are never overwritten; make-data writes it too), and
+`check_data_matches_env`: a recipe's `env.task` / `env.config` must be what its files were made with.
 
 Does not own: scoring (rl_core.envs.reasoning_gym) or reading the files (dataset.py).
-
 Read more: docs/environments.md, "reasoning_gym".
 """
 
@@ -104,6 +104,8 @@ def make_reasoning_gym_data(out_dir: str | Path, task: str, config: dict[str, An
     out = Path(out_dir)
     atomic_write_text(out / VAL_FILE, to_jsonl(val))
     atomic_write_text(out / TRAIN_FILE, to_jsonl(train))
+    spec = {"task": task, "config": config, "num_train": num_train, "num_val": num_val, "seed": seed}
+    atomic_write_text(out / SPEC_FILE, json.dumps(spec, indent=1, sort_keys=True) + "\n")  # what env.config must match
     return {"train_file": str(out / TRAIN_FILE), "val_file": str(out / VAL_FILE), "num_train": len(train),
             "num_val": len(val), "task": task, "config": config, "seed": seed}
 
@@ -146,3 +148,40 @@ def generate_recipe_data(cfg: Any, log: Any = print) -> bool:
     for path, text in ((cfg.data.val_file, texts[cfg.data.val_file]), (cfg.data.train_file, texts[cfg.data.train_file])):
         atomic_write_text(Path(path), text)
     return True
+
+
+def check_data_matches_env(env: Any, files: list[tuple[str, str]], source: str | None = None) -> None:
+    """A reasoning_gym environment scores with the task built from `env.task` / `env.config`: the
+    data files must come from the same task and settings, as their `generate.json` (written by
+    make-data and `data.generate`) and each file's first row (`task`) record; a RecipeError
+    naming `env.task` or `env.config` otherwise. `files`: (field, path) pairs."""
+    from rl_core.data.dataset import data_format, iter_jsonl
+    from rl_core.errors import DataError, RecipeError
+
+    def canon(value: Any) -> str:
+        return json.dumps(value, sort_keys=True, default=str)
+
+    for field, path in files:
+        marker = Path(path).parent / SPEC_FILE
+        spec = None
+        if marker.is_file():
+            try:
+                spec = json.loads(marker.read_text())
+            except (OSError, ValueError):
+                spec = None
+        if isinstance(spec, dict) and spec.get("task") == env.task and canon(spec.get("config")) != canon(dict(env.config)):
+            raise RecipeError.single("env.config", dict(env.config), f"the settings {field} ({path}) was generated "
+                                     f"with: {canon(spec.get('config'))} (recorded in {marker})",
+                                     "set env.config to those settings (the task scores answers with them), or "
+                                     "regenerate the data with this config (rl-core make-data reasoning_gym "
+                                     "--config ...).", source)
+        task = spec.get("task") if isinstance(spec, dict) else None
+        if task is None and data_format(path) == "jsonl":
+            try:
+                first = next(iter_jsonl(path, ()), {})
+            except DataError:  # a malformed file: the preflight's data check names it
+                first = {}
+            task = first.get("task") if isinstance(first.get("task"), str) else None
+        if task is not None and task != env.task:
+            raise RecipeError.single("env.task", env.task, f"the task {field} ({path}) holds: {task!r}",
+                                     f"set env.task: {task}, or point {field} at data of {env.task}.", source)

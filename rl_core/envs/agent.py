@@ -17,14 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import math
 import os
 from typing import Any
 
 from rl_core.envs.base import BaseEnv, Completion, register_env
 from rl_core.errors import RecipeError
 from rl_core.plugins import load_target
-from rl_core.types import EnvResult
+from rl_core.types import REWARD_EXPECTED, EnvResult, is_reward
 
 
 class AgentError(RuntimeError):
@@ -72,6 +71,7 @@ class AgentEnv(BaseEnv):
         super().__init__(config, tokenizer)
         self.system_prompt = config.system_prompt
         self.reward_names = tuple(config.reward_names)
+        self._first_names: list[str] | None = None  # the components of the first episode's rewards
         self.episode_timeout_s = config.episode_timeout_s
         self.agent, self.kwargs = self._program(config)
         self._http = None
@@ -128,6 +128,17 @@ class AgentEnv(BaseEnv):
         """The episode's `EnvResult` from what the agent (or service) returned, with `info["correct"]`
         set by `env.success` where the recipe gives one."""
         result = self._result(out)
+        names = sorted(result.rewards)
+        if names and self.reward_names and not set(names) <= set(self.reward_names):
+            raise AgentError(f"{self.agent_name} returned reward components {names}; env.reward_names says "
+                             f"{sorted(self.reward_names)}. Fix: return only the components env.reward_names lists")
+        if names and not self.reward_names:  # every episode returns the first named components
+            if self._first_names is None:
+                self._first_names = names
+            elif names != self._first_names:
+                raise AgentError(f"{self.agent_name} returned reward components {names}; an earlier episode returned "
+                                 f"{self._first_names}. Fix: return the same named components from every episode "
+                                 "(list them in env.reward_names)")
         success = getattr(self.config, "success", None)
         if success is not None:
             if success.component is not None and success.component not in result.rewards:
@@ -147,14 +158,16 @@ class AgentEnv(BaseEnv):
             if self.reward_names and sorted(out) != sorted(self.reward_names):
                 raise AgentError(f"{target} returned rewards {sorted(out)}; env.reward_names says "
                                  f"{sorted(self.reward_names)}")
-            bad = [k for k, v in out.items() if isinstance(v, bool) or not isinstance(v, (int, float))
-                   or not math.isfinite(v)]
+            bad = [k for k, v in out.items() if isinstance(v, bool) or not is_reward(v)]
             if bad:
-                raise AgentError(f"{target} returned non-numeric or non-finite rewards for {bad}")
+                raise AgentError(f"{target} returned non-numeric or non-finite rewards (in float32) for {bad}; "
+                                 f"expected {REWARD_EXPECTED}")
             rewards = {str(k): float(v) for k, v in out.items()}
+            if not is_reward(sum(rewards.values())):
+                raise AgentError(f"{target} returned rewards {rewards} whose sum leaves float32's range")
             return EnvResult(reward=sum(rewards.values()), rewards=rewards)
-        if not math.isfinite(out):
-            raise AgentError(f"{target} returned a non-finite reward {out!r}")
+        if not is_reward(out):
+            raise AgentError(f"{target} returned a non-finite reward (in float32) {out!r}; expected {REWARD_EXPECTED}")
         return EnvResult(reward=float(out))
 
     def score_completion(self, example: dict[str, Any], completion: Completion) -> EnvResult:

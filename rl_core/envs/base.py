@@ -256,7 +256,27 @@ class BaseEnv(ABC):
         if finish_reason == "abort":
             return EnvResult(reward=0.0, rewards={k: 0.0 for k in self.reward_names}, mask=True,
                              info={"aborted": True})
-        return self.score_completion(example, self.parse_completion(completion_ids, completion_text, finish_reason))
+        result = self.score_completion(example, self.parse_completion(completion_ids, completion_text, finish_reason))
+        if isinstance(result, EnvResult) and list(result.rewards) != self._names_seen:
+            self._check_reward_names(result)
+        return result
+
+    _names_seen: list[str] | None = None  # the components of the last result checked
+    _names_first: list[str] | None = None  # without reward_names: the first result's components
+
+    def _check_reward_names(self, result: EnvResult) -> None:
+        """The result's components are the class's `reward_names` (any order), or without them
+        the same on every sample (the first result's); a ValueError naming both otherwise."""
+        names = sorted(result.rewards)
+        expected = sorted(self.reward_names) if self.reward_names else self._names_first
+        if expected is None:
+            self._names_first = names
+        elif names != expected:
+            said = f"{type(self).__name__}.reward_names says" if self.reward_names else "an earlier sample returned"
+            raise ValueError(f"environment {self.name}: score_completion returned reward components {names}; {said} "
+                             f"{expected}. Fix: return exactly the components the class declares in reward_names, "
+                             "the same on every sample.")
+        self._names_seen = list(result.rewards)
 
     def parse_completion(self, completion_ids: list[int], completion_text: str, finish_reason: str) -> Completion:
         """Strip trailing end-token strings from the text and decide whether the sample ended."""

@@ -17,8 +17,6 @@ more: docs/environments.md, "Reward functions".
 from __future__ import annotations
 
 import inspect
-import math
-import numbers
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -26,7 +24,7 @@ from rl_core.envs import register_env
 from rl_core.envs.base import BaseEnv, Completion
 from rl_core.errors import RecipeError
 from rl_core.plugins import load_target
-from rl_core.types import EnvResult
+from rl_core.types import REWARD_EXPECTED, EnvResult, is_reward
 
 
 @dataclass(frozen=True)
@@ -45,6 +43,11 @@ def load_reward_functions(specs: list[Any]) -> list[RewardFunction]:
     for i, spec in enumerate(specs):
         field = f"env.functions[{i}].target"
         fn = load_target(spec.target, field=field, kind="callable")
+        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)) \
+                or inspect.isasyncgenfunction(fn):
+            raise RecipeError.single(field, spec.target, "a plain function that returns a float (this one is "
+                                     "`async def`: calling it returns a coroutine, not a number)",
+                                     "define it with `def`, or use env.type: agent for work that awaits.")
         try:
             sig = inspect.signature(fn)
         except (TypeError, ValueError):
@@ -95,10 +98,13 @@ class RewardFunctionsEnv(BaseEnv):
                                           f"{exc}") from exc
             if isinstance(value, bool):
                 value = float(value)
-            if not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
-                raise RewardFunctionError(f"reward function {f.name} ({f.target}) returned {value!r} "
-                                          f"({type(value).__name__}); it must return a finite float")
+            if not is_reward(value):
+                raise RewardFunctionError(f"reward function {f.name} ({f.target}) returned {value!r:.80} "
+                                          f"({type(value).__name__}); expected {REWARD_EXPECTED}")
             values[f.name] = float(value)
         total = sum(f.weight * values[f.name] for f in self.functions)
+        if not is_reward(total):
+            raise RewardFunctionError(f"the weighted sum of the reward functions, {total!r}, leaves float32's range "
+                                      f"(values {values}); lower the functions' values or env.functions[*].weight")
         return EnvResult(reward=total, rewards=values,
                          info={"ended": completion.ended, "correct": self.success.passes(total, values)})

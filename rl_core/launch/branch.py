@@ -22,7 +22,7 @@ from pathlib import Path
 SNAKEMAKE_MARKER = ".snakemake_timestamp"  # Snakemake's mtime carrier of a directory output
 # an epoch's entries a branch does not take: attempts' state (steps/, submitit/, the lock) and the
 # results its own rules bring (rollouts.h5, validation.json: reused by rule when they still hold)
-_NOT_TAKEN = {"steps", "submitit", ".controller.lock", "validation.json", "rollouts.h5"}
+_NOT_TAKEN = {"steps", "submitit", ".controller.lock", "validation.json", "rollouts.h5", "rollouts.h5.manifest.json"}
 _LINKED_DIRS = {"checkpoint", "rollouts.spool"}  # payload written once: linked file by file
 
 
@@ -125,6 +125,11 @@ def reuse_result(src: str, dst: str) -> None:
     b.parent.mkdir(parents=True, exist_ok=True)
     tmp = b.with_name(f".{b.name}.branch")
     _copy(a, tmp)
+    from rl_core.archive import manifest_path
+    from rl_core.fsutil import atomic_write_text
+
+    if manifest_path(a).is_file():  # an archive's checksum manifest travels with it (before the rename)
+        atomic_write_text(manifest_path(b), manifest_path(a).read_text())
     os.replace(tmp, b)
     print(f"[branch] {b}: the source run's {a} ({b.stat().st_size} bytes), reused, not recomputed", flush=True)
 

@@ -87,9 +87,12 @@ def _make_reasoning_gym_data(args) -> int:
                             """pass e.g. --config '{"min_terms": 2, "max_terms": 2}'.""", "make-data")
     num_train = 2000 if args.num_train is None else args.num_train
     num_val = 200 if args.num_val is None else args.num_val
-    for opt, value in (("--num-train", num_train), ("--num-val", num_val)):
-        if value < 1:
-            raise ArgumentError(opt, value, "a positive number of examples", f"pass e.g. {opt} 200.", "make-data")
+    from rl_core.config.model_sections import MAX_GENERATED_TRAIN, MAX_GENERATED_VAL
+
+    for opt, value, most in (("--num-train", num_train, MAX_GENERATED_TRAIN), ("--num-val", num_val, MAX_GENERATED_VAL)):
+        if not 1 <= value <= most:
+            raise ArgumentError(opt, value, f"a number of examples in [1, {most:,}] (the set is generated in memory)",
+                                f"pass e.g. {opt} 200.", "make-data")
     out = Path(args.out or f"data/reasoning_gym/{args.name}")
     if out.exists() and not out.is_dir():
         raise ArgumentError("--out", str(out), "a directory to write train.jsonl and val.jsonl into (created if missing)",

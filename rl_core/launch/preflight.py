@@ -21,6 +21,11 @@ from rl_core.config.loader import check_model_architecture, check_output_dir
 from rl_core.errors import DataError, RecipeError
 
 
+GENERATE_CHECKED = 20_000
+"""Examples of `data.generate` the preflight generates (each set's first ones): a larger set is
+made only by train / make_data; the schema bounds its size (config.model_sections)."""
+
+
 def load_recipe(path: str | os.PathLike, overrides: list[str] | None = None) -> RecipeConfig:
     """parse -> override -> validate (`rl_core.config.read_recipe`) -> preflight. Raises
     RecipeError; never builds a model."""
@@ -73,6 +78,7 @@ def preflight(cfg: RecipeConfig, source: str | None = None) -> None:
     check_output_dir(run_dir(cfg), "output_dir", source)
     check_env_config(cfg, source)  # the env's plug-ins and task, before anything is built
     _check_data(cfg, source)
+    _check_context(cfg, source)
     if cfg.env.type in ("agent", "http") and cfg.async_rl.reproducible:
         raise RecipeError.single("async_rl.reproducible", True, f"false with env.type {cfg.env.type} (the model "
                                  "calls of agent episodes cross a socket, so the engine's batches depend on timing)",
@@ -114,9 +120,12 @@ def check_env_config(cfg: RecipeConfig, source: str | None = None) -> None:
 
             load_reward_functions(list(env.functions))
         elif env.type == "reasoning_gym":
-            from rl_core.data.reasoning_gym import task_dataset
+            from rl_core.data.reasoning_gym import check_data_matches_env, task_dataset
 
             task_dataset(env.task, dict(env.config))
+            if cfg.data.generate is None:  # files made elsewhere: the same task and settings
+                check_data_matches_env(env, [(f"data.{f}", getattr(cfg.data, f)) for f in ("train_file", "val_file")
+                                             if _is_data_path(Path(getattr(cfg.data, f)))])
     except RecipeError as exc:
         raise RecipeError(exc.problems, source) from None
     if cfg.data.answer_key is None:
@@ -156,7 +165,8 @@ def _check_data(cfg: RecipeConfig, source: str | None) -> None:
     if gen is not None and not all(_is_data_path(Path(f)) for _, f in files):  # not generated yet
         from rl_core.data.reasoning_gym import RECIPE_FIELDS, reasoning_gym_examples
 
-        reasoning_gym_examples(cfg.env.task, cfg.env.config, gen.num_train, gen.num_val, gen.seed, RECIPE_FIELDS)
+        few = min(gen.num_train, GENERATE_CHECKED), min(gen.num_val, GENERATE_CHECKED)  # a large set: its start
+        reasoning_gym_examples(cfg.env.task, cfg.env.config, *few, gen.seed, RECIPE_FIELDS)
         counts = {"data.train_file": gen.num_train, "data.val_file": gen.num_val}
         files = []
     files += [(f"evaluation.sets.{name}", file) for name, file in cfg.evaluation.sets.items()]
@@ -174,3 +184,105 @@ def _check_data(cfg: RecipeConfig, source: str | None) -> None:
                                  f"at most the training examples used ({n}, from data.train_file"
                                  + (" and data.max_train_examples" if cfg.data.max_train_examples is not None else "") + ")",
                                  "lower grpo.num_prompts_per_step or use a larger data.train_file.", source)
+
+
+def _model_context(cfg: RecipeConfig) -> tuple[int | None, str]:
+    """The policy's context (max positions) and where it was read: an existing initial policy's
+    config.json, `model.path`'s, the SmolLM2 GGUF header, or `model.tiny`; None if unreadable."""
+    import json
+
+    policy = run_dir(cfg) / "init_policy"
+    for d in ([policy] if (policy / "config.json").is_file() else []) + \
+            ([Path(cfg.model.path)] if cfg.model.source == "hf" and cfg.model.path else []):
+        try:
+            conf = json.loads((d / "config.json").read_text())
+            return int(conf.get("max_position_embeddings") or conf.get("n_positions")), f"{d / 'config.json'}"
+        except (OSError, ValueError, TypeError):
+            return None, ""
+    if cfg.model.source == "smollm2":
+        from rl_core.model.gguf import find_smollm2_gguf, gguf_metadata_value
+
+        path = find_smollm2_gguf()
+        n = gguf_metadata_value(path, "llama.context_length")
+        return (int(n), f"{path.name}'s llama.context_length") if n else (None, "")
+    if cfg.model.source == "tiny":
+        return cfg.model.tiny.max_position_embeddings, "model.tiny.max_position_embeddings"
+    return None, ""
+
+
+def _tokenizer_dir(cfg: RecipeConfig) -> Path | None:
+    """The tokenizer the run will use, where it exists already: an initial policy's (any
+    source), `model.path`'s, or SmolLM2's converted copy; None (built with the policy) else."""
+    candidates = [run_dir(cfg) / "init_policy"]
+    if cfg.model.source == "hf" and cfg.model.path:
+        candidates.append(Path(cfg.model.path))
+    if cfg.model.source == "smollm2":
+        from rl_core.model.gguf import cache_root
+
+        candidates.append(cache_root() / "models" / "smollm2-135m-instruct-float32")
+    return next((d for d in candidates if (d / "tokenizer.json").is_file() or (d / "tokenizer_config.json").is_file()),
+                None)
+
+
+def _check_context(cfg: RecipeConfig, source: str | None) -> None:
+    """`generation.native.max_seq_len` within the model's context, and, where the tokenizer
+    exists already (an initial policy, an HF model), the longest prompt plus
+    `generation.max_tokens` within it (else the initial policy's build checks it)."""
+    ctx, where = _model_context(cfg)
+    if ctx is None:
+        return
+    seq = cfg.generation.native.max_seq_len
+    if seq is not None and seq > ctx:
+        raise RecipeError.single("generation.native.max_seq_len", seq, f"at most the model's context, {ctx:,} tokens "
+                                 f"(max positions, from {where})", f"lower generation.native.max_seq_len to {ctx} or "
+                                 "less, or leave it null (the model's context, at most 4096).", source)
+    tok_dir = _tokenizer_dir(cfg)
+    if tok_dir is None or cfg.env.type in ("agent", "http", "custom") or cfg.data.generate is not None:
+        return  # agents write their own prompts; a custom class is built with the run; generated data later
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    from rl_core.data.dataset import Fields, iter_examples
+    from rl_core.envs import make_env
+
+    from rl_core.generation.native.engine import DEFAULT_MAX_SEQ_LEN_CAP
+
+    try:  # model_max_length: no tokenizer warning for long prompts, this check names them
+        tokenizer = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True, model_max_length=1 << 40)
+        env = make_env(cfg.env, tokenizer)
+    except Exception:  # noqa: BLE001 - a broken or unfit initial policy: train's own checks refuse or rebuild it
+        return
+    engine = (seq or min(ctx, DEFAULT_MAX_SEQ_LEN_CAP)) if cfg.generation.backend == "native" else None
+    for field in ("train_file", "val_file"):
+        batch: list = []
+        for row, example in enumerate(iter_examples(getattr(cfg.data, field), Fields.of(cfg.data)), start=1):
+            batch.append((row, example))
+            if len(batch) == 1024:
+                _check_prompts(env, batch, (ctx, where), engine, f"data.{field}", cfg, source)
+                batch = []
+        _check_prompts(env, batch, (ctx, where), engine, f"data.{field}", cfg, source)
+
+
+def _check_prompts(env, batch: list, context: tuple[int, str], engine: int | None, field: str,
+                   cfg: RecipeConfig, source: str | None) -> None:
+    """The longest prompt of `batch` ((row, example) pairs) plus generation.max_tokens within the
+    model's context, and shorter than the native engine's max_seq_len (which refuses it)."""
+    if not batch:
+        return
+    examples = [e for _, e in batch]
+    ids = env.prompt_ids_many(examples) or [env.prompt_ids(e) for e in examples]
+    longest = max(range(len(ids)), key=lambda i: len(ids[i]))
+    n, (ctx, where), new = len(ids[longest]), context, cfg.generation.max_tokens
+    if n + new > ctx:
+        why = f"{n} + generation.max_tokens {new} > {ctx}, the model's context (from {where})"
+        fix = "lower generation.max_tokens, or use a model with a longer context"
+        if (run_dir(cfg) / "init_policy" / "config.json").is_file():
+            fix += f" (the initial policy {run_dir(cfg) / 'init_policy'} fixes the model: rebuild it for another)"
+    elif engine is not None and n >= engine:
+        why = f"the native engine's generation.native.max_seq_len is {engine} (null: the context, at most 4,096)"
+        fix = f"or raise generation.native.max_seq_len (at most {ctx})"
+    else:
+        return
+    raise RecipeError.single(field, getattr(cfg.data, field.split(".")[1]),
+                             f"prompts that fit the model: row {batch[longest][0]} has {n} tokens, and {why}",
+                             f"shorten or drop that row, {fix}.", source)

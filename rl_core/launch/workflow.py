@@ -286,10 +286,18 @@ def recipe_chain(recipe: str) -> list[str]:
     return out
 
 
-def load_workflow(config: dict, schema_path: str | os.PathLike) -> WorkflowPlan:
-    """Validate the workflow config, load the recipe and plan the run (no torch, no jobs)."""
+def load_workflow(config: dict, schema_path: str | os.PathLike, command_line: dict | None = None) -> WorkflowPlan:
+    """Validate the workflow config, load the recipe and plan the run (no torch, no jobs).
+    `command_line`: the keys given with `--config` (Snakemake reads `KEY=` as null): an empty
+    `run=` or `recipe=` is refused, not read as "the recipe's own"."""
     from rl_core.launch.stages import load_workflow_recipe, plan_epochs
 
+    for key in ("run", "recipe"):
+        if command_line and key in command_line and command_line[key] in (None, ""):
+            raise RecipeError.single(key, "", "a run name (letters, digits, '.', '_', '-')" if key == "run" else
+                                     "a recipe file", f"pass --config {key}=NAME, or leave --config {key}= out "
+                                     + ("to use the recipe's run_name." if key == "run" else "to use config/config.yaml's."),
+                                     "snakemake --config")
     config = dict(config)
     problems = _schema_problems(config, schema_path)
     if problems:

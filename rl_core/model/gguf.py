@@ -157,3 +157,47 @@ def smollm2_hf_dir(dtype: str = "float32", cache_dir: str | Path | None = None) 
     if not is_converted(out, src, dtype):
         convert_gguf(src, out, dtype)
     return out
+
+
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def gguf_metadata_value(path: str | Path, key: str) -> int | float | bool | None:
+    """One scalar of a GGUF file's key/value header (e.g. `llama.context_length`), read by
+    walking the header up to that key (the GGUF format, ggml docs/gguf.md: magic, version,
+    tensor and key counts, then typed key/values); None when the file lacks it or is not GGUF."""
+    import struct
+
+    with open(path, "rb") as fh:
+        def take(fmt: str):
+            data = fh.read(struct.calcsize(fmt))
+            if len(data) != struct.calcsize(fmt):
+                raise EOFError
+            return struct.unpack(fmt, data)[0]
+
+        def skip(kind: int) -> None:
+            if kind == 8:
+                fh.seek(take("<Q"), 1)
+            elif kind == 9:
+                inner, n = take("<I"), take("<Q")
+                if inner in _GGUF_SCALARS:
+                    fh.seek(n * struct.calcsize(_GGUF_SCALARS[inner]), 1)
+                else:
+                    for _ in range(n):
+                        skip(inner)
+            else:
+                fh.seek(struct.calcsize(_GGUF_SCALARS[kind]), 1)
+
+        try:
+            if fh.read(4) != b"GGUF" or take("<I") < 2:
+                return None
+            take("<Q")
+            for _ in range(take("<Q")):
+                name = fh.read(take("<Q")).decode("utf-8", "replace")
+                kind = take("<I")
+                if name == key and kind in _GGUF_SCALARS:
+                    return take(_GGUF_SCALARS[kind])
+                skip(kind)
+        except (EOFError, KeyError):
+            return None
+    return None

@@ -102,8 +102,9 @@ def metadata_from_json(data: Any) -> _md.Metadata:
         if not isinstance(s, dict) or not isinstance(s.get("fqn"), str):
             raise ValueError(f"storage entry {s!r} has no string fqn")
         rel = s.get("relative_path")
-        if not isinstance(rel, str) or Path(rel).name != rel or rel in ("", ".", ".."):
-            raise ValueError(f"storage entry {s['fqn']!r} names file {rel!r} outside the checkpoint directory")
+        if not isinstance(rel, str) or "\x00" in rel or Path(rel).name != rel or rel in ("", ".", ".."):
+            raise ValueError(f"storage entry {s['fqn']!r} names file {rel!r} outside the checkpoint directory "
+                             f"(or not a file name: a NUL byte, a path)")
         if not all(type(s.get(k)) is int and s[k] >= 0 for k in ("file_offset", "length")):
             raise ValueError(f"storage entry {s['fqn']!r} has no non-negative integer file_offset / length")
         if s.get("index") is not None and type(s["index"]) is not int:
@@ -142,6 +143,9 @@ class JsonMetadataReader(FileSystemReader):
         path = Path(self.path) / JSON_METADATA
         if kwargs.get("rank") is not None:  # DCP asks for per-rank metadata only of checkpoints saved without collectives
             raise CheckpointError(f"The sharded checkpoint {self.path} has no per-rank metadata. {_FIX}")
+        if "\x00" in str(path):  # no file system accepts it (open raises ValueError)
+            raise CheckpointError(f"The sharded checkpoint path {str(self.path)!r} holds a NUL byte; expected a "
+                                  f"directory path. {_FIX}")
         try:
             raw = path.read_bytes()
         except OSError as exc:
@@ -187,4 +191,6 @@ def load_sharded(state: dict[str, Any], path: str | Path) -> None:
         ours = [e for e, _ in exc.failures.values() if isinstance(e, CheckpointError)]
         if ours:
             raise ours[0] from None
-        raise
+        first = next(iter(exc.failures.values()), (exc, None))[0]
+        raise CheckpointError(f"The sharded checkpoint {path} could not be read ({type(first).__name__}: "
+                              f"{str(first)[:300]}). {_FIX}") from None

@@ -78,8 +78,8 @@ def test_compile_and_read_back_every_field(tmp_path):
     assert summ["env_masked"] == 3
     assert summ["accuracy"] == pytest.approx(np.mean([s["rewards"]["correct"] for _, _, s in flat]))
     assert summ["reward"]["mean"] == pytest.approx(np.mean([s["reward"] for _, _, s in flat]), rel=1e-6)
-    # the write was atomic: no temporary left beside the archive
-    assert sorted(p.name for p in out.parent.iterdir()) == ["rollouts.h5"]
+    # the write was atomic: no temporary left beside the archive and its checksum manifest
+    assert sorted(p.name for p in out.parent.iterdir()) == ["rollouts.h5", "rollouts.h5.manifest.json"]
 
 
 def test_routed_experts_of_moe_rollouts_round_trip(tmp_path):

@@ -322,6 +322,8 @@ DCP_CRAFTED = {
         "not a torch dtype"),
     "file-outside": (lambda ck, m: _edit_dcp_json(ck, lambda d: (_first_bytes_entry(d).update(
         relative_path="../x.distcp"), d)[1]), "outside the checkpoint"),
+    "nul-in-path": (lambda ck, m: _edit_dcp_json(ck, lambda d: (_first_bytes_entry(d).update(
+        relative_path="__0_0.distcp\x00"), d)[1]), "NUL byte"),
     "negative-length": (lambda ck, m: _edit_dcp_json(ck, lambda d: (_first_bytes_entry(d).update(length=-1), d)[1]),
                         "file_offset / length"),
     "pickle-payload-entry": (_evil_bytes_entry, "was refused"),

@@ -7,7 +7,8 @@ from rl_core.errors import UserError
 from rl_core.launch.workflow import load_workflow
 
 try:
-    WF = load_workflow(config, Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml")
+    WF = load_workflow(config, Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml",
+                       command_line=workflow.config_settings.overwrite_config)  # what --config gave
 except UserError as exc:
     sys.exit(f"rl_core workflow: {exc}")
 # `run: null` means the recipe's run_name: record the name in use for the jobs and the report
