@@ -11,8 +11,8 @@ Field policy: the recipe's sampling (other `temperature`, `top_p`, `top_k`, `see
 through the chat template, `<tool_call>` replies as `tool_calls`; the checks, limits and error
 shape of `rl-core serve` (rl_core.serve.checks), before anything is tokenized or generated.
 
-One per run, built and stopped by the controller (or validation), started at the first episode.
-Does not own: the sessions (sessions.py), the agent or the backend. Read more: docs/agents.md.
+One per run, built and stopped by the controller (or validation), started at the first episode;
+not the sessions (sessions.py), the agent or the backend. Read more: docs/agents.md.
 """
 
 from __future__ import annotations
