@@ -114,6 +114,10 @@ def build_policy(args, tmp: Path, sets: list[str]) -> tuple[Path, dict]:
     policy = ensure_policy(cfg, tmp / "init_policy")
     report = json.loads((policy / "init_report.json").read_text())
     report["wall_s"] = time.time() - t
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the warm-up's memory goes back before the arms start
     return policy, report
 
 
@@ -166,7 +170,11 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=float(os.environ.get("RL_CORE_BENCH_BUDGET_S", "540")))
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--set", action="append", default=[], help="extra recipe override for every arm")
+    ap.add_argument("--plot-only", metavar="JSON", help="only draw the PNG of an earlier run's JSON (beside it)")
     args = ap.parse_args()
+    if args.plot_only:
+        plot(json.loads(Path(args.plot_only).read_text()), Path(args.plot_only).with_suffix(".png"))
+        return 0
     t_begin = time.time()
     base = BENCH + (TINY + TINY_TASK[args.task] if args.tiny else []) + args.set
     if args.steps:
