@@ -168,6 +168,8 @@ def main() -> int:
     ap.add_argument("--seeds", default="0,1", help="TRL seeds (rl_core async runs seed 0 and, time allowing, 1)")
     ap.add_argument("--arms", default="refit,async,sync,trl", help="comma-separated subset, run in this order")
     ap.add_argument("--budget-s", type=float, default=float(os.environ.get("RL_CORE_BENCH_BUDGET_S", "540")))
+    ap.add_argument("--arm-cap-s", type=json.loads, default={"rlcore": 150, "trl": 100, "refit": 60},
+                    help="seconds each kind of arm may take at most (JSON)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--set", action="append", default=[], help="extra recipe override for every arm")
     ap.add_argument("--plot-only", metavar="JSON", help="only draw the PNG of an earlier run's JSON (beside it)")
@@ -210,9 +212,9 @@ def main() -> int:
                 plan += [("trl", f"trl_s{s}", [f"grpo.seed={s}"]) for s in seeds]
             elif arm == "async1":
                 plan.append(("rlcore", "rlcore_async_s1", ["async_rl.sampler.max_lookahead_versions=1", "grpo.seed=1"]))
-        for i, (kind, name, extra) in enumerate(plan):
+        for kind, name, extra in plan:
             left = args.budget_s - (time.time() - t_begin)
-            share = left if i == len(plan) - 1 else min(left, max(60.0, left / (len(plan) - i) * 1.6))
+            share = min(left, args.arm_cap_s.get(kind, left))
             sets = base + extra + [f"output_dir={tmp}", f"run_name={name}"]
             print(f"[{name}] starting, {share:.0f}s allowed", flush=True)
             r = run_child(kind, args, tmp, name, sets, policy, share)
