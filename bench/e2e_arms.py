@@ -88,6 +88,9 @@ def trl_args(cfg, out_dir: str, steps: int, seed: int, device: str) -> dict:
     """GRPOConfig keyword arguments equal to the recipe's settings (docs/benchmarks.md has the map)."""
     per_step = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
     micro = min(per_step, cfg.trainer.microbatch_size)
+    if cfg.trainer.max_tokens_per_microbatch:  # TRL pads: our token budget at the longest prompt + max tokens
+        longest = cfg.generation.native.max_seq_len or cfg.model.tiny.max_position_embeddings
+        micro = max(1, min(micro, cfg.trainer.max_tokens_per_microbatch // longest))
     while per_step % micro:
         micro -= 1
     t = cfg.trainer

@@ -1,6 +1,6 @@
 """The one-GPU recipes' shape on a CPU (recipes/gpu-*.yaml with tiny overrides): the recipes
 load, the long-tail copy data fits the model's positions, and two async RL steps of each run
-in-process through the launch path (the GPU-only settings, bf16 and compile, turned off). The
+in-process through the launch path (the GPU-only setting, compile, turned off). The
 real sizes run in tests/gpu/test_gpu_recipes.py and bench/e2e_gpu.py."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ TINY = ["runtime.device=cpu", "model.dtype=float32", "trainer.compile=false", "r
 def test_gpu_recipe_shape_runs_two_async_steps_on_cpu(tmp_path, monkeypatch, name, extra):
     monkeypatch.chdir(ROOT)
     full = load_recipe(ROOT / "recipes" / f"{name}.yaml")
-    assert full.model.warmup.device == "auto" and full.trainer.compile and full.model.dtype == "bfloat16"
+    assert full.model.warmup.device == "auto" and full.trainer.compile and full.model.dtype == "float32"
     assert full.async_rl.sampler.max_lookahead_versions == 1 and full.generation.placement == "colocated"
     cfg = load_recipe(ROOT / "recipes" / f"{name}.yaml", TINY + extra + [f"output_dir={tmp_path}", "run_name=r"])
     train_from_recipe(cfg)
