@@ -98,9 +98,11 @@ def run_child(arm: str, args, tmp: Path, name: str, sets: list[str], policy: Pat
             rc = "timeout"
     res = json.loads(out.read_text()) if out.exists() else {}
     res["wall_s"] = time.time() - t
-    if rc != 0 or not out.exists():
+    if not out.exists():
         res["failed"] = f"exit {rc}"
         res["log"] = log.read_text()[-3000:]
+    elif rc != 0:  # the results were written; the process was then stopped (time box) or failed on its way out
+        res["exit"] = rc
     return res
 
 
@@ -131,8 +133,8 @@ def summarize(r: dict, busy: float | None) -> dict:
 
 
 def time_to(curve: list[dict], acc: float) -> float | None:
-    """Wall-clock (evaluation excluded) at the first held-out check reaching `acc`."""
-    return next((p["wall_s"] for p in curve if p["accuracy"] >= acc), None)
+    """Wall-clock (evaluation excluded) at the first held-out check after step 0 reaching `acc`."""
+    return next((p["wall_s"] for p in curve if p["step"] > 0 and p["accuracy"] >= acc), None)
 
 
 def plot(res: dict, path: Path) -> None:
