@@ -1,20 +1,17 @@
 """End to end on one GPU, side by side with TRL (issue 44): time to held-out accuracy.
 
-One device call per task. The initial policy is built once (the recipe's initial-policy stage:
-recipes/gpu-addition.yaml or recipes/gpu-copy.yaml, a 116 M-parameter Qwen2-shaped model
-warmed up on the GPU), then every arm starts from it with the same data, prompts per step,
-group size, max tokens, temperature, lr, loss settings (no KL), reward and number of RL steps,
-each in its own process (bench/e2e_arms.py):
-  async  rl_core, sampler lookahead 1 (the recipe)      sync  rl_core, lookahead 0
-  trl    trl.GRPOTrainer (generation by transformers, no vLLM), one run per seed
-  refit  the colocated refit: export_weights(on_device=True) in process vs a CPU round trip
-Per arm: seconds per RL step, generated and trained tokens/s, GPU busy share (nvidia-smi's
-utilization.gpu, sampled every 200 ms over the arm's training window: the share of each sample
-period in which a kernel ran), held-out accuracy every --eval-every steps against steps and
-against wall-clock (evaluation time excluded), peak memory. Writes $OUT/e2e_<task>.json and
-$OUT/e2e_<task>.png (or --out DIR). The call is time-boxed (--budget-s); an arm that does not
-fit is reported as skipped. `--device cpu --tiny`: the same code paths on a CPU, tiny model.
-    python bench/e2e_gpu.py --task addition --steps 40 --seeds 0,1
+One device call per task: the initial policy built once by the recipe's initial-policy stage
+(recipes/gpu-addition.yaml or gpu-repeat.yaml), then each arm from it in its own process
+(bench/e2e_arms.py) with the same data, prompts per step, group size, max tokens, temperature,
+lr, loss (no KL), reward and RL steps: rl_core async (lookahead 1), rl_core sync (lookahead 0),
+TRL's GRPOTrainer (transformers generation, one run per seed) and the colocated refit
+(export_weights(on_device=True) in process vs a CPU round trip). Per arm: s/RL step, generated
+and trained tokens/s, GPU busy (nvidia-smi utilization.gpu every 200 ms over the arm's training
+window), held-out accuracy every --eval-every steps against steps and wall-clock (evaluation
+excluded), peak memory. Writes $OUT/e2e_<task>.json and .png; time-boxed (--budget-s, an arm
+that does not fit is skipped). `--device cpu --tiny`: the same code paths, tiny, on a CPU.
+    python bench/e2e_gpu.py --task addition --steps 60 --eval-every 10 --seeds 0,1
+Results and the TRL field map: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -31,7 +28,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES = {"addition": ROOT / "recipes" / "gpu-addition.yaml", "copy": ROOT / "recipes" / "gpu-copy.yaml"}
+RECIPES = {"addition": ROOT / "recipes" / "gpu-addition.yaml", "repeat": ROOT / "recipes" / "gpu-repeat.yaml"}
 TINY = ["runtime.device=cpu", "model.dtype=float32", "trainer.compile=false", "runtime.torch_num_threads=1",
         "model.tiny.hidden_size=64", "model.tiny.num_hidden_layers=2", "model.tiny.num_attention_heads=4",
         "model.tiny.num_key_value_heads=2", "model.tiny.intermediate_size=128", "model.warmup.device=cpu",
@@ -39,9 +36,9 @@ TINY = ["runtime.device=cpu", "model.dtype=float32", "trainer.compile=false", "r
         "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "trainer.lr=1.0e-3",
         "async_rl.min_groups_for_streaming_train=2", "logging.tensorboard=false", "logging.progress='off'"]
 TINY_TASK = {"addition": ["model.warmup.target_accuracy=0.05", "model.warmup.eval_every_steps=10"],
-             "copy": ["model.warmup.enabled=false",
+             "repeat": ["model.warmup.enabled=false",
                       "generation.max_tokens=48", "validation.sampling.max_tokens=48", "validation.max_val_samples=8",
-                      "data.max_train_examples=64", "model.tiny.max_position_embeddings=2240"]}
+                      "data.max_train_examples=64"]}
 BENCH = ["logging.tensorboard=false", "logging.progress='off'", "checkpoint.save_every_steps=0"]
 
 

@@ -7,7 +7,7 @@ greedy decode, `greedy_decode`, of the first `warmup.num_eval_prompts` held-out 
 correct when the completion cut at the first end token is the reference answer and the end
 token was produced); and the stop rule (the first check at `model.warmup.target_accuracy`,
 else a `RecipeError` naming `model.warmup.max_steps`). Reproducible given the same initial
-weights, seed and thread count.
+weights, seed and thread count; on a GPU (`device`) bf16 autocast and KV-cached checks.
 
 Does not own: building the model or tokenizer, the prompt format or the answer (the
 environment), or saving. Read more: docs/model.md, "The warm-up" (why a low target).

@@ -20,7 +20,7 @@ pytest.importorskip("snakemake", reason="the workflow needs snakemake (pip insta
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("name", ["gpu-addition", "gpu-copy"])
+@pytest.mark.parametrize("name", ["gpu-addition", "gpu-repeat"])
 def test_gpu_recipe_runs_on_cuda(tmp_path, name):
     for d in ("recipes", "data", "config"):
         (tmp_path / d).symlink_to(ROOT / d)

@@ -1,5 +1,5 @@
 """The one-GPU recipes' shape on a CPU (recipes/gpu-*.yaml with tiny overrides): the recipes
-load, the long-tail copy data fits the model's positions, and two async RL steps of each run
+load, the long-tail data fits the model's positions, and two async RL steps of each run
 in-process through the launch path (the GPU-only setting, compile, turned off). The
 real sizes run in tests/gpu/test_gpu_recipes.py and bench/e2e_gpu.py."""
 
@@ -23,7 +23,7 @@ TINY = ["runtime.device=cpu", "model.dtype=float32", "trainer.compile=false", "r
 
 @pytest.mark.parametrize("name,extra", [
     ("gpu-addition", []),
-    ("gpu-copy", ["generation.max_tokens=32", "validation.sampling.max_tokens=32", "data.max_train_examples=32"]),
+    ("gpu-repeat", ["generation.max_tokens=32", "validation.sampling.max_tokens=32", "data.max_train_examples=32"]),
 ])
 def test_gpu_recipe_shape_runs_two_async_steps_on_cpu(tmp_path, monkeypatch, name, extra):
     monkeypatch.chdir(ROOT)
