@@ -90,6 +90,8 @@ class WarmupConfig(Section):
     """Check the held-out accuracy every this many steps."""
     num_eval_prompts: int = Field(200, ge=1)
     """Held-out prompts used by each warm-up check."""
+    device: Literal["cpu", "auto", "cuda"] = "cpu"
+    """Where the warm-up runs: `cpu` (fp32, reproducible byte for byte on one machine), `cuda` (a GPU: fp32 weights, bf16 autocast, each batch cut to its longest example, greedy checks with a KV cache) or `auto` (CUDA when available, else cpu). The saved policy is fp32 either way. The GPU recipes (recipes/gpu-*.yaml) use `auto`."""
     reuse_from: str | None = Field(None, min_length=1)
     """Start from an earlier run's warmed-up initial policy instead of building and warming a new one: a run name (its `<output_dir>/<name>/init_policy`) or the path of an `init_policy` directory. It must have been built by `model.source: tiny` with this recipe's `model.tiny` shape and `data.train_file` (the tokenizer is trained on that file); checked before anything is built. docs/environments.md, "A new task"."""
 

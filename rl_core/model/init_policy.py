@@ -66,6 +66,7 @@ def init_policy(cfg: Any, out_dir: str | Path, log: Callable[[str], None] | None
 def _init_tiny(cfg: Any, out_dir: Path, log: Callable[[str], None] | None) -> dict[str, Any]:
     t0 = time.perf_counter()
     tiny, seed = cfg.model.tiny, cfg.grpo.seed
+    device = warmup_device(cfg.model.warmup.device) if cfg.model.warmup.enabled else "cpu"
     train, val = load_task_data(cfg.data.train_file, cfg.data.val_file, fields=Fields.of(cfg.data))
     tokenizer = build_tokenizer(train, tiny.tokenizer_vocab_size, model_max_length=tiny.max_position_embeddings)
     env = make_env(cfg.env, tokenizer)
@@ -76,7 +77,9 @@ def _init_tiny(cfg: Any, out_dir: Path, log: Callable[[str], None] | None) -> di
             f"vocabulary {len(tokenizer)}, seed {seed}")
 
     if cfg.model.warmup.enabled:
-        stats = warmup(model, env, train, val, cfg.model.warmup, seed=seed, log=log)
+        stats = warmup(model, env, train, val, cfg.model.warmup, seed=seed, log=log, device=device)
+        if device != "cpu":
+            stats["device"] = device
     else:
         stats = {"enabled": False}
 
@@ -100,6 +103,19 @@ def _init_tiny(cfg: Any, out_dir: Path, log: Callable[[str], None] | None) -> di
     if log is not None:
         log(f"init_policy: wrote {out_dir} in {report['seconds']:.1f}s")
     return report
+
+
+def warmup_device(setting: str) -> str:
+    """`model.warmup.device` resolved: `auto` is CUDA when available; `cuda` without a GPU
+    raises a `RecipeError`."""
+    import torch
+
+    if setting == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if setting == "cuda" and not torch.cuda.is_available():
+        raise RecipeError.single("model.warmup.device", "cuda", "a machine with a CUDA device",
+                                 "set model.warmup.device: auto (or cpu) on this machine.")
+    return setting
 
 
 def check_lengths(env: Any, examples: list[dict[str, Any]], max_new_tokens: int, max_positions: int) -> int:

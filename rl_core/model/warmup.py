@@ -7,7 +7,7 @@ greedy decode, `greedy_decode`, of the first `warmup.num_eval_prompts` held-out 
 correct when the completion cut at the first end token is the reference answer and the end
 token was produced); and the stop rule (the first check at `model.warmup.target_accuracy`,
 else a `RecipeError` naming `model.warmup.max_steps`). Reproducible given the same initial
-weights, seed and thread count.
+weights, seed and thread count; on a GPU (`device`) bf16 autocast and KV-cached checks.
 
 Does not own: building the model or tokenizer, the prompt format or the answer (the
 environment), or saving. Read more: docs/model.md, "The warm-up" (why a low target).
@@ -16,6 +16,7 @@ environment), or saving. Read more: docs/model.md, "The warm-up" (why a low targ
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -64,15 +65,21 @@ def sft_loss(model: torch.nn.Module, batch: SFTTensors) -> torch.Tensor:
 
 @torch.no_grad()
 def greedy_decode(model: torch.nn.Module, prompts: Sequence[list[int]], max_new_tokens: int, pad_id: int,
-                  batch_size: int = 256) -> list[list[int]]:
+                  batch_size: int = 256, stop_ids: Sequence[int] = (), use_cache: bool = False) -> list[list[int]]:
     """Arg-max continuation of each prompt, exactly `max_new_tokens` tokens (cut at the end token yourself).
 
     Prompts of different lengths are left-padded, with position ids counted from each
-    prompt's first real token. The model is put in eval mode and restored afterwards.
+    prompt's first real token. The model is put in eval mode and restored afterwards. It runs
+    on the model's device (bf16 autocast on CUDA). `stop_ids`: a batch stops once every row
+    has produced one of them, the rest filled with `pad_id`. `use_cache`: decode with the KV
+    cache (one new token per forward) instead of re-running the whole sequence.
     """
     was_training = model.training
     model.eval()
     out: list[list[int]] = []
+    device = next(model.parameters()).device
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    stops = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=device) if stop_ids else None
     try:
         for start in range(0, len(prompts), batch_size):
             chunk = prompts[start:start + batch_size]
@@ -82,25 +89,44 @@ def greedy_decode(model: torch.nn.Module, prompts: Sequence[list[int]], max_new_
             for i, p in enumerate(chunk):
                 ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
                 attention[i, width - len(p):] = 1
+            ids, attention = ids.to(device), attention.to(device)
+            done = torch.zeros((len(chunk), 1), dtype=torch.bool, device=device)
+            past, step_ids, step_mask = None, ids, attention
             for _ in range(max_new_tokens):
                 positions = (attention.cumsum(dim=1) - 1).clamp_min(0)
-                logits = model(input_ids=ids, attention_mask=attention, position_ids=positions,
-                               use_cache=False).logits[:, -1]
-                nxt = logits.argmax(dim=-1, keepdim=True)
+                if past is not None:
+                    positions = positions[:, -1:]
+                with autocast:
+                    res = model(input_ids=step_ids, attention_mask=step_mask, position_ids=positions,
+                                use_cache=use_cache, past_key_values=past)
+                if use_cache:
+                    past = res.past_key_values
+                nxt = res.logits[:, -1].argmax(dim=-1, keepdim=True)
+                nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
                 ids = torch.cat([ids, nxt], dim=1)
                 attention = torch.cat([attention, torch.ones_like(nxt)], dim=1)
-            out.extend(ids[:, width:].tolist())
+                step_ids, step_mask = (nxt, attention) if use_cache else (ids, attention)
+                if stops is not None:
+                    done |= torch.isin(nxt, stops)
+                    if bool(done.all()):
+                        break
+            gen = ids[:, width:]
+            if gen.shape[1] < max_new_tokens:
+                gen = torch.cat([gen, gen.new_full((len(chunk), max_new_tokens - gen.shape[1]), pad_id)], dim=1)
+            out.extend(gen.tolist())
     finally:
         model.train(was_training)
     return out
 
 
-def greedy_accuracy(model: torch.nn.Module, env: Any, examples: Sequence[dict[str, Any]]) -> tuple[float, int]:
-    """(accuracy, number correct) of greedy completions under the environment's reference answers."""
+def greedy_accuracy(model: torch.nn.Module, env: Any, examples: Sequence[dict[str, Any]],
+                    use_cache: bool = False) -> tuple[float, int]:
+    """(accuracy, number correct) of greedy completions under the environment's reference answers
+    (decoding stops once every completion has ended)."""
     prompts = [env.prompt_ids(ex) for ex in examples]
     max_new = max(len(env.reference_completion_ids(ex)) for ex in examples)
     pad_id = env.tokenizer.pad_token_id if env.tokenizer.pad_token_id is not None else env.end_token_ids[0]
-    generated = greedy_decode(model, prompts, max_new, pad_id)
+    generated = greedy_decode(model, prompts, max_new, pad_id, stop_ids=env.end_token_ids, use_cache=use_cache)
     end_ids = set(env.end_token_ids)
     correct = 0
     for ex, gen in zip(examples, generated):
@@ -114,15 +140,37 @@ def greedy_accuracy(model: torch.nn.Module, env: Any, examples: Sequence[dict[st
 
 def warmup(model: torch.nn.Module, env: Any, train_examples: Sequence[dict[str, Any]],
            val_examples: Sequence[dict[str, Any]], cfg: Any, seed: int,
-           log: Callable[[str], None] | None = print) -> dict[str, Any]:
+           log: Callable[[str], None] | None = print, device: str = "cpu") -> dict[str, Any]:
     """Train until the greedy held-out accuracy reaches `cfg.target_accuracy` (a `WarmupConfig`).
 
     Returns stats: steps, accuracy, loss, seconds, target_accuracy, num_eval_prompts and
     the history of checks. Raises `RecipeError` (field `model.warmup.max_steps`) when
-    `cfg.max_steps` steps never reach the target.
+    `cfg.max_steps` steps never reach the target. On `device` "cuda" the model trains there
+    (fp32 weights, bf16 autocast, each batch cut to its longest example, KV-cached checks)
+    and is moved back to the CPU before this returns or raises.
     """
     if not train_examples or not val_examples:
         raise ValueError("the warm-up needs training and validation examples")
+    if torch.device(device).type != "cuda":
+        return _warmup(model, env, train_examples, val_examples, cfg, seed, log, None)
+    model.to(device)
+    try:
+        return _warmup(model, env, train_examples, val_examples, cfg, seed, log, torch.device(device))
+    finally:
+        model.to("cpu")
+
+
+def _on_gpu(batch: SFTTensors, device: torch.device) -> SFTTensors:
+    """The batch on `device`, cut after its longest example (right padding: the cut columns
+    are padding that no kept position attends to, so the loss is the same)."""
+    width = int(batch.attention_mask.sum(dim=1).max())
+    return SFTTensors(*(t[:, :width].to(device, non_blocking=True)
+                        for t in (batch.input_ids, batch.attention_mask, batch.loss_mask)))
+
+
+def _warmup(model: torch.nn.Module, env: Any, train_examples: Sequence[dict[str, Any]],
+            val_examples: Sequence[dict[str, Any]], cfg: Any, seed: int,
+            log: Callable[[str], None] | None, gpu: torch.device | None) -> dict[str, Any]:
     t0 = time.perf_counter()
     pad_id = env.tokenizer.pad_token_id if env.tokenizer.pad_token_id is not None else env.end_token_ids[0]
     data = encode_sft_examples([env.prompt_ids(ex) for ex in train_examples],
@@ -143,7 +191,11 @@ def warmup(model: torch.nn.Module, env: Any, train_examples: Sequence[dict[str, 
         idx = order[cursor:cursor + batch_size]
         cursor += batch_size
         batch = SFTTensors(data.input_ids[idx], data.attention_mask[idx], data.loss_mask[idx])
-        loss = sft_loss(model, batch)
+        if gpu is None:
+            loss = sft_loss(model, batch)
+        else:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = sft_loss(model, _on_gpu(batch, gpu))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -151,7 +203,7 @@ def warmup(model: torch.nn.Module, env: Any, train_examples: Sequence[dict[str, 
 
         if step % cfg.eval_every_steps and step != cfg.max_steps:
             continue
-        accuracy, num_correct = greedy_accuracy(model, env, eval_examples)
+        accuracy, num_correct = greedy_accuracy(model, env, eval_examples, use_cache=gpu is not None)
         mean_loss = sum(losses) / len(losses)
         losses.clear()
         record = {"step": step, "loss": round(mean_loss, 6), "accuracy": accuracy,

@@ -135,3 +135,15 @@ def test_load_recipe_checks_a_reused_warmup_before_any_build(tiny_dir, tmp_path)
     with pytest.raises(RecipeError, match=r"model\.warmup\.reuse_from.*model\.tiny\.hidden_size is 64 in the recipe"):
         load_recipe(recipe, [f"model.warmup.reuse_from={tiny_dir[0]}", "model.tiny.hidden_size=64"])
     assert not (tmp_path / "results").exists()  # refused before anything was written
+
+
+def test_warmup_device_resolves_and_refuses_cuda_without_a_gpu(monkeypatch):
+    import torch
+
+    from rl_core.errors import RecipeError
+    from rl_core.model.init_policy import warmup_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert warmup_device("auto") == "cpu" and warmup_device("cpu") == "cpu"
+    with pytest.raises(RecipeError, match="model.warmup.device"):
+        warmup_device("cuda")

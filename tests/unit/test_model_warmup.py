@@ -81,3 +81,19 @@ def test_unreached_target_names_max_steps(task):
     with pytest.raises(RecipeError, match=r"model\.warmup\.max_steps.*got 3") as err:
         warmup(model, env, train, val, cfg, seed=0, log=None)
     assert "target_accuracy" in str(err.value)
+
+
+def test_kv_cached_greedy_decode_and_stop_ids_match_the_full_recompute(task):
+    """The GPU warm-up's check path (`use_cache`, `stop_ids`) gives the full-recompute tokens:
+    left-padded prompts of different lengths, the KV cache, rows stopped early filled with pad."""
+    _, _, tok, _ = task
+    model = build_tiny_model(TINY, tok, seed=3)
+    prompts = [tok.encode(t, add_special_tokens=False) for t in ["07+45=", "the answer is", "1", "Please add 3"]]
+    full = greedy_decode(model, prompts, max_new_tokens=7, pad_id=tok.pad_token_id)
+    assert greedy_decode(model, prompts, max_new_tokens=7, pad_id=tok.pad_token_id, use_cache=True) == full
+    stop = full[0][2]  # the third token of the first row: that row stops there
+    stopped = greedy_decode(model, prompts, max_new_tokens=7, pad_id=tok.pad_token_id, stop_ids=[stop], use_cache=True)
+    for row, ref in zip(stopped, full):
+        cut = next((k for k, t in enumerate(ref) if t == stop), None)
+        assert len(row) == 7
+        assert row[:(cut + 1) if cut is not None else 7] == ref[:(cut + 1) if cut is not None else 7]
