@@ -39,13 +39,28 @@ def stuck_at(thread_id: int | None) -> str | None:
     frame is the user's (or the thread is gone)."""
     frame = sys._current_frames().get(thread_id) if thread_id is not None else None
     while frame is not None:
-        code = frame.f_code
-        if is_user_file(code.co_filename):
-            line = linecache.getline(code.co_filename, frame.f_lineno).strip()
-            module = frame.f_globals.get("__name__", "?")
-            return f"{module}.{code.co_name} ({code.co_filename}:{frame.f_lineno}: `{line}`)"
+        if is_user_file(frame.f_code.co_filename):
+            return _describe(frame)
         frame = frame.f_back
     return None
+
+
+def awaiting_at(coro) -> str | None:
+    """Where the user's code in the suspended coroutine `coro` awaits (its innermost user frame
+    along the chain of awaited coroutines), as `stuck_at` writes it; None when none is the user's."""
+    found = None
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None and is_user_file(frame.f_code.co_filename):
+            found = _describe(frame)
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return found
+
+
+def _describe(frame) -> str:
+    code = frame.f_code
+    line = linecache.getline(code.co_filename, frame.f_lineno).strip()
+    return f"{frame.f_globals.get('__name__', '?')}.{code.co_name} ({code.co_filename}:{frame.f_lineno}: `{line}`)"
 
 
 class DaemonPool(concurrent.futures.Executor):
@@ -130,8 +145,18 @@ class UserLoop:
             self.loop.close()
 
     async def run(self, coro):
-        """Run `coro` on this loop and return its result here."""
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+        """Run `coro` on this loop and return its result here. Cancelled (a deadline, a stale
+        group), it is cancelled there; the CancelledError carries `stuck_at`: where it awaited."""
+        here = asyncio.get_running_loop()
+        waiter = here.create_future()
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        future.add_done_callback(lambda f: here.call_soon_threadsafe(_settle, waiter, f))
+        try:
+            return await waiter
+        except asyncio.CancelledError as exc:
+            exc.stuck_at = awaiting_at(coro)  # before it is cancelled there; read by resilience.with_deadline
+            future.cancel()
+            raise
 
     async def run_within(self, coro, timeout_s: float):
         """`run`, but give up after `timeout_s` (a loop blocked by user code never answers)."""
@@ -146,6 +171,17 @@ class UserLoop:
         _LOOPS.discard(self)
         if not self.loop.is_closed():
             self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def _settle(waiter: asyncio.Future, future: concurrent.futures.Future) -> None:
+    if waiter.done():
+        return
+    if future.cancelled():
+        waiter.cancel()
+    elif future.exception() is not None:
+        waiter.set_exception(future.exception())
+    else:
+        waiter.set_result(future.result())
 
 
 def user_loops() -> list[UserLoop]:

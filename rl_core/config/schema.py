@@ -328,7 +328,8 @@ class RecipeConfig(Section):
         a = self.async_rl
         f = a.failure
         w = a.watchdog
-        deadlines = [d for d in (f.generation_timeout_s, f.env_timeout_s) if d is not None]
+        episode = getattr(self.env, "episode_timeout_s", None)  # agent and http environments
+        deadlines = [d for d in (f.generation_timeout_s, f.env_timeout_s, episode) if d is not None]
         if w.stall_timeout_s <= w.interval_s or any(w.stall_timeout_s <= d for d in deadlines):
             fail("async_rl.watchdog.stall_timeout_s", w.stall_timeout_s,
                   f"greater than async_rl.watchdog.interval_s ({w.interval_s}) and every rollout deadline ({deadlines})",

@@ -29,7 +29,7 @@ import numpy as np
 
 from rl_core.config.schema import SamplingParamsConfig
 from rl_core.rollout.decode import decode_group, decode_text
-from rl_core.resilience import gather_or_cancel, with_deadline
+from rl_core.resilience import deadline_missed, gather_or_cancel, with_deadline
 from rl_core.usercode import DaemonPool, stuck_at
 from rl_core.protocols import Environment, EpisodeEnvironment, GenerationBackend
 from rl_core.types import (MAX_SEED, GenerationRequest, GenerationResult, Sample, SamplingParams, group_requests,
@@ -220,12 +220,10 @@ async def _score(env, example, ids, text, finish, opts: GroupOptions, timings: S
         fut = _ENV_POOL.submit(call)
         try:
             return await with_deadline(asyncio.wrap_future(fut), opts.env_timeout_s, f"environment {env.name} scoring")
-        except TimeoutError as exc:  # name where the scoring is stuck, and let a fresh thread take its place
+        except TimeoutError:  # name where the scoring is stuck, and let a fresh thread take its place
             where = stuck_at(_ENV_POOL.thread_of(fut))
             _ENV_POOL.abandon(fut)
-            if where is None:
-                raise
-            raise TimeoutError(f"{exc} (it is stuck at {where})") from None
+            raise deadline_missed(f"environment {env.name} scoring", opts.env_timeout_s, where) from None
     finally:
         timings.env_s += time.monotonic() - t0
 
