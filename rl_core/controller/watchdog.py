@@ -131,7 +131,10 @@ class Watchdog:
                         t_last = now
             if error is not None:
                 t_error = now
-                loop.call_soon_threadsafe(_fail, failed, error)
+                try:
+                    loop.call_soon_threadsafe(_fail, failed, error)
+                except RuntimeError:  # the loop has closed: the run is over
+                    return
 
 
 def _fail(failed: asyncio.Future, error: BaseException) -> None:

@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.paths import ROOT, TINY_RECIPE as RECIPE
+from tests.helpers.processes import finish
 
 COLD = ["model.warmup.enabled=false", "logging.tensorboard=false", "generation.max_tokens=6",
         "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "validation.max_val_samples=8"]
@@ -78,12 +79,7 @@ def _train(tmp_path: Path, name: str, *overrides: str, log: Path | None = None) 
 def _finish(proc: subprocess.Popen, timeout: float) -> tuple[str, float]:
     """The console of `proc` and the seconds it took to exit (killed, by PID, past `timeout`)."""
     t0 = time.monotonic()
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:  # stop what this test started, by PID
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    out = finish(proc, timeout)
     return out, time.monotonic() - t0
 
 
