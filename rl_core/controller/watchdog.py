@@ -4,9 +4,10 @@ Owns: checking every `interval_s`, from a thread of its own, whether the run pro
 committed, a group selected, or an RL step finished), and after `stall_timeout_s` without progress
 a report naming what each pump waits on, the buffer's state and the generation backend's counters
 (then warning or stopping the run: StallError); and whether the controller's event loop and each
-user loop (rl_core.usercode.UserLoop: agents) still run callbacks: one blocked for `block_timeout_s`
-stops the run with `BlockedLoopError` naming the user's function and file:line on its stack. When
-the controller's own loop cannot take the error, the process ends (`usercode.hard_exit`).
+user loop (rl_core.usercode.UserLoop: agents) still run callbacks: a user loop blocked for
+`block_timeout_s` stops the run with `BlockedLoopError` naming the user's function and file:line
+on its stack; the controller's loop is named then in a warning and stopped at `stall_timeout_s`,
+ending the process (`usercode.hard_exit`), since no error can reach a blocked loop.
 
 Does not own: the pumps' behaviour; it only reads their `waiting_on` and counters.
 """
@@ -84,7 +85,7 @@ class Watchdog:
         last, t_last, t_check = self._progress(), time.monotonic(), time.monotonic()
         error: BaseException | None = None  # handed to the loop, not yet taken
         t_error = 0.0
-        warned: set[int] = set()  # loops reported blocked in rl_core's own code (warned once)
+        warned: set[int] = set()  # the controller's loop, warned of once per blocked stretch
         while not stop.wait(tick):
             now = time.monotonic()
             if error is not None:  # the loop did not take the error: it is blocked, end the process
@@ -99,20 +100,15 @@ class Watchdog:
                     warned.discard(id(hb))
                     continue
                 where = stuck_at(hb.thread_id)
-                if where is None and hb is beat:  # rl_core's own code: the stall report covers it
+                text = self._blocked(name, blocked, where, hb is beat)
+                # the controller's loop may be blocked by a slow step observer or reward function: a
+                # warning now, the end of the run only at stall_timeout_s (action: abort)
+                if hb is beat and (blocked < cfg.stall_timeout_s or cfg.action != "abort"):
                     if id(hb) not in warned:
                         warned.add(id(hb))
-                        print(f"[watchdog] {name} has run no callback for {blocked:.0f}s (no frame of user code on "
-                              "its stack)", file=sys.stderr, flush=True)
+                        print(f"[watchdog] {text}", file=sys.stderr, flush=True)
                     continue
-                fix = ("make it return quickly, or give it a deadline in a worker thread: "
-                       "async_rl.failure.env_timeout_s runs environment scoring there" if hb is beat else
-                       "use the async form of the call (`await asyncio.sleep(...)`, an async client), or run "
-                       "blocking work in a thread: `await asyncio.to_thread(fn, ...)`")
-                error = BlockedLoopError(
-                    f"{name} ran no callback for {blocked:.0f}s (async_rl.watchdog.block_timeout_s="
-                    f"{cfg.block_timeout_s:g}): it is blocked at {where or 'a call outside your code'}. Code on an "
-                    f"event loop must not block: every episode on it, and here the run, waits. Fix: {fix}.")
+                error = BlockedLoopError(text)
                 break
             since = self._progress_from
             if since is not None and t_last < since:  # progress is watched from now on
@@ -124,8 +120,11 @@ class Watchdog:
                 elif now - t_last >= cfg.stall_timeout_s:
                     self.stalls += 1
                     text = self.report(now - t_last)
-                    if cfg.action == "abort":
-                        error = StallError(text)
+                    if cfg.action == "abort":  # a blocked controller loop is the cause to name
+                        held = beat.poke()
+                        error = BlockedLoopError(self._blocked("the controller's event loop", held,
+                                                               stuck_at(beat.thread_id), True)) \
+                            if held >= cfg.block_timeout_s else StallError(text)
                     else:
                         print(f"[watchdog] {text}", file=sys.stderr, flush=True)
                         t_last = now
@@ -135,6 +134,24 @@ class Watchdog:
                     loop.call_soon_threadsafe(_fail, failed, error)
                 except RuntimeError:  # the loop has closed: the run is over
                     return
+
+
+    def _blocked(self, name: str, blocked: float, where: str | None, controller: bool) -> str:
+        """What a blocked loop is told: where it is blocked and the fix."""
+        cfg = self.cfg
+        if controller:
+            limit = (f"async_rl.watchdog.block_timeout_s={cfg.block_timeout_s:g}; the run stops at "
+                     f"stall_timeout_s={cfg.stall_timeout_s:g}" if cfg.action == "abort" else
+                     f"async_rl.watchdog.block_timeout_s={cfg.block_timeout_s:g}")
+            fix = ("make it return quickly, or give it a deadline in a worker thread: async_rl.failure.env_timeout_s "
+                   "runs environment scoring there")
+        else:
+            limit = f"async_rl.watchdog.block_timeout_s={cfg.block_timeout_s:g}"
+            fix = ("use the async form of the call (`await asyncio.sleep(...)`, an async client), or run blocking "
+                   "work in a thread: `await asyncio.to_thread(fn, ...)`")
+        return (f"{name} ran no callback for {blocked:.0f}s ({limit}): it is blocked at "
+                f"{where or 'a call outside your code'}. Code on an event loop must not block: everything on that "
+                f"loop waits for it. Fix: {fix}.")
 
 
 def _fail(failed: asyncio.Future, error: BaseException) -> None:

@@ -97,7 +97,7 @@ def test_a_blocking_agent_is_named_within_the_watchdog_deadline(tmp_path):
     assert "the event loop of agent hang_code:sleepy_agent" in message, console
     assert f"hang_code.sleepy_agent ({tmp_path / 'user_code' / 'hang_code.py'}:10: `time.sleep(3600)`)" in message
     blocked_s = int(re.search(r"ran no callback for (\d+)s", message).group(1))
-    assert 3 <= blocked_s <= 4  # named within the deadline (the watchdog checks 4 times a block_timeout_s)
+    assert 3 <= blocked_s <= 5  # named within the deadline (checked twice a second; slack for a loaded machine)
     assert "Traceback" not in console
 
 
@@ -117,7 +117,7 @@ def test_an_agent_that_awaits_forever_stops_at_its_episode_deadline(tmp_path):
 @pytest.mark.parametrize("deadline", [True, False], ids=["env_timeout_s", "on_the_loop"])
 def test_a_stuck_environment_ends_the_process_with_its_error(tmp_path, deadline):
     overrides = ["async_rl.failure.env_timeout_s=2", "async_rl.failure.infra_retry_budget_s=3"] if deadline else \
-        ["async_rl.watchdog.block_timeout_s=3"]
+        ["async_rl.watchdog.block_timeout_s=2", "async_rl.watchdog.interval_s=1", "async_rl.watchdog.stall_timeout_s=5"]
     proc = _train(tmp_path, "stuck", "env.type=custom", "env.target=hang_code:StuckEnv", "grpo.max_num_steps=2",
                   "validation.val_at_start=false", *overrides)
     console, wall_s = _finish(proc, 180)
@@ -129,9 +129,11 @@ def test_a_stuck_environment_ends_the_process_with_its_error(tmp_path, deadline)
         assert "environment stuck scoring missed its 2s deadline" in message and "The run stops" in message
         assert f"Fix: make your code at {where} finish within its deadline" in message
         assert message.startswith("rl-core train: TimeoutError")
-    else:  # the controller's own loop is blocked: the watchdog ends the process
-        assert message.startswith("rl-core: the controller's event loop ran no callback for")
+    else:  # the controller's own loop is blocked: a warning, then at stall_timeout_s the watchdog ends the process
+        assert re.match(r"rl-core: the controller's event loop ran no callback for [3-6]s", message), message
         assert "async_rl.failure.env_timeout_s" in message  # the fix
+        warning = [ln for ln in console.splitlines() if ln.startswith("[watchdog] the controller's event loop")]
+        assert len(warning) == 1 and where in warning[0] and "ran no callback for 2s" in warning[0], console
     assert wall_s < 120, f"the process took {wall_s:.0f}s to exit"
 
 
