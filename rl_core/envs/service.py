@@ -6,8 +6,8 @@ service when the controller dies, SIGKILL included); a pid file per port (`pid_f
 it, so that a rerun stops what a killed controller left behind, and only that: the processes of
 the recorded session whose start is not older than the recorded one's, when the recorded
 controller is gone and the recorded leader is either gone or still the same process (pid, start
-time, boot, command line); stopping the session on a normal end, at interpreter exit and before
-the watchdog's hard exit. Does not own: the HTTP protocol (rl_core.envs.agent). Guide: docs/agents.md.
+time, boot, command line), and the file in a folder only this user can write; stopping the
+session on a normal end, at interpreter exit and before the watchdog's hard exit. Does not own: the HTTP protocol (rl_core.envs.agent). Guide: docs/agents.md.
 """
 
 from __future__ import annotations
@@ -37,6 +37,15 @@ def pid_file(url: str) -> Path:
     """Where the service for `url` is recorded: one file per port, per user."""
     port = urlparse(url).port or 80
     return Path(tempfile.gettempdir()) / f"rl_core-{os.getuid()}" / f"env-service-{port}.json"
+
+
+def _private_dir(path: Path) -> bool:
+    """Whether `path`'s folder is this user's alone (made so if missing): a record another user
+    could have planted is never acted on."""
+    folder = path.parent
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = folder.stat()
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
 def _boot_id() -> str:
@@ -112,6 +121,8 @@ def clean_up_left_behind(url: str, command: list[str]) -> None:
     """Before starting the service for `url`: stop the one a killed controller left behind (as
     recorded in `pid_file(url)`); refuse when the recorded controller is still running."""
     path = pid_file(url)
+    if not _private_dir(path):
+        return
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -153,8 +164,8 @@ class ServiceProcess:
                        "command": list(command), "url": url,
                        "controller": {"pid": me, "start": (_stat(me) or (0, 0, 0))[2]}}
         self.path = pid_file(url)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(self.path, self.record)
+        if _private_dir(self.path):
+            atomic_write_json(self.path, self.record)
         atexit.register(self.stop)
         self._unhook = on_hard_exit(lambda: self.stop(grace_s=2.0))
 
