@@ -32,6 +32,11 @@ def _installed_dirs() -> tuple[str, ...]:
     return tuple(d.rstrip(os.sep) + os.sep for d in dirs)
 
 
+def is_user_file(filename: str) -> bool:
+    """Whether `filename` is the user's code: a real file outside rl_core and the Python installation."""
+    return not filename.startswith("<") and not os.path.realpath(filename).startswith(_installed_dirs())
+
+
 def user_frame(exc: BaseException) -> str | None:
     """Where the user's code (an agent, a reward function, an environment) raised `exc` or the
     exception it was raised from: `file:line in function` of the last traceback frame outside

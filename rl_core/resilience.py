@@ -68,6 +68,7 @@ class Attempts:
     last_kind: FailureKind | None = None
     last_error: str = "none"  # "Type: message" of the last failure
     last_frame: str | None = None  # where the user's code raised the last failure (errors.user_frame)
+    last_stuck: str | None = None  # where the user's code was stuck when the last failure's deadline passed
 
     @classmethod
     def of(cls, policy) -> "Attempts":
@@ -84,6 +85,7 @@ class Attempts:
         else:
             self.data += 1
         self.last_frame = user_frame(exc) if kind is FailureKind.DATA else None
+        self.last_stuck = getattr(exc, "stuck_at", None) if kind is FailureKind.INFRA else None
         self.last_error = f"{type(exc).__name__}: {exc}"
         return kind
 
@@ -140,7 +142,10 @@ def group_failed(what: str, example, attempts: Attempts, budget: str) -> GroupDr
     one paragraph: the last failure and where the user's code raised it, the group and its
     example (short), the attempts, and the fix; `budget` names the drop budget that is spent."""
     at = f" (at {attempts.last_frame})" if attempts.last_frame else ""
-    if attempts.last_kind is FailureKind.INFRA:
+    if attempts.last_kind is FailureKind.INFRA and attempts.last_stuck:
+        fix = (f"make your code at {attempts.last_stuck} finish within its deadline (it was still there when the "
+               f"deadline passed), or raise the deadline; or let such groups be dropped ({budget})")
+    elif attempts.last_kind is FailureKind.INFRA:
         fix = (f"bring the failing service or backend back (the group retried for {attempts.infra_elapsed_s():.0f} s); "
                f"raise async_rl.failure.infra_retry_budget_s to wait longer, or let such groups be dropped ({budget})")
     elif attempts.last_frame:
@@ -186,8 +191,18 @@ async def with_deadline(coro, timeout_s: float | None, what: str):
         return await coro
     try:
         return await asyncio.wait_for(coro, timeout_s)
-    except asyncio.TimeoutError:
-        raise TimeoutError(f"{what} missed its {timeout_s:g}s deadline") from None
+    except asyncio.TimeoutError as exc:  # a user loop's cancelled coroutine tells where it awaited (usercode)
+        raise deadline_missed(what, timeout_s, getattr(exc.__cause__, "stuck_at", None)) from None
+
+
+def deadline_missed(what: str, timeout_s: float, stuck_at: str | None = None) -> TimeoutError:
+    """The error of `what` missing its deadline (INFRA); `stuck_at`: where the user's code was
+    still running or waiting when it passed (`usercode.stuck_at`), named in the message and kept
+    on the error (`Attempts.last_stuck`, the fix of `group_failed`)."""
+    exc = TimeoutError(f"{what} missed its {timeout_s:g}s deadline" + (f" (it is stuck at {stuck_at})" if stuck_at
+                                                                        else ""))
+    exc.stuck_at = stuck_at
+    return exc
 
 
 async def cancel_and_wait(tasks) -> None:

@@ -198,6 +198,8 @@ class WatchdogConfig(Section):
     """Report a stall after this long without progress; the report names what each pump waits on."""
     action: Literal["warn", "abort"] = "abort"
     """`warn`: print the report and keep waiting; `abort`: stop the run with a StallError carrying the report."""
+    block_timeout_s: float = Field(60.0, gt=0)
+    """An event loop that runs no callback for this long is blocked by code that does not await (`time.sleep`, a blocking client). The agents' loop: the run stops naming the function and file:line (BlockedLoopError). The controller's loop (e.g. a slow reward function scoring on it): a warning naming it, and with action abort the process ends at stall_timeout_s. The watchdog checks from a thread of its own."""
 
 
 class AsyncRLConfig(Section):

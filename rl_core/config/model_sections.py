@@ -355,8 +355,8 @@ class AgentEnvConfig(EnvSection):
     """Names of the reward components the agent returns as a dict (checked on every episode); empty = a float reward."""
     system_prompt: str | None = None
     """System message of the first observation (the chat messages `prompt_ids` renders for the warm-up and for bookkeeping)."""
-    episode_timeout_s: float | None = Field(None, gt=0)
-    """Deadline of one whole episode (agent and model calls); past it the episode is aborted and counts as an infrastructure failure of its group; null = none."""
+    episode_timeout_s: float | None = Field(300.0, gt=0)
+    """Deadline of one whole episode (agent and model calls); past it the episode is aborted and counts as an infrastructure failure of its group (retried within async_rl.failure, then the run stops naming it); null = none (an agent that awaits forever then stalls the run until async_rl.watchdog.stall_timeout_s)."""
     success: SuccessCriterion | None = None
     """Optional; null = the agent's own verdict (`info["correct"]` of an `EnvResult` it returns), else total reward > 0. Set it when a component is a shaping bonus."""
 
@@ -382,8 +382,8 @@ class HttpEnvConfig(EnvSection):
     """Names of the reward components the service answers as `rewards` (checked on every episode); empty = a single `reward`."""
     system_prompt: str | None = None
     """System message of the first observation (what the warm-up trains on; the service decides what the model sees)."""
-    episode_timeout_s: float | None = Field(None, gt=0)
-    """Deadline of one episode (the POST and everything the service does); past it the episode is aborted and its group retried as an infrastructure failure; null = none."""
+    episode_timeout_s: float | None = Field(300.0, gt=0)
+    """Deadline of one episode (the POST and everything the service does); past it the episode is aborted and its group retried as an infrastructure failure (within async_rl.failure, then the run stops naming it); null = none (a service that never answers then stalls the run until async_rl.watchdog.stall_timeout_s)."""
     success: SuccessCriterion | None = None
     """Optional; null = total reward > 0. Set it when a component is a shaping bonus."""
 

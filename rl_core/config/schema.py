@@ -328,10 +328,14 @@ class RecipeConfig(Section):
         a = self.async_rl
         f = a.failure
         w = a.watchdog
-        deadlines = [d for d in (f.generation_timeout_s, f.env_timeout_s) if d is not None]
-        if w.stall_timeout_s <= w.interval_s or any(w.stall_timeout_s <= d for d in deadlines):
+        deadlines = {name: d for name, d in (("async_rl.failure.generation_timeout_s", f.generation_timeout_s),
+                                             ("async_rl.failure.env_timeout_s", f.env_timeout_s),
+                                             ("env.episode_timeout_s", getattr(self.env, "episode_timeout_s", None)))
+                     if d is not None}  # env.episode_timeout_s: agent and http environments
+        if w.stall_timeout_s <= w.interval_s or any(w.stall_timeout_s <= d for d in deadlines.values()):
+            named = ", ".join(f"{name}={d:g}" for name, d in deadlines.items()) or "none set"
             fail("async_rl.watchdog.stall_timeout_s", w.stall_timeout_s,
-                  f"greater than async_rl.watchdog.interval_s ({w.interval_s}) and every rollout deadline ({deadlines})",
+                  f"greater than async_rl.watchdog.interval_s ({w.interval_s}) and every rollout deadline ({named})",
                   "raise stall_timeout_s (600 is a safe default) or lower the deadlines.")
         return self
 

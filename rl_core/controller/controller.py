@@ -336,9 +336,11 @@ class Controller:
         # per-step retry counts start from here (restored counters hold earlier processes' too)
         self._retries_logged, self._data_retries_logged = self.infra_retries(), self.rollout.stats.data_retries
         self._retries_at_start = self._retries_logged
+        # the watchdog watches the whole run (a blocked loop in validation too), progress only while the pumps run
+        watch_task = asyncio.create_task(self.watchdog.run(), name="watchdog")
         try:
             if self.val_at_start:
-                await self._validate("start")
+                await self._watched(self._validate("start"), watch_task)
             freeze_setup_objects()  # full collections then scan only what the run allocates
             # fewer re-scans of the buffered and in-flight groups (metrics.gc_pauses)
             gc_thresholds = run_thresholds(cfg.async_rl.max_inflight_groups)
@@ -347,7 +349,7 @@ class Controller:
             self._gen_tokens_at_start = self.rollout.stats.generated_tokens
             rollout_task = asyncio.create_task(self.rollout.run(), name="rollout_pump")
             train_task = asyncio.create_task(self.train.run(), name="train_pump")
-            watch_task = asyncio.create_task(self.watchdog.run(), name="watchdog")
+            self.watchdog.watch_progress(True)
             tasks = {rollout_task, train_task, watch_task}
             while not train_task.done():
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -359,8 +361,7 @@ class Controller:
                     await asyncio.gather(*tasks, return_exceptions=True)
                     raise failed[0].exception()
                 tasks -= done
-            watch_task.cancel()
-            await asyncio.gather(watch_task, return_exceptions=True)
+            self.watchdog.watch_progress(False)
             # the rollout pump stops by itself at its dispatch limit; groups it ran ahead for the
             # next steps are already committed (they were in the final checkpoint); groups still
             # generating now no step will train (over-sampling, or no final checkpoint): aborted
@@ -369,8 +370,10 @@ class Controller:
             pump_s = time.monotonic() - t_pumps
             self.progress.close()
             if self.val_at_end:
-                await self._validate("end")
+                await self._watched(self._validate("end"), watch_task)
         finally:
+            watch_task.cancel()
+            await asyncio.gather(watch_task, return_exceptions=True)
             if self.train.gc_clock is not None:
                 self.train.gc_clock.stop()
             unfreeze()
@@ -384,6 +387,20 @@ class Controller:
             self.logger.close()
             self.timeline.write(self.run_dir / "timeline.jsonl")
         return self._summary(time.monotonic() - t0, pump_s)
+
+    @staticmethod
+    async def _watched(coro, watch_task: asyncio.Task):
+        """Await `coro` unless the watchdog stops the run first (its error is raised, `coro` cancelled)."""
+        task = asyncio.ensure_future(coro)
+        try:
+            await asyncio.wait({task, watch_task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if task.cancelled() and watch_task.done() and not watch_task.cancelled():
+            watch_task.result()  # raises the watchdog's error
+        return task.result()
 
     def _summary(self, wall_s: float, pump_s: float) -> dict:
         gen = self.timeline.of("generate")

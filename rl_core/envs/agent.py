@@ -15,15 +15,14 @@ Does not own: the rollout and the session server the episode's URL points at
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
-import os
 from typing import Any
 
 from rl_core.envs.base import BaseEnv, Completion, register_env
 from rl_core.errors import RecipeError
 from rl_core.plugins import load_target
 from rl_core.types import REWARD_EXPECTED, EnvResult, is_reward
+from rl_core.usercode import UserLoop
 
 
 class AgentError(RuntimeError):
@@ -75,6 +74,7 @@ class AgentEnv(BaseEnv):
         self.episode_timeout_s = config.episode_timeout_s
         self.agent, self.kwargs = self._program(config)
         self._http = None
+        self._loop: UserLoop | None = None  # the agents' event loop, started at the first episode
 
     def _program(self, config: Any) -> tuple[Any, dict[str, Any]]:
         """The agent function and its keyword arguments (checked at recipe load: `load_agent`)."""
@@ -100,6 +100,14 @@ class AgentEnv(BaseEnv):
         return self._http
 
     async def aclose(self) -> None:
+        if self._loop is not None:  # the client lives on the agents' loop (given up on if user code blocks it)
+            await self._loop.run_within(self._close_http(), 5.0)
+            self._loop.close()
+            self._loop = None
+        else:
+            await self._close_http()
+
+    async def _close_http(self) -> None:
         if self._http is not None:
             await self._http.aclose()
             self._http = None
@@ -107,7 +115,14 @@ class AgentEnv(BaseEnv):
     # ------------------------------------------------------------------ one episode
 
     async def run_agent(self, base_url: str, api_key: str, example: dict[str, Any]) -> EnvResult:
-        """Run the agent on one example against the session at `base_url`; its reward(s)."""
+        """Run the agent on one example against the session at `base_url`; its reward(s). Agents
+        run on an event loop of their own (`usercode.UserLoop`): one that blocks stops that loop,
+        never the controller's, and the watchdog names it."""
+        if self._loop is None:
+            self._loop = UserLoop(self.agent_name)
+        return await self._loop.run(self._episode(base_url, api_key, example))
+
+    async def _episode(self, base_url: str, api_key: str, example: dict[str, Any]) -> EnvResult:
         import openai
 
         client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=self.http())
@@ -189,10 +204,10 @@ class HttpServiceEnv(AgentEnv):
         self.url = config.url.rstrip("/")
         self._healthy = False
         self.process = None
-        if config.command:
-            import subprocess
+        if config.command:  # stops with this process, whatever ends it (rl_core.envs.service)
+            from rl_core.envs.service import ServiceProcess
 
-            self.process = subprocess.Popen(list(config.command), stdin=subprocess.DEVNULL, start_new_session=True)
+            self.process = ServiceProcess(list(config.command), self.url)
 
     def _program(self, config: Any) -> tuple[Any, dict[str, Any]]:
         return None, {}  # the service runs the episode
@@ -249,16 +264,6 @@ class HttpServiceEnv(AgentEnv):
 
     async def aclose(self) -> None:
         await super().aclose()
-        if self.process is not None and self.process.poll() is None:  # only the process rl_core started
-            import signal
-
-            try:
-                os.killpg(self.process.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                await asyncio.to_thread(self.process.wait, 10)
-            except Exception:  # noqa: BLE001 - it would not stop: kill it
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
+        if self.process is not None:  # only the processes rl_core started
+            await asyncio.to_thread(self.process.stop)
         self.process = None

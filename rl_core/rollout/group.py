@@ -22,7 +22,6 @@ import functools
 import itertools
 import operator
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +29,8 @@ import numpy as np
 
 from rl_core.config.schema import SamplingParamsConfig
 from rl_core.rollout.decode import decode_group, decode_text
-from rl_core.resilience import gather_or_cancel, with_deadline
+from rl_core.resilience import deadline_missed, gather_or_cancel, with_deadline
+from rl_core.usercode import DaemonPool, stuck_at
 from rl_core.protocols import Environment, EpisodeEnvironment, GenerationBackend
 from rl_core.types import (MAX_SEED, GenerationRequest, GenerationResult, Sample, SamplingParams, group_requests,
                            scored_sample, with_seed)
@@ -203,8 +203,9 @@ async def _generate(backend: GenerationBackend, request: GenerationRequest, opts
 
 
 # Environment calls with a deadline run here, never in the default executor that the
-# trainer's worker calls use: a hung environment must not starve training.
-_ENV_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rl_core-env")
+# trainer's worker calls use: a hung environment must not starve training. Daemon threads: a
+# call stuck past its deadline is abandoned and never keeps the process from exiting.
+_ENV_POOL = DaemonPool(4, "rl_core-env")
 
 
 async def _score(env, example, ids, text, finish, opts: GroupOptions, timings: SampleTimings, turns=None):
@@ -216,8 +217,13 @@ async def _score(env, example, ids, text, finish, opts: GroupOptions, timings: S
     try:
         if opts.env_timeout_s is None:
             return call()  # cheap environments score on the event loop
-        fut = asyncio.get_running_loop().run_in_executor(_ENV_POOL, call)
-        return await with_deadline(fut, opts.env_timeout_s, f"environment {env.name} scoring")
+        fut = _ENV_POOL.submit(call)
+        try:
+            return await with_deadline(asyncio.wrap_future(fut), opts.env_timeout_s, f"environment {env.name} scoring")
+        except TimeoutError:  # name where the scoring is stuck, and let a fresh thread take its place
+            where = stuck_at(_ENV_POOL.thread_of(fut))
+            _ENV_POOL.abandon(fut)
+            raise deadline_missed(f"environment {env.name} scoring", opts.env_timeout_s, where) from None
     finally:
         timings.env_s += time.monotonic() - t0
 

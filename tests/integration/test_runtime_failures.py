@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from tests.helpers.paths import ROOT, TINY_RECIPE as RECIPE
+from tests.helpers.processes import finish
 
 COLD = ["model.warmup.enabled=false", "logging.tensorboard=false", "generation.max_tokens=6"]
 PROMPTS, SAMPLES = 4, 4  # per RL step
@@ -77,16 +78,6 @@ def _train(tmp_path: Path, name: str, *overrides: str, pythonpath: str = "") -> 
                             start_new_session=True)
 
 
-def _finish(proc: subprocess.Popen, timeout: float = 600) -> str:
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:  # stop what this test started, by PID
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return out
-
-
 def _agent_failure(tmp_path: Path, agent: str) -> tuple[str, str]:
     """`rl-core train` with a failing agent: it stops with exit status 2 and at most 15 console
     lines, no traceback among them; returns (the error's line, the run's log file's text)."""
@@ -96,7 +87,7 @@ def _agent_failure(tmp_path: Path, agent: str) -> tuple[str, str]:
     proc = _train(tmp_path, agent, "env.type=agent", f"env.target=my_agents:{agent}", "grpo.max_num_steps=3",
                   f"grpo.num_prompts_per_step={PROMPTS}", f"grpo.num_generations_per_prompt={SAMPLES}",
                   "validation.max_val_samples=8", pythonpath=str(user))
-    lines = _finish(proc).splitlines()
+    lines = finish(proc).splitlines()
     console = "\n".join(lines)
     assert proc.returncode == 2, console
     assert len(lines) <= 15 and "Traceback" not in console, console
@@ -204,7 +195,7 @@ def _run_with_outage(tmp_path: Path, name: str, when, steps: int, *overrides: st
                       f"grpo.num_prompts_per_step={PROMPTS}", f"grpo.num_generations_per_prompt={SAMPLES}",
                       "validation.val_at_end=false", *overrides)
         watcher.start()
-        out = _finish(proc)
+        out = finish(proc)
         done.set()
         watcher.join(30)
     finally:

@@ -158,6 +158,9 @@ THIRD_PARTY_PRIVATE = {
     # reproduces only the unmodified one); transformers has no public spelling for that method
     ("rl_core/rollout/decode.py", "TokenizersBackend._decode"),
     ("rl_core/launch/workflow.py", "os._exit"),  # documented public API despite the underscore
+    ("rl_core/usercode.py", "os._exit"),  # the watchdog's exit when the event loop is blocked (documented API)
+    ("rl_core/envs/service.py", "os._exit"),  # a forked child whose parent is already gone (documented API)
+    ("rl_core/usercode.py", "sys._current_frames"),  # another thread's stack: the documented way to read it
     ("rl_core/launch/completion.py", "p._actions"),  # argparse has no public accessor for a parser's arguments
     ("rl_core/train/fsdp.py", "torch._foreach_mul_"),  # fused in-place scaling of the gradient list
     ("rl_core/train/fsdp.py", "t._local_tensor"),  # DTensor's local shard; to_local() adds an autograd node per call
