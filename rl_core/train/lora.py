@@ -120,6 +120,17 @@ class LoraPolicy:
         finally:
             self.model.train()
 
+    @contextlib.contextmanager
+    def passes(self, reference: bool) -> Iterator[None]:
+        """Context of one forward: without dropout when no gradient is taken (logprob passes),
+        without the adapters for the KL reference (`reference`, the base model)."""
+        with contextlib.ExitStack() as modes:
+            if not torch.is_grad_enabled():
+                modes.enter_context(self.inference())
+            if reference:
+                modes.enter_context(self.base_only())
+            yield
+
     # ------------------------------------------------------------------ files
 
     def save(self, out_dir: str | Path, named: Iterable[tuple[str, torch.Tensor]]) -> None:

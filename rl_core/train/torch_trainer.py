@@ -16,7 +16,6 @@ docs/performance.md, docs/moe.md.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import time
 from contextlib import nullcontext
@@ -190,11 +189,7 @@ class TorchTrainer(LocalStep):
         model = self.model if reference and self.reference_is_base else self.reference if reference else self.model
         if model is None:
             raise RuntimeError("reference logprobs requested but no reference model is kept (loss.kl_coef == 0)")
-        with contextlib.ExitStack() as modes:
-            if self.lora is not None:  # no adapter dropout in logprob passes; the base reference without adapters
-                modes.enter_context(self.lora.inference())
-                if reference:
-                    modes.enter_context(self.lora.base_only())
+        with self.lora.passes(reference) if self.lora is not None else nullcontext():  # LoRA: no dropout; base reference
             return self._logprob_rows(model, chunk, reference)
 
     def _logprob_rows(self, model: torch.nn.Module, chunk: TrainChunk, reference: bool) -> torch.Tensor:
