@@ -67,10 +67,13 @@ def _build_vllm(cfg: Any, policy_dir: str | Path, *, tokenizer: Any, device: str
 
     gen = cfg.generation
     v = gen.vllm
-    options = VLLMOptions(model=str(policy_dir), dtype=cfg.model.dtype, max_model_len=v.max_model_len,
+    lora = cfg.trainer.lora
+    serves_adapters = lora.enabled and lora.refit == "adapters"
+    model, start = _vllm_policy(policy_dir, serves_adapters)
+    options = VLLMOptions(model=model, dtype=cfg.model.dtype, max_model_len=v.max_model_len,
                           max_num_seqs=gen.max_batch_size, kv_cache_memory_bytes=v.kv_cache_memory_bytes,
                           enforce_eager=v.enforce_eager, enable_prefix_caching=v.enable_prefix_caching,
-                          seed=cfg.grpo.seed)
+                          seed=cfg.grpo.seed, lora_rank=lora.rank if serves_adapters else 0, lora_start=start)
     if gen.placement == "colocated":
         backend = VLLMBackend(options, weight_version=weight_version)
     else:
@@ -85,6 +88,27 @@ def _build_vllm(cfg: Any, policy_dir: str | Path, *, tokenizer: Any, device: str
         backend.close_sync()
         raise
     return backend
+
+
+def _vllm_policy(policy_dir: str | Path, serves_adapters: bool) -> tuple[str, str | None]:
+    """(the model directory vLLM loads, the adapter it starts with) for a policy directory: an HF
+    directory as it is; a LoRA adapter directory (a LoRA run's checkpoint) as its base and that
+    adapter (`trainer.lora.refit: adapters`), or as the base with the adapter merged in (`merged`),
+    written to a temporary directory removed when the process exits."""
+    from rl_core.adapters import is_adapter_dir, merge_adapter_dir, resolve_base
+
+    if not is_adapter_dir(policy_dir):
+        return str(policy_dir), None
+    if serves_adapters:
+        return str(resolve_base(policy_dir)), str(policy_dir)
+    import atexit
+    import shutil
+    import tempfile
+
+    merged = tempfile.mkdtemp(prefix="rl_core_vllm_merged_")
+    atexit.register(shutil.rmtree, merged, True)
+    merge_adapter_dir(policy_dir, merged)
+    return merged, None
 
 
 # generation.backend -> builder(recipe, policy_dir, *, tokenizer, device, weight_version); imports stay inside
