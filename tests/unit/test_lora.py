@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
@@ -24,14 +23,12 @@ import torch
 from rl_core.adapters import LORA_A, LORA_B, merge_adapter_dir, resolve_base
 from rl_core.config.schema import TrainerConfig
 from rl_core.errors import CheckpointError, RecipeError
-from rl_core.generation.native.backend import NativeBackend
 from rl_core.generation.native.engine import NativeEngine
-from rl_core.train.check_step import synthetic_chunk
 from rl_core.train.torch_trainer import TorchTrainer
+from tests.helpers.lora import LORA, check_adapter_gradients, check_refit, lora_trainer, randomize_b
 from tests.helpers.trainers import VOCAB, max_weight_diff, run_check, tiny_hf_dir
 
 pytest.importorskip("peft")
-LORA = {"enabled": True, "rank": 4, "alpha": 8.0}
 
 
 @pytest.fixture(scope="module")
@@ -39,109 +36,13 @@ def base(tmp_path_factory):
     return tiny_hf_dir(tmp_path_factory.mktemp("lora") / "base", "qwen2", tied=False)
 
 
-def _loss(**kw):
-    from rl_core.algorithms.losses import make_loss
-    from rl_core.config.schema import LossConfig
-
-    return make_loss(LossConfig(**kw))
-
-
-def _trainer(base, **lora) -> TorchTrainer:
-    return TorchTrainer(base, TrainerConfig(lora={**LORA, **lora}, microbatch_size=4))
-
-
-def _randomize_b(trainer: TorchTrainer, seed: int = 0) -> None:
-    """B starts at zero (the base policy); a random B makes every adapter count."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in trainer.model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-
-
 def test_adapter_gradients_equal_a_hand_written_low_rank_reference(base):
-    from transformers import AutoModelForCausalLM
-
-    from rl_core.train.logprobs import token_logprobs
-
-    trainer = _trainer(base)
-    _randomize_b(trainer)
-    start = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}
-    assert {id(p) for p in trainer.optimizer.param_groups[0]["params"]} == {
-        id(p) for n, p in trainer.model.named_parameters() if "lora_" in n}  # the optimizer holds adapters only
-    chunk = synthetic_chunk(VOCAB, num_samples=6)
-    loss = _loss()
-    trainer.begin(loss)
-    trainer.train_microbatches(chunk)  # microbatches of 4: gradients summed over two
-    got = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
-    trainer.abort()
-    assert set(got) == set(start)  # every adapter has a gradient, no base weight has one
-
-    # the reference: the plain HF model, hooks adding scale * (x A^T) B^T to each adapted linear layer
-    ref = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
-    scale = LORA["alpha"] / LORA["rank"]
-    leaves, hooks = {}, []
-    for name, module in ref.named_modules():
-        if isinstance(module, torch.nn.Linear) and name != "lm_head":
-            ab = (start[f"{name}.lora_A.default.weight"].clone().requires_grad_(),
-                  start[f"{name}.lora_B.default.weight"].clone().requires_grad_())
-            leaves[name] = ab
-            hooks.append(module.register_forward_hook(
-                lambda m, inp, out, ab=ab: out + scale * (inp[0] @ ab[0].T) @ ab[1].T))
-    assert len(leaves) == 14  # 7 linear layers x 2 decoder layers: all-linear
-    for s in range(0, chunk.num_samples, 4):
-        mb = chunk.slice(s, min(s + 4, chunk.num_samples))
-        loss(token_logprobs(ref, mb.input_ids, mb.attention_mask), mb).loss_sum.backward()
-    for h in hooks:
-        h.remove()
-    for name, (a, b) in leaves.items():
-        torch.testing.assert_close(got[f"{name}.lora_A.default.weight"], a.grad, rtol=1e-4, atol=1e-7)
-        torch.testing.assert_close(got[f"{name}.lora_B.default.weight"], b.grad, rtol=1e-4, atol=1e-7)
-
-
-def _engine_logprobs_agree(trainer: TorchTrainer, engine: NativeEngine) -> float:
-    """Mean |trainer - engine| logprob over sampled completions of the engine (T = 1)."""
-    from rl_core.packing import make_train_chunk
-    from rl_core.types import GenerationRequest, Sample, SamplingParams
-
-    prompts = [[5, 9, 17, 3], [40, 2, 8], [77, 1, 60, 33, 12]]
-
-    async def gen():
-        backend = NativeBackend(engine)
-        await backend.start()
-        try:
-            return await asyncio.gather(*(backend.generate(GenerationRequest(
-                f"r{i}", prompts[i % 3], SamplingParams(temperature=1.0, max_tokens=8, seed=i))) for i in range(12)))
-        finally:
-            await backend.shutdown()
-
-    results = asyncio.run(gen())
-    samples = [Sample(r.prompt_ids, r.token_ids, r.logprobs, 0.0, r.finish_reason, 0, 0) for r in results]
-    chunk = make_train_chunk(samples, [0.0] * len(samples), pad_id=0)
-    lp = trainer.logprobs(chunk)
-    mask = chunk.loss_mask.bool()
-    assert mask.sum() > 24
-    err = (lp[mask] - chunk.gen_logprobs[mask]).abs()
-    assert err.max().item() < 1e-2
-    return err.mean().item()
+    check_adapter_gradients(base)
 
 
 @pytest.mark.parametrize("refit", ["adapters", "merged"])
 def test_engine_logprobs_equal_the_trainers_after_a_refit(base, refit):
-    trainer = _trainer(base, refit=refit)
-    trainer.begin(_loss())
-    trainer.train_microbatches(synthetic_chunk(VOCAB, num_samples=8))
-    trainer.finish()
-    _randomize_b(trainer, seed=1)  # one optimizer step moves B a little: make the adapters matter
-    weights = trainer.export_weights()
-    adapters = refit == "adapters"
-    assert all(n.endswith((LORA_A, LORA_B)) for n in weights) == adapters
-    engine = NativeEngine.from_pretrained(base)
-    before = _engine_logprobs_agree(_trainer(base), engine)  # the base policy = a fresh adapter (B = 0)
-    assert before < 1e-3
-    engine.update_weights(1, weights)
-    assert _engine_logprobs_agree(trainer, engine) < 1e-3
-    assert (engine.adapters.base_bytes > 0) == adapters  # merged full weights keep no base copies
+    check_refit(base, refit)
 
 
 def test_an_adapter_update_replaces_the_previous_and_full_weights_become_the_base(base):
@@ -176,8 +77,8 @@ def test_saved_adapters_load_in_peft_and_merged_in_transformers(base, tmp_path):
     from peft import AutoPeftModelForCausalLM
     from transformers import AutoModelForCausalLM
 
-    trainer = _trainer(base)
-    _randomize_b(trainer)
+    trainer = lora_trainer(base)
+    randomize_b(trainer)
     ids = torch.randint(0, VOCAB, (2, 10), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         want = trainer.model(input_ids=ids).logits
@@ -193,7 +94,7 @@ def test_saved_adapters_load_in_peft_and_merged_in_transformers(base, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(plain(input_ids=ids).logits, want, rtol=0, atol=1e-4)
     # the trainer resumes from the directory with the same adapters
-    again = _trainer(base, refit="adapters")
+    again = lora_trainer(base, refit="adapters")
     again_from_dir = TorchTrainer(tmp_path / "adapter", TrainerConfig(lora=LORA))
     for k, v in trainer.export_weights().items():
         torch.testing.assert_close(again_from_dir.export_weights()[k], v, rtol=0, atol=0)
@@ -206,7 +107,7 @@ def test_saved_adapters_load_in_peft_and_merged_in_transformers(base, tmp_path):
 
 def test_a_changed_base_model_is_refused(tmp_path):
     base = tiny_hf_dir(tmp_path / "base", "llama")
-    trainer = _trainer(base)
+    trainer = lora_trainer(base)
     trainer.save_pretrained(tmp_path / "adapter")
     tiny_hf_dir(tmp_path / "base", "llama", seed=1)  # other weights under the same path
     with pytest.raises(CheckpointError, match="base_model.json.*other weights"):
