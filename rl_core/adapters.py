@@ -151,7 +151,7 @@ def base_fingerprint(model_dir: str | os.PathLike) -> dict:
     files = weight_files(d)
     key = (str(d), *((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files))
     if key not in _FINGERPRINTS:
-        from rl_core.checkpoint.store import sha256_file
+        from rl_core.fsutil import sha256_file
 
         each = {f.name: sha256_file(f) for f in files}
         whole = hashlib.sha256("".join(f"{n}:{h}\n" for n, h in each.items()).encode()).hexdigest()
