@@ -5,8 +5,8 @@ per implementation: `native` (`NativeBackend` over rl_core's continuous-batching
 `NativeEngine`, in a worker thread of the controller process), `http` (`HttpBackend` over
 `rl-core serve` or other OpenAI-compatible servers), `vllm` (`VLLMBackend`, vLLM's async
 engine in this process, or `VLLMServerBackend`, a vLLM OpenAI server, by
-`generation.placement`); `make_generation_backend(cfg, policy_dir, ...)` and
-`make_native_engine`. Imports are lazy: vLLM only when the `vllm` backend is built, torch
+`generation.placement`); `make_generation_backend(cfg, policy_dir, ...)`, `make_native_engine`
+and `vllm_policy_dirs` (what vLLM loads for a LoRA checkpoint). Imports are lazy: vLLM only when the `vllm` backend is built, torch
 only when a native or HTTP name is first used.
 
 Does not own: the contract (`rl_core.protocols.GenerationBackend`) or the shared errors and
@@ -69,7 +69,7 @@ def _build_vllm(cfg: Any, policy_dir: str | Path, *, tokenizer: Any, device: str
     v = gen.vllm
     lora = cfg.trainer.lora
     serves_adapters = lora.enabled and lora.refit == "adapters"
-    model, start = _vllm_policy(policy_dir, serves_adapters)
+    model, start = vllm_policy_dirs(policy_dir, serves_adapters)
     options = VLLMOptions(model=model, dtype=cfg.model.dtype, max_model_len=v.max_model_len,
                           max_num_seqs=gen.max_batch_size, kv_cache_memory_bytes=v.kv_cache_memory_bytes,
                           enforce_eager=v.enforce_eager, enable_prefix_caching=v.enable_prefix_caching,
@@ -90,7 +90,7 @@ def _build_vllm(cfg: Any, policy_dir: str | Path, *, tokenizer: Any, device: str
     return backend
 
 
-def _vllm_policy(policy_dir: str | Path, serves_adapters: bool) -> tuple[str, str | None]:
+def vllm_policy_dirs(policy_dir: str | Path, serves_adapters: bool) -> tuple[str, str | None]:
     """(the model directory vLLM loads, the adapter it starts with) for a policy directory: an HF
     directory as it is; a LoRA adapter directory (a LoRA run's checkpoint) as its base and that
     adapter (`trainer.lora.refit: adapters`), or as the base with the adapter merged in (`merged`),

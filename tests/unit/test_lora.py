@@ -11,6 +11,8 @@
   directory in transformers, with the trainer's logits; a changed base model is refused.
 - fsdp2 over 2 processes trains the same adapters as the torch trainer.
 - The recipe refuses LoRA with megatron and with router replay, by name.
+- What the vLLM backends start from (no vLLM needed): a zero adapter or a checkpoint's over the
+  base, the server's LoRA flags, or a LoRA checkpoint merged into a plain HF directory.
 """
 
 from __future__ import annotations
@@ -137,3 +139,39 @@ def test_the_recipe_refuses_lora_where_it_cannot_run(override, field):
 
     with pytest.raises(RecipeError, match=field.replace(".", r"\.")):
         validate_dict(override)
+
+
+def test_vllm_backends_start_from_the_base_and_an_adapter(base, tmp_path):
+    """Without vLLM: what the vLLM backends are given for `refit: adapters` (a zero adapter over
+    the base, or a checkpoint's adapter; the server's LoRA flags) and for a LoRA checkpoint with
+    `refit: merged` (a plain HF directory of the merged weights)."""
+    from transformers import AutoModelForCausalLM
+
+    from rl_core.adapters import read_adapter_dir
+    from rl_core.generation import vllm_policy_dirs
+    from rl_core.generation.vllm.backend import VLLMOptions
+    from rl_core.generation.vllm.common import AdapterSlot, max_lora_rank
+    from rl_core.generation.vllm.server import server_command
+
+    assert [max_lora_rank(r) for r in (1, 4, 8, 16, 17)] == [1, 8, 8, 16, 32]
+    zero = read_adapter_dir(AdapterSlot(tmp_path / "zero", base, 4).write_start())
+    assert len(zero) == 2 and all(t.abs().sum() == 0 for t in zero.values())
+    cmd = server_command(VLLMOptions(model=str(base), lora_rank=4), "127.0.0.1", 8000, adapter="/w/rl_core_adapter")
+    assert cmd[cmd.index("--max-lora-rank") + 1] == "8" and "rl_core=/w/rl_core_adapter" in cmd
+    assert vllm_policy_dirs(base, True) == (str(base), None)
+
+    trainer = lora_trainer(base)
+    randomize_b(trainer)
+    trainer.save_pretrained(tmp_path / "adapter")
+    model, start = vllm_policy_dirs(tmp_path / "adapter", True)
+    assert (model, start) == (str(base), str(tmp_path / "adapter"))
+    started = read_adapter_dir(AdapterSlot(tmp_path / "slot", base, 4).write_start(start))
+    for k, v in read_adapter_dir(tmp_path / "adapter").items():
+        torch.testing.assert_close(started[k], v, rtol=0, atol=0)
+    merged, none = vllm_policy_dirs(tmp_path / "adapter", False)
+    ids = torch.randint(0, VOCAB, (2, 10), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = trainer.model(input_ids=ids).logits
+        got = AutoModelForCausalLM.from_pretrained(merged).eval()(input_ids=ids).logits
+    assert none is None and merged != str(base)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
