@@ -6,8 +6,8 @@ per implementation: `native` (`NativeBackend` over rl_core's continuous-batching
 `rl-core serve` or other OpenAI-compatible servers), `vllm` (`VLLMBackend`, vLLM's async
 engine in this process, or `VLLMServerBackend`, a vLLM OpenAI server, by
 `generation.placement`); `make_generation_backend(cfg, policy_dir, ...)`, `make_native_engine`
-and `vllm_policy_dirs` (what vLLM loads for a LoRA checkpoint). Imports are lazy: vLLM only when the `vllm` backend is built, torch
-only when a native or HTTP name is first used.
+and `vllm_policy_dirs` (what vLLM loads for a LoRA checkpoint). Imports are lazy: vLLM only
+when the `vllm` backend is built, torch only when a native or HTTP name is first used.
 
 Does not own: the contract (`rl_core.protocols.GenerationBackend`) or the shared errors and
 stream records (`rl_core.generation.base`). Read more: docs/generation.md.
