@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -43,7 +42,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_step_gpu import SHAPE, build_model, chunk  # noqa: E402  (the 0.5B shape and its batch)
+from train_step_gpu import SHAPE, build_model, chunk, write_json  # noqa: E402  (the 0.5B shape and its batch)
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=96,
             intermediate_size=128, max_position_embeddings=256, tie_word_embeddings=True)
@@ -291,10 +290,7 @@ def main() -> int:
         if args.device == "cuda":
             result["memory"] = memory_rows(args, path)
             print(f"## trainer peak memory (16 x 512 tokens, bf16)\n{table(result['memory'])}\n")
-    dest = args.json or (os.path.join(os.environ["OUT"], "lora_refit.json") if os.environ.get("OUT") else None)
-    if dest:
-        Path(dest).write_text(json.dumps(result, indent=1))
-        print(f"wrote {dest}")
+    write_json(result, args.json, "lora_refit.json")
     return 0
 
 
