@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 
 import pytest
@@ -30,7 +31,7 @@ def _sha(path) -> str:
 
 
 def _train(out, warm_policy, *overrides, name="lora"):
-    from rl_core.config import load_recipe
+    from rl_core.launch.preflight import load_recipe
     from rl_core.launch.train import train_from_recipe
 
     run_dir = out / name
@@ -50,6 +51,10 @@ def test_lora_resume_is_exact_and_the_final_policy_loads(tmp_path, warm_policy, 
     model4 = step4 / "model"
     assert (model4 / "adapter_config.json").is_file() and (model4 / "base_model.json").is_file()
     assert not list(model4.glob("model*.safetensors"))  # adapters only, no full weights in a step checkpoint
+    from rl_core.adapters import base_fingerprint
+
+    ident = json.loads((model4 / "base_model.json").read_text())  # the base's identity: its files' sha256
+    assert ident["sha256"] == base_fingerprint(ref / "init_policy")["sha256"] and ident["model_type"]
 
     again = tmp_path / "b" / "lora"
     shutil.copytree(warm_policy, again / "init_policy")
@@ -58,6 +63,7 @@ def test_lora_resume_is_exact_and_the_final_policy_loads(tmp_path, warm_policy, 
     assert summary_b["rl_steps"] == 8
     final_a, final_b = ref / "final_policy", again / "final_policy"
     assert _sha(final_b / "adapter" / "adapter_model.safetensors") == _sha(final_a / "adapter" / "adapter_model.safetensors")
+    assert _sha(final_b / "model.safetensors") == _sha(final_a / "model.safetensors")  # merged: bit-identical too
     a = read_jsonl(ref / "metrics.jsonl", "train")[4:]
     b = read_jsonl(again / "metrics.jsonl", "train")
     assert [r["step"] for r in b] == [5, 6, 7, 8] == [r["step"] for r in a]
