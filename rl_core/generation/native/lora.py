@@ -6,8 +6,9 @@ W0 being a copy of that weight taken before the first adapter touched it; a full
 of a weight makes its new value the base (its copy is dropped). The forward, every decode path
 (eager, static, CUDA graphs, the fused Triton kernels) and the KV cache are untouched: merging
 costs one [out, r] x [r, in] product per adapted weight at refit and a copy of the adapted base
-weights in memory; the low-rank alternative (two extra products per adapted weight in every
-forward) was measured slower per decode step on CPU (docs/lora.md, docs/benchmarks.md).
+weights in memory; the low-rank alternative (two extra products per adapted projection in
+every forward, threaded through every decode path) is compared in bench/lora_refit.py
+(docs/lora.md, "Refit: what each generation backend does").
 
 Does not own: when updates arrive (engine.py) or the format (rl_core.adapters).
 """
