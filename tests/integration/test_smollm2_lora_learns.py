@@ -23,19 +23,9 @@ STEPS = 8  # the workflow's first epoch: 8 RL steps of 6 prompts x 8 samples (48
 OVERRIDES = ["grpo.max_num_epochs=1", "logging.tensorboard=false", "async_rl.reproducible=true"]
 
 
-@pytest.fixture(scope="module")
-def smollm2_dir():
-    pytest.importorskip("peft")
-    from rl_core.model.gguf import ModelFileError, smollm2_hf_dir
-
-    try:
-        return smollm2_hf_dir("float32")
-    except ModelFileError as exc:
-        pytest.skip(f"SmolLM2 is not available here: {exc}")
-
-
 @pytest.mark.slow
 def test_smollm2_lora_raises_held_out_accuracy_by_30_points(smollm2_dir, tmp_path, monkeypatch):
+    pytest.importorskip("peft")
     from rl_core.launch.preflight import load_recipe
     from rl_core.launch.train import train_from_recipe
 
