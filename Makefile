@@ -12,7 +12,7 @@ PYTHON ?= python3
 .PHONY: setup run test test-unit test-integration test-workflow test-vllm docs clean
 
 # pyproject.toml declares the ranges and extras; constraints.txt holds the one tested set of pins.
-EXTRAS ?= test,megatron,smollm2,tasks,wandb,mlflow
+EXTRAS ?= test,megatron,smollm2,tasks,wandb,mlflow,lora
 $(STAMP): constraints.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "[setup] installing rl_core[$(EXTRAS)] with the pinned constraints.txt into $(VENV) (first time: ~2 minutes)"

@@ -208,6 +208,14 @@ def step_flops(shape: dict, batch: int, seq: int) -> float:
     return model_flops(shape, [seq] * batch)
 
 
+def write_json(result: dict, dest: str | None, name: str) -> None:
+    """`result` as JSON to `dest`, or to $OUT/`name` when OUT is set (the device runner's folder)."""
+    dest = dest or (os.path.join(os.environ["OUT"], name) if os.environ.get("OUT") else None)
+    if dest:
+        Path(dest).write_text(json.dumps(result, indent=1))
+        print(f"wrote {dest}")
+
+
 def build_model(out: Path, shape: dict, device: str) -> Path:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -460,10 +468,7 @@ def main() -> int:
                "host_overhead": args.host_overhead, "load_average": os.getloadavg(),
                "step_tflop": step_flops(_shape(args), args.batch, args.seq) / 1e12,
                "wall_s": time.monotonic() - t_start, "results": results}
-    dest = args.json or (os.path.join(os.environ["OUT"], "train_step_gpu.json") if os.environ.get("OUT") else None)
-    if dest:
-        Path(dest).write_text(json.dumps(summary, indent=1))
-        print(f"wrote {dest}")
+    write_json(summary, args.json, "train_step_gpu.json")
     return 0
 
 

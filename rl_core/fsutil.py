@@ -8,7 +8,8 @@ directory is only ever replaced when it carries that marker (or is empty); anyth
 at the target (a user's directory, a file) is refused with an `OutputPathError`
 (`check_replaceable`). Files inside such a directory get the mode an ordinary `open()`
 gives (0644 under umask 022; transformers' `save_pretrained` writes its safetensors
-0600, which other users of a shared file system cannot read): `normalize_file_modes`.
+0600, which other users of a shared file system cannot read): `normalize_file_modes`; a
+file's sha256 (`sha256_file`, read in chunks).
 
 Does not own: what is written (checkpoints, results, configs).
 """
@@ -16,6 +17,7 @@ Does not own: what is written (checkpoints, results, configs).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -151,3 +153,12 @@ def atomic_dir(final: str | os.PathLike, what: str = "output") -> Iterator[Path]
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """The hex sha256 of a file's bytes, read `chunk` bytes at a time."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()

@@ -15,7 +15,6 @@ Read more: docs/workflow.md, "Inspecting a run" (the layout) and "Recovery".
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -24,19 +23,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rl_core.errors import CheckpointError
-from rl_core.fsutil import MARKER, atomic_dir
+from rl_core.fsutil import MARKER, atomic_dir, sha256_file  # noqa: F401  (sha256_file: re-exported)
 
 FORMAT = "rl_core.checkpoint/1"
 MANIFEST = "manifest.json"
 _RESUME_FIX = "`rl-core train RECIPE --resume-from <checkpoint>`, or rerun the same command to fall back to the newest intact one"
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _manifest(root: Path, meta: dict[str, Any]) -> dict[str, Any]:

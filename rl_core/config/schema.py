@@ -68,6 +68,7 @@ from rl_core.config.controller_sections import (  # noqa: F401  (re-exported: th
 )
 from rl_core.config.trainer_sections import (  # noqa: F401  (re-exported: the schema's public names)
     FSDPConfig,
+    LoraConfig,
     LRScheduleConfig,
     MegatronConfig,
     RouterReplayConfig,

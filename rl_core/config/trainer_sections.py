@@ -1,4 +1,4 @@
-"""Recipe sections of the trainer: `trainer` (torch / fsdp2 / megatron, weight sync, router replay) and its placement checks.
+"""Recipe sections of the trainer: `trainer` (torch / fsdp2 / megatron, weight sync, router replay, LoRA) and its placement checks.
 
 Part of the recipe schema (`rl_core.config.schema` re-exports every name); no torch import."""
 
@@ -81,6 +81,30 @@ class LRScheduleConfig(Section):
     """`linear` / `cosine`: the rate approached at grpo.max_num_steps, as a share of trainer.lr."""
 
 
+class LoraConfig(Section):
+    """`trainer.lora`: train low-rank adapters (LoRA, Hu et al. 2021, arXiv 2106.09685) with PEFT on the frozen policy instead of every weight (docs/lora.md)."""
+
+    enabled: bool = False
+    """Train LoRA adapters (needs the `lora` extra: `pip install 'rl_core[lora]'`): the optimizer and its state hold the adapters only, checkpoints hold them in PEFT's format beside the base model's identity and hash, and the final policy is written merged (a plain HF directory) with the adapters in `adapter/`. torch and fsdp2 trainers (megatron refuses it)."""
+    rank: int = Field(16, ge=1)
+    """r: the adapters' rank (A is r x in_features, B is out_features x r; B starts at zero, so step 0 is the base policy)."""
+    alpha: float = Field(32.0, gt=0)
+    """The adapters' output is scaled by alpha / rank (PEFT's `lora_alpha`)."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapters' input in training forwards (PEFT's `lora_dropout`); logprob passes run without it."""
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    """The linear layers that get adapters: `all-linear` (every linear layer of the decoder, not the LM head) or module names matched as PEFT's `target_modules` does (e.g. [q_proj, v_proj])."""
+    refit: Literal["adapters", "merged"] = "adapters"
+    """What a refit sends to generation: `adapters` (the A and B matrices only: the native engine and `rl-core serve` merge them into their weights, vLLM serves them as a LoRA adapter) or `merged` (every weight with the adapters merged in: the full-weight path, any backend)."""
+
+    @model_validator(mode="after")
+    def _targets(self):
+        if isinstance(self.target_modules, list) and not self.target_modules:
+            fail("trainer.lora.target_modules", [], "`all-linear` or a non-empty list of module names",
+                 "set trainer.lora.target_modules: all-linear, or name the layers (e.g. [q_proj, k_proj, v_proj, o_proj]).")
+        return self
+
+
 class TrainerConfig(Section):
     """The training backend and its optimizer."""
 
@@ -122,6 +146,8 @@ class TrainerConfig(Section):
     """How refit moves the new weights to generation."""
     router_replay: RouterReplayConfig = RouterReplayConfig()
     """MoE policies: replay generation's expert routes in the trainer (R3)."""
+    lora: LoraConfig = LoraConfig()
+    """Train LoRA adapters instead of every weight (docs/lora.md)."""
 
     @model_validator(mode="after")
     def _backend_options(self):
@@ -134,6 +160,14 @@ class TrainerConfig(Section):
                 fail("trainer.compile", True, f"false with trainer.backend '{self.backend}' (it compiles the torch "
                       "backend's model)", "use trainer.fsdp.compile for fsdp2 or trainer.megatron.compile for megatron, "
                       "or set trainer.backend: torch.")
+        if self.lora.enabled and self.backend == "megatron":
+            fail("trainer.lora.enabled", True, "false with trainer.backend 'megatron' (the megatron backend trains "
+                 "every weight of its converted GPTModel; LoRA adapters are trained by the torch and fsdp2 backends)",
+                 "set trainer.backend: fsdp2 (or torch) to train LoRA adapters, or trainer.lora.enabled: false.")
+        if self.lora.enabled and self.router_replay.enabled:
+            fail("trainer.lora.enabled", True, "false with trainer.router_replay.enabled (router replay hooks the "
+                 "routers of the full model; it is not combined with LoRA adapters)",
+                 "set trainer.router_replay.enabled: false, or trainer.lora.enabled: false.")
         m = self.megatron
         if self.packing == "on" and self.backend == "megatron" and m.attention != "sdpa":
             fail("trainer.packing", "on", f"'auto' or 'off' with trainer.megatron.attention '{m.attention}' (Megatron's "

@@ -5,9 +5,9 @@ per implementation: `native` (`NativeBackend` over rl_core's continuous-batching
 `NativeEngine`, in a worker thread of the controller process), `http` (`HttpBackend` over
 `rl-core serve` or other OpenAI-compatible servers), `vllm` (`VLLMBackend`, vLLM's async
 engine in this process, or `VLLMServerBackend`, a vLLM OpenAI server, by
-`generation.placement`); `make_generation_backend(cfg, policy_dir, ...)` and
-`make_native_engine`. Imports are lazy: vLLM only when the `vllm` backend is built, torch
-only when a native or HTTP name is first used.
+`generation.placement`); `make_generation_backend(cfg, policy_dir, ...)`, `make_native_engine`
+and `vllm_policy_dirs` (what vLLM loads for a LoRA checkpoint). Imports are lazy: vLLM only
+when the `vllm` backend is built, torch only when a native or HTTP name is first used.
 
 Does not own: the contract (`rl_core.protocols.GenerationBackend`) or the shared errors and
 stream records (`rl_core.generation.base`). Read more: docs/generation.md.
@@ -67,10 +67,13 @@ def _build_vllm(cfg: Any, policy_dir: str | Path, *, tokenizer: Any, device: str
 
     gen = cfg.generation
     v = gen.vllm
-    options = VLLMOptions(model=str(policy_dir), dtype=cfg.model.dtype, max_model_len=v.max_model_len,
+    lora = cfg.trainer.lora
+    serves_adapters = lora.enabled and lora.refit == "adapters"
+    model, start = vllm_policy_dirs(policy_dir, serves_adapters)
+    options = VLLMOptions(model=model, dtype=cfg.model.dtype, max_model_len=v.max_model_len,
                           max_num_seqs=gen.max_batch_size, kv_cache_memory_bytes=v.kv_cache_memory_bytes,
                           enforce_eager=v.enforce_eager, enable_prefix_caching=v.enable_prefix_caching,
-                          seed=cfg.grpo.seed)
+                          seed=cfg.grpo.seed, lora_rank=lora.rank if serves_adapters else 0, lora_start=start)
     if gen.placement == "colocated":
         backend = VLLMBackend(options, weight_version=weight_version)
     else:
@@ -85,6 +88,27 @@ def _build_vllm(cfg: Any, policy_dir: str | Path, *, tokenizer: Any, device: str
         backend.close_sync()
         raise
     return backend
+
+
+def vllm_policy_dirs(policy_dir: str | Path, serves_adapters: bool) -> tuple[str, str | None]:
+    """(the model directory vLLM loads, the adapter it starts with) for a policy directory: an HF
+    directory as it is; a LoRA adapter directory (a LoRA run's checkpoint) as its base and that
+    adapter (`trainer.lora.refit: adapters`), or as the base with the adapter merged in (`merged`),
+    written to a temporary directory removed when the process exits."""
+    from rl_core.adapters import is_adapter_dir, merge_adapter_dir, resolve_base
+
+    if not is_adapter_dir(policy_dir):
+        return str(policy_dir), None
+    if serves_adapters:
+        return str(resolve_base(policy_dir)), str(policy_dir)
+    import atexit
+    import shutil
+    import tempfile
+
+    merged = tempfile.mkdtemp(prefix="rl_core_vllm_merged_")
+    atexit.register(shutil.rmtree, merged, True)
+    merge_adapter_dir(policy_dir, merged)
+    return merged, None
 
 
 # generation.backend -> builder(recipe, policy_dir, *, tokenizer, device, weight_version); imports stay inside

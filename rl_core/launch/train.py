@@ -186,13 +186,23 @@ def build_parts(cfg: RecipeConfig, policy_dir: str | Path, *, trainer_state: dic
                  val_examples=val_examples, stop_token_ids=stop_ids, pad_id=pad, setup=setup, critic=critic)
 
 
-def save_policy(parts, out_dir: str | Path, card: str | None = None) -> Path:
-    """The trained policy as an HF directory (weights + tokenizer + the model card `card`), written atomically."""
+def save_policy(parts, out_dir: str | Path, card: str | None = None, lora: bool = False) -> Path:
+    """The trained policy as an HF directory (weights + tokenizer + the model card `card`), written
+    atomically. `lora` (`trainer.lora.enabled`): the adapters merged into the base's weights (a
+    plain HF directory), and the adapters themselves in `adapter/` (PEFT's format, with the
+    tokenizer and the base model's identity: `peft.AutoPeftModelForCausalLM` loads it)."""
     from rl_core.checkpoint.card import write_card
     from rl_core.fsutil import atomic_dir
 
     with atomic_dir(out_dir, "final-policy") as tmp:
-        parts.trainer.save_pretrained(tmp)
+        if lora:
+            from rl_core.adapters import merge_adapter_dir
+
+            parts.trainer.save_pretrained(tmp / "adapter")
+            parts.tokenizer.save_pretrained(str(tmp / "adapter"))
+            merge_adapter_dir(tmp / "adapter", tmp)
+        else:
+            parts.trainer.save_pretrained(tmp)
         parts.tokenizer.save_pretrained(str(tmp))
         if card is not None:
             write_card(tmp, card)
@@ -241,7 +251,8 @@ def run_controller(cfg: RecipeConfig, run_dir: str | Path, *, policy_dir: str | 
         if final_policy_dir is not None:
             version = parts.trainer.version
             save_policy(parts, final_policy_dir, render_card(resolved, rl_step=version,
-                                                             held_out=held_out_at(controller.validations, version)))
+                                                             held_out=held_out_at(controller.validations, version)),
+                        lora=cfg.trainer.lora.enabled)
     finally:
         close_trainer(parts.trainer)  # multi-process trainers: release the worker ranks
     return summary

@@ -38,6 +38,7 @@ class DataParallelTrainer(abc.ABC):
     """Base of the multi-process backends (see the module doc); subclasses fill the hooks."""
 
     reference_dir: str | None = None  # the KL reference's directory; `make_trainer` sets it
+    reference_is_base = False  # LoRA: the reference is the policy with its adapters off (no model of its own)
 
     @contextlib.contextmanager
     def _constructing(self, **call: Any):
@@ -109,7 +110,7 @@ class DataParallelTrainer(abc.ABC):
         self.channel.call(self, "abort")
 
     def logprobs(self, chunk: TrainChunk, reference: bool = False) -> torch.Tensor:
-        if reference and getattr(self, "reference", None) is None:  # checked here: no rank enters the command
+        if reference and getattr(self, "reference", None) is None and not self.reference_is_base:  # no rank enters
             raise RuntimeError("reference logprobs requested but no reference model is kept (loss.kl_coef == 0)")
         return self.channel.call(self, "logprobs", chunk.to("cpu"), reference)
 

@@ -9,13 +9,16 @@ reads the HF directory, every rank shards a meta-device model and receives only 
 no rank but 0 holds the full model); gradients as one process over the whole step (FSDP2
 averages over ranks, each rank backpropagates its loss sum, `finish` scales by world_size /
 the step's normalizer); packed rows (`trainer.packing`: rl_core.train.varlen's attention);
-full-weight export under HF names; DCP checkpoints read without pickle.
+full-weight export under HF names; DCP checkpoints read without pickle; LoRA adapters
+(`trainer.lora`, rl_core.train.lora: injected before sharding, the adapters alone trained
+and gathered for refit; the KL reference is the base, the adapters off).
 Does not own: the loss, the step loop (train pump), weight transport, or the process layout
 (spmd.py, data_parallel.py). Read more: docs/distributed-training.md, docs/performance.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import shutil
 from pathlib import Path
@@ -30,6 +33,7 @@ from rl_core.train.causal_lm import DTYPES, decoder_layers
 from rl_core.train.data_parallel import DataParallelTrainer
 from rl_core.train.fused_adam import fused_adamw
 from rl_core.train.logprobs import token_logprobs
+from rl_core.train.lora import LoraPolicy, attach, base_dir_of, load_policy
 from rl_core.train.spmd import CommandChannel
 from rl_core.train.varlen import resolve_packing, use_packed_attention
 from rl_core.types import TrainChunk
@@ -107,11 +111,15 @@ class FSDPTrainer(DataParallelTrainer):
                 raise ValueError("trainer.fsdp.mixed_precision 'bf16' needs CUDA devices")
             self.mixed_precision = mp
             self.mesh = self._mesh(world)
+            self.lora: LoraPolicy | None = None
             self.model, self.hf_config = self._build(model_dir, trainable=True)
+            # LoRA: the reference (the run's initial policy) is the base model, i.e. this one with its adapters off
+            self.reference_is_base = keep_reference and self.lora is not None and (
+                reference_dir is None or Path(reference_dir).resolve() == self.lora.base_dir)
             self.reference = (self._build(reference_dir or model_dir, trainable=False)[0]  # the initial policy
-                              if keep_reference else None)
+                              if keep_reference and not self.reference_is_base else None)
             self.optimizer = ShardLocalAdamW(
-                self.model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
+                [p for p in self.model.parameters() if p.requires_grad], lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
                 weight_decay=cfg.weight_decay, foreach=True)
             # on CUDA the fused kernel over the local shards (about half the update's time over fp32 master
             # weights; over the DTensors themselves it was slower: docs/performance.md)
@@ -134,11 +142,14 @@ class FSDPTrainer(DataParallelTrainer):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        hf_config = AutoConfig.from_pretrained(str(model_dir))
+        lora = self.cfg.lora if trainable else self.cfg.lora.model_copy(update={"enabled": False})
+        base_dir = base_dir_of(model_dir, verify=dist.get_rank() == 0) if lora.enabled else Path(model_dir)
+        hf_config = AutoConfig.from_pretrained(str(base_dir))
         full_sd: dict[str, torch.Tensor] = {}
         buffers: list[Any] = [None]
-        if dist.get_rank() == 0:
-            src = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=self.dtype)
+        if dist.get_rank() == 0:  # LoRA: the base with its adapters (a checkpoint's, else fresh ones)
+            src, _ = load_policy(model_dir, lora,
+                                 lambda d: AutoModelForCausalLM.from_pretrained(str(d), dtype=self.dtype))
             full_sd = src.state_dict()
             buffers[0] = {k: v.clone() for k, v in _non_persistent_buffers(src).items()}
             del src
@@ -146,6 +157,8 @@ class FSDPTrainer(DataParallelTrainer):
             model = AutoModelForCausalLM.from_config(hf_config, dtype=self.dtype)
         if self.packed:
             use_packed_attention(model)
+        if lora.enabled:  # the same LoRA layers on every rank, before sharding (their values come from rank 0)
+            model, self.lora = attach(model, lora, base_dir)
         kwargs: dict[str, Any] = {"mesh": self.mesh, "reshard_after_forward": self.cfg.fsdp.reshard_after_forward}
         if self.mixed_precision == "bf16":
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -181,11 +194,12 @@ class FSDPTrainer(DataParallelTrainer):
     # ------------------------------------------------------------------ hooks
 
     def _model_logprobs(self, mb: TrainChunk, reference: bool, packed: PackedRows | None = None) -> torch.Tensor:
-        model = self.reference if reference else self.model
+        model = self.model if reference and self.reference_is_base else self.reference if reference else self.model
         if model is None:
             raise RuntimeError("reference logprobs requested but no reference model is kept (loss.kl_coef == 0)")
-        return token_logprobs(model, mb.input_ids, mb.attention_mask, self.temperature, fused=self.cfg.fsdp.compile,
-                              packed=packed)
+        with self.lora.passes(reference) if self.lora is not None else contextlib.nullcontext():
+            return token_logprobs(model, mb.input_ids, mb.attention_mask, self.temperature, fused=self.cfg.fsdp.compile,
+                                  packed=packed)
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -255,13 +269,37 @@ class FSDPTrainer(DataParallelTrainer):
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True,
                                                                          cpu_offload=not on_device))
 
+    @torch.no_grad()
+    def _lora_tensors(self, on_device: bool = False) -> list[tuple[str, torch.Tensor]]:
+        """The LoRA parameters gathered whole (a collective: every rank calls it), on rank 0's
+        device or CPU; an empty list on the other ranks."""
+        from torch.distributed.tensor import DTensor
+
+        out = []
+        for name, p in self.model.named_parameters():
+            if LoraPolicy.is_lora_name(name):
+                full = p.full_tensor() if isinstance(p, DTensor) else p.detach()
+                if dist.get_rank() == 0:
+                    out.append((name, full if on_device else full.cpu()))
+        return out
+
     def _spmd_export_weights(self, on_device: bool = False) -> dict[str, torch.Tensor]:
+        if self.lora is not None and self.cfg.lora.refit == "adapters":
+            return self.lora.refit_adapters(self._lora_tensors(on_device))
         state = self._full_state(on_device)
-        return {k: v.detach() for k, v in state.items()} if dist.get_rank() == 0 else {}
+        if dist.get_rank() != 0:
+            return {}
+        return self.lora.merged(state) if self.lora is not None else {k: v.detach() for k, v in state.items()}
 
     def _spmd_save_pretrained(self, out_dir: str) -> None:
         from transformers import AutoModelForCausalLM
 
+        if self.lora is not None:  # the adapters as a PEFT directory beside the base's identity
+            named = self._lora_tensors()
+            if dist.get_rank() == 0:
+                self.lora.save(out_dir, named)
+            dist.barrier()
+            return
         state = self._full_state()
         if dist.get_rank() == 0:
             with torch.device("meta"):

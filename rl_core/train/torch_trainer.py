@@ -6,9 +6,9 @@ token given its prefix, as the generation engine reports it; chunked per
 `trainer.logprob_chunk_tokens`), `trainer.compile`, microbatching (token budgets, packed rows:
 `trainer.max_tokens_per_microbatch`, `trainer.packing`), gradient accumulation in sum form
 with one normalisation at `finish`, clipping, the optimizer and its state, the optional
-frozen reference model, weight export, and router replay for MoE policies
-(every forward replays the chunk's `routed_experts` through `router_replay.RouterReplay`;
-the backfilled share is `router_replay_backfill_frac`).
+frozen reference model, weight export, router replay for MoE policies (`router_replay`),
+and LoRA adapters (`trainer.lora`, rl_core.train.lora: only the adapters train; the KL
+reference is the base, the adapters off).
 Does not own: what to train on (the train pump), the loss formula (algorithms.losses), or
 distributed training (other backends sit behind the same protocol). Read more:
 docs/performance.md, docs/moe.md.
@@ -30,6 +30,7 @@ from rl_core.packing import PackedRows, select_rows
 from rl_core.protocols import PolicyLoss
 from rl_core.train.causal_lm import DTYPES, decoder_layers
 from rl_core.train.logprobs import chunked_unsupported_reason, resolve_chunk_tokens, token_logprobs
+from rl_core.train.lora import load_policy
 from rl_core.train.router_replay import RouterReplay, check_routes
 from rl_core.train.update import (LocalStep, StepSums, chunk_rows, local_microbatches, rows_in_order, scheduled_lr,
                                   set_lr)
@@ -59,7 +60,9 @@ class TorchTrainer(LocalStep):
         hf_config = AutoConfig.from_pretrained(str(model_dir))
         self.chunk_tokens = resolve_chunk_tokens(cfg.logprob_chunk_tokens, hf_config)
         self.packed = resolve_packing(cfg.packing, hf_config)
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=DTYPES[dtype]).to(self.device)
+        self.model, self.lora = load_policy(  # LoRA (trainer.lora): the base with PEFT's layers injected
+            model_dir, cfg.lora, lambda d: AutoModelForCausalLM.from_pretrained(str(d), dtype=DTYPES[dtype]))
+        self.model = self.model.to(self.device)
         self.model.train()
         if self.chunk_tokens and chunked_unsupported_reason(self.model):
             resolve_chunk_tokens(self.chunk_tokens, self.model)  # raises (e.g. a head that is not a Linear)
@@ -67,7 +70,10 @@ class TorchTrainer(LocalStep):
             for layer in decoder_layers(self.model):
                 layer.compile(dynamic=True)  # in place: parameter names and state dict keys stay the HF ones
         self.reference = None
-        if keep_reference:  # the initial policy: `reference_dir` when resuming, else these weights
+        # LoRA: the reference (the run's initial policy) is the base model, i.e. this one with its adapters off
+        self.reference_is_base = keep_reference and self.lora is not None and (
+            reference_dir is None or Path(reference_dir).resolve() == self.lora.base_dir)
+        if keep_reference and not self.reference_is_base:  # the initial policy: `reference_dir` when resuming, else these weights
             self.reference = (AutoModelForCausalLM.from_pretrained(str(reference_dir), dtype=DTYPES[dtype])
                               .to(self.device).eval() if reference_dir is not None
                               else copy.deepcopy(self.model).eval())
@@ -81,7 +87,7 @@ class TorchTrainer(LocalStep):
             self.replay = _router_replay(self.model, model_dir)
             self.reference_replay = None if self.reference is None else RouterReplay(self.reference)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
+            [p for p in self.model.parameters() if p.requires_grad], lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
             weight_decay=cfg.weight_decay, fused=self.device.type == "cuda",  # one kernel per step on GPU
         )
         self.version = version
@@ -180,9 +186,13 @@ class TorchTrainer(LocalStep):
 
     @torch.no_grad()
     def _logprobs(self, chunk: TrainChunk, reference: bool = False) -> torch.Tensor:
-        model = self.reference if reference else self.model
+        model = self.model if reference and self.reference_is_base else self.reference if reference else self.model
         if model is None:
             raise RuntimeError("reference logprobs requested but no reference model is kept (loss.kl_coef == 0)")
+        with self.lora.passes(reference) if self.lora is not None else nullcontext():  # LoRA: no dropout; base reference
+            return self._logprob_rows(model, chunk, reference)
+
+    def _logprob_rows(self, model: torch.nn.Module, chunk: TrainChunk, reference: bool) -> torch.Tensor:
         out = []
         for rows in chunk_rows(chunk, self.cfg.microbatch_size, self.cfg.max_tokens_per_microbatch, self.packed):
             mb = select_rows(chunk, rows)
@@ -195,11 +205,20 @@ class TorchTrainer(LocalStep):
     exports_live_tensors = True  # export_weights: the parameters themselves (a keeping transport copies them)
 
     def export_weights(self, on_device: bool = False) -> dict[str, torch.Tensor]:
-        """The model's own tensors, on its device either way (no copy)."""
-        return {k: v.detach() for k, v in self.model.state_dict().items()}
+        """The model's own tensors, on its device either way (no copy). LoRA: the adapters in the
+        refit format (`trainer.lora.refit: adapters`), or the base with the adapters merged in."""
+        if self.lora is None:
+            return {k: v.detach() for k, v in self.model.state_dict().items()}
+        if self.cfg.lora.refit == "adapters":
+            return self.lora.refit_adapters(self.model.named_parameters())
+        return self.lora.merged(self.model.state_dict())
 
     def save_pretrained(self, out_dir: str | Path) -> None:
-        self.model.save_pretrained(str(out_dir), safe_serialization=True)
+        """The policy as an HF directory; LoRA: the adapters as a PEFT directory (rl_core.train.lora)."""
+        if self.lora is not None:
+            self.lora.save(out_dir, self.model.named_parameters())
+        else:
+            self.model.save_pretrained(str(out_dir), safe_serialization=True)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)

@@ -3,7 +3,8 @@
 Owns: the life of a request inside the engine (waiting queue -> slot -> finished), the
 schedule of one step (decodes, then prefill chunks, then admissions, within
 `max_step_tokens` fed and `max_num_kv_tokens` held; the newest sequences are preempted
-over the KV budget), stop conditions, weight refits and KV invalidation, the per-token
+over the KV budget), stop conditions, weight refits (full weights, or LoRA adapters merged
+into them: lora.py) and KV invalidation, the per-token
 weight versions and MoE routes of each request, and per-step statistics. One `step()` is
 one forward over every running sequence. Built from one `EngineOptions` record, whose
 values it checks against the model and device. Not thread-safe: one thread drives it.
@@ -22,12 +23,14 @@ from typing import Any, Mapping
 
 import torch
 
+from rl_core.adapters import is_adapter_dir, is_adapter_state, read_adapter_dir, resolve_base
 from rl_core.errors import EngineOptionsError
 from rl_core.generation.native.decode_attention import check_supported
 from rl_core.generation.native.decode_graph import DecodeRunner
 from rl_core.generation.native.engine_state import EngineStats, StepRecord, LaunchedStep, EngineSequence
 from rl_core.generation.native.kv_cache import KV_STORAGE, KVCache, StepLayout
 from rl_core.generation.native.kv_calibration import KVScaleSync
+from rl_core.generation.native.lora import AdapterMerge
 from rl_core.generation.native.model import CausalLM, ModelSpec, SafetensorsDir, read_config
 from rl_core.generation.native.options import EngineOptions
 from rl_core.generation.native.sampling import SamplingBatch, draw_uniforms, new_generator, sample_tokens
@@ -86,6 +89,7 @@ class NativeEngine:
         self.eos_token_ids = frozenset(self.spec.eos_token_ids if eos_token_ids is None else eos_token_ids)
         self.decode = options.decode
         self.model = CausalLM.build(self.spec, state_dict, self.device, self.dtype, max_positions=max_seq_len)
+        self.adapters = AdapterMerge(self.model)  # LoRA adapter updates, merged into the weights
         storage = KV_STORAGE[1] if options.kv_cache_dtype == "fp8_e4m3" else KV_STORAGE[0]
         self.cache = KVCache(self.spec.num_layers, max_batch_size, max_seq_len, self.spec.num_kv_heads,
                              self.spec.head_dim, dtype=self.dtype, device=self.device, storage=storage)
@@ -125,8 +129,14 @@ class NativeEngine:
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, options: EngineOptions | None = None) -> "NativeEngine":
         """From an HF directory (config.json, *.safetensors; eos ids of config.json and
-        generation_config.json are merged)."""
-        return cls(read_config(model_dir), SafetensorsDir(model_dir), options)
+        generation_config.json are merged), or a LoRA adapter directory (PEFT's, as rl_core's
+        checkpoints hold it): its base model with the adapters merged in."""
+        if not is_adapter_dir(model_dir):
+            return cls(read_config(model_dir), SafetensorsDir(model_dir), options)
+        base = resolve_base(model_dir)
+        engine = cls(read_config(base), SafetensorsDir(base), options)
+        engine.adapters.apply(read_adapter_dir(model_dir))
+        return engine
 
     # ------------------------------------------------------------------ queries
 
@@ -196,8 +206,9 @@ class NativeEngine:
 
     def update_weights(self, version: int, state_dict: Mapping[str, torch.Tensor], strict: bool = True,
                        kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
-        """Copy HF-named tensors into the live parameters; tokens sampled from now on record
-        `version`. All names/shapes are checked first: on error nothing changes.
+        """Copy HF-named tensors into the live parameters, or merge LoRA adapters (names
+        `<module>.lora_A` / `.lora_B`, rl_core.adapters) into them (lora.py); tokens sampled from
+        now on record `version`. All names/shapes are checked first: on error nothing changes.
 
         With an FP8 KV cache, the KV scales are then synced: `kv_scales` = (k_scale,
         v_scale) [layers, kv_heads] if given, else a calibration pass over recently
@@ -205,7 +216,11 @@ class NativeEngine:
         if kv_scales is not None and self.kv_sync is None:
             raise ValueError("kv_scales were given but the KV cache is not FP8 (kv_cache_dtype='auto').")
         self._drain()  # a step launched ahead ran with the old weights: its tokens keep the old version
-        self.model.load_weights(state_dict, strict=strict)
+        if is_adapter_state(state_dict.keys()):
+            self.adapters.apply(state_dict)
+        else:
+            self.model.load_weights(state_dict, strict=strict)
+            self.adapters.forget(state_dict.keys())
         self.version = version
         self.stats.weight_updates += 1
         if self.kv_sync is not None:

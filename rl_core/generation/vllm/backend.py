@@ -5,8 +5,9 @@ translating rl_core requests into vLLM `SamplingParams` and vLLM outputs back in
 `GenerationResult`s (tokens, the logprob of each sampled token, per-token weight versions),
 the engine's steps of abort, the weight update and the KV/prefix-cache reset (the sequence,
 pause / reload through `ext.py` / reset / label / resume, is `common.VLLMBackendBase`'s,
-shared with `server.py`), and a clean shutdown that leaves no vLLM process behind. Driven
-from the controller's event loop; only `prepare()` (the construction) may run in a worker thread.
+shared with `server.py`), LoRA adapter refits through vLLM's LoRA support (`lora_rank`:
+`common.AdapterSlot`), and a clean shutdown that leaves no vLLM process behind. Driven from
+the controller's event loop; only `prepare()` (the construction) may run in a worker thread.
 
 Does not own: which weights to send or when (refit), the recipe (`from_recipe` reads it), or
 the OpenAI-server path (`server.py`). Read more: docs/generation.md, "The vLLM backends".
@@ -18,6 +19,8 @@ import asyncio
 import contextlib
 import logging
 import operator
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,9 +28,10 @@ from typing import Any, Mapping
 
 import torch
 
-from rl_core.generation.vllm.common import (EXTENSION_CLS, VLLMBackendBase, VLLMError, safetensors_files, scoped_env,
-                                            state_dict_bytes, to_vllm_sampling, token_versions_from_spans,
-                                            vllm_engine_env)
+from rl_core.adapters import is_adapter_state
+from rl_core.generation.vllm.common import (EXTENSION_CLS, LORA_ID, LORA_NAME, AdapterSlot, VLLMBackendBase, VLLMError,
+                                            max_lora_rank, safetensors_files, scoped_env, state_dict_bytes,
+                                            to_vllm_sampling, token_versions_from_spans, vllm_engine_env)
 from rl_core.columns import GroupResults, generate_each
 from rl_core.types import GenerationRequest, GenerationResult, SamplingParams, group_requests
 
@@ -50,6 +54,8 @@ class VLLMOptions:
     enforce_eager: bool = True
     enable_prefix_caching: bool = True
     seed: int = 0
+    lora_rank: int = 0  # > 0: serve LoRA adapters of this rank (`trainer.lora.refit: adapters`); `model` is the base
+    lora_start: str | None = None  # the starting adapter (a PEFT directory, e.g. a LoRA checkpoint's); None: zeros
     extra: dict[str, Any] = field(default_factory=dict)  # further AsyncEngineArgs / server flags
 
     def engine_args(self) -> dict[str, Any]:
@@ -62,6 +68,8 @@ class VLLMOptions:
         }
         if self.max_model_len is not None:
             args["max_model_len"] = self.max_model_len
+        if self.lora_rank:
+            args.update(enable_lora=True, max_lora_rank=max_lora_rank(self.lora_rank), max_loras=1)
         args.update(self.extra)
         return args
 
@@ -78,6 +86,15 @@ class VLLMBackend(VLLMBackendBase):
     def __init__(self, options: VLLMOptions, *, weight_version: int = 0, name: str = "vllm"):
         super().__init__(options, weight_version, name)
         self._engine = None
+        self._adapter_dir: str | None = None  # LoRA (options.lora_rank): the adapter's directory, made here
+        self._lora = None  # the LoRARequest every request names
+
+    def _start_adapter(self) -> None:
+        from vllm.lora.request import LoRARequest
+
+        self._adapter_dir = tempfile.mkdtemp(prefix="rl_core_vllm_lora_")
+        self._slot = AdapterSlot(self._adapter_dir, self.options.model, self.options.lora_rank)
+        self._lora = LoRARequest(LORA_NAME, LORA_ID, str(self._slot.write_start(self.options.lora_start)))
 
     # ------------------------------------------------------------------ start-up
 
@@ -90,6 +107,8 @@ class VLLMBackend(VLLMBackendBase):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        if self.options.lora_rank:
+            self._start_adapter()
         self._reaper.before()
         try:
             with scoped_env(vllm_engine_env(_is_cpu_platform())):
@@ -156,7 +175,8 @@ class VLLMBackend(VLLMBackendBase):
         final = None
         with self._in_flight(rid) as (start_version, started):
             try:
-                async for out in engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), sp, rid):
+                async for out in engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), sp, rid,
+                                                 lora_request=self._lora):
                     final = out
             except Exception as exc:
                 raise VLLMError(f"vLLM failed on request {rid!r}: {exc!r}") from exc
@@ -189,15 +209,22 @@ class VLLMBackend(VLLMBackendBase):
 
     async def update_weights(self, version: int, weights: Mapping[str, torch.Tensor] | str | Path) -> None:
         """Load new weights (a state dict with HF names, or a directory of safetensors files)
-        and label the tokens generated from now on with `version`."""
+        and label the tokens generated from now on with `version`. LoRA adapters (rl_core.adapters'
+        refit format; `lora_rank` set) replace the served adapter."""
         engine = self._handle()
-        if isinstance(weights, (str, Path)):
+        adapters = not isinstance(weights, (str, Path)) and is_adapter_state(weights)
+        if adapters:
+            self._check_adapters()
+            method, args = "rl_core_reload_adapter", (str(self._slot.path), LORA_ID, LORA_NAME)
+        elif isinstance(weights, (str, Path)):
             method, args = "rl_core_reload_files", (safetensors_files(weights),)
         else:
             method, args = "rl_core_reload_bytes", (await asyncio.to_thread(state_dict_bytes, weights),)
 
         async def reload() -> None:
             try:
+                if adapters:  # rewritten under the update lock: one update at a time reads the directory
+                    await asyncio.to_thread(self._slot.write, weights)
                 await engine.collective_rpc(method, args=args)
             except Exception as exc:
                 raise VLLMError(f"the {self.name} engine failed to load weights of version {version}: "
@@ -251,9 +278,15 @@ class VLLMBackend(VLLMBackendBase):
                         await handler
                 await asyncio.to_thread(engine.shutdown)
         finally:
+            self._drop_adapter()
             ended = await asyncio.to_thread(self._reaper.reap)
             if ended:
                 log.warning("the %s backend ended leftover vLLM processes %s", self.name, ended)
+
+    def _drop_adapter(self) -> None:
+        if self._adapter_dir is not None:
+            shutil.rmtree(self._adapter_dir, ignore_errors=True)
+            self._adapter_dir = None
 
     def close_sync(self) -> None:
         """Shut down from synchronous code (a prepared engine that never started)."""
@@ -264,4 +297,5 @@ class VLLMBackend(VLLMBackendBase):
             if engine is not None:
                 engine.shutdown()
         finally:
+            self._drop_adapter()
             self._reaper.reap()

@@ -5,8 +5,9 @@ settings whose vLLM logprobs would mean something else (`to_vllm_sampling`,
 `check_request`), per-token weight versions from vLLM's `weight_versions` spans, the
 environment a vLLM engine process needs on CPU (`vllm_engine_env`, scoped with
 `scoped_env`), state dicts as safetensors bytes, `ChildReaper`, which ends by PID the
-processes a vLLM start left alive, and `VLLMBackendBase`: the requests in flight, counters,
-abort and the weight-update sequence of both backends. Imports no vLLM: usable anywhere.
+processes a vLLM start left alive, LoRA adapter refits (`AdapterSlot`: one adapter a backend
+serves under a fixed name, id and directory) and `VLLMBackendBase`: the requests in flight,
+counters, abort and the weight-update sequence of both backends. Imports no vLLM.
 
 Does not own: driving an engine or a server (the two backends' hooks).
 """
@@ -28,6 +29,8 @@ from rl_core.types import MAX_SEED, SamplingParams, with_seed
 EXTENSION_CLS = "rl_core.generation.vllm.ext.WeightReloadExtension"
 MIN_TEMPERATURE = 0.01  # vLLM clamps 0 < T < 0.01 up to 0.01 (its logprobs would use 0.01)
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
+LORA_NAME, LORA_ID = "rl_core", 1  # the one LoRA adapter a backend serves (`trainer.lora.refit: adapters`)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed `max_lora_rank` values
 
 
 class VLLMError(RuntimeError):
@@ -157,6 +160,57 @@ def safetensors_files(directory: str | Path) -> list[str]:
     return files
 
 
+def max_lora_rank(rank: int) -> int:
+    """vLLM's `max_lora_rank` for adapters of `rank`: the smallest value vLLM allows that holds it."""
+    for r in VLLM_LORA_RANKS:
+        if r >= rank:
+            return r
+    raise ValueError(f"trainer.lora.rank {rank}: vLLM serves LoRA adapters of rank <= {VLLM_LORA_RANKS[-1]}")
+
+
+class AdapterSlot:
+    """The LoRA adapter a vLLM backend serves with `trainer.lora.refit: adapters`: one PEFT
+    directory at a fixed path (`path`), served under `LORA_NAME` / `LORA_ID`; every request
+    names it, and an adapter update rewrites the directory (atomically) and has the worker
+    reload it under the same id (`ext.rl_core_reload_adapter`), so requests in flight go on with
+    the new adapter, as they go on with new full weights. Before the first update the directory
+    holds the starting adapter: a saved one (a LoRA checkpoint's) or zeros (the base policy)."""
+
+    def __init__(self, directory: str | Path, base_dir: str | Path, rank: int):
+        self.path = Path(directory) / "rl_core_adapter"
+        self.base_dir, self.rank = str(base_dir), rank
+
+    def write(self, state: Mapping[str, torch.Tensor]) -> Path:
+        from rl_core.adapters import write_peft_dir
+
+        return write_peft_dir(self.path, state, self.base_dir)
+
+    def write_start(self, saved_adapter: str | Path | None = None) -> Path:
+        """The starting adapter: `saved_adapter`'s (a PEFT directory) or a zero one of `rank` on
+        one linear layer of the base (B = 0 adds nothing: the base policy)."""
+        from rl_core.adapters import read_adapter_dir
+
+        if saved_adapter is not None:
+            return self.write(read_adapter_dir(saved_adapter))
+        name, (out_f, in_f) = _first_linear(self.base_dir)
+        module = name[:-len(".weight")]
+        return self.write({module + ".lora_A": torch.zeros(self.rank, in_f), module + ".lora_B": torch.zeros(out_f, self.rank)})
+
+
+def _first_linear(model_dir: str) -> tuple[str, tuple[int, int]]:
+    """(name, shape) of a decoder projection weight in an HF directory's safetensors files."""
+    from safetensors import safe_open
+
+    for f in safetensors_files(model_dir):
+        with safe_open(f, "pt") as st:
+            for name in sorted(st.keys()):
+                if name.endswith(("_proj.weight", ".dense.weight")) and ".layers." in name:
+                    shape = st.get_slice(name).get_shape()
+                    if len(shape) == 2:
+                        return name, (int(shape[0]), int(shape[1]))
+    raise ValueError(f"{model_dir} has no decoder projection weight (`*.layers.*_proj.weight`) for a LoRA adapter")
+
+
 class ChildReaper:
     """Remembers the processes a vLLM start created (children of this process) and ends the
     ones still alive at shutdown, by PID (vllm-cpu.md §9: an orphaned EngineCore spins)."""
@@ -226,6 +280,13 @@ class VLLMBackendBase(abc.ABC):
 
     def capacity(self) -> int:
         return self.options.max_num_seqs
+
+    def _check_adapters(self) -> None:
+        """An adapter update needs a backend built to serve LoRA (`options.lora_rank`)."""
+        if not self.options.lora_rank:
+            raise VLLMError(f"{self._who} got a LoRA adapter update but serves no LoRA adapter (VLLMOptions.lora_rank "
+                            "is 0). Fix: build the backend from a recipe with trainer.lora.refit: adapters, or send "
+                            "merged weights (trainer.lora.refit: merged).")
 
     def metrics(self) -> dict[str, float]:
         return backend_metrics(self._stats, self._t_start, len(self._inflight), self._version, self.setup_s)

