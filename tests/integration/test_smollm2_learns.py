@@ -28,16 +28,6 @@ OVERRIDES = [f"grpo.max_num_steps={STEPS}", "trainer.lr=1.0e-4", "env.format_rew
              "async_rl.reproducible=true"]
 
 
-@pytest.fixture(scope="module")
-def smollm2_dir():
-    from rl_core.model.gguf import ModelFileError, smollm2_hf_dir
-
-    try:
-        return smollm2_hf_dir("float32")
-    except ModelFileError as exc:
-        pytest.skip(f"SmolLM2 is not available here: {exc}")
-
-
 @pytest.mark.slow
 def test_smollm2_format_reward_rises(smollm2_dir, tmp_path, monkeypatch):
     from rl_core.launch.preflight import load_recipe
