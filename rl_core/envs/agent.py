@@ -75,6 +75,8 @@ class AgentEnv(BaseEnv):
         self.agent, self.kwargs = self._program(config)
         self._http = None
         self._loop: UserLoop | None = None  # the agents' event loop, started at the first episode
+        self._local = None  # the agents' client over the session server's in-process transport
+        self._local_transport = None
 
     def _program(self, config: Any) -> tuple[Any, dict[str, Any]]:
         """The agent function and its keyword arguments (checked at recipe load: `load_agent`)."""
@@ -99,6 +101,23 @@ class AgentEnv(BaseEnv):
                                                                              keepalive_expiry=CLIENT_KEEPALIVE_S))
         return self._http
 
+    def attach_session_transport(self, transport: Any) -> None:
+        """The session server's in-process transport (`SessionServer.transport`, or None): the
+        agents' OpenAI clients send their calls through it, straight to the server's routes, with
+        no socket between them (rl_core.rollout.group.generate_episode attaches it)."""
+        if transport is not self._local_transport:
+            self._local_transport = transport
+            self._local = None  # the client of the last transport closes with the run (aclose)
+            if transport is not None:
+                import httpx
+
+                self._local = httpx.AsyncClient(transport=transport, timeout=None)
+
+    def agent_http(self):
+        """The HTTP client of the agents' OpenAI clients: the session server's in-process transport
+        when attached, else the environment's network client (`http`)."""
+        return self._local if self._local is not None else self.http()
+
     async def aclose(self) -> None:
         if self._loop is not None:  # the client lives on the agents' loop (given up on if user code blocks it)
             await self._loop.run_within(self._close_http(), 5.0)
@@ -111,6 +130,12 @@ class AgentEnv(BaseEnv):
         if self._http is not None:
             await self._http.aclose()
             self._http = None
+        if self._local is not None:
+            await self._local.aclose()
+            self._local = self._local_transport = None
+        if self._local is not None:
+            await self._local.aclose()
+            self._local = self._local_transport = None
 
     # ------------------------------------------------------------------ one episode
 
@@ -125,7 +150,7 @@ class AgentEnv(BaseEnv):
     async def _episode(self, base_url: str, api_key: str, example: dict[str, Any]) -> EnvResult:
         import openai
 
-        client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=self.http())
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=self.agent_http())
         try:
             out = await self.agent(client, dict(example), **self.kwargs)
         except asyncio.CancelledError:
@@ -198,6 +223,7 @@ class HttpServiceEnv(AgentEnv):
     loading), waits for `GET /health` before the first episode, and stops it at the end."""
 
     name = "http"
+    attach_session_transport = None  # the service, in its own process, calls the session server's socket
 
     def __init__(self, config: Any, tokenizer: Any):
         super().__init__(config, tokenizer)

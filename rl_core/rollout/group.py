@@ -315,6 +315,9 @@ async def generate_episode(backend: GenerationBackend, env: EpisodeEnvironment, 
         return None if params.seed is None else derive_seed(params.seed, k)
 
     session = await server.open(request_id, params, tokenizer, generate, seed_for)
+    attach = getattr(env, "attach_session_transport", None)  # in-process agents skip the socket
+    if attach is not None:
+        attach(server.transport)
     try:
         scored = await with_deadline(env.run_agent(server.base_url(session), session.api_key, example),
                                      env.episode_timeout_s, f"agent episode {request_id}")

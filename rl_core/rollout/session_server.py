@@ -3,16 +3,16 @@
 Owns: a small HTTP server (FastAPI on uvicorn, in the controller's event loop, bound to
 127.0.0.1 on a free port) with, for every open episode session `<id>`,
 `GET /sessions/<id>/v1/models`, `POST /sessions/<id>/v1/chat/completions` (the tokenizer's
-chat template, run in a worker thread) and `POST /sessions/<id>/v1/completions`, plus
-`GET /health`; every route but `/health` needs `Authorization: Bearer <the session's own key>`
-(an ended or unknown session is 404, another session's key 401). Each call is one model turn.
+chat template; a large request's in a worker thread) and `POST /sessions/<id>/v1/completions`,
+`GET /health`, and the same routes in-process for agents in this process (`SessionTransport`:
+no socket); all but `/health` need `Authorization: Bearer <the session's own key>` (an ended
+or unknown session is 404, another session's key 401). Each call is one model turn.
 Field policy: the recipe's sampling (other `temperature`, `top_p`, `top_k`, `seed` refused),
 `n` 1, no `stream`, `max_tokens` only lowers the recipe's, `stop` strings added, `tools`
 through the chat template, `<tool_call>` replies as `tool_calls`; the checks, limits and error
 shape of `rl-core serve` (rl_core.serve.checks), before anything is tokenized or generated.
-
-One per run, built and stopped by the controller (or validation), started at the first episode;
-not the sessions (sessions.py), the agent or the backend. Read more: docs/agents.md.
+One per run, built and stopped by the controller (or validation), started at the first episode.
+Does not own: the sessions (sessions.py), the agent or the backend. Read more: docs/agents.md.
 """
 
 from __future__ import annotations
@@ -25,13 +25,16 @@ import secrets
 import socket
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
+import httpx
 from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse  # plain dicts of JSON types: no jsonable_encoder pass
 from pydantic import model_validator
 
 from rl_core.rollout.sessions import EpisodeSession, Generate, SessionClosed, SessionRegistry
-from rl_core.serve.checks import ApiError, BodyLimit, RequestLimits, install_error_handlers, parse_body
+from rl_core.serve.checks import (ApiError, BodyLimit, RequestLimits, body_too_large, install_error_handlers,
+                                  parse_body, text_chars, unexpected)
 from rl_core.serve.protocol import ChatCompletionRequest, CompletionRequest
 from rl_core.serve.text import TextCodec, chat_logprobs, cut_at_stop
 from rl_core.types import SamplingParams
@@ -89,6 +92,18 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict]]:
     return (TOOL_CALL.sub("", text).strip() if calls else text), calls
 
 
+INLINE_CHARS = 16384  # a request with at most this much text is rendered and tokenized on the loop
+
+
+async def off_loop_if_large(chars: int, fn: Callable, *args, **kwargs):
+    """`fn(*args, **kwargs)`: in a worker thread when the request holds more than INLINE_CHARS
+    characters (a large request never holds up the event loop), else here (a small one costs
+    less than the thread hop: ~0.1 ms for a turn of a few hundred characters)."""
+    if chars > INLINE_CHARS:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+    return fn(*args, **kwargs)
+
+
 def quiet_uvicorn_server(config):
     """uvicorn's server without its signal handlers (the controller owns SIGINT/SIGTERM)."""
     import uvicorn
@@ -117,6 +132,8 @@ class SessionServer:
         self.port: int | None = None
         self.counters = {"requests": 0, "client_errors": 0, "tool_calls": 0}
         self._server = None
+        self._app: FastAPI | None = None
+        self._transport = None
         self._task: asyncio.Task | None = None
         self._starting: asyncio.Lock | None = None
         template = getattr(tokenizer, "chat_template", None) or ""
@@ -132,7 +149,8 @@ class SessionServer:
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         self.limits = context_limits(self.tokenizer, self.backend)
-        config = uvicorn.Config(self.app(), log_level="warning", access_log=False, lifespan="off",
+        self._app = self.app()
+        config = uvicorn.Config(self._app, log_level="warning", access_log=False, lifespan="off",
                                 timeout_keep_alive=30)
         self._server = quiet_uvicorn_server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="rl_core-session-server")
@@ -164,6 +182,17 @@ class SessionServer:
         """End an episode's session: later calls get 404, its model calls in flight are aborted."""
         await self.registry.close(session)
 
+    @property
+    def transport(self):
+        """The in-process transport of this server (`SessionTransport`), None before it started."""
+        if self._transport is None and self._app is not None:
+            self._transport = SessionTransport(self, self._app)
+        return self._transport
+
+    def count(self, status: int) -> None:
+        """Count an error answer (`counters["client_errors"]`: the 4xx)."""
+        self.counters["client_errors"] += status < 500
+
     def base_url(self, session: EpisodeSession) -> str:
         return f"http://127.0.0.1:{self.port}/sessions/{session.session_id}/v1"
 
@@ -172,11 +201,8 @@ class SessionServer:
     def app(self) -> FastAPI:
         app = FastAPI(title="rl_core episode sessions", docs_url=None, redoc_url=None, openapi_url=None)
 
-        def count(status: int) -> None:
-            self.counters["client_errors"] += status < 500
-
-        install_error_handlers(app, count)  # rl-core serve's error shape
-        app.add_middleware(BodyLimit, limit=lambda: self.limits.body_bytes, count=count)
+        install_error_handlers(app, self.count)  # rl-core serve's error shape
+        app.add_middleware(BodyLimit, limit=lambda: self.limits.body_bytes, count=self.count)
 
         @app.get("/health")
         async def health():
@@ -185,29 +211,36 @@ class SessionServer:
         # the session and its key are checked before the body is parsed
         @app.get("/sessions/{sid}/v1/models")
         async def models(request: Request, sid: str):
-            self._session(request, sid)
+            self._session(request.headers, sid)
             return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
                                                 "owned_by": "rl_core"}]}
 
         @app.post("/sessions/{sid}/v1/chat/completions")
         async def chat(request: Request, sid: str):
-            session = self._session(request, sid)
-            return await self.chat(session, parse_body(await request.body(), SessionChatRequest))
+            return JSONResponse(await self.answer("chat/completions", sid, request.headers, request.body))
 
         @app.post("/sessions/{sid}/v1/completions")
         async def completions(request: Request, sid: str):
-            session = self._session(request, sid)
-            return await self.completions(session, parse_body(await request.body(), CompletionRequest))
+            return JSONResponse(await self.answer("completions", sid, request.headers, request.body))
 
         return app
 
-    def _session(self, request: Request, sid: str) -> EpisodeSession:
-        """The open session `sid`, if the request carries its key (404: not open; 401: not its key)."""
+    async def answer(self, route: str, sid: str, headers: Any, read_body: Callable[[], Awaitable[bytes]]) -> dict:
+        """The answer to a call of a model route ("chat/completions" or "completions") of session
+        `sid`: its key is checked before the body is read (`read_body`) and parsed. The socket's
+        routes and the in-process transport (`SessionTransport`) both answer through here."""
+        session = self._session(headers, sid)
+        if route == "chat/completions":
+            return await self.chat(session, parse_body(await read_body(), SessionChatRequest))
+        return await self.completions(session, parse_body(await read_body(), CompletionRequest))
+
+    def _session(self, headers: Any, sid: str) -> EpisodeSession:
+        """The open session `sid`, if `headers` carry its key (404: not open; 401: not its key)."""
         session = self.registry.get(sid)
         if session is None:
             raise refusal(404, f"episode session {sid!r} is not open (it ended, was aborted as stale, or "
                                "never existed); an agent may only call the model during its episode")
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        scheme, _, token = headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), session.api_key.encode()):
             raise refusal(401, f"missing or wrong API key for episode session {sid!r}: each episode has its "
                                "own key; use the client (base_url and api_key) this episode was given, "
@@ -256,8 +289,9 @@ class SessionServer:
                           "tools")
         messages = [m.for_template() for m in body.messages]
         self.limits.check_messages(messages, body.tools)
-        try:  # the template and the tokenizer run off the event loop
-            ids, text = await asyncio.to_thread(session.chat_prompt, messages, body.add_generation_prompt,
+        try:  # a large request's template and tokenizer run off the event loop
+            chars = text_chars(messages) + text_chars(body.tools or [])
+            ids, text = await off_loop_if_large(chars, session.chat_prompt, messages, body.add_generation_prompt,
                                                 body.continue_final_message, tools=body.tools)
         except Exception as exc:  # noqa: BLE001 - a template error is about the messages sent
             raise refusal(400, f"the chat template failed on these messages: {exc}", "messages") from None
@@ -292,7 +326,7 @@ class SessionServer:
                                "records them); leave it out", "logprobs")
         if isinstance(prompt, str):
             self.limits.check_text(prompt, "prompt")
-            ids, text = await asyncio.to_thread(session.text_prompt, prompt), prompt  # off the event loop
+            ids, text = await off_loop_if_large(len(prompt), session.text_prompt, prompt), prompt
         else:
             ids, text = [int(i) for i in prompt], None
         res, stops = await self._run(session, ids, text, body, "max_tokens")
@@ -303,6 +337,54 @@ class SessionServer:
                              "token_ids": list(res.token_ids), "prompt_token_ids": list(ids),
                              "weight_version": res.end_version}],
                 "usage": _usage(ids, res.token_ids)}
+
+
+class SessionTransport(httpx.AsyncBaseTransport):
+    """An httpx transport to a `SessionServer` in this process: an in-process agent's client
+    (rl_core.envs.agent) sends its model calls through it with no socket, HTTP parsing,
+    connection pool or web framework between: a POST to a model route goes straight to
+    `SessionServer.answer`, its body limit and errors as on the socket (rl_core.serve.checks);
+    any other request goes to the server's app (`httpx.ASGITransport`). Agents run on a loop of
+    their own (rl_core.usercode.UserLoop): each request is answered on the server's loop, the one
+    this transport was made on (cancelling the call cancels it there). Services in other
+    processes use the socket."""
+
+    ROUTE = re.compile(r"^/sessions/([^/]+)/v1/(chat/completions|completions)$")
+
+    def __init__(self, server: SessionServer, app: FastAPI):
+        self.server = server
+        self.asgi = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        self.loop = asyncio.get_running_loop()  # the server's (the controller's) loop
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        await request.aread()  # the body in memory: the request can cross to the server's loop
+        if asyncio.get_running_loop() is self.loop:
+            return await self._answer(request)
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._answer(request), self.loop))
+
+    async def _answer(self, request: httpx.Request) -> httpx.Response:
+        m = self.ROUTE.match(request.url.path)
+        if m is None or request.method != "POST":
+            return await self.asgi.handle_async_request(request)
+        raw = request.content
+
+        async def read() -> bytes:
+            return raw
+
+        try:
+            limit = self.server.limits.body_bytes
+            if len(raw) > limit:
+                raise body_too_large(str(len(raw)), limit)
+            status, out = 200, await self.server.answer(m.group(2), m.group(1), request.headers, read)
+        except ApiError as exc:
+            status, out = exc.status, exc.response().body
+        except Exception as exc:  # noqa: BLE001 - as the socket's handler: a JSON 500, never a raise
+            err = unexpected(exc)
+            status, out = err.status, err.response().body
+        if status != 200:
+            self.server.count(status)
+        content = out if isinstance(out, bytes) else json.dumps(out, ensure_ascii=False).encode()
+        return httpx.Response(status, headers={"content-type": "application/json"}, content=content)
 
 
 def _usage(prompt: list[int], completion: list[int]) -> dict:

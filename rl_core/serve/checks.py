@@ -106,9 +106,21 @@ def install_error_handlers(app: FastAPI, count: Callable[[int], None]) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):  # JSON, never starlette's plain-text 500
-        err = ApiError(500, f"internal server error: {type(exc).__name__}: {str(exc)[:300]}", type="server_error")
+        err = unexpected(exc)
         count(err.status)
         return err.response()
+
+
+def unexpected(exc: Exception) -> ApiError:
+    """The 500 answer of an unexpected exception."""
+    return ApiError(500, f"internal server error: {type(exc).__name__}: {str(exc)[:300]}", type="server_error")
+
+
+def body_too_large(size: str, limit: int) -> ApiError:
+    """The 413 answer of a body over `limit` bytes (`size`: what it has, as said to the client)."""
+    return ApiError(413, f"the request body has {size} bytes; this server takes at most {limit} (more than any "
+                         "prompt that fits its context needs); send a smaller body", param="body",
+                    code="body_too_large")
 
 
 def longest_token_chars(tokenizer: Any) -> int:
@@ -166,8 +178,8 @@ class RequestLimits:
             raise ApiError(400, f"messages holds {len(messages)} messages; this server's context is "
                                 f"{self.max_model_len} tokens and every message takes at least one, so at most "
                                 f"{self.max_model_len} can fit (send fewer messages)", param="messages")
-        sizes = [_chars(m) for m in messages]
-        total = sum(sizes) + (_chars(list(tools)) if tools else 0)
+        sizes = [text_chars(m) for m in messages]
+        total = sum(sizes) + (text_chars(list(tools)) if tools else 0)
         if total > self.max_chars:
             i = max(range(len(sizes)), key=sizes.__getitem__)
             param = f"messages.{i}.content" if sizes[i] > self.max_chars else "messages"
@@ -203,14 +215,14 @@ class RequestLimits:
                            param="stop_token_ids")
 
 
-def _chars(value: Any) -> int:
+def text_chars(value: Any) -> int:
     """Characters of the text in a message (its strings, keys included)."""
     if isinstance(value, str):
         return len(value)
     if isinstance(value, dict):
-        return sum(len(str(k)) + _chars(v) for k, v in value.items())
+        return sum(len(str(k)) + text_chars(v) for k, v in value.items())
     if isinstance(value, (list, tuple)):
-        return sum(_chars(v) for v in value)
+        return sum(text_chars(v) for v in value)
     return len(json.dumps(value, default=str))
 
 
@@ -223,10 +235,7 @@ class BodyLimit:
 
     async def _refuse(self, send: Any, size: str, limit: int) -> None:
         self.count(413)
-        err = ApiError(413, f"the request body has {size} bytes; this server takes at most {limit} (more than any "
-                            "prompt that fits its context needs); send a smaller body", param="body",
-                       code="body_too_large")
-        body = err.response().body
+        body = body_too_large(size, limit).response().body
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
