@@ -202,8 +202,10 @@ def test_http_env_service_killed_and_restarted_mid_run(tmp_path, warm_policy, mo
 def test_stale_http_env_episodes_are_cancelled_with_their_model_calls(tmp_path, warm_policy, monkeypatch):
     # the stale abort above, with env.type: http: the episodes run in an environment service (another
     # process). When a held group leaves the window its POSTs are abandoned and its in-flight model
-    # calls aborted; the service's held calls are answered 404 (the session ended), nothing of those
-    # groups is trained, and the service goes on serving the other episodes.
+    # calls aborted; the service's held calls are answered 404 (the session ended), nothing of that
+    # group is trained, and the service goes on serving the other episodes. One group is held (the
+    # first after the first): how far dispatch gets past it before the run ends depends on the
+    # service's pace, so a second held index would make the test depend on timing.
     import os
     import signal
 
@@ -215,7 +217,7 @@ def test_stale_http_env_episodes_are_cancelled_with_their_model_calls(tmp_path, 
         ctl, backend, recs, cfg = run_knobs(
             tmp_path, warm_policy, monkeypatch, "env.type=http", f"env.url=http://127.0.0.1:{port}",
             "env.reward_names=[turn1,turn2]", "generation.max_tokens=6", "async_rl.sampler.type=windowed",
-            "async_rl.sampler.max_staleness_versions=0", hold=lambda d, a: d in (1, 6) and a == 0,
+            "async_rl.sampler.max_staleness_versions=0", hold=lambda d, a: d == 1 and a == 0,
             name="http-stale")
     finally:
         alive = proc.poll() is None
@@ -223,11 +225,11 @@ def test_stale_http_env_episodes_are_cancelled_with_their_model_calls(tmp_path, 
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(10)
     assert alive, "the environment service died during the run"
-    assert backend.held == {1, 6} and backend.held_cancelled == {1, 6}
+    assert backend.held == {1} and backend.held_cancelled == {1}
     assert any(rid.endswith("/c0") for rid, _ in backend.requests)  # the calls came through episode sessions
     aborted = [r["rollout/aborted_stale_inflight_groups"] for r in recs]
-    assert aborted[-1] >= 2 and ctl.train.stale_aborted_groups == aborted[-1]
+    assert aborted[-1] >= 1 and ctl.train.stale_aborted_groups == aborted[-1]
     trained_d = {int(g.rsplit("-d", 1)[1]) for g in ctl.train.trained_group_ids}
-    assert not trained_d & {1, 6} and len(trained_d) == 3 * 4  # the other groups trained, through the service
-    assert ctl.sessions.counters["client_errors"] >= 2  # the held calls were refused once their episodes ended
+    assert 1 not in trained_d and len(trained_d) == 3 * 4  # the other groups trained, through the service
+    assert ctl.sessions.counters["client_errors"] >= 1  # the held calls were refused once their episodes ended
     assert len(ctl.sessions.registry) == 0  # no session outlives its episode
