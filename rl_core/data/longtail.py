@@ -1,7 +1,4 @@
-"""Long-tail tasks: answers whose length is drawn from a heavy-tailed law, so that a batch's
-completion lengths spread the way a reasoning task's do (the setting where a synchronous RL
-step waits on its longest sample).
-
+"""Long-tail tasks: answer lengths from a heavy-tailed law, spread as a reasoning task's are.
 Owns: the offline generator of two such tasks' data files; `n` is log-uniform on
 [min_len, max_len] (`n = round(min_len * (max_len / min_len) ** u)`, `u` uniform on [0, 1)).
 - `repeat` (the shipped `data/repeat/`, recipes/gpu-repeat.yaml): `{"id": 7, "prompt":
@@ -12,9 +9,7 @@ Owns: the offline generator of two such tasks' data files; `n` is log-uniform on
   116 M-parameter model's warm-up did not learn it in 400 steps (docs/benchmarks.md); not shipped.
 Both are scored by the `addition` environment (exact string + end token, partial credit per
 digit right by position). Files written atomically; `python -m rl_core.data.longtail
-data/repeat` writes the shipped files.
-
-Does not own: reading the files (`dataset.py`), scoring (`rl_core.envs.addition`).
+data/repeat` writes the shipped files. Does not own: reading the files (`dataset.py`), scoring (`rl_core.envs.addition`).
 Read more: docs/examples.md, "The long-tail repeat task".
 """
 

@@ -11,8 +11,7 @@ Field policy: the recipe's sampling (other `temperature`, `top_p`, `top_k`, `see
 `n` 1, no `stream`, `max_tokens` only lowers the recipe's, `stop` strings added, `tools`
 through the chat template, `<tool_call>` replies as `tool_calls`; the checks, limits and error
 shape of `rl-core serve` (rl_core.serve.checks), before anything is tokenized or generated.
-One per run, built and stopped by the controller (or validation), started at the first episode.
-Does not own: the sessions (sessions.py), the agent or the backend. Read more: docs/agents.md.
+One per run, built and stopped by the controller (or validation); not the sessions, agent or backend.
 """
 
 from __future__ import annotations

@@ -10,9 +10,7 @@ no rank but 0 holds the full model); gradients as one process over the whole ste
 averages over ranks, each rank backpropagates its loss sum, `finish` scales by world_size /
 the step's normalizer); packed rows (`trainer.packing`: rl_core.train.varlen's attention);
 full-weight export under HF names; DCP checkpoints read without pickle; LoRA adapters
-(`trainer.lora`, rl_core.train.lora: injected before sharding, the adapters alone trained
-and gathered for refit; the KL reference is the base, the adapters off).
-Does not own: the loss, the step loop (train pump), weight transport, or the process layout
+(`trainer.lora`, rl_core.train.lora: injected before sharding; KL reference: the base). Not: the loss, the step loop (train pump), weight transport, or the process layout
 (spmd.py, data_parallel.py). Read more: docs/distributed-training.md, docs/performance.md.
 """
 

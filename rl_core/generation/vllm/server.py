@@ -8,10 +8,8 @@ generation through the token-in/token-out `POST /inference/v1/generate`
 `POST /abort_requests` (retried while a request is still being admitted; a closed connection
 aborts too), weight updates through the dev/RL endpoints (`VLLM_SERVER_DEV_MODE=1`); LoRA
 adapters (`lora_rank`): the server serves `common.AdapterSlot`'s directory as the model
-`rl_core` (`--lora-modules`), which every request names. A client
-of its own: `HttpBackend` drives `rl-core serve`, whose answers carry no vLLM version spans.
-
-Does not own: the vLLM engine settings (`VLLMOptions`) or where the server runs (`server_url`
+`rl_core` (`--lora-modules`), which every request names. (`HttpBackend` drives `rl-core
+serve`, whose answers carry no vLLM version spans.) Does not own: the vLLM engine settings (`VLLMOptions`) or where the server runs (`server_url`
 for one on a generation node). Read more: docs/generation.md, "The vLLM backends".
 """
 
