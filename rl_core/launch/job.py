@@ -164,8 +164,18 @@ def slurm_parameters(res: SlurmJobConfig, cluster: ClusterConfig, name: str) -> 
             params[key] = getattr(res, key)
     if res.gpus_per_node:
         params["gpus_per_node"] = res.gpus_per_node
+    if res is cluster.controller and cluster.generation is not None:
+        # one allocation for the trainer's nodes and the generation nodes after them; submitit's
+        # step (its srun, whose tasks it counts) runs the trainer group on the first ones only, and
+        # the controller starts the generation servers as steps on the rest (docs/cluster.md)
+        trainer = cluster.trainer
+        nodes = trainer.num_nodes if trainer is not None else 1
+        tasks = trainer.world_size if trainer is not None else res.tasks_per_node
+        params.update(nodes=nodes, ntasks_per_node=tasks // nodes,
+                      srun_args=[f"--nodes={nodes}", f"--ntasks={tasks}", f"--ntasks-per-node={tasks // nodes}"])
+        params["additional_parameters"] = {"nodes": res.nodes, "ntasks_per_node": res.tasks_per_node}
     if res.extra_sbatch:
-        params["additional_parameters"] = dict(res.extra_sbatch)
+        params["additional_parameters"] = {**params.get("additional_parameters", {}), **res.extra_sbatch}
     return params
 
 

@@ -93,7 +93,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of requests sent without one")
     p.add_argument("--weight-version", type=int, default=0, help="weight version of MODEL_DIR's weights")
     p.add_argument("--torch-num-threads", type=int, default=None, help="intra-op CPU threads")
-    p.add_argument("--ready-file", help="write {host, port, url, pid} here (atomically) once serving")
+    p.add_argument("--ready-file", help="write {host, port, url, pid, hostname} here (atomically) once serving")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
 
 
@@ -314,7 +314,8 @@ async def _serve(server, sock: socket.socket, ready_file: str | None) -> None:
         await asyncio.sleep(0.02)
     if server.started and ready_file:
         host, port = sock.getsockname()[:2]
-        atomic_write_json(ready_file, {"host": host, "port": port, "url": http_url(host, port), "pid": os.getpid()})
+        atomic_write_json(ready_file, {"host": host, "port": port, "url": http_url(host, port), "pid": os.getpid(),
+                                       "hostname": socket.gethostname()})
     await task
 
 
