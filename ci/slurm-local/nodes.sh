@@ -80,18 +80,29 @@ bridge_up() {
   ip addr replace "$SUBNET.1/24" dev "$BRIDGE" && ip link set "$BRIDGE" up
 }
 
-# nodes_up N: each node's namespace and slurmd (kept if its slurmd runs); bridge_up first
+# node_wired I: node I's namespace exists with its address (and its hosts file)
+node_wired() {
+  local ns; ns=$(ns_name "$1")
+  [ -e "/run/netns/$ns" ] && [ -f "/etc/netns/$ns/hosts" ] &&
+    ip -n "$ns" -4 addr show dev eth0 2>/dev/null | grep -q "inet $(node_addr "$1")/"
+}
+
+# nodes_up N: each node's namespace and slurmd; bridge_up first. A running slurmd is kept; a
+# stopped one is started again in its namespace, where its jobs' processes may still run (as
+# when an admin restarts slurmd: it finds their steps and slurmctld tells it what to end); a
+# namespace that is not whole (a dirty host) is rebuilt, ending what was left in it.
 nodes_up() {
   local n=$1 i ns
   for i in $(seq "$n"); do
     ns=$(ns_name "$i")
-    if alive "$RUN/slurmd.node$i.pid" slurmd && [ -e "/run/netns/$ns" ]; then
+    if node_wired "$i"; then
       hosts_file "$n" > "/etc/netns/$ns/hosts"
-      continue
+      alive "$RUN/slurmd.node$i.pid" slurmd && continue
+    else
+      stop_pidfile "$RUN/slurmd.node$i.pid" slurmd
+      remove_node "$i"   # whatever a dirty host left of it
+      add_node "$i" "$n" || { echo "slurm-local: ERROR: could not create namespace $ns" >&2; return 1; }
     fi
-    stop_pidfile "$RUN/slurmd.node$i.pid" slurmd
-    remove_node "$i"   # whatever a dirty host left of it
-    add_node "$i" "$n" || { echo "slurm-local: ERROR: could not create namespace $ns" >&2; return 1; }
     mkdir -p "$BASE/spool/node$i"
     nsenter --net="/run/netns/$ns" unshare --uts --mount --propagation slave sh -c \
       "mount --bind /etc/netns/$ns/hosts /etc/hosts && hostname node$i && exec slurmd -N node$i" ||

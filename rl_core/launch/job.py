@@ -293,6 +293,16 @@ def _local_job_left_no_result(job: submitit.Job) -> bool:
                for k in range(job.num_tasks))
 
 
+def _done(job: submitit.Job) -> bool:
+    """Whether the job has ended. submitit asks Slurm about a task without a result file at
+    most once a minute; once task 0 (the driver of a multi-process trainer) has its result,
+    the others are asked now: a worker killed outright writes none, and the job ends within
+    seconds of its driver."""
+    if isinstance(job, submitit.SlurmJob) and job.num_tasks > 1 and job.task(0).done():
+        return all(job.task(k).done(force_check=True) for k in range(1, job.num_tasks))
+    return job.done()
+
+
 def wait_for_jobs(jobs: Sequence[submitit.Job], what: str, poll_interval_s: float = 2.0,
                   prefixes: Sequence[str] | None = None) -> list[Any]:
     """Wait for every job, copying their logs to stdout; return results or raise JobError."""
@@ -310,7 +320,7 @@ def wait_for_jobs(jobs: Sequence[submitit.Job], what: str, poll_interval_s: floa
         while pending:
             for t in tails:
                 t.pump()
-            pending = [i for i in pending if not jobs[i].done()]
+            pending = [i for i in pending if not _done(jobs[i])]
             if pending:
                 time.sleep(poll_interval_s)
         for t in tails:

@@ -76,6 +76,7 @@ class CommandChannel:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self._seq = 0
         self._dead: set[int] = set()
+        self._lost = ""  # the message of the first WorkerLostError
         self._lock = threading.RLock()
         # rank 0: per worker, its last heartbeat count and when (monotonic) it last changed
         self._beats: dict[int, tuple[int, float]] = {}
@@ -101,6 +102,8 @@ class CommandChannel:
         seq = self._seq
         self._seq += 1
         if self.store is not None:
+            if self._lost:  # the same message again: the one that names the lost worker reaches the user
+                raise WorkerLostError(self._lost)
             if self._dead:
                 raise WorkerError(f"trainer worker rank(s) {sorted(self._dead)} failed earlier; the trainer group "
                                   "is unusable (see the first error above)")
@@ -193,7 +196,8 @@ class CommandChannel:
                     lost = [r for r in self.lost_workers() if r in pending]
                 if lost:
                     self._dead.update(lost)
-                    raise WorkerLostError(self.describe_lost(lost, f"during command {seq}"))
+                    self._lost = self.describe_lost(lost, f"during command {seq}")
+                    raise WorkerLostError(self._lost)
                 if time.monotonic() > deadline:
                     raise WorkerError(f"trainer worker rank(s) {pending} did not finish command {seq} within "
                                       f"{self.timeout_s:.0f}s (trainer.collective_timeout_s)")
@@ -230,8 +234,9 @@ class CommandChannel:
                 self._running_since = None
 
     def shutdown(self) -> None:
-        """Rank 0: release the workers from `serve` (each returns)."""
-        if self.store is not None and self.is_driver:
+        """Rank 0: release the workers from `serve` (each returns). With a worker gone there is
+        no group left to release: the error that said so is the one to report."""
+        if self.store is not None and self.is_driver and not self._dead:
             self.complete(self.publish(SHUTDOWN))
 
     def _forget(self, seq: int) -> None:

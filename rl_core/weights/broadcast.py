@@ -346,11 +346,13 @@ class BroadcastWeightSync:
         import asyncio
 
         members = backend.weight_group_members()
-        if not members:
-            backend.defer_weights(version)
-            return None
         group_init_s = 0.0
         if self.sender is None or self._identity(members) != self.members:
+            await backend.fleet.check_all(catch_up=False)  # a new group: only servers that answer now
+            members = backend.weight_group_members()
+            if not members:
+                backend.defer_weights(version)
+                return None
             group_init_s = await self._form(backend, members)
         t1 = time.monotonic()
         recv = asyncio.ensure_future(backend.receive_weight_broadcast(version, self.timeout_s, members=members))
