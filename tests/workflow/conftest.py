@@ -51,3 +51,41 @@ def slurm_cluster():
     yield
     if started:
         subprocess.run(["bash", str(ROOT / "ci" / "slurm-local" / "down.sh")], capture_output=True, timeout=300)
+
+
+def _namespace_nodes() -> int:
+    """Namespace nodes of the running local cluster (ci/slurm-local/nodes.sh records them)."""
+    state = Path(os.environ.get("SLURM_LOCAL_DIR", "/var/lib/slurm-local")) / "run" / "nodes"
+    try:
+        return int(state.read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+def slurm_local(script: str, nodes: int | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run ci/slurm-local/<script> (up.sh / down.sh), with SLURM_LOCAL_NODES=nodes when given."""
+    env = dict(os.environ, **({"SLURM_LOCAL_NODES": str(nodes)} if nodes is not None else {}))
+    return subprocess.run(["bash", str(ROOT / "ci" / "slurm-local" / script)], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def multinode_cluster():
+    """The local cluster with 3 namespace nodes (partition `nodes`); afterwards it is brought back
+    to what it was: down if this fixture started it, else to its former number of nodes."""
+    if os.geteuid() != 0:
+        reason = "the multi-node local Slurm cluster needs root (network namespaces, daemons; ci/slurm-local/up.sh)"
+        print(f"SKIP: {reason}")
+        pytest.skip(reason)
+    before = _namespace_nodes() if _slurm_up() else None
+    t0 = time.monotonic()
+    up = slurm_local("up.sh", 3)
+    assert up.returncode == 0, f"ci/slurm-local/up.sh (3 nodes) failed:\n{up.stdout[-3000:]}\n{up.stderr[-3000:]}"
+    print(f"[multinode cluster] up in {time.monotonic() - t0:.1f}s")
+    try:
+        yield 3
+    finally:
+        if before is None:
+            slurm_local("down.sh")
+        elif before != 3:
+            slurm_local("up.sh", before)

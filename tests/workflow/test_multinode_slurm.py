@@ -1,0 +1,241 @@
+"""The workflow on three Slurm nodes, simulated on this host (ci/slurm-local with
+SLURM_LOCAL_NODES=3: each node a network namespace with its own host name, address and
+slurmd; docs/cluster.md), with `--profile profiles/slurm` and recipes/tiny-addition-multinode.yaml:
+the controller job is one allocation of node[1-3]; its trainer step runs a 2-rank fsdp2
+group on node1 and node2; rank 0 starts `rl-core serve` as a job step on node3 and refits it
+by broadcast across nodes. Marked `slurm` and `slow`; needs root (skipped with the reason).
+
+1. The whole workflow, with fault (a): the generation server on node3 is SIGKILLed during
+   epoch 1; the run goes on (retries, the server relaunched and caught up by a new broadcast
+   group), every prompt group trains exactly once, held-out accuracy rises, `sacct` shows
+   the job and its steps on the intended nodes, the outputs have the local run's layout.
+2. Faults (b) and (c) on epoch 1 of a second run: (b) trainer rank 1 (node2) SIGKILLed: the
+   controller job fails within the heartbeat deadline with an error naming rank 1, and the
+   same command again resumes from the newest step checkpoint; (c) during that rerun node2's
+   slurmd is stopped: slurmctld sets node2 DOWN after SlurmdTimeout, the job ends NODE_FAIL
+   and is requeued, pending until node2 is back (up.sh starts its slurmd again), then resumes
+   from the newest step checkpoint and the workflow finishes by itself. The generation
+   server is paused (SIGSTOP) meanwhile, only so the epoch is still running when slurmctld
+   notices. Its epoch-1 weights equal run 1's bit for bit: every run of this reproducible
+   recipe is a function of its seeds (two uninterrupted runs were seen equal), so two runs
+   with different faults that agree both equal an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.workflow import ROOT, hf_overrides, make_workdir, manifest, snakemake, wait_for
+from tests.workflow.conftest import slurm_local
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+RECIPE, RUN = "recipes/tiny-addition-multinode.yaml", "multinode"
+PROFILE = str(ROOT / "profiles" / "slurm")
+STEPS_PER_EPOCH, PROMPTS_PER_STEP = 24, 8
+SLURM_RUN = Path(os.environ.get("SLURM_LOCAL_DIR", "/var/lib/slurm-local")) / "run"
+
+
+def _config(run: str, reference: Path) -> list[str]:
+    return ["--config", f"recipe={RECIPE}", f"run={run}", "overrides=" + json.dumps(hf_overrides(reference))]
+
+
+def _train_steps(metrics: Path) -> list[dict]:
+    try:
+        lines = metrics.read_text().splitlines()
+    except OSError:
+        return []
+    return [r for r in map(json.loads, lines) if r.get("kind") == "train"]
+
+
+def _wait(predicate, timeout: float, proc=None, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert proc is None or proc.poll() is None, f"snakemake ended ({proc.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"not reached within {timeout:.0f}s: {what}"
+        time.sleep(0.2)
+
+
+def _job_id(epoch_dir: Path) -> str:
+    return str(json.loads((epoch_dir / "submitit" / "job.json").read_text())["job_id"])
+
+
+def _sacct(job_id: str, *flags: str) -> list[dict]:
+    out = subprocess.run(["sacct", "-j", job_id, "-n", "-P", *flags, "-o", "JobID,JobName%40,NodeList,NTasks,State"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    keys = ("id", "name", "nodes", "ntasks", "state")
+    return [dict(zip(keys, line.split("|"))) for line in out.splitlines() if line.strip()]
+
+
+def _finished(rows: list[dict]) -> bool:
+    return bool(rows) and not any(r["state"] in ("RUNNING", "PENDING", "COMPLETING") for r in rows)
+
+
+def _stop(proc) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _layout(run_dir: Path) -> set[str]:
+    """The run's outputs by kind: top-level entries, and those of each epoch and checkpoint."""
+    out = {p.name for p in run_dir.iterdir() if not p.name.startswith(".")}
+    for e in run_dir.glob("epoch_*"):
+        out |= {f"epoch/{p.name}" for p in e.iterdir() if p.name != "submitit"}
+        out |= {f"checkpoint/{p.relative_to(e / 'checkpoint')}" for p in (e / "checkpoint").rglob("*")}
+    out |= {f"logs/{re.sub(r'_[0-9]+$', '_k', p.stem)}" for p in (run_dir / "logs").iterdir()}
+    return out
+
+
+@pytest.fixture(scope="module")
+def three_node_run(multinode_cluster, reference_run, tmp_path_factory):
+    """The whole workflow on the three nodes, its generation server killed in epoch 1 (fault a)."""
+    wd = make_workdir(tmp_path_factory.mktemp("multinode") / "wd")
+    r = wd / "results" / RUN
+    log = open(wd.parent / "snakemake.out", "w+")
+    t0 = time.monotonic()
+    proc = snakemake(wd, "--profile", PROFILE, *_config(RUN, reference_run), popen=True, stdout=log)
+    try:
+        _wait(lambda: len(_train_steps(r / "epoch_1" / "metrics.jsonl")) >= 4, 1200, proc, "epoch 1 trained 4 steps")
+        ready = json.loads((r / "servers" / "server0.ready.json").read_text())
+        os.kill(ready["pid"], signal.SIGKILL)  # fault (a): the generation node's server
+        proc.wait(timeout=1800)
+    finally:
+        _stop(proc)
+    log.seek(0)
+    out = log.read()
+    assert proc.returncode == 0, out[-6000:]
+    print(f"[three-node run] {time.monotonic() - t0:.0f}s")
+    return r, ready, out
+
+
+def test_three_nodes_learn_on_the_intended_nodes(three_node_run, reference_run):
+    r, ready, _ = three_node_run
+    before = json.loads((r / "init_validation.json").read_text())["accuracy"]
+    after = json.loads((r / "epoch_2" / "validation.json").read_text())["accuracy"]
+    assert after > before, f"held-out accuracy {before:.3f} -> {after:.3f} after {2 * STEPS_PER_EPOCH} RL steps"
+    for k in (1, 2):
+        e = r / f"epoch_{k}"
+        job = _job_id(e)
+        # the two trainer ranks ran on two hosts: each submitit task log names its host
+        hosts = [re.search(r"\[job\] (\S+) pid \d+", (e / "submitit" / f"{job}_{t}_log.out").read_text()).group(1)
+                 for t in (0, 1)]
+        assert hosts == ["node1", "node2"]
+        deadline = time.monotonic() + 60  # accounting records the end of a step a little after it
+        while not _finished(rows := _sacct(job)) and time.monotonic() < deadline:
+            time.sleep(2)
+        by_name = {}
+        for row in rows:
+            by_name.setdefault(row["name"], []).append(row)
+        (alloc,) = by_name[f"rl_core-train-{RUN}-e{k}"]
+        assert (alloc["nodes"], alloc["state"]) == ("node[1-3]", "COMPLETED"), rows
+        trainer = [row for row in rows if row["id"] == f"{job}.0"]
+        assert [(t["nodes"], t["ntasks"], t["state"]) for t in trainer] == [("node[1-2]", "2", "COMPLETED")], rows
+        servers = by_name["rl_core-generation-0"]  # ended by the controller (SIGTERM through srun) or killed
+        assert len(servers) == (2 if k == 1 else 1) and {s["nodes"] for s in servers} == {"node3"}, rows
+        # every refit crossed from node1 to node3: bytes and seconds of each
+        for step in _train_steps(e / "metrics.jsonl"):
+            assert step["refit/bytes"] > 2e6 and step["refit/sync_broadcast_s"] > 0, step["step"]
+            assert step["refit/sync_servers"] == 1 and step["refit/sync_recv_s"] > 0
+    assert ready["hostname"] == "node3"
+    # the outputs are laid out as a local run's (servers/: the logs of the generation servers)
+    assert _layout(r) - {"servers"} == _layout(reference_run / "results" / "short")
+
+
+def test_a_killed_generation_server_loses_and_repeats_no_group(three_node_run):
+    import h5py
+
+    r, ready, _ = three_node_run
+    steps = _train_steps(r / "epoch_1" / "metrics.jsonl")
+    assert [s["step"] for s in steps] == list(range(1, STEPS_PER_EPOCH + 1))
+    last = steps[-1]
+    assert last["generation/server_restarts"] == 1 and last["generation/retries"] >= 1
+    assert last["refit/sync_groups_formed"] == 2  # a new broadcast group with the relaunched server
+    log = (r / "servers" / "server0.log").read_text()
+    assert log.count("--- launch ") == 3 and "--nodelist=node3" in log  # epoch 1: 2 launches; epoch 2: 1
+    seen = []
+    for k in (1, 2):
+        with h5py.File(r / f"epoch_{k}" / "rollouts.h5", "r") as f:
+            g = f["groups"]
+            rows = list(zip(g["step"][:].tolist(), g["epoch"][:].tolist(), g["prompt_index"][:].tolist()))
+        for s in range((k - 1) * STEPS_PER_EPOCH + 1, k * STEPS_PER_EPOCH + 1):
+            assert len({(e, p) for st, e, p in rows if st == s}) == PROMPTS_PER_STEP == \
+                sum(1 for st, _, _ in rows if st == s), f"step {s}"
+        seen += [(e, p) for _, e, p in rows]
+    assert len(seen) == len(set(seen)) == 2 * STEPS_PER_EPOCH * PROMPTS_PER_STEP  # none lost, none twice
+
+
+def test_a_lost_trainer_rank_and_a_stopped_slurmd(three_node_run, reference_run, tmp_path):
+    r1 = three_node_run[0]
+    wd = make_workdir(tmp_path / "wd")
+    run = "multinode-faults"
+    r = wd / "results" / run
+    e = r / "epoch_1"
+    target = f"results/{run}/epoch_1/summary.json"
+    args = ("--profile", PROFILE, target, *_config(run, reference_run))
+    log = open(tmp_path / "snakemake.out", "w+")
+    # (b) trainer rank 1 on node2, SIGKILLed after the step-4 checkpoint
+    proc = snakemake(wd, *args, popen=True, stdout=log)
+    try:
+        assert wait_for(e / "steps" / "step_000004" / "manifest.json", 1200, proc), "no step checkpoint"
+        job = _job_id(e)
+        rank1 = int(re.search(r"\[job\] node2 pid (\d+)", (e / "submitit" / f"{job}_1_log.out").read_text()).group(1))
+        os.kill(rank1, signal.SIGKILL)
+        t_kill = time.monotonic()
+        proc.wait(timeout=600)
+        failed_after = time.monotonic() - t_kill
+    finally:
+        _stop(proc)
+    log.seek(0)
+    out = log.read()
+    assert proc.returncode != 0, out[-4000:]
+    named = f"WorkerLostError: trainer worker rank 1 (host node2, pid {rank1}) stopped answering"
+    assert named in (e / "submitit" / f"{job}_0_log.out").read_text()
+    assert named.split(": ", 1)[1] in out  # the rule's error paragraph names it too
+    assert failed_after < 120, f"the workflow noticed the lost rank after {failed_after:.0f}s"
+    print(f"[fault b] the workflow failed {failed_after:.1f}s after the kill")
+
+    # (c) the same command again; once it resumed and saved a new checkpoint, node2's slurmd stops
+    log = open(tmp_path / "snakemake-rerun.out", "w+")
+    proc = snakemake(wd, *args, popen=True, stdout=log)
+    slurmd_pid = int((SLURM_RUN / "slurmd.node2.pid").read_text())
+    try:
+        _wait(lambda: (e / "steps" / "step_000008" / "manifest.json").is_file(), 1200, proc, "a step-8 checkpoint")
+        job2 = _job_id(e)
+        assert job2 != job
+        os.kill(slurmd_pid, signal.SIGTERM)
+        t_stop = time.monotonic()
+        os.kill(json.loads((r / "servers" / "server0.ready.json").read_text())["pid"], signal.SIGSTOP)
+        _wait(lambda: any(row["state"] == "NODE_FAIL" for row in _sacct(job2, "--duplicates")), 300, proc,
+              "the job's NODE_FAIL")
+        node_fail_after = time.monotonic() - t_stop
+        _wait(lambda: "PENDING" in subprocess.run(["squeue", "-h", "-j", job2, "-o", "%T"], capture_output=True,
+                                                  text=True).stdout, 60, proc, "the job requeued")
+        assert not (e / "checkpoint").exists()
+    finally:
+        up = slurm_local("up.sh", 3)  # node2's slurmd again (also when the test failed)
+        if proc.poll() is not None or up.returncode != 0:
+            _stop(proc)
+    assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+    try:
+        proc.wait(timeout=900)
+    finally:
+        _stop(proc)
+    log.seek(0)
+    out = log.read()
+    assert proc.returncode == 0, out[-6000:]
+    print(f"[fault c] NODE_FAIL {node_fail_after:.1f}s after slurmd stopped")
+    rule_log = (r / "logs" / "train_epoch_1.log").read_text()
+    assert re.search(r"\[resume\] epoch 1: continuing from \S+/step_0000(0[89]|1\d|2[0-4])", rule_log), rule_log[-3000:]
+    attempts = _sacct(job2, "--duplicates")
+    assert [a["state"] for a in attempts if a["id"] == job2] == ["NODE_FAIL", "COMPLETED"], attempts
+    for f in ("model/model.safetensors",):
+        assert manifest(e / "checkpoint")["files"][f]["sha256"] == \
+            manifest(r1 / "epoch_1" / "checkpoint")["files"][f]["sha256"], f"{f} differs from run 1's"
