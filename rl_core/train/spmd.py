@@ -1,18 +1,14 @@
-"""Rank-0 driver and following worker ranks: how a multi-process trainer sits behind the
-one-process `TrainerBackend` protocol.
+"""Rank-0 driver and following worker ranks: a multi-process trainer behind the one-process
+`TrainerBackend` protocol.
 
-Owns: `CommandChannel`. The controller lives in rank 0 and calls the trainer's public methods
-as if it were local; each is a *command*: rank 0 publishes `(sequence number, name,
-arguments)` on the process group's key-value store and runs the method's SPMD body
-(`_spmd_<name>`); every other rank, in `CommandChannel.serve`, reads the commands in order and
-runs the same body, so all ranks enter the same collectives in the same order. Workers post
-`ok` or their traceback (and `dead/<rank>` when they leave); rank 0 waits at most `timeout_s`
-and raises the first worker error with its rank. Workers also post a heartbeat every
-`HEARTBEAT_S` (and their host and pid once): a worker killed outright (SIGKILL, its node lost)
-posts nothing else, so rank 0 stops with `WorkerLostError` naming it once its heartbeat is
-`heartbeat_timeout_s` old, in a command or, if a collective hangs, from a watchdog thread.
-Arguments travel pickle-free (`rl_core.train.wire`). The store, not a broadcast: a worker may
-wait a whole generation.
+Owns: `CommandChannel`. Rank 0 (the controller) publishes each public call as a *command*
+`(sequence number, name, arguments)` on the process group's store and runs its SPMD body
+(`_spmd_<name>`); every other rank (`CommandChannel.serve`) runs the same bodies in order.
+Workers post `ok` or their traceback (`dead/<rank>` when they leave), and a heartbeat a second;
+rank 0 raises the first worker error with its rank, or `WorkerLostError` naming a worker whose
+heartbeat is `heartbeat_timeout_s` old (a watchdog ends a collective that hangs on it).
+Arguments travel pickle-free (`rl_core.train.wire`); the store, not a broadcast, because a
+worker may wait a whole generation.
 
 Does not own: what the commands do (the trainers) or the process group's set-up
 (`rl_core.distributed`). Read more: docs/distributed-training.md.
@@ -113,10 +109,13 @@ class CommandChannel:
     # ------------------------------------------------------------------ heartbeats
 
     def lost_workers(self) -> list[int]:
-        """Rank 0: the workers whose heartbeat has not moved for `heartbeat_timeout_s`."""
+        """Rank 0: the workers whose heartbeat has not moved for `heartbeat_timeout_s` (one that
+        has not beaten yet is still starting: collective_timeout_s bounds that)."""
         now, lost = time.monotonic(), []
         for r in range(1, self.world_size):
             count = int(self.store.add(f"beat/{r}", 0))
+            if count == 0:
+                continue
             last = self._beats.get(r)
             if last is None or count != last[0]:
                 self._beats[r] = (count, now)

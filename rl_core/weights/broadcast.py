@@ -6,10 +6,9 @@ the trainer's world); one sync, `WeightBroadcaster.send` -> `WeightReceiver.recv
 header (version, names, dtypes, shapes; parsed strictly by `parse_header`, anything else a
 `BroadcastHeaderError`: nothing is unpickled or evaluated) then the tensors packed as raw bytes
 into buckets of at most `bucket_size_mb`, each one broadcast, sliced back and loaded with
-`engine.update_weights` (tied weights travel once); `SyncReport` (bytes and seconds per phase);
-`BroadcastWeightSync`, the refit transport of `trainer.weight_sync.type: broadcast` with an
-`HttpBackend`'s servers (local or on other nodes; the group re-formed when they change, a
-restarted server caught up).
+`engine.update_weights` (tied weights travel once); `BroadcastWeightSync`, the refit transport
+of `trainer.weight_sync.type: broadcast` to an `HttpBackend`'s servers, local or on other nodes
+(a new group when they change; a restarted server caught up).
 
 Does not own: starting generation processes or deciding when to sync (refit). Read more:
 docs/distributed-training.md, "Weight sync (refit)".
