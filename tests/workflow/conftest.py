@@ -1,5 +1,6 @@
-"""Fixtures of the workflow tier: the short recipe's reference run (built once per session)
-and a real local Slurm cluster (ci/slurm-local, vendored from ../shared/slurm-local)."""
+"""Fixtures of the workflow tier: the short recipe's reference run (built once per session),
+a real local Slurm cluster (ci/slurm-local, vendored from ../shared/slurm-local) and the same
+cluster with three nodes simulated as network namespaces (docs/cluster.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.workflow import ROOT, make_workdir, short_config, snakemake
+from tests.helpers.workflow import ROOT, make_workdir, short_config, slurm_local, snakemake
 
 
 @pytest.fixture(scope="session")
@@ -60,13 +61,6 @@ def _namespace_nodes() -> int:
         return int(state.read_text())
     except (OSError, ValueError):
         return 0
-
-
-def slurm_local(script: str, nodes: int | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run ci/slurm-local/<script> (up.sh / down.sh), with SLURM_LOCAL_NODES=nodes when given."""
-    env = dict(os.environ, **({"SLURM_LOCAL_NODES": str(nodes)} if nodes is not None else {}))
-    return subprocess.run(["bash", str(ROOT / "ci" / "slurm-local" / script)], env=env, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 @pytest.fixture(scope="session")
