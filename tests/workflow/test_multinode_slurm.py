@@ -83,6 +83,18 @@ def _stop(proc) -> None:
         proc.wait()
 
 
+def _output(proc, log, timeout: float, ok: bool = True) -> str:
+    """Wait for snakemake (killed with its jobs' waiters after `timeout`); its output, checked."""
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        _stop(proc)
+    log.seek(0)
+    out = log.read()
+    assert (proc.returncode == 0) == ok, out[-6000:]
+    return out
+
+
 def _layout(run_dir: Path) -> set[str]:
     """The run's outputs by kind: top-level entries, and those of each epoch and checkpoint."""
     out = {re.sub(r"^epoch_\d+$", "epoch_k", p.name) for p in run_dir.iterdir() if not p.name.startswith(".")}
@@ -105,12 +117,10 @@ def three_node_run(multinode_cluster, reference_run, tmp_path_factory):
         _wait(lambda: len(_train_steps(r / "epoch_1" / "metrics.jsonl")) >= 4, 1200, proc, "epoch 1 trained 4 steps")
         ready = json.loads((r / "servers" / "server0.ready.json").read_text())
         os.kill(ready["pid"], signal.SIGKILL)  # fault (a): the generation node's server
-        proc.wait(timeout=1800)
-    finally:
+    except BaseException:
         _stop(proc)
-    log.seek(0)
-    out = log.read()
-    assert proc.returncode == 0, out[-6000:]
+        raise
+    out = _output(proc, log, 1800)
     print(f"[three-node run] {time.monotonic() - t0:.0f}s")
     return r, ready, out
 
@@ -186,13 +196,11 @@ def test_a_lost_trainer_rank_and_a_stopped_slurmd(three_node_run, reference_run,
         rank1 = int(re.search(r"\[job\] node2 pid (\d+)", (e / "submitit" / f"{job}_1_log.out").read_text()).group(1))
         os.kill(rank1, signal.SIGKILL)
         t_kill = time.monotonic()
-        proc.wait(timeout=600)
-        failed_after = time.monotonic() - t_kill
-    finally:
+    except BaseException:
         _stop(proc)
-    log.seek(0)
-    out = log.read()
-    assert proc.returncode != 0, out[-4000:]
+        raise
+    out = _output(proc, log, 600, ok=False)
+    failed_after = time.monotonic() - t_kill
     named = f"WorkerLostError: trainer worker rank 1 (host node2, pid {rank1}) stopped answering"
     assert named in (e / "submitit" / f"{job}_0_log.out").read_text()
     assert named.split(": ", 1)[1] in out  # the rule's error paragraph names it too
@@ -222,13 +230,7 @@ def test_a_lost_trainer_rank_and_a_stopped_slurmd(three_node_run, reference_run,
         if proc.poll() is not None or up.returncode != 0:
             _stop(proc)
     assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
-    try:
-        proc.wait(timeout=900)
-    finally:
-        _stop(proc)
-    log.seek(0)
-    out = log.read()
-    assert proc.returncode == 0, out[-6000:]
+    _output(proc, log, 900)
     print(f"[fault c] NODE_FAIL {node_fail_after:.1f}s after slurmd stopped")
     rule_log = (r / "logs" / "train_epoch_1.log").read_text()
     resumed = [int(s) for s in re.findall(r"\[resume\] epoch 1: continuing from \S+/step_(\d+)", rule_log)]
