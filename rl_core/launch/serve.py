@@ -91,6 +91,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="fused: the gate/up projection and SiLU gate of the static/graph decode step in one Triton "
                         "kernel (CUDA; needs --decode-attention fused)")
     p.add_argument("--seed", type=int, default=0, help="seed of requests sent without one")
+    p.add_argument("--lockstep", action="store_true",
+                   help="engine steps follow the event loop, not thread timing: the choices of one request join "
+                        "the same step, so a request alone on the server gets the same numbers in every run "
+                        "(async_rl.reproducible)")
     p.add_argument("--weight-version", type=int, default=0, help="weight version of MODEL_DIR's weights")
     p.add_argument("--torch-num-threads", type=int, default=None, help="intra-op CPU threads")
     p.add_argument("--ready-file", help="write {host, port, url, pid, hostname} here (atomically) once serving")
@@ -298,7 +302,7 @@ def build_app(args, token: str | None, control_secret: str | None = None):
     settings = ServerSettings(model_name=name, api_key=token, max_model_len=engine.max_seq_len,
                               vocab_size=engine.spec.vocab_size, managed=bool(args.managed),
                               control_secret=control_secret, max_choices=args.max_choices_per_request)
-    return create_app(NativeBackend(engine), tokenizer, settings)
+    return create_app(NativeBackend(engine, lockstep=bool(getattr(args, "lockstep", False))), tokenizer, settings)
 
 
 def http_url(host: str, port: int) -> str:

@@ -235,7 +235,9 @@ def test_a_lost_trainer_rank_and_a_stopped_slurmd(three_node_run, reference_run,
     rule_log = (r / "logs" / "train_epoch_1.log").read_text()
     resumed = [int(s) for s in re.findall(r"\[resume\] epoch 1: continuing from \S+/step_(\d+)", rule_log)]
     assert resumed[0] == SAVE_EVERY and resumed[1] >= 2 * SAVE_EVERY, rule_log[-3000:]  # after (b), after (c)
-    attempts = _sacct(job2, "--duplicates")
+    deadline = time.monotonic() + 60  # accounting records the end a little after the result file
+    while not _finished(attempts := _sacct(job2, "--duplicates")) and time.monotonic() < deadline:
+        time.sleep(2)
     assert [a["state"] for a in attempts if a["id"] == job2] == ["NODE_FAIL", "COMPLETED"], attempts
     for f in ("model/model.safetensors",):
         assert manifest(e / "checkpoint")["files"][f]["sha256"] == \

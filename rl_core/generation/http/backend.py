@@ -564,7 +564,8 @@ def make_http_backend(cfg: Any, policy_dir: str | Path, *, device: str, weight_v
     nodes = generation_nodes(cfg) if h.num_local_servers else None
     engine = EngineArgs(EngineOptions.from_recipe(cfg, device=device),
                         torch_num_threads=h.server_torch_num_threads or cfg.runtime.torch_num_threads,
-                        cuda_devices=() if nodes else tuple(h.local_server_cuda_devices))
+                        cuda_devices=() if nodes else tuple(h.local_server_cuda_devices),
+                        lockstep=cfg.async_rl.reproducible)
     servers = slurm_servers(cfg, nodes, policy_dir, engine, rd / "servers", weight_version) if nodes else ()
     return HttpBackend(
         h.urls, model_dir=policy_dir if h.num_local_servers else None, num_local_servers=h.num_local_servers,

@@ -44,6 +44,7 @@ class EngineArgs:
     torch_num_threads: int | None = None
     extra: Sequence[str] = field(default_factory=tuple)
     cuda_devices: Sequence[int] = ()  # server i sees only GPU cuda_devices[i] (CUDA_VISIBLE_DEVICES); empty: all
+    lockstep: bool = False  # `rl-core serve --lockstep` (reproducible runs)
 
     def __post_init__(self) -> None:
         defaults = EngineOptions()
@@ -72,6 +73,8 @@ class EngineArgs:
             out += ["--decode-attention", o.decode_attention]
         if o.decode_mlp != "torch":
             out += ["--decode-mlp", o.decode_mlp]
+        if self.lockstep:
+            out.append("--lockstep")
         return out + list(self.extra)
 
 
