@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.config import apply_overrides, load_recipe, validate_dict
+from rl_core.config import apply_overrides, validate_dict
+from rl_core.launch.preflight import load_recipe
 from rl_core.errors import RecipeError
 from rl_core.generation.http.servers import CONTROL_SECRET_ENV, TOKEN_ENV, EngineArgs
 from rl_core.generation.http.slurm_servers import SlurmServer, generation_nodes, slurm_servers
