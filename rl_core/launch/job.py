@@ -258,8 +258,11 @@ class _LogTail:
 
 
 def _failure(job: submitit.Job, what: str) -> JobError:
+    # a multi-process trainer's driver (task 0) names what failed; a worker killed outright
+    # writes no result file, and submitit waits 15 s for each missing one
+    first = job.task(0) if job.num_tasks > 1 and job.task(0).paths.result_pickle.exists() else job
     try:
-        exc = job.exception()
+        exc = first.exception()
     except submitit.core.utils.UncompletedJobError as unc:
         exc = unc
     text = str(exc) if exc is not None else "no result"
