@@ -302,8 +302,28 @@ def _done(job: submitit.Job) -> bool:
     the others are asked now: a worker killed outright writes none, and the job ends within
     seconds of its driver."""
     if isinstance(job, submitit.SlurmJob) and job.num_tasks > 1 and job.task(0).done():
-        return all(job.task(k).done(force_check=True) for k in range(1, job.num_tasks))
-    return job.done()
+        done = all(job.task(k).done(force_check=True) for k in range(1, job.num_tasks))
+    else:
+        done = job.done()
+    return done and not _requeued(job)
+
+
+_ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
+           "RESIZING", "SUSPENDED"}
+
+
+def _requeued(job: submitit.Job) -> bool:
+    """A Slurm job seen ended (NODE_FAIL, PREEMPTED) that Slurm queued again (`JobRequeue=1`):
+    slurmctld lists it as active while accounting, which submitit reads, may still show the
+    ended attempt for a moment. The rule then keeps waiting for the same job id (docs/cluster.md)."""
+    if not isinstance(job, submitit.SlurmJob) or job.state not in ("NODE_FAIL", "PREEMPTED", "REQUEUED"):
+        return False
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", str(job.job_id), "-o", "%T"], capture_output=True, text=True,
+                             timeout=30, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return bool(set(out.split()) & _ACTIVE)
 
 
 def wait_for_jobs(jobs: Sequence[submitit.Job], what: str, poll_interval_s: float = 2.0,
