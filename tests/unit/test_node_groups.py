@@ -82,7 +82,8 @@ def test_a_server_job_step_on_its_node(tmp_path, monkeypatch):
     server.token = "tok"
     cmd = server.command()
     assert cmd[:5] == ["srun", "--jobid=12", "--nodes=1", "--ntasks=1", "--nodelist=node3"]
-    assert "--exact" in cmd and "--cpus-per-task=1" in cmd and "--mem=4096M" in cmd
+    mem = f"--mem={round(recipe.cluster.controller.mem_gb * 1024)}M"  # the controller's memory per node
+    assert "--exact" in cmd and "--cpus-per-task=1" in cmd and mem in cmd and mem == "--mem=2048M"
     serve = cmd[cmd.index("serve"):]
     assert serve[serve.index("--host") + 1] == "0.0.0.0" and "--managed" in serve
     assert "tok" not in " ".join(cmd) and server.remote
