@@ -183,16 +183,18 @@ def _kill_in_flight(pid: int, port: int, metrics: Path, stop: threading.Event, t
             continue
         size, attempts = metrics.stat().st_size, attempts + 1
         os.kill(pid, signal.SIGSTOP)
-        killed = False
+        t_stop, wall_stop, killed = time.monotonic(), time.time(), False
         try:
-            until = time.monotonic() + HOLD_S
-            while time.monotonic() < until:
+            while time.monotonic() < t_stop + HOLD_S:
                 lines = _unread_requests(pid, port)
                 if any(line.startswith(b"POST /v1/completions ") for line in lines):
                     os.kill(pid, signal.SIGKILL)
                     killed = True
-                    return {"attempts": attempts, "unread": lines, "after_step": len(_train_steps(metrics))}
-                time.sleep(0.01)
+                    steps = _train_steps(metrics)  # the margins: record -> stop -> the request seen
+                    return {"attempts": attempts, "unread": lines, "after_step": len(steps),
+                            "record_to_stop_s": wall_stop - steps[-1]["time"],
+                            "stop_to_request_s": time.monotonic() - t_stop}
+                time.sleep(0.005)
         finally:
             if not killed:
                 with contextlib.suppress(ProcessLookupError):  # it ended meanwhile: the run's error tells why
@@ -251,7 +253,8 @@ def runs(multinode_cluster, tmp_path_factory):
         print(f"[fault b] the workflow failed {seen['failed_after']:.1f}s after the kill")
         seen["fault_a"] = fault_a.result(timeout=900)
         a = seen["fault_a"]
-        print(f"[fault a] killed after step {a['after_step']}, at stop {a['attempts']}; unread: {a['unread']}")
+        print(f"[fault a] killed after step {a['after_step']}, at stop {a['attempts']} (record -> stop "
+              f"{a['record_to_stop_s']:.3f}s, stop -> request seen {a['stop_to_request_s']:.3f}s); unread: {a['unread']}")
         # (c) once run 1's epoch has left the nodes, the same command again; after it resumed
         # and saved a new checkpoint, node2's slurmd stops
         _wait(lambda: (e1 / "summary.json").is_file(), 900, run1.proc, "run 1's epoch")
