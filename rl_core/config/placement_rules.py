@@ -5,8 +5,9 @@ Owns: the support table of (generation backend, placement) pairs (`colocated`: t
 process and device, the native engine in a worker thread or vLLM's AsyncLLM; `separate`:
 own processes or nodes reached over HTTP), the cross-field rules of `generation.vllm` and
 of the weight broadcast to local servers, raised as `RecipeError`s naming the field, the
-value, what is expected and the fix. `schema.py` calls `check_generation` from
-`GenerationConfig` and `check_recipe` from `RecipeConfig`.
+value, what is expected and the fix; the generation node group (`cluster.generation`: which
+servers it places, and that the controller job's allocation holds it). `schema.py` calls
+`check_generation` from `GenerationConfig` and `check_recipe` from `RecipeConfig`.
 
 Does not own: building anything (rl_core.launch.placement does that).
 
@@ -102,10 +103,47 @@ def _check_weight_broadcast(cfg: Any) -> None:
               "remove generation.http.local_server_cuda_devices, or set runtime.device: cuda (or auto).")
 
 
+def _check_generation_group(cfg: Any) -> None:
+    """`cluster.generation` places the `rl-core serve` servers that rl_core starts
+    (`generation.backend: http`, `num_local_servers`) on nodes of their own, inside the
+    controller job's one allocation (docs/cluster.md): one server per process of the group,
+    and the allocation holds the trainer's nodes and the group's."""
+    group, gen, cluster = cfg.cluster.generation, cfg.generation, cfg.cluster
+    if group is None or gen.placement != "separate":
+        return  # colocated: refused by rl_core.config.trainer_sections.check_trainer_placement
+    if gen.backend != "http" or gen.http.urls:
+        fail("cluster.generation", group.model_dump(),
+              "generation.backend 'http' with servers rl_core starts (generation.http.num_local_servers): those are "
+              "what the group places" + (f"; this recipe has backend '{gen.backend}', whose server runs on the "
+                                         "controller's node" if gen.backend != "http" else
+                                         "; servers at generation.http.urls are placed by whoever started them"),
+              "set generation.backend: http with generation.http.num_local_servers (and no urls), or remove "
+              "cluster.generation.")
+    if gen.http.num_local_servers != group.world_size:
+        fail("generation.http.num_local_servers", gen.http.num_local_servers,
+              f"{group.world_size}: one rl-core serve per process of cluster.generation ({group.num_nodes} node(s) x "
+              f"{group.world_size // group.num_nodes} per node)",
+              f"set generation.http.num_local_servers: {group.world_size}, or change cluster.generation.")
+    job = cluster.controller
+    trainer_nodes = cluster.trainer.num_nodes if cluster.trainer is not None else 1
+    if job.nodes < trainer_nodes + group.num_nodes:
+        fail("cluster.controller.nodes", job.nodes,
+              f"at least {trainer_nodes + group.num_nodes}: the controller job is one allocation holding the trainer's "
+              f"{trainer_nodes} node(s) (cluster.trainer) and the generation group's {group.num_nodes} "
+              "(cluster.generation)", f"set cluster.controller.nodes: {trainer_nodes + group.num_nodes}.")
+    per_node = group.world_size // group.num_nodes
+    if per_node > job.tasks_per_node or group.num_gpus_per_node > job.gpus_per_node:
+        fail("cluster.generation", group.model_dump(),
+              f"a group whose nodes fit the controller job's (cluster.controller: {job.tasks_per_node} task(s) and "
+              f"{job.gpus_per_node} GPU(s) per node; one allocation asks the same of every node)",
+              "raise cluster.controller.tasks_per_node / gpus_per_node, or shrink the group's processes or GPUs.")
+
+
 def check_recipe(cfg: Any) -> None:
     """Rules across sections."""
     gen = cfg.generation
     _check_weight_broadcast(cfg)
+    _check_generation_group(cfg)
     if gen.backend != "vllm":
         return
     _check_vllm_sampling(cfg.validation.sampling, "validation.sampling")

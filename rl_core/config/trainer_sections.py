@@ -136,6 +136,8 @@ class TrainerConfig(Section):
     """`backend: torch`: torch.compile each decoder layer (dynamic shapes), fusing the norm, rotary and SwiGLU element-wise work, and (with logprob_chunk_tokens 0) take the fused logprob path: compiled log-sum-exp and gradient kernels read the bf16 logits directly, no fp32 copy of them (rl_core.train.logprobs; the largest single gain of the torch backend, docs/performance.md). The first steps pay the compilation. For fsdp2 use trainer.fsdp.compile."""
     collective_timeout_s: float = Field(1800.0, gt=0)
     """fsdp2/megatron: how long a collective (or a worker rank waiting for the driver's next command) may block before the run fails."""
+    worker_heartbeat_timeout_s: float = Field(30.0, gt=0)
+    """fsdp2/megatron: a worker rank that posts no heartbeat (one a second) for this long counts as gone (killed, or its node lost): rank 0 stops with an error naming its rank, host and pid instead of waiting collective_timeout_s."""
     fsdp: FSDPConfig = FSDPConfig()
     """Settings of `backend: fsdp2`."""
     megatron: MegatronConfig = MegatronConfig()

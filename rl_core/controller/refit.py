@@ -78,6 +78,10 @@ class Refitter:
             # a transport that sends from the trainer's GPU takes the weights where they are
             weights = (self.trainer.export_weights(on_device=True) if self.sync.sends_from_device
                        else self.trainer.export_weights())
+            if getattr(self.sync, "keeps_latest", False) and getattr(self.trainer, "exports_live_tensors", False):
+                from rl_core.weights import snapshot  # the transport keeps them past the next step
+
+                weights = snapshot(weights)
             t1 = time.monotonic()
             export_s = t1 - t_export
             report = await self.sync.push(version, weights, self.backends)

@@ -164,8 +164,18 @@ def slurm_parameters(res: SlurmJobConfig, cluster: ClusterConfig, name: str) -> 
             params[key] = getattr(res, key)
     if res.gpus_per_node:
         params["gpus_per_node"] = res.gpus_per_node
+    if res is cluster.controller and cluster.generation is not None:
+        # one allocation for the trainer's nodes and the generation nodes after them; submitit's
+        # step (its srun, whose tasks it counts) runs the trainer group on the first ones only, and
+        # the controller starts the generation servers as steps on the rest (docs/cluster.md)
+        trainer = cluster.trainer
+        nodes = trainer.num_nodes if trainer is not None else 1
+        tasks = trainer.world_size if trainer is not None else res.tasks_per_node
+        params.update(nodes=nodes, ntasks_per_node=tasks // nodes,
+                      srun_args=[f"--nodes={nodes}", f"--ntasks={tasks}", f"--ntasks-per-node={tasks // nodes}"])
+        params["additional_parameters"] = {"nodes": res.nodes, "ntasks_per_node": res.tasks_per_node}
     if res.extra_sbatch:
-        params["additional_parameters"] = dict(res.extra_sbatch)
+        params["additional_parameters"] = {**params.get("additional_parameters", {}), **res.extra_sbatch}
     return params
 
 
@@ -248,8 +258,11 @@ class _LogTail:
 
 
 def _failure(job: submitit.Job, what: str) -> JobError:
+    # a multi-process trainer's driver (task 0) names what failed; a worker killed outright
+    # writes no result file, and submitit waits 15 s for each missing one
+    first = job.task(0) if job.num_tasks > 1 and job.task(0).paths.result_pickle.exists() else job
     try:
-        exc = job.exception()
+        exc = first.exception()
     except submitit.core.utils.UncompletedJobError as unc:
         exc = unc
     text = str(exc) if exc is not None else "no result"
@@ -283,6 +296,36 @@ def _local_job_left_no_result(job: submitit.Job) -> bool:
                for k in range(job.num_tasks))
 
 
+def _done(job: submitit.Job) -> bool:
+    """Whether the job has ended. submitit asks Slurm about a task without a result file at
+    most once a minute; once task 0 (the driver of a multi-process trainer) has its result,
+    the others are asked now: a worker killed outright writes none, and the job ends within
+    seconds of its driver."""
+    if isinstance(job, submitit.SlurmJob) and job.num_tasks > 1 and job.task(0).done():
+        done = all(job.task(k).done(force_check=True) for k in range(1, job.num_tasks))
+    else:
+        done = job.done()
+    return done and not _requeued(job)
+
+
+_ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
+           "RESIZING", "SUSPENDED"}
+
+
+def _requeued(job: submitit.Job) -> bool:
+    """A Slurm job seen ended (NODE_FAIL, PREEMPTED) that Slurm queued again (`JobRequeue=1`):
+    slurmctld lists it as active while accounting, which submitit reads, may still show the
+    ended attempt for a moment. The rule then keeps waiting for the same job id (docs/cluster.md)."""
+    if not isinstance(job, submitit.SlurmJob) or job.state not in ("NODE_FAIL", "PREEMPTED", "REQUEUED"):
+        return False
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", str(job.job_id), "-o", "%T"], capture_output=True, text=True,
+                             timeout=30, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return bool(set(out.split()) & _ACTIVE)
+
+
 def wait_for_jobs(jobs: Sequence[submitit.Job], what: str, poll_interval_s: float = 2.0,
                   prefixes: Sequence[str] | None = None) -> list[Any]:
     """Wait for every job, copying their logs to stdout; return results or raise JobError."""
@@ -300,7 +343,7 @@ def wait_for_jobs(jobs: Sequence[submitit.Job], what: str, poll_interval_s: floa
         while pending:
             for t in tails:
                 t.pump()
-            pending = [i for i in pending if not jobs[i].done()]
+            pending = [i for i in pending if not _done(jobs[i])]
             if pending:
                 time.sleep(poll_interval_s)
         for t in tails:

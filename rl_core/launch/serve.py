@@ -92,9 +92,13 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="fused: the gate/up projection and SiLU gate of the static/graph decode step in one Triton "
                         "kernel (CUDA; needs --decode-attention fused)")
     p.add_argument("--seed", type=int, default=0, help="seed of requests sent without one")
+    p.add_argument("--lockstep", action="store_true",
+                   help="engine steps follow the event loop, not thread timing: the choices of one request join "
+                        "the same step, so a request alone on the server gets the same numbers in every run "
+                        "(async_rl.reproducible)")
     p.add_argument("--weight-version", type=int, default=0, help="weight version of MODEL_DIR's weights")
     p.add_argument("--torch-num-threads", type=int, default=None, help="intra-op CPU threads")
-    p.add_argument("--ready-file", help="write {host, port, url, pid} here (atomically) once serving")
+    p.add_argument("--ready-file", help="write {host, port, url, pid, hostname} here (atomically) once serving")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
 
 
@@ -302,7 +306,7 @@ def build_app(args, token: str | None, control_secret: str | None = None):
     settings = ServerSettings(model_name=name, api_key=token, max_model_len=engine.max_seq_len,
                               vocab_size=engine.spec.vocab_size, managed=bool(args.managed),
                               control_secret=control_secret, max_choices=args.max_choices_per_request)
-    return create_app(NativeBackend(engine), tokenizer, settings)
+    return create_app(NativeBackend(engine, lockstep=bool(getattr(args, "lockstep", False))), tokenizer, settings)
 
 
 def http_url(host: str, port: int) -> str:
@@ -318,7 +322,8 @@ async def _serve(server, sock: socket.socket, ready_file: str | None) -> None:
         await asyncio.sleep(0.02)
     if server.started and ready_file:
         host, port = sock.getsockname()[:2]
-        atomic_write_json(ready_file, {"host": host, "port": port, "url": http_url(host, port), "pid": os.getpid()})
+        atomic_write_json(ready_file, {"host": host, "port": port, "url": http_url(host, port), "pid": os.getpid(),
+                                       "hostname": socket.gethostname()})
     await task
 
 

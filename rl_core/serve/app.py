@@ -360,11 +360,12 @@ class Server:
             return {"weight_version": self.backend.weight_version, "seconds": time.monotonic() - t0}
 
     async def init_weight_broadcast(self, body: WeightGroupRequest) -> dict:
-        """Join the trainer's broadcast group (blocks until every member joined)."""
+        """Join the trainer's broadcast group (blocks until every member joined). Joining again
+        leaves the previous group: the trainer forms a new one when its servers change (one
+        restarted, one gone)."""
         from rl_core.weights.broadcast import BroadcastGroup, WeightReceiver
 
-        if self.weight_receiver is not None:
-            raise ApiError(400, "this server already joined a weight-broadcast group; restart it to join another")
+        self.weight_receiver = None  # the previous group, if any, is left
         t0 = time.monotonic()
         device = str(self.backend.engine.device)
         group = await asyncio.to_thread(BroadcastGroup.create, body.host, body.port, body.rank, body.world_size,

@@ -49,7 +49,7 @@ class DataParallelTrainer(abc.ABC):
         if not dist.is_initialized():
             raise RuntimeError(f"{type(self).__name__} needs an initialised process group: build it with "
                                "rl_core.train.make_trainer (which calls rl_core.distributed.init_distributed)")
-        self.channel = CommandChannel.shared(call["cfg"].collective_timeout_s)
+        self.channel = CommandChannel.shared(call["cfg"].collective_timeout_s, call["cfg"].worker_heartbeat_timeout_s)
         seq = self._driver_init(dict(call, model_dir=str(call["model_dir"])))
         try:
             self.cfg = call["cfg"]

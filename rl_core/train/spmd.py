@@ -1,14 +1,14 @@
-"""Rank-0 driver and following worker ranks: how a multi-process trainer sits behind the
-one-process `TrainerBackend` protocol.
+"""Rank-0 driver and following worker ranks: a multi-process trainer behind the one-process
+`TrainerBackend` protocol.
 
-Owns: `CommandChannel`. The controller lives in rank 0 and calls the trainer's public methods
-as if it were local; each is a *command*: rank 0 publishes `(sequence number, name,
-arguments)` on the process group's key-value store and runs the method's SPMD body
-(`_spmd_<name>`); every other rank, in `CommandChannel.serve`, reads the commands in order and
-runs the same body, so all ranks enter the same collectives in the same order. Workers post
-`ok` or their traceback (and `dead/<rank>` when they leave); rank 0 waits at most `timeout_s`
-and raises the first worker error with its rank. Arguments travel pickle-free
-(`rl_core.train.wire`). The store, not a broadcast: a worker may wait a whole generation.
+Owns: `CommandChannel`. Rank 0 (the controller) publishes each public call as a *command*
+`(sequence number, name, arguments)` on the process group's store and runs its SPMD body
+(`_spmd_<name>`); every other rank (`CommandChannel.serve`) runs the same bodies in order.
+Workers post `ok` or their traceback (`dead/<rank>` when they leave), and a heartbeat a second;
+rank 0 raises the first worker error with its rank, or `WorkerLostError` naming a worker whose
+heartbeat is `heartbeat_timeout_s` old (a watchdog ends a collective that hangs on it).
+Arguments travel pickle-free (`rl_core.train.wire`); the store, not a broadcast, because a
+worker may wait a whole generation.
 
 Does not own: what the commands do (the trainers) or the process group's set-up
 (`rl_core.distributed`). Read more: docs/distributed-training.md.
@@ -16,6 +16,11 @@ Does not own: what the commands do (the trainers) or the process group's set-up
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import socket
+import sys
 import threading
 import time
 import traceback
@@ -25,11 +30,17 @@ from rl_core.train import wire
 
 COMMAND_PREFIX = "rl_core/trainer/"
 INIT, SHUTDOWN = "__init__", "__shutdown__"
+HEARTBEAT_S = 1.0  # a worker's heartbeat period
+HANG_GRACE_S = 10.0  # the watchdog ends rank 0 this long after a lost worker, if its command still runs
 _SHARED: tuple[Any, "CommandChannel"] | None = None
 
 
 class WorkerError(RuntimeError):
     """A worker rank of a distributed trainer failed while running a command."""
+
+
+class WorkerLostError(WorkerError):
+    """A worker rank stopped answering: no heartbeat for `heartbeat_timeout_s` (killed, or its node lost)."""
 
 
 class CommandChannel:
@@ -40,24 +51,33 @@ class CommandChannel:
     sequence; on the workers it replaces the first trainer."""
 
     @classmethod
-    def shared(cls, timeout_s: float = 1800.0) -> "CommandChannel":
+    def shared(cls, timeout_s: float = 1800.0, heartbeat_timeout_s: float = 30.0) -> "CommandChannel":
         import torch.distributed as dist
         from torch.distributed import distributed_c10d
 
         global _SHARED
         group = distributed_c10d._get_default_group()
         if _SHARED is None or _SHARED[0] is not group:
-            _SHARED = (group, cls(dist.get_rank(), dist.get_world_size(), timeout_s=timeout_s))
+            _SHARED = (group, cls(dist.get_rank(), dist.get_world_size(), timeout_s=timeout_s,
+                                  heartbeat_timeout_s=heartbeat_timeout_s))
         _SHARED[1].timeout_s = timeout_s
+        _SHARED[1].heartbeat_timeout_s = heartbeat_timeout_s
         return _SHARED[1]
 
-    def __init__(self, rank: int, world_size: int, store=None, timeout_s: float = 1800.0):
+    def __init__(self, rank: int, world_size: int, store=None, timeout_s: float = 1800.0,
+                 heartbeat_timeout_s: float = 30.0):
         self.rank = rank
         self.world_size = world_size
         self.timeout_s = timeout_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
         self._seq = 0
         self._dead: set[int] = set()
+        self._lost = ""  # the message of the first WorkerLostError
         self._lock = threading.RLock()
+        # rank 0: per worker, its last heartbeat count and when (monotonic) it last changed
+        self._beats: dict[int, tuple[int, float]] = {}
+        self._running_since: float | None = None  # a command is running on rank 0 since then
+        self._watchdog: threading.Thread | None = None
         self.store = None
         if world_size > 1:
             import torch.distributed as dist
@@ -78,18 +98,79 @@ class CommandChannel:
         seq = self._seq
         self._seq += 1
         if self.store is not None:
+            if self._lost:  # the same message again: the one that names the lost worker reaches the user
+                raise WorkerLostError(self._lost)
             if self._dead:
                 raise WorkerError(f"trainer worker rank(s) {sorted(self._dead)} failed earlier; the trainer group "
                                   "is unusable (see the first error above)")
             self.store.set(f"cmd/{seq}", wire.dumps([name, tuple(args), dict(kwargs or {})]))
         return seq
 
+    # ------------------------------------------------------------------ heartbeats
+
+    def lost_workers(self) -> list[int]:
+        """Rank 0: the workers whose heartbeat has not moved for `heartbeat_timeout_s` (one that
+        has not beaten yet is still starting: collective_timeout_s bounds that)."""
+        now, lost = time.monotonic(), []
+        for r in range(1, self.world_size):
+            count = int(self.store.add(f"beat/{r}", 0))
+            if count == 0:
+                continue
+            last = self._beats.get(r)
+            if last is None or count != last[0]:
+                self._beats[r] = (count, now)
+            elif now - last[1] > self.heartbeat_timeout_s:
+                lost.append(r)
+        return lost
+
+    def describe_lost(self, ranks: list[int], during: str) -> str:
+        who = []
+        for r in ranks:
+            try:
+                info = json.loads(self.store.get(f"who/{r}")) if self.store.check([f"who/{r}"]) else {}
+            except (ValueError, RuntimeError):
+                info = {}
+            who.append(f"rank {r} (host {info.get('host', '?')}, pid {info.get('pid', '?')})")
+        return (f"trainer worker {', '.join(who)} stopped answering {during}: no heartbeat for "
+                f"{self.heartbeat_timeout_s:.0f}s (trainer.worker_heartbeat_timeout_s); it was killed or its node was "
+                "lost. Fix: rerun the same command; it resumes from the newest intact step checkpoint.")
+
+    def _watch(self) -> None:
+        """Rank 0's watchdog: a collective that waits on a lost worker may block until
+        collective_timeout_s; end the process then, naming the worker (step checkpoints are atomic)."""
+        while True:
+            time.sleep(HEARTBEAT_S)
+            since = self._running_since
+            if since is None or self.store is None:
+                continue
+            try:
+                lost = self.lost_workers()
+            except Exception:  # noqa: BLE001 - the store itself is gone: the command fails on its own
+                continue
+            if lost and time.monotonic() - since > self.heartbeat_timeout_s + HANG_GRACE_S:
+                sys.stderr.write(f"[trainer] {WorkerLostError.__name__}: "
+                                 f"{self.describe_lost(lost, 'while a collective waited for it')}\n")
+                sys.stderr.flush()
+                sys.stdout.flush()
+                os.kill(os.getpid(), signal.SIGKILL)  # not an exception: the main thread is inside C++
+
+    def _beat_forever(self) -> None:
+        self.store.set(f"who/{self.rank}", json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+        while True:
+            try:
+                self.store.add(f"beat/{self.rank}", 1)
+            except Exception:  # noqa: BLE001 - rank 0 is gone; the serve loop fails on its own
+                return
+            time.sleep(HEARTBEAT_S)
+
     def complete(self, seq: int) -> None:
-        """Rank 0: wait until every worker finished command `seq`; raise the first worker error."""
+        """Rank 0: wait until every worker finished command `seq`; raise the first worker error,
+        or `WorkerLostError` for a worker whose heartbeat stopped."""
         if self.store is None:
             return
         pending = [r for r in range(1, self.world_size) if r not in self._dead]
         deadline = time.monotonic() + self.timeout_s
+        checked = time.monotonic()  # heartbeats are read once a HEARTBEAT_S while workers are busy
         errors: list[str] = []
         delay = 1e-4
         while pending:
@@ -108,6 +189,14 @@ class CommandChannel:
                     still.append(r)
             pending = still
             if pending:
+                lost = []
+                if time.monotonic() - checked > HEARTBEAT_S:
+                    checked = time.monotonic()
+                    lost = [r for r in self.lost_workers() if r in pending]
+                if lost:
+                    self._dead.update(lost)
+                    self._lost = self.describe_lost(lost, f"during command {seq}")
+                    raise WorkerLostError(self._lost)
                 if time.monotonic() > deadline:
                     raise WorkerError(f"trainer worker rank(s) {pending} did not finish command {seq} within "
                                       f"{self.timeout_s:.0f}s (trainer.collective_timeout_s)")
@@ -123,20 +212,30 @@ class CommandChannel:
         threads (train pump worker thread, event loop) are serialised: one command at a time."""
         with self._lock:
             seq = self.publish(name, args, kwargs)
+            if self._watchdog is None and self.store is not None:
+                self._watchdog = threading.Thread(target=self._watch, name="trainer-watchdog", daemon=True)
+                self._watchdog.start()
+            self._running_since = time.monotonic()
             try:
-                result = getattr(target, f"_spmd_{name}")(*args, **kwargs)
-            except BaseException:
                 try:
-                    self.complete(seq)
-                except WorkerError:
-                    pass  # rank 0's own error is the one to report
-                raise
-            self.complete(seq)
-            return result
+                    result = getattr(target, f"_spmd_{name}")(*args, **kwargs)
+                except BaseException as exc:
+                    try:
+                        self.complete(seq)
+                    except WorkerLostError as lost:  # why rank 0's collective failed: name the worker
+                        raise lost from exc
+                    except WorkerError:
+                        pass  # rank 0's own error is the one to report
+                    raise
+                self.complete(seq)
+                return result
+            finally:
+                self._running_since = None
 
     def shutdown(self) -> None:
-        """Rank 0: release the workers from `serve` (each returns)."""
-        if self.store is not None and self.is_driver:
+        """Rank 0: release the workers from `serve` (each returns). With a worker gone there is
+        no group left to release: the error that said so is the one to report."""
+        if self.store is not None and self.is_driver and not self._dead:
             self.complete(self.publish(SHUTDOWN))
 
     def _forget(self, seq: int) -> None:
@@ -167,6 +266,7 @@ class CommandChannel:
         The first command is `__init__` with the trainer's constructor arguments: the worker
         builds its trainer with `factory(**kwargs)` (a collective, like every command)."""
         assert not self.is_driver and self.store is not None
+        threading.Thread(target=self._beat_forever, name="trainer-heartbeat", daemon=True).start()
         target = None
         while True:
             seq = self._seq

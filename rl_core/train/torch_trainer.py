@@ -202,6 +202,8 @@ class TorchTrainer(LocalStep):
             self.flops.add_forward(mb)
         return rows_in_order(out, chunk.input_ids.shape[1]) if out else torch.zeros_like(chunk.gen_logprobs)
 
+    exports_live_tensors = True  # export_weights: the parameters themselves (a keeping transport copies them)
+
     def export_weights(self, on_device: bool = False) -> dict[str, torch.Tensor]:
         """The model's own tensors, on its device either way (no copy). LoRA: the adapters in the
         refit format (`trainer.lora.refit: adapters`), or the base with the adapters merged in."""

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rl_core.protocols import WeightSync
 from rl_core.types import SyncReport
-from rl_core.weights.base import state_dict_bytes
+from rl_core.weights.base import snapshot, state_dict_bytes
 from rl_core.weights.broadcast import BroadcastGroup, BroadcastWeightSync, WeightBroadcaster, WeightReceiver
 from rl_core.weights.filesystem import (FilesystemWeightSync, latest_ready_version, read_version, version_dir,
                                         wait_for_version)
@@ -42,4 +42,4 @@ def make_weight_sync(cfg, run_dir: str | Path) -> WeightSync:
 
 __all__ = ["BroadcastGroup", "BroadcastWeightSync", "FilesystemWeightSync", "InProcessSync", "SyncReport",
            "WEIGHT_SYNCS", "WeightBroadcaster", "WeightReceiver", "latest_ready_version", "make_weight_sync",
-           "read_version", "state_dict_bytes", "version_dir", "wait_for_version"]
+           "read_version", "snapshot", "state_dict_bytes", "version_dir", "wait_for_version"]

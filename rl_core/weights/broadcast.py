@@ -6,9 +6,9 @@ the trainer's world); one sync, `WeightBroadcaster.send` -> `WeightReceiver.recv
 header (version, names, dtypes, shapes; parsed strictly by `parse_header`, anything else a
 `BroadcastHeaderError`: nothing is unpickled or evaluated) then the tensors packed as raw bytes
 into buckets of at most `bucket_size_mb`, each one broadcast, sliced back and loaded with
-`engine.update_weights` (tied weights travel once); `SyncReport` (bytes and seconds per phase);
-and `BroadcastWeightSync`, the refit transport of `trainer.weight_sync.type: broadcast` with an
-`HttpBackend`'s local servers.
+`engine.update_weights` (tied weights travel once); `BroadcastWeightSync`, the refit transport
+of `trainer.weight_sync.type: broadcast` to an `HttpBackend`'s servers, local or on other nodes
+(a new group when they change; a restarted server caught up).
 
 Does not own: starting generation processes or deciding when to sync (refit). Read more:
 docs/distributed-training.md, "Weight sync (refit)".
@@ -283,12 +283,21 @@ def _free_port(host: str) -> int:
 
 class BroadcastWeightSync:
     """`trainer.weight_sync.type: broadcast`: the refit transport from trainer rank 0 to the
-    local `rl-core serve` servers of one `HttpBackend`. The first push forms the group (this
-    process hosts the store on a free port; server i joins as rank i + 1); every push then
-    broadcasts the version while the servers receive and load it, and reports the sender's
-    bytes and times plus the slowest server's receive and load seconds."""
+    `rl-core serve` servers of one `HttpBackend` (on this machine, or on the generation nodes).
+
+    A push forms the group when there is none or its members changed (this process hosts the
+    store on a free port, at the address the servers reach it by: the backend's
+    `weight_group_host`; server i of the members joins as rank i + 1), then broadcasts the
+    version while the servers receive and load it, and reports the sender's bytes and times
+    plus the slowest server's receive and load seconds. The members are the servers that
+    answer; one that died (its sync fails) is dropped and the push retried once without it;
+    with none answering the version is deferred. A server that comes back behind (restarted
+    from the initial weights, or down during a push) is caught up by the backend's health
+    check through `catch_up`: a new group with it, and the newest version pushed, kept for
+    that (the refit hands over a snapshot when the trainer's export is its live tensors)."""
 
     kind = "broadcast"
+    keeps_latest = True  # rl_core.controller.refit: hand over weights this may keep until the next push
 
     @classmethod
     def from_recipe(cls, cfg, run_dir) -> "BroadcastWeightSync":
@@ -300,48 +309,108 @@ class BroadcastWeightSync:
         return cls(device, ws.bucket_size_mb, cfg.trainer.collective_timeout_s)
 
     def __init__(self, device: str, bucket_size_mb: float = 256.0, timeout_s: float = 600.0,
-                 host: str = "127.0.0.1"):
+                 host: str | None = None):
         self.device = device
         self.sends_from_device = torch.device(device).type == "cuda"  # refit exports onto the GPU for it
         self.bucket_size_mb = bucket_size_mb
         self.timeout_s = timeout_s
-        self.host = host
+        self.host = host  # None: the backend's weight_group_host
         self.sender: WeightBroadcaster | None = None
+        self.members: list[tuple[int, int]] | None = None  # the group's servers: (endpoint id, its launches)
+        self.latest: tuple[int, Mapping[str, torch.Tensor]] | None = None
+        self.groups_formed = 0
+        self.retries = 0
+        self._lock = None
 
-    async def _join(self, backend) -> float:
+    @staticmethod
+    def _identity(members) -> list[tuple[int, int]]:
+        return [(id(ep), ep.local.launches if ep.local is not None else 0) for ep in members]
+
+    async def _form(self, backend, members) -> float:
         import asyncio
 
         t0 = time.monotonic()
-        port = _free_port(self.host)
-        world = len(backend.endpoints) + 1
+        self.sender, self.members = None, None
+        host = self.host or getattr(backend, "weight_group_host", "127.0.0.1")
+        port = _free_port(host)
         group, _ = await asyncio.gather(
-            asyncio.to_thread(BroadcastGroup.create, self.host, port, 0, world, self.device, self.timeout_s),
-            backend.join_weight_broadcast(self.host, port, self.timeout_s, self.bucket_size_mb))
-        self.sender = WeightBroadcaster(group, self.bucket_size_mb)
+            asyncio.to_thread(BroadcastGroup.create, host, port, 0, len(members) + 1, self.device, self.timeout_s),
+            backend.join_weight_broadcast(host, port, self.timeout_s, self.bucket_size_mb, members=members))
+        self.sender, self.members = WeightBroadcaster(group, self.bucket_size_mb), self._identity(members)
+        self.groups_formed += 1
         return time.monotonic() - t0
 
-    async def push(self, version: int, weights: Mapping[str, torch.Tensor], backends) -> SyncReport:
+    async def _deliver(self, backend, version: int, weights: Mapping[str, torch.Tensor]) -> SyncReport | None:
+        """One sync to the servers that answer now (None: there are none; the version waits)."""
         import asyncio
 
-        backends = list(backends)
-        if len(backends) != 1 or not hasattr(backends[0], "receive_weight_broadcast"):
-            raise ValueError("trainer.weight_sync.type 'broadcast' drives exactly one generation.backend 'http' "
-                             f"(local rl-core serve servers); got {[type(b).__name__ for b in backends]}")
-        backend = backends[0]
-        t0 = time.monotonic()
-        group_init_s = await self._join(backend) if self.sender is None else 0.0
+        members = backend.weight_group_members()
+        group_init_s = 0.0
+        if self.sender is None or self._identity(members) != self.members:
+            await backend.fleet.check_all(catch_up=False)  # a new group: only servers that answer now
+            members = backend.weight_group_members()
+            if not members:
+                backend.defer_weights(version)
+                return None
+            group_init_s = await self._form(backend, members)
         t1 = time.monotonic()
-        recv = asyncio.ensure_future(backend.receive_weight_broadcast(version, self.timeout_s))
+        recv = asyncio.ensure_future(backend.receive_weight_broadcast(version, self.timeout_s, members=members))
         send = asyncio.ensure_future(asyncio.to_thread(self.sender.send, version, weights))
         done, _ = await asyncio.wait({recv, send}, return_when=asyncio.FIRST_EXCEPTION)
         for task in done:
             if task.exception() is not None:  # a failed side leaves the other blocked until the timeout
                 for other in (recv, send):
                     other.cancel()
+                self.sender, self.members = None, None  # the next sync forms a new group
                 raise task.exception()
         report, answers = await send, await recv
         report.parts.update(group_init_s=group_init_s, recv_s=max(a["recv_s"] for a in answers),
-                            load_s=max(a["load_s"] for a in answers))
+                            load_s=max(a["load_s"] for a in answers), servers=float(len(members)))
         report.parts["deliver_s"] = time.monotonic() - t1  # sent, and every server received and loaded
+        return report
+
+    def _locked(self):
+        import asyncio
+
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    async def push(self, version: int, weights: Mapping[str, torch.Tensor], backends) -> SyncReport:
+        import logging
+
+        backends = list(backends)
+        if len(backends) != 1 or not hasattr(backends[0], "receive_weight_broadcast"):
+            raise ValueError("trainer.weight_sync.type 'broadcast' drives exactly one generation.backend 'http' "
+                             f"(rl-core serve servers rl_core starts); got {[type(b).__name__ for b in backends]}")
+        backend = backends[0]
+        backend.broadcast_catch_up = self.catch_up
+        self.latest = (version, weights)
+        t0 = time.monotonic()
+        async with self._locked():
+            try:
+                report = await self._deliver(backend, version, weights)
+            except Exception as exc:  # noqa: BLE001 - a server died mid-sync: once more without it
+                logging.getLogger(__name__).warning("weight broadcast of version %d failed (%s); checking the "
+                                                    "servers and broadcasting again to those that answer",
+                                                    version, exc)
+                self.retries += 1
+                await backend.fleet.check_all(catch_up=False)
+                report = await self._deliver(backend, version, weights)
+        if report is None:
+            report = SyncReport(self.kind, version, 0, 0.0, {"deferred": 1.0})
+        report.parts.update(groups_formed=float(self.groups_formed), retries=float(self.retries))
         report.seconds = time.monotonic() - t0
         return report
+
+    async def catch_up(self, backend) -> None:
+        """Bring the servers that answer to the newest version pushed (the backend's health check
+        calls this for a server behind it)."""
+        async with self._locked():
+            if self.latest is None:
+                return
+            version, weights = self.latest
+            if all(ep.version == version for ep in backend.weight_group_members()):
+                return  # another caller did it
+            await self._deliver(backend, version, weights)
+

@@ -94,3 +94,9 @@ def job_stats(text: str) -> dict[str, int]:
     block = text.split("Job stats:", 1)[1].split("total", 1)[0]
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", block, flags=re.M)}
 
+
+def slurm_local(script: str, nodes: int | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run ci/slurm-local/<script> (up.sh / down.sh), with SLURM_LOCAL_NODES=nodes when given."""
+    env = dict(os.environ, **({"SLURM_LOCAL_NODES": str(nodes)} if nodes is not None else {}))
+    return subprocess.run(["bash", str(ROOT / "ci" / "slurm-local" / script)], env=env, capture_output=True, text=True,
+                          timeout=timeout)

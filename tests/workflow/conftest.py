@@ -1,5 +1,6 @@
-"""Fixtures of the workflow tier: the short recipe's reference run (built once per session)
-and a real local Slurm cluster (ci/slurm-local, vendored from ../shared/slurm-local)."""
+"""Fixtures of the workflow tier: the short recipe's reference run (built once per session),
+a real local Slurm cluster (ci/slurm-local, vendored from ../shared/slurm-local) and the same
+cluster with three nodes simulated as network namespaces (docs/cluster.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.workflow import ROOT, make_workdir, short_config, snakemake
+from tests.helpers.workflow import ROOT, make_workdir, short_config, slurm_local, snakemake
 
 
 @pytest.fixture(scope="session")
@@ -51,3 +52,34 @@ def slurm_cluster():
     yield
     if started:
         subprocess.run(["bash", str(ROOT / "ci" / "slurm-local" / "down.sh")], capture_output=True, timeout=300)
+
+
+def _namespace_nodes() -> int:
+    """Namespace nodes of the running local cluster (ci/slurm-local/nodes.sh records them)."""
+    state = Path(os.environ.get("SLURM_LOCAL_DIR", "/var/lib/slurm-local")) / "run" / "nodes"
+    try:
+        return int(state.read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+@pytest.fixture(scope="session")
+def multinode_cluster():
+    """The local cluster with 3 namespace nodes (partition `nodes`); afterwards it is brought back
+    to what it was: down if this fixture started it, else to its former number of nodes."""
+    if os.geteuid() != 0:
+        reason = "the multi-node local Slurm cluster needs root (network namespaces, daemons; ci/slurm-local/up.sh)"
+        print(f"SKIP: {reason}")
+        pytest.skip(reason)
+    before = _namespace_nodes() if _slurm_up() else None
+    t0 = time.monotonic()
+    up = slurm_local("up.sh", 3)
+    assert up.returncode == 0, f"ci/slurm-local/up.sh (3 nodes) failed:\n{up.stdout[-3000:]}\n{up.stderr[-3000:]}"
+    print(f"[multinode cluster] up in {time.monotonic() - t0:.1f}s")
+    try:
+        yield 3
+    finally:
+        if before is None:
+            slurm_local("down.sh")
+        elif before != 3:
+            slurm_local("up.sh", before)

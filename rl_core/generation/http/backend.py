@@ -53,7 +53,9 @@ class HttpBackend:
                  connect_timeout_s: float = 10.0, max_retries: int = 3, retry_backoff_s: float = 0.5,
                  retry_max_backoff_s: float = 10.0, health_check_interval_s: float = 5.0,
                  startup_timeout_s: float = 300.0, max_local_server_restarts: int = 3,
-                 log_dir: str | Path | None = None, name: str = "http"):
+                 log_dir: str | Path | None = None, name: str = "http", servers: Sequence[LocalServer] = ()):
+        if servers:  # server processes built by the caller (e.g. Slurm job steps: slurm_servers.py)
+            num_local_servers, model_dir = len(servers), model_dir or servers[0].model_dir
         if bool(urls) == bool(num_local_servers):
             raise ValueError("give server URLs or a number of local servers to start (exactly one of them)")
         if num_local_servers and model_dir is None:
@@ -77,9 +79,11 @@ class HttpBackend:
             self.api_key = secrets.token_urlsafe(24)  # local servers accept only this backend's requests
             self.model_name = model_name or Path(model_dir).resolve().name
             log_dir = Path(log_dir) if log_dir is not None else Path(model_dir).resolve().parent / "servers"
-            endpoints = [Endpoint("", local=LocalServer(i, model_dir, engine_args or EngineArgs(), self.api_key,
-                                                        log_dir, self.model_name, weight_version))
-                         for i in range(num_local_servers)]
+            for server in servers:
+                server.token = self.api_key
+            endpoints = [Endpoint("", local=server) for server in servers] or [
+                Endpoint("", local=LocalServer(i, model_dir, engine_args or EngineArgs(), self.api_key, log_dir,
+                                               self.model_name, weight_version)) for i in range(num_local_servers)]
         # requests: HTTP completions requests (a group request counts once); samples: the samples they asked for
         self.counters = {k: 0 for k in ("requests", "group_requests", "samples", "retries", "infra_errors",
                                         "data_errors", "aborts", "weight_updates", "server_restarts",
@@ -105,6 +109,9 @@ class HttpBackend:
         self._aborted: set[str] = set()
         self.last_update_s = 0.0
         self._started_at = 0.0
+        # set by a broadcast transport (rl_core.weights.broadcast): brings servers that are behind
+        # (restarted from the initial weights, or missed a version) to the current one
+        self.broadcast_catch_up = None
 
     @property
     def endpoints(self) -> list[Endpoint]:
@@ -451,29 +458,54 @@ class HttpBackend:
         ep.version = int(data["weight_version"])
         ep.stale = False
 
-    async def join_weight_broadcast(self, host: str, port: int, timeout_s: float, bucket_size_mb: float) -> list[dict]:
-        """Have server i join the trainer's broadcast group as rank i + 1 (rank 0, the trainer,
-        joins at the same time: this returns once the whole group formed)."""
-        world = len(self.endpoints) + 1
+    @property
+    def weight_group_host(self) -> str:
+        """The address the servers reach this process at for the weight-broadcast group: this
+        node's name when a server runs on another node, else 127.0.0.1."""
+        import socket
+
+        return socket.gethostname() if any(ep.local is not None and ep.local.remote for ep in self.endpoints) \
+            else "127.0.0.1"
+
+    def weight_group_members(self) -> list[Endpoint]:
+        """The servers that can join a broadcast group now: healthy (answering; stale ones included)."""
+        return [ep for ep in self.endpoints if ep.healthy]
+
+    async def join_weight_broadcast(self, host: str, port: int, timeout_s: float, bucket_size_mb: float,
+                                    members: Sequence[Endpoint] | None = None) -> list[dict]:
+        """Have server i of `members` (default: every server) join the trainer's broadcast group
+        as rank i + 1, leaving any group it was in (rank 0, the trainer, joins at the same time:
+        this returns once the whole group formed)."""
+        members = list(self.endpoints if members is None else members)
+        world = len(members) + 1
         return list(await asyncio.gather(*(
             self.fleet.request("POST", ep, "/rl/init_weight_broadcast", timeout=timeout_s,
                                json={"host": host, "port": port, "rank": i + 1, "world_size": world,
                                      "timeout_s": timeout_s, "bucket_size_mb": bucket_size_mb})
-            for i, ep in enumerate(self.endpoints))))
+            for i, ep in enumerate(members))))
 
-    async def receive_weight_broadcast(self, version: int, timeout_s: float) -> list[dict]:
-        """Have every server receive `version` from the broadcast group and load it (the trainer
-        sends meanwhile); returns each server's report (bytes, recv_s, load_s)."""
+    async def receive_weight_broadcast(self, version: int, timeout_s: float,
+                                       members: Sequence[Endpoint] | None = None) -> list[dict]:
+        """Have every server of the group (`members`, default every server) receive `version`
+        from it and load it (the trainer sends meanwhile); returns each server's report
+        (bytes, recv_s, load_s). The others are marked stale: they catch up later."""
+        members = list(self.endpoints if members is None else members)
         async with self._update_lock:
             out = list(await asyncio.gather(*(
                 self.fleet.request("POST", ep, "/rl/receive_weights", timeout=timeout_s, json={"version": version})
-                for ep in self.endpoints)))
-            for ep, data in zip(self.endpoints, out):
+                for ep in members)))
+            for ep, data in zip(members, out):
                 ep.version = int(data["weight_version"])
-                ep.stale = False
-            self._version = version
+            self.defer_weights(version)
         self.counters["weight_updates"] += 1
         return out
+
+    def defer_weights(self, version: int) -> None:
+        """Make `version` the backend's: a server at another one takes no request until it has
+        loaded it (`broadcast_catch_up`; e.g. it was down while the group received it)."""
+        self._version = version
+        for ep in self.endpoints:
+            ep.stale = ep.version != version
 
     async def invalidate_kv_cache(self) -> None:
         if self.kind != "rl_core":
@@ -494,6 +526,10 @@ class HttpBackend:
             return
         if ep.version == self._version:
             ep.stale = False
+            return
+        if self.broadcast_catch_up is not None:  # the trainer's broadcast group carries the weights
+            await self.broadcast_catch_up(self)
+            self.counters["stale_servers_caught_up"] += 1
             return
         if self._update_lock.locked():
             return  # a fan-out is loading it now
@@ -519,21 +555,28 @@ class HttpBackend:
 
 
 def make_http_backend(cfg: Any, policy_dir: str | Path, *, device: str, weight_version: int = 0) -> HttpBackend:
-    """The recipe's `generation.backend: http` (not started). Local servers run the native
-    engine with `generation.native` settings on the run's device and log to <run dir>/servers;
-    weight versions go to `trainer.weight_sync.dir` (default <run dir>/weights)."""
+    """The recipe's `generation.backend: http` (not started). Servers rl_core starts run the
+    native engine with `generation.native` settings on the run's device and log to <run
+    dir>/servers: on this machine, or, inside the controller job with `cluster.generation`,
+    as Slurm job steps on the generation nodes (slurm_servers.py). Weight versions go to
+    `trainer.weight_sync.dir` (default <run dir>/weights)."""
     import os
 
     from rl_core.config import run_dir
+    from rl_core.generation.http.slurm_servers import generation_nodes, slurm_servers
     from rl_core.generation.native.options import EngineOptions
 
     gen, rd = cfg.generation, run_dir(cfg)
     h, ws = gen.http, cfg.trainer.weight_sync
+    nodes = generation_nodes(cfg) if h.num_local_servers else None
     engine = EngineArgs(EngineOptions.from_recipe(cfg, device=device),
                         torch_num_threads=h.server_torch_num_threads or cfg.runtime.torch_num_threads,
-                        cuda_devices=tuple(h.local_server_cuda_devices))
+                        cuda_devices=() if nodes else tuple(h.local_server_cuda_devices),
+                        lockstep=cfg.async_rl.reproducible)
+    servers = slurm_servers(cfg, nodes, policy_dir, engine, rd / "servers", weight_version) if nodes else ()
     return HttpBackend(
         h.urls, model_dir=policy_dir if h.num_local_servers else None, num_local_servers=h.num_local_servers,
+        servers=servers, model_name=servers[0].model_name if servers else None,
         engine_args=engine, api_key=os.environ.get(h.api_key_env) or None,
         control_secret=os.environ.get(DEFAULT_CONTROL_SECRET_ENV) or None,  # remote `rl-core serve --managed`
         weight_root=Path(ws.dir) if ws.dir else rd / "weights",

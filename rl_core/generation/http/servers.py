@@ -44,6 +44,7 @@ class EngineArgs:
     torch_num_threads: int | None = None
     extra: Sequence[str] = field(default_factory=tuple)
     cuda_devices: Sequence[int] = ()  # server i sees only GPU cuda_devices[i] (CUDA_VISIBLE_DEVICES); empty: all
+    lockstep: bool = False  # `rl-core serve --lockstep` (reproducible runs)
 
     def __post_init__(self) -> None:
         defaults = EngineOptions()
@@ -72,11 +73,16 @@ class EngineArgs:
             out += ["--decode-attention", o.decode_attention]
         if o.decode_mlp != "torch":
             out += ["--decode-mlp", o.decode_mlp]
+        if self.lockstep:
+            out.append("--lockstep")
         return out + list(self.extra)
 
 
 class LocalServer:
-    """One `rl-core serve` child process."""
+    """One `rl-core serve` child process on this machine (bound to 127.0.0.1)."""
+
+    bind_host = "127.0.0.1"
+    remote = False  # True: on another node (reached by its node's name; see slurm_servers.py)
 
     def __init__(self, index: int, model_dir: str | Path, engine: EngineArgs, token: str, log_dir: str | Path,
                  model_name: str, weight_version: int = 0):
@@ -101,16 +107,15 @@ class LocalServer:
         return self.log_dir / f"server{self.index}.ready.json"
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "rl_core.launch.cli", "serve", self.model_dir, "--host", "127.0.0.1",
+        return [sys.executable, "-m", "rl_core.launch.cli", "serve", self.model_dir, "--host", self.bind_host,
                 "--port", "0", "--ready-file", str(self.ready_path), "--api-key-env", TOKEN_ENV,
                 "--managed", "--control-secret-env", CONTROL_SECRET_ENV,
                 "--served-model-name", self.model_name, "--weight-version", str(self.weight_version),
                 *self.engine.flags()]
 
-    def launch(self) -> None:
-        """Start the process (returns at once; `wait_ready` waits for it to serve)."""
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.ready_path.unlink(missing_ok=True)
+    def environment(self) -> dict[str, str]:
+        """The process's environment: this one's, plus the token and a fresh control secret
+        (never on the command line), and the GPU of `engine.cuda_devices`."""
         env = dict(os.environ)
         env[TOKEN_ENV] = self.token
         self.control_secret = secrets.token_urlsafe(32)
@@ -119,6 +124,13 @@ class LocalServer:
             visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
             index = self.engine.cuda_devices[self.index]
             env["CUDA_VISIBLE_DEVICES"] = visible[index] if index < len(visible) else str(index)
+        return env
+
+    def launch(self) -> None:
+        """Start the process (returns at once; `wait_ready` waits for it to serve)."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.ready_path.unlink(missing_ok=True)
+        env = self.environment()
         with open(self.log_path, "a") as log:
             log.write(f"--- launch {self.launches + 1}: {' '.join(self.command())}\n")
             log.flush()
@@ -141,8 +153,12 @@ class LocalServer:
                                    f"(generation.http.startup_timeout_s); see {self.log_path}:\n{self.log_tail()}")
             time.sleep(0.05)
         info = json.loads(self.ready_path.read_text())
-        self.url = f"http://127.0.0.1:{info['port']}"
+        self.url = self.url_of(info)
         return self.url
+
+    def url_of(self, ready: dict) -> str:
+        """The base URL of the server that wrote the ready file `ready` ({host, port, ...})."""
+        return f"http://127.0.0.1:{ready['port']}"
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
