@@ -160,7 +160,7 @@ class CommandChannel:
                 self.kill_workers(lost)
                 killed_at = time.monotonic()
                 continue
-            if killed_at is None or time.monotonic() - killed_at > HANG_GRACE_S:
+            if time.monotonic() - (since + self.heartbeat_timeout_s if killed_at is None else killed_at) > HANG_GRACE_S:
                 sys.stderr.write(f"[trainer] {WorkerLostError.__name__}: "
                                  f"{self.describe_lost(lost, 'while a collective waited for it')}\n")
                 sys.stderr.flush()
