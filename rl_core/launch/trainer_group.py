@@ -6,8 +6,8 @@ rank 0's trainer dropped, the process group left), start ranks 1..N-1 again as p
 unchanged), meet them on a fresh rendezvous port (a new TCP store on rank 0, port chosen by
 the OS), form the process group and build rank 0's trainer at the base: the newest step
 checkpoint (weights, optimizer, version) or the directory the run started from. `wrap` hands
-the controller a `RecoveringTrainer` over it. Workers of the first group on other hosts
-(a multi-node Slurm step) cannot be replaced from here yet: the replacement then fails.
+the controller a `RecoveringTrainer` over it, on one host; a group across nodes (a multi-node
+Slurm step) is not wrapped yet: replacing its ranks needs a new `srun` step (docs/cluster.md).
 
 Does not own: the journal, its replay and the budget (`rl_core.train.recovery`), the first
 launch of the ranks (torchrun, submitit, srun). Read more: docs/cluster.md, "Failures".
@@ -159,6 +159,12 @@ def wrap(cfg, trainer: Any, *, base: Path, base_version: int, run_dir: str | Pat
     rec = cfg.trainer.recovery
     if cfg.trainer.backend == "torch" or not dist.is_initialized() or dist.get_world_size() == 1 \
             or rec.max_restarts == 0:
+        return trainer
+    from rl_core.distributed import detect_env
+
+    if detect_env().num_nodes > 1:  # replacing ranks on other nodes needs a new srun step: not built yet
+        print("[recovery] off: the trainer group spans nodes; a lost rank ends the job as with "
+              "trainer.recovery.max_restarts: 0 (rerun the same command to resume; docs/cluster.md)", flush=True)
         return trainer
     if os.environ.get("TORCHELASTIC_RUN_ID"):
         print("[recovery] note: under torchrun a lost worker ends every rank (torchrun's agent stops the group); "
