@@ -14,47 +14,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests.helpers.trainers import train_as_ranks  # noqa: E402
+
 RECIPE = ROOT / "tests" / "recipes" / "tiny-addition-loop.yaml"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(out: Path, name: str, args: list[str], fault: str | None = None) -> tuple[float, int, str]:
     """`rl-core train` as 2 ranks; returns (wall seconds, rank 0's exit code, its output)."""
-    cmd = [sys.executable, "-m", "rl_core.launch.cli", "train", str(RECIPE), f"output_dir={out}", f"run_name={name}",
-           *args]
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
-    base.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
-                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    t0 = time.monotonic()
-    procs = []
-    for rank in (0, 1):
-        env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
-        if fault and rank == 1:
-            env["RL_CORE_TRAINER_FAULT"] = fault
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
-    text, _ = procs[0].communicate()
-    wall = time.monotonic() - t0
-    for p in procs[1:]:
-        if p.poll() is None:
-            p.kill()
-        p.communicate()
-    return wall, procs[0].returncode, text
+    rc, text, wall = train_as_ranks(out, name, [str(RECIPE), *args], fault, timeout_s=1800)
+    return wall, rc, text
 
 
 def main() -> int:
@@ -63,6 +38,7 @@ def main() -> int:
     ap.add_argument("--save-every", type=int, default=4)
     ap.add_argument("--fault-version", type=int, default=6)
     ap.add_argument("--heartbeat-s", type=float, default=4.0)
+    ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--policy", help="an initial policy directory to reuse (default: built once here)")
     a = ap.parse_args()
     args = [f"grpo.max_num_steps={a.steps}", f"checkpoint.save_every_steps={a.save_every}",
@@ -73,33 +49,40 @@ def main() -> int:
     out = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
     policy = Path(a.policy) if a.policy else None
     if policy is None:
-        sys.path.insert(0, str(ROOT))
         from rl_core.launch.preflight import load_recipe
         from rl_core.launch.train import ensure_policy, setup_process
 
         cfg = load_recipe(RECIPE)
         setup_process(cfg)
         policy = ensure_policy(cfg, out / "policy")
-    for name in ("ref", "recovered", "restarted"):
-        shutil.copytree(policy, out / name / "init_policy")
-    ref, rc, _ = launch(out, "ref", args)
-    assert rc == 0
-    rec, rc, text = launch(out, "recovered", args, fault)
-    assert rc == 0, text[-3000:]
-    failed, rc, _ = launch(out, "restarted", args + ["trainer.recovery.max_restarts=0"], fault)
-    assert rc != 0
-    resumed, rc, text2 = launch(out, "restarted", args)
-    assert rc == 0 and "[resume] continuing from" in text2, text2[-3000:]
-    (r,) = json.loads((out / "recovered" / "summary.json").read_text())["trainer_recoveries"]
-    same = all((out / n / "final_policy" / "model.safetensors").read_bytes()
-               == (out / "ref" / "final_policy" / "model.safetensors").read_bytes() for n in ("recovered", "restarted"))
-    print(json.dumps({
-        "uninterrupted_s": round(ref, 1), "recovered_run_s": round(rec, 1),
-        "failed_then_resumed_s": [round(failed, 1), round(resumed, 1)],
-        "lost_in_job_recovery_s": round(rec - ref, 1), "lost_full_restart_s": round(failed + resumed - ref, 1),
-        "recovery_record": {k: r[k] for k in ("seconds_lost", "restart_s", "replay_s", "replayed_steps",
-                                              "restored_version")},
-        "heartbeat_timeout_s": a.heartbeat_s, "final_weights_equal": same}, indent=1))
+    rows = []
+    for rep in range(a.repeat):  # the three arms interleaved, so that the machine's load hits each alike
+        names = {arm: f"{arm}{rep}" for arm in ("ref", "recovered", "restarted")}
+        for name in names.values():
+            shutil.copytree(policy, out / name / "init_policy")
+        ref, rc, _ = launch(out, names["ref"], args)
+        assert rc == 0
+        rec, rc, text = launch(out, names["recovered"], args, fault)
+        assert rc == 0, text[-3000:]
+        failed, rc, _ = launch(out, names["restarted"], args + ["trainer.recovery.max_restarts=0"], fault)
+        assert rc != 0
+        resumed, rc, text2 = launch(out, names["restarted"], args)
+        assert rc == 0 and "[resume] continuing from" in text2, text2[-3000:]
+        summary = json.loads((out / names["recovered"] / "summary.json").read_text())
+        (r,) = summary["trainer_recoveries"]
+        resumed_summary = json.loads((out / names["restarted"] / "summary.json").read_text())
+        final = {n: (out / names[n] / "final_policy" / "model.safetensors").read_bytes() for n in names}
+        rows.append({
+            "uninterrupted_s": round(ref, 1), "recovered_run_s": round(rec, 1),
+            "failed_then_resumed_s": [round(failed, 1), round(resumed, 1)],
+            "lost_in_job_recovery_s": round(rec - ref, 1), "lost_full_restart_s": round(failed + resumed - ref, 1),
+            "resumed_process_start_up_s": round(resumed - resumed_summary["wall_s"], 1),
+            "recovery_record": {k: round(r[k], 2) if isinstance(r[k], float) else r[k]
+                                for k in ("seconds_lost", "restart_s", "replay_s", "replayed_steps", "restored_version")},
+            "train_idle_s": {"uninterrupted": round(json.loads((out / names["ref"] / "summary.json").read_text())
+                                                    ["train_idle_s"], 1), "recovered": round(summary["train_idle_s"], 1)},
+            "final_weights_equal": final["recovered"] == final["ref"] == final["restarted"]})
+    print(json.dumps({"heartbeat_timeout_s": a.heartbeat_s, "runs": rows}, indent=1))
     shutil.rmtree(out, ignore_errors=True)
     return 0
 

@@ -97,8 +97,8 @@ class RecoveringTrainer:
     def logprobs(self, chunk, reference: bool = False):
         return self._call("logprobs", chunk, reference)
 
-    def export_weights(self, *args, **kwargs):
-        return self._call("export_weights", *args, **kwargs)
+    def export_weights(self, on_device: bool = False):
+        return self._call("export_weights", on_device=on_device)
 
     def save_pretrained(self, out_dir) -> None:
         self._call("save_pretrained", out_dir)

@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from rl_core.metrics.logger import read_jsonl
-from tests.helpers.trainers import free_port
+from tests.helpers.trainers import train_as_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "tests" / "recipes" / "tiny-addition-loop.yaml"
@@ -33,33 +30,12 @@ ARGS = [f"grpo.max_num_steps={STEPS}", "checkpoint.save_every_steps=2", "async_r
 pytestmark = pytest.mark.slow
 
 
-def launch(tmp_path: Path, policy: Path, name: str, fault: str | None = None, *extra: str,
-           timeout_s: float = 600) -> tuple[Path, str]:
-    """`rl-core train` as 2 ranks (RANK / WORLD_SIZE / MASTER_* as torchrun sets them, without its agent);
-    `fault` goes to rank 1 only. Returns the run directory and rank 0's output."""
+def launch(tmp_path: Path, policy: Path, name: str, fault: str | None = None, *extra: str) -> tuple[Path, str]:
+    """The run as 2 ranks (`fault` on rank 1); returns the run directory and rank 0's output."""
     run_dir = tmp_path / name
     shutil.copytree(policy, run_dir / "init_policy")
-    cmd = [sys.executable, "-m", "rl_core.launch.cli", "train", str(RECIPE), f"output_dir={tmp_path}",
-           f"run_name={name}", *ARGS, *extra]
-    port = str(free_port())
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
-    base.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", WORLD_SIZE="2",
-                LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-    procs = []
-    for rank in (0, 1):
-        env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
-        if fault and rank == 1:
-            env["RL_CORE_TRAINER_FAULT"] = fault
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
-    try:
-        out, _ = procs[0].communicate(timeout=timeout_s)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.communicate()
-    assert procs[0].returncode == 0, out[-6000:]
+    rc, out, _ = train_as_ranks(tmp_path, name, [str(RECIPE), *ARGS, *extra], fault)
+    assert rc == 0, out[-6000:]
     return run_dir, out
 
 

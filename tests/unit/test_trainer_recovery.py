@@ -11,10 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-import subprocess
-import sys
 import time
-from datetime import timedelta
 
 import pytest
 import torch
@@ -22,7 +19,7 @@ import torch
 from rl_core.train.recovery import RecoveringTrainer, RecoveryFailed
 from rl_core.train.spmd import INIT, CommandChannel, WorkerError, WorkerLostError
 from rl_core.types import TrainChunk
-from tests.helpers.trainers import ROOT, free_port
+from tests.helpers.trainers import channel_worker
 
 
 def chunk(i: int) -> TrainChunk:
@@ -173,23 +170,11 @@ def test_a_worker_that_raised_is_not_replaced():
     assert restarts == [] and t.recoveries == []
 
 
-WORKER = """
-import sys
-from datetime import timedelta
-import torch.distributed as dist
-from rl_core.train.spmd import CommandChannel
-
-class Target:
-    def _spmd_wait(self, pid):
-        pass
-
-store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), 2, is_master=False, timeout=timedelta(seconds=60))
-CommandChannel(1, 2, store=store).serve(lambda **kwargs: Target())
-"""
-
-
 class Collective:
     """Rank 0's side of a collective that only ends when its peer's process is gone (as gloo's does)."""
+
+    def _spmd_noop(self) -> None:
+        pass
 
     def _spmd_wait(self, pid: int) -> None:
         while True:
@@ -203,19 +188,11 @@ class Collective:
 
 
 def test_the_armed_watchdog_kills_a_hung_worker_instead_of_rank_0():
-    import torch.distributed as dist
-
-    port = free_port()
-    store = dist.TCPStore("127.0.0.1", port, 2, is_master=True, timeout=timedelta(seconds=60), wait_for_workers=False)
-    worker = subprocess.Popen([sys.executable, "-c", WORKER, str(port)], cwd=ROOT,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True)
-    try:
+    with channel_worker() as (store, worker):
         driver = CommandChannel(0, 2, store=store, timeout_s=600, heartbeat_timeout_s=3.0)
         driver.recoverable = True
         driver.complete(driver.publish(INIT))
-        deadline = time.monotonic() + 30
-        while not store.check(["who/1"]) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        driver.call(Collective(), "noop")  # a working group (its heartbeat started)
         os.kill(worker.pid, signal.SIGSTOP)  # hung: no heartbeat, the collective waits for it
         t0 = time.monotonic()
         with pytest.raises(WorkerLostError, match=r"trainer worker rank 1 \(host .*, pid %d\)" % worker.pid):
@@ -224,7 +201,3 @@ def test_the_armed_watchdog_kills_a_hung_worker_instead_of_rank_0():
         assert worker.wait(10) == -signal.SIGKILL  # the watchdog killed the worker; this process lives on
         assert 3.0 <= took < 3.0 + 8, took
         driver.abandon()
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait()
