@@ -11,9 +11,8 @@ a collective that hangs on it; it ends rank 0 only without `recoverable` or if t
 Arguments travel pickle-free (`rl_core.train.wire`); the store, not a broadcast, because a
 worker may wait a whole generation.
 
-Does not own: what the commands do (the trainers) or the process group's set-up
-(`rl_core.distributed`). Read more: docs/distributed-training.md.
-"""
+Does not own: what the commands do (the trainers), the process group's set-up
+(`rl_core.distributed`). Read more: docs/distributed-training.md."""
 
 from __future__ import annotations
 
