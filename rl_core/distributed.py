@@ -116,8 +116,9 @@ def detect_env(environ: Mapping[str, str] | None = None) -> DistEnv:
                    master_port=_int(env, "MASTER_PORT", 29500), source="single")
 
 
-def init_distributed(env: DistEnv, device: str, timeout_s: float) -> str:
-    """Initialise the default process group (once); returns the torch device string of this rank."""
+def init_distributed(env: DistEnv, device: str, timeout_s: float, store=None) -> str:
+    """Initialise the default process group (once); returns the torch device string of this rank.
+    `store`: a rendezvous store already met (a replacement trainer group), instead of the env's address."""
     import torch
     import torch.distributed as dist
 
@@ -132,7 +133,9 @@ def init_distributed(env: DistEnv, device: str, timeout_s: float) -> str:
     kwargs = {}
     if device == "cuda":
         kwargs["device_id"] = torch.device(dev)
-    if env.world_size == 1:  # nothing to meet: an in-memory store, no port
+    if store is not None:
+        kwargs["store"] = store
+    elif env.world_size == 1:  # nothing to meet: an in-memory store, no port
         kwargs["store"] = dist.HashStore()
     else:
         kwargs["init_method"] = f"tcp://{env.master_addr}:{env.master_port}"

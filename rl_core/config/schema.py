@@ -73,6 +73,7 @@ from rl_core.config.trainer_sections import (  # noqa: F401  (re-exported: the s
     MegatronConfig,
     RouterReplayConfig,
     TrainerConfig,
+    TrainerRecoveryConfig,
     WeightSyncConfig,
     check_trainer_placement,
 )

@@ -105,6 +105,15 @@ class LoraConfig(Section):
         return self
 
 
+class TrainerRecoveryConfig(Section):
+    """`trainer.recovery`: in-job recovery of a multi-process trainer group (fsdp2, megatron) whose worker rank died or hung (docs/cluster.md, "Failures")."""
+
+    max_restarts: int = Field(2, ge=0)
+    """How many times one run may replace its trainer group after a worker rank is lost (the rollout pump and generation keep running; the new group restores the newest step checkpoint and replays the steps trained since, so nothing is lost or trained twice). 0 = fail fast: the job ends as soon as a worker is lost, naming the rank, and the newest step checkpoint resumes it. Past the budget the job fails the same way. One host for now: a group across nodes fails fast whatever this says."""
+    restart_deadline_s: float = Field(600.0, gt=0)
+    """How long one replacement may take, from the lost worker to the new group built (its ranks started, the process group formed, the checkpoint's trainer state loaded); the replay of the steps since that checkpoint comes on top. Past it the job fails, naming the rank and the cause."""
+
+
 class TrainerConfig(Section):
     """The training backend and its optimizer."""
 
@@ -137,7 +146,9 @@ class TrainerConfig(Section):
     collective_timeout_s: float = Field(1800.0, gt=0)
     """fsdp2/megatron: how long a collective (or a worker rank waiting for the driver's next command) may block before the run fails."""
     worker_heartbeat_timeout_s: float = Field(30.0, gt=0)
-    """fsdp2/megatron: a worker rank that posts no heartbeat (one a second) for this long counts as gone (killed, or its node lost): rank 0 stops with an error naming its rank, host and pid instead of waiting collective_timeout_s."""
+    """fsdp2/megatron: a worker rank that posts no heartbeat (one a second) for this long counts as gone (killed, hung, or its node lost): rank 0 replaces the trainer group (trainer.recovery) or stops with an error naming its rank, host and pid, instead of waiting collective_timeout_s."""
+    recovery: TrainerRecoveryConfig = TrainerRecoveryConfig()
+    """fsdp2/megatron: replace a lost worker rank's trainer group inside the running job (docs/cluster.md, "Failures")."""
     fsdp: FSDPConfig = FSDPConfig()
     """Settings of `backend: fsdp2`."""
     megatron: MegatronConfig = MegatronConfig()

@@ -211,7 +211,7 @@ def step_metrics(ledger: PumpLedger, step: int, trained, train_metrics: dict, re
     for name in _component_names(comp_groups):  # named reward components (multi-reward)
         m[f"reward/{name}"] = statistics.fmean(DictColumns.joined(comp_groups, name, 0.0))
     for k, v in train_metrics.items():
-        m[k if k.startswith(("critic/", "flops/", "perf/")) else f"train/{k}"] = v
+        m[k if k.startswith(("critic/", "flops/", "perf/", "recovery/")) else f"train/{k}"] = v
     for k, v in refit_metrics.items():
         m[f"refit/{k}"] = v
     if gc_clock is not None:  # the garbage collector's time since the last step (metrics.gc_pauses)

@@ -353,10 +353,13 @@ def wait_for_jobs(jobs: Sequence[submitit.Job], what: str, poll_interval_s: floa
             signal.signal(s, h)
     results = []
     for j in jobs:
-        if _local_job_left_no_result(j):  # without submitit's 15 s wait for the file, twice (results, exception)
+        # task 0's: a multi-process trainer's rank 0 holds the summary; a worker it replaced in the job
+        # (trainer.recovery) was killed and wrote none, which does not fail the job
+        first = j.task(0) if j.num_tasks > 1 else j
+        if _local_job_left_no_result(first):  # without submitit's 15 s wait for the file, twice (results, exception)
             raise _no_result(j, what)
         try:
-            results.append(j.results()[0])  # task 0's: a multi-process trainer's rank 0 holds the summary
+            results.append(first.results()[0])
         except Exception:  # noqa: BLE001 - turned into one paragraph that names the job and its log
             raise _failure(j, what) from None
     return results

@@ -220,6 +220,9 @@ def run_controller(cfg: RecipeConfig, run_dir: str | Path, *, policy_dir: str | 
     from rl_core.controller.controller import Controller
     from rl_core.train import close_trainer
 
+    from rl_core.launch.trainer_group import wrap
+    from rl_core.train.recovery import RecoveringTrainer
+
     if resume is not None:
         critic_dir = resume.path / "critic" if (resume.path / "critic").is_dir() else None
         parts = build_parts(cfg, resume.model_dir, trainer_state=resume.trainer_state,
@@ -228,6 +231,9 @@ def run_controller(cfg: RecipeConfig, run_dir: str | Path, *, policy_dir: str | 
     else:
         parts = build_parts(cfg, policy_dir)
         restore = None
+    # trainer.recovery: a lost worker rank's group is replaced in the job, from the newest step checkpoint
+    parts.trainer = wrap(cfg, parts.trainer, base=resume.path if resume is not None else Path(policy_dir),
+                         base_version=parts.trainer.version, run_dir=run_dir)
     total = parts.source.total_steps(cfg.grpo.max_num_steps)
     resolved = cfg.model_dump(mode="json")
     checkpoint_fn = None
@@ -241,6 +247,8 @@ def run_controller(cfg: RecipeConfig, run_dir: str | Path, *, policy_dir: str | 
             save_run_checkpoint(ckdir / name, trainer=parts.trainer, tokenizer=parts.tokenizer,
                                 controller_state=state, resolved_config=resolved, critic=parts.critic,
                                 held_out=held_out_at(controller.validations, version))
+            if isinstance(parts.trainer, RecoveringTrainer):  # a replacement group starts here now
+                parts.trainer.rebase(ckdir / name, version)
             prune(ckdir, cfg.checkpoint.keep_last)
 
     controller = Controller(cfg, parts, run_dir, total, stop_step=stop_step, restore=restore,
@@ -248,6 +256,13 @@ def run_controller(cfg: RecipeConfig, run_dir: str | Path, *, policy_dir: str | 
                             spool_dir=spool_dir, val_at_start=val_at_start, val_at_end=val_at_end)
     try:
         summary = run_async(controller.run())
+        if isinstance(parts.trainer, RecoveringTrainer):
+            import dataclasses
+
+            from rl_core.fsutil import atomic_write_json
+
+            summary["trainer_recoveries"] = [dataclasses.asdict(r) for r in parts.trainer.recoveries]
+            atomic_write_json(Path(run_dir) / "summary.json", summary)
         if final_policy_dir is not None:
             version = parts.trainer.version
             save_policy(parts, final_policy_dir, render_card(resolved, rl_step=version,

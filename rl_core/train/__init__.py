@@ -42,7 +42,7 @@ def start_trainer_group(cfg, device: str | None = None) -> bool:
 
     Returns False on the driver (rank 0, or the only process): go on and build the run.
     Returns True on a worker rank once the driver has shut the group down: exit."""
-    from rl_core.distributed import check_world, destroy_distributed, detect_env, init_distributed
+    from rl_core.distributed import check_world, detect_env, init_distributed
 
     env = detect_env()
     device = device or trainer_device(cfg)
@@ -52,6 +52,15 @@ def start_trainer_group(cfg, device: str | None = None) -> bool:
     init_distributed(env, device, cfg.trainer.collective_timeout_s)
     if env.rank == 0:
         return False
+    serve_as_worker(cfg)
+    return True
+
+
+def serve_as_worker(cfg) -> None:
+    """A worker rank of an initialised process group: follow rank 0's commands until it shuts
+    the group down, then leave the group."""
+    from rl_core.distributed import destroy_distributed
+
     if cfg.trainer.backend == "fsdp2":
         from rl_core.train.fsdp import serve_worker
     else:
@@ -60,7 +69,6 @@ def start_trainer_group(cfg, device: str | None = None) -> bool:
         serve_worker()
     finally:
         destroy_distributed()
-    return True
 
 
 def make_trainer(cfg, policy_dir: str | Path, *, device: str | None = None, version: int = 0,

@@ -6,13 +6,13 @@ Owns: `CommandChannel`. Rank 0 (the controller) publishes each public call as a 
 (`_spmd_<name>`); every other rank (`CommandChannel.serve`) runs the same bodies in order.
 Workers post `ok` or their traceback (`dead/<rank>` when they leave), and a heartbeat a second;
 rank 0 raises the first worker error with its rank, or `WorkerLostError` naming a worker whose
-heartbeat is `heartbeat_timeout_s` old (a watchdog ends a collective that hangs on it).
+heartbeat is `heartbeat_timeout_s` old (a watchdog kills a lost worker of this host, which ends
+a collective that hangs on it; it ends rank 0 only without `recoverable` or if that fails).
 Arguments travel pickle-free (`rl_core.train.wire`); the store, not a broadcast, because a
 worker may wait a whole generation.
 
-Does not own: what the commands do (the trainers) or the process group's set-up
-(`rl_core.distributed`). Read more: docs/distributed-training.md.
-"""
+Does not own: what the commands do (the trainers), the process group's set-up
+(`rl_core.distributed`). Read more: docs/distributed-training.md."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ COMMAND_PREFIX = "rl_core/trainer/"
 INIT, SHUTDOWN = "__init__", "__shutdown__"
 HEARTBEAT_S = 1.0  # a worker's heartbeat period
 HANG_GRACE_S = 10.0  # the watchdog ends rank 0 this long after a lost worker, if its command still runs
+FAULT_ENV = "RL_CORE_TRAINER_FAULT"  # fault injection on a worker: "<command>:<version>:<SIGNAL>" (tests, drills)
 _SHARED: tuple[Any, "CommandChannel"] | None = None
 
 
@@ -78,6 +79,9 @@ class CommandChannel:
         self._beats: dict[int, tuple[int, float]] = {}
         self._running_since: float | None = None  # a command is running on rank 0 since then
         self._watchdog: threading.Thread | None = None
+        self._closed = False  # rank 0 left this group (`abandon`): its watchdog stops
+        # rank 0 with trainer.recovery: a lost worker is killed (this host) rather than rank 0 itself
+        self.recoverable = False
         self.store = None
         if world_size > 1:
             import torch.distributed as dist
@@ -126,10 +130,7 @@ class CommandChannel:
     def describe_lost(self, ranks: list[int], during: str) -> str:
         who = []
         for r in ranks:
-            try:
-                info = json.loads(self.store.get(f"who/{r}")) if self.store.check([f"who/{r}"]) else {}
-            except (ValueError, RuntimeError):
-                info = {}
+            info = self.whereabouts(r)
             who.append(f"rank {r} (host {info.get('host', '?')}, pid {info.get('pid', '?')})")
         return (f"trainer worker {', '.join(who)} stopped answering {during}: no heartbeat for "
                 f"{self.heartbeat_timeout_s:.0f}s (trainer.worker_heartbeat_timeout_s); it was killed or its node was "
@@ -137,22 +138,63 @@ class CommandChannel:
 
     def _watch(self) -> None:
         """Rank 0's watchdog: a collective that waits on a lost worker may block until
-        collective_timeout_s; end the process then, naming the worker (step checkpoints are atomic)."""
-        while True:
+        collective_timeout_s. With `recoverable`, kill the lost workers of this host (their sockets
+        close, the collective fails, the trainer group is replaced); if rank 0's command still runs
+        HANG_GRACE_S later, or without `recoverable`, end rank 0 naming the worker (step checkpoints
+        are atomic)."""
+        killed_at: float | None = None
+        while not self._closed:
             time.sleep(HEARTBEAT_S)
             since = self._running_since
             if since is None or self.store is None:
+                killed_at = None
                 continue
             try:
                 lost = self.lost_workers()
             except Exception:  # noqa: BLE001 - the store itself is gone: the command fails on its own
                 continue
-            if lost and time.monotonic() - since > self.heartbeat_timeout_s + HANG_GRACE_S:
+            if not lost or time.monotonic() - since <= self.heartbeat_timeout_s:
+                continue
+            if self.recoverable and killed_at is None:
+                self.kill_workers(lost)
+                killed_at = time.monotonic()
+                continue
+            if time.monotonic() - (since + self.heartbeat_timeout_s if killed_at is None else killed_at) > HANG_GRACE_S:
                 sys.stderr.write(f"[trainer] {WorkerLostError.__name__}: "
                                  f"{self.describe_lost(lost, 'while a collective waited for it')}\n")
                 sys.stderr.flush()
                 sys.stdout.flush()
                 os.kill(os.getpid(), signal.SIGKILL)  # not an exception: the main thread is inside C++
+
+    def whereabouts(self, rank: int) -> dict:
+        """Rank 0: the host and pid worker `rank` posted when it started serving ({} if unknown)."""
+        try:
+            return json.loads(self.store.get(f"who/{rank}")) if self.store.check([f"who/{rank}"]) else {}
+        except (ValueError, RuntimeError):
+            return {}
+
+    def kill_workers(self, ranks: list[int]) -> list[int]:
+        """Rank 0: SIGKILL the given workers that run on this host (lost ones, or survivors of a group
+        being replaced); returns the ranks it could not reach (other hosts: the launcher's job)."""
+        far = []
+        for r in ranks:
+            info = self.whereabouts(r)
+            if info.get("host") != socket.gethostname() or not info.get("pid"):
+                far.append(r)
+                continue
+            try:
+                os.kill(int(info["pid"]), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        return far
+
+    def abandon(self) -> None:
+        """Rank 0: leave this group without releasing its workers (it is being replaced)."""
+        global _SHARED
+        self._closed = True
+        self._dead.update(range(1, self.world_size))
+        if _SHARED is not None and _SHARED[1] is self:
+            _SHARED = None
 
     def _beat_forever(self) -> None:
         self.store.set(f"who/{self.rank}", json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
@@ -281,6 +323,7 @@ class CommandChannel:
                 else:
                     if target is None:
                         raise RuntimeError(f"command {name!r} before the trainer was built")
+                    inject_fault(name, getattr(target, "version", None))
                     getattr(target, f"_spmd_{name}")(*args, **kwargs)
             except BaseException:
                 tb = traceback.format_exc()
@@ -288,3 +331,19 @@ class CommandChannel:
                 self.store.set(f"dead/{self.rank}", tb.encode())
                 raise
             self.store.set(f"done/{seq}/{self.rank}", b"ok")
+
+
+def inject_fault(command: str, version: int | None) -> None:
+    """A drill of fault (b) of docs/cluster.md: `RL_CORE_TRAINER_FAULT=<command>:<version>:<SIGNAL>` in a
+    worker's environment sends it SIGNAL (KILL: dies; STOP: hangs) as it starts `command` at weight
+    version `version`, once; a replacement worker is started without it."""
+    spec = os.environ.get(FAULT_ENV, "")
+    if not spec:
+        return
+    want, at, sig = spec.split(":")
+    if command == want and version == int(at):
+        del os.environ[FAULT_ENV]
+        sys.stderr.write(f"[trainer] {FAULT_ENV}: SIG{sig} to this worker (pid {os.getpid()}) at {command}, "
+                         f"version {version}\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), getattr(signal, f"SIG{sig}"))

@@ -16,3 +16,12 @@ def sigterm_self_after_install() -> str:
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(30)
     return "survived SIGTERM"
+
+
+def worker_task_dies(value: int) -> int:
+    """Task 1 of a two-task job is SIGKILLed (a trainer worker lost and replaced in the job); task 0,
+    the driver, outlives it and returns `value`."""
+    if os.environ.get("SUBMITIT_LOCAL_GLOBALID") == "1":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(1.0)
+    return value

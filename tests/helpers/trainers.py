@@ -3,6 +3,7 @@ subprocesses (1 process, or N processes under torchrun) whose results are compar
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -97,3 +98,69 @@ def assert_same_flops(ref: dict, got: dict) -> None:
     for i, (r, g) in enumerate(zip(ref["steps"], got["steps"])):
         for key in ("flops_total", "flops_train"):
             assert r[key] and g[key] == pytest.approx(r[key], rel=1e-9), f"step {i} {key}: {r[key]} vs {g[key]}"
+
+
+CHANNEL_WORKER = """
+import sys
+from datetime import timedelta
+import torch.distributed as dist
+from rl_core.train.spmd import CommandChannel
+
+class Target:  # every command's body does nothing on the worker
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), 2, is_master=False, timeout=timedelta(seconds=60))
+CommandChannel(1, 2, store=store).serve(lambda **kwargs: Target())
+"""
+
+
+@contextlib.contextmanager
+def channel_worker():
+    """Rank 0's TCP store and a real worker process serving `CommandChannel` commands on it
+    (rank 1 of 2, every command a no-op); the worker is killed at the end if still there."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=True, timeout=timedelta(seconds=60), wait_for_workers=False)
+    worker = subprocess.Popen([sys.executable, "-c", CHANNEL_WORKER, str(port)], cwd=ROOT,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True)
+    try:
+        yield store, worker
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        worker.wait()
+
+
+def train_as_ranks(out: Path, name: str, args: list[str], fault: str | None = None, nranks: int = 2,
+                   timeout_s: float = 900) -> tuple[int, str, float]:
+    """`rl-core train RECIPE-ARGS` as `nranks` processes on this host, each told its rank as torchrun tells
+    it (RANK, WORLD_SIZE, MASTER_*) but with no agent that ends rank 0 when another rank dies (as Slurm
+    and submitit start tasks). `fault` (RL_CORE_TRAINER_FAULT) goes to rank 1 only. Returns rank 0's
+    exit code, its output and the wall seconds until it exited."""
+    import time
+
+    cmd = [sys.executable, "-m", "rl_core.launch.cli", "train", *args, f"output_dir={out}", f"run_name={name}"]
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
+    base.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", WORLD_SIZE=str(nranks),
+                LOCAL_WORLD_SIZE=str(nranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    t0 = time.monotonic()
+    procs = []
+    for rank in range(nranks):
+        env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
+        if fault and rank == 1:
+            env["RL_CORE_TRAINER_FAULT"] = fault
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    try:
+        text, _ = procs[0].communicate(timeout=timeout_s)
+        wall = time.monotonic() - t0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    return procs[0].returncode, text, wall

@@ -17,7 +17,7 @@ from rl_core.config import read_recipe
 from rl_core.launch.job import (JobError, TrainEpochJob, controller_lock, make_executor, read_lock,
                                 slurm_parameters, stop_on_sigterm_locally, wait_for_jobs)
 from rl_core.launch.branch import branch_epoch
-from tests.helpers.jobs import sigterm_self_after_install
+from tests.helpers.jobs import sigterm_self_after_install, worker_task_dies
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +96,15 @@ def test_a_killed_local_job_is_reported_at_once(tmp_path, cluster):
     with pytest.raises(JobError, match="ended without a result"):
         wait_for_jobs([job], "Training epoch 1", poll_interval_s=0.2)
     assert time.monotonic() - t0 < 10
+
+
+def test_a_worker_task_killed_under_a_driver_that_finished_does_not_fail_the_job(tmp_path, cluster):
+    """trainer.recovery replaces a killed worker rank in the job: task 1 leaves no result, task 0's
+    (the driver's summary) is the job's result."""
+    ex = make_executor("local", tmp_path, cluster.evaluation, cluster, "t")
+    ex.update_parameters(tasks_per_node=2)
+    job = ex.submit(worker_task_dies, 7)
+    assert wait_for_jobs([job], "Training epoch 1", poll_interval_s=0.2) == [7]
 
 
 def test_a_local_controller_job_stops_on_a_plain_kill(tmp_path, cluster):

@@ -291,3 +291,11 @@ def test_multi_process_trainers_have_the_trainer_backend_methods():
 
     assert_conforms(FSDPTrainer, TrainerBackend)
     assert_conforms(MegatronTrainer, TrainerBackend)
+
+
+def test_the_recovering_trainer_is_a_trainer_backend():
+    from rl_core.train.recovery import RecoveringTrainer
+
+    trainer = RecoveringTrainer(fakes.FakeTrainer(), lambda base, old, deadline: None, base=None, base_version=0,
+                                max_restarts=2, deadline_s=60.0)
+    assert_conforms(trainer, TrainerBackend)
