@@ -1,15 +1,15 @@
 """Generated tokens/s of the native multi-turn path against the agent path, side by side.
 
-The same model, examples, sampling, seeds and token counts through both paths of rl_core.rollout.group:
-native: `generate_sample` with a two-turn chat environment (turn 1 the example's prompt, turn 2
+The same model, examples, sampling, seeds and token counts through both paths of
+rl_core.rollout.group: native: `generate_sample` with a two-turn chat environment (turn 1 the example's prompt, turn 2
 the user turn "+c="); agent: `generate_episode` with `env.type: agent` and `two_turn_agent`
 below (the same turns, through `openai` and the run's session server). Turns end at the run's
 stop tokens or `--tokens`; `--episodes` episodes, `--concurrency` in flight. Rounds alternate
 the paths; each prints its process CPU and engine steps (do agent calls share engine steps?);
 the last line gives the medians, agent/native, and native/agent of the process CPU a generated
-token (what the ratio tends to when other work holds the cores). `--profile FILE`: a cProfile
-of one agent round (the controller's thread). Models: the tiny recipe's (warmed up) and
-SmolLM2-135M-Instruct (when its GGUF package is there: docs/model.md).
+token (what the ratio tends to when other work holds the cores). The collector is set as the
+controller sets it (metrics.gc_pauses). `--profile FILE`: a cProfile of one agent round (the
+controller's thread). Models: the tiny recipe's (warmed up) and SmolLM2-135M-Instruct (docs/model.md).
 
 Run: OMP_WAIT_POLICY=PASSIVE nice -n 10 .venv/bin/python bench/agent_path.py [--models tiny,smollm2]
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
 import os
 import statistics
 import sys
@@ -115,6 +116,7 @@ async def run_round(path: str, backend, env, tokenizer, exs, params, concurrency
 
 async def bench_model(model: str, args, workdir: Path) -> tuple[float, float]:
     from rl_core.envs import make_env
+    from rl_core.metrics.gc_pauses import freeze_setup_objects, run_thresholds, unfreeze
     from rl_core.rollout.session_server import SessionServer
     from rl_core.rollout.sessions import SessionRegistry
     from rl_core.types import SamplingParams
@@ -131,10 +133,14 @@ async def bench_model(model: str, args, workdir: Path) -> tuple[float, float]:
     rates: dict[str, list[float]] = {"native": [], "agent": []}
     counts: dict[str, list[int]] = {"native": [], "agent": []}
     cpus: dict[str, list[float]] = {"native": [], "agent": []}  # process CPU s per generated token
+    thresholds = None
     try:
         for path in rates:  # warm-up (the session server starts at its first episode)
             await run_round(path, backend, envs[path], tokenizer, exs[: args.concurrency], params,
                             args.concurrency, f"w-{path}", sessions)
+        # as the controller runs its pumps: setup objects frozen, raised collection thresholds
+        freeze_setup_objects()
+        thresholds = run_thresholds(cfg.async_rl.max_inflight_groups)
         for rnd in range(args.rounds):
             for path in rates:
                 prof = cProfile.Profile() if (args.profile and path == "agent" and rnd == 0) else None
@@ -158,6 +164,9 @@ async def bench_model(model: str, args, workdir: Path) -> tuple[float, float]:
                       f"{(m1['tokens_generated'] - m0['tokens_generated']) / max(steps, 1):.1f} tokens a step, "
                       f"engine busy {busy:.2f} s", flush=True)
     finally:
+        if thresholds is not None:
+            gc.set_threshold(*thresholds)
+        unfreeze()
         await sessions.stop()
         await agent_env.aclose()
         await backend.shutdown()
