@@ -1,16 +1,15 @@
 """Generated tokens/s of the native multi-turn path against the agent path, side by side.
 
-The same model, examples, sampling and token counts through both paths of rl_core.rollout.group:
-- native: `generate_sample` with a two-turn environment (the chained-addition task rendered
-  through the chat template: turn 1 the example's prompt, turn 2 the user turn "+c=");
-- agent: `generate_episode` with `env.type: agent` and examples/agents/chain_agent.py (an
-  agent importing only `openai`, the same two user turns), through the run's session server.
-No stop tokens: every turn generates exactly `--tokens` tokens on both paths, so both generate
-the same number of tokens; `--episodes` episodes, `--concurrency` of them in flight at once
-(the rollout pump's `max_inflight_groups` x group size). Rounds alternate the two paths; the
-last lines give the medians and the ratio agent / native. `--profile FILE` writes a cProfile
-of one agent round (the controller's thread). Models: the default recipe's tiny model (random
-init) and SmolLM2-135M-Instruct (when its GGUF package is there: docs/model.md).
+The same model, examples, sampling, seeds and token counts through both paths of
+rl_core.rollout.group: native: `generate_sample` with a two-turn chat environment (turn 1 the example's prompt, turn 2
+the user turn "+c="); agent: `generate_episode` with `env.type: agent` and `two_turn_agent`
+below (the same turns, through `openai` and the run's session server). Turns end at the run's
+stop tokens or `--tokens`; `--episodes` episodes, `--concurrency` in flight. Rounds alternate
+the paths; each prints its process CPU and engine steps (do agent calls share engine steps?);
+the last line gives the medians, agent/native, and native/agent of the process CPU a generated
+token (what the ratio tends to when other work holds the cores). The collector is set as the
+controller sets it (metrics.gc_pauses). `--profile FILE`: a cProfile of one agent round (the
+controller's thread). Models: the tiny recipe's (warmed up) and SmolLM2-135M-Instruct (docs/model.md).
 
 Run: OMP_WAIT_POLICY=PASSIVE nice -n 10 .venv/bin/python bench/agent_path.py [--models tiny,smollm2]
 """
@@ -20,6 +19,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
+import os
 import statistics
 import sys
 import tempfile
@@ -115,6 +116,7 @@ async def run_round(path: str, backend, env, tokenizer, exs, params, concurrency
 
 async def bench_model(model: str, args, workdir: Path) -> tuple[float, float]:
     from rl_core.envs import make_env
+    from rl_core.metrics.gc_pauses import freeze_setup_objects, run_thresholds, unfreeze
     from rl_core.rollout.session_server import SessionServer
     from rl_core.rollout.sessions import SessionRegistry
     from rl_core.types import SamplingParams
@@ -130,25 +132,41 @@ async def bench_model(model: str, args, workdir: Path) -> tuple[float, float]:
     envs = {"native": chain_env, "agent": agent_env}
     rates: dict[str, list[float]] = {"native": [], "agent": []}
     counts: dict[str, list[int]] = {"native": [], "agent": []}
+    cpus: dict[str, list[float]] = {"native": [], "agent": []}  # process CPU s per generated token
+    thresholds = None
     try:
         for path in rates:  # warm-up (the session server starts at its first episode)
             await run_round(path, backend, envs[path], tokenizer, exs[: args.concurrency], params,
                             args.concurrency, f"w-{path}", sessions)
+        # as the controller runs its pumps: setup objects frozen, raised collection thresholds
+        freeze_setup_objects()
+        thresholds = run_thresholds(cfg.async_rl.max_inflight_groups)
         for rnd in range(args.rounds):
             for path in rates:
                 prof = cProfile.Profile() if (args.profile and path == "agent" and rnd == 0) else None
                 if prof:
                     prof.enable()
+                m0, c0 = backend.metrics(), os.times()
                 tokens, dt = await run_round(path, backend, envs[path], tokenizer, exs, params, args.concurrency,
                                              f"r{rnd}-{path}", sessions, seed=1000 * rnd)
                 if prof:
                     prof.disable()
                     prof.dump_stats(args.profile)
+                c1 = os.times()
+                m1, cpu, sys_cpu = backend.metrics(), c1.user + c1.system - c0.user - c0.system, c1.system - c0.system
                 counts[path].append(tokens)
                 rates[path].append(tokens / dt)
+                cpus[path].append(cpu / tokens)
+                steps = m1["steps"] - m0["steps"]
+                busy = m1["busy_s"] - m0["busy_s"]
                 print(f"[{model}] round {rnd + 1}: {path:6s} {tokens} tokens in {dt:.2f} s = "
-                      f"{tokens / dt:,.0f} generated tokens/s", flush=True)
+                      f"{tokens / dt:,.0f} generated tokens/s, process CPU {cpu:.2f} s ({sys_cpu:.2f} s system); {steps:.0f} engine steps, "
+                      f"{(m1['tokens_generated'] - m0['tokens_generated']) / max(steps, 1):.1f} tokens a step, "
+                      f"engine busy {busy:.2f} s", flush=True)
     finally:
+        if thresholds is not None:
+            gc.set_threshold(*thresholds)
+        unfreeze()
         await sessions.stop()
         await agent_env.aclose()
         await backend.shutdown()
@@ -159,7 +177,8 @@ async def bench_model(model: str, args, workdir: Path) -> tuple[float, float]:
     paired = statistics.median(a / n for a, n in zip(rates["agent"], rates["native"]))  # round by round
     print(f"[{model}] median of {args.rounds} rounds, {args.episodes} two-turn episodes x {args.tokens} tokens a "
           f"turn, {args.concurrency} in flight: native {nat:,.0f} tok/s, agent {agt:,.0f} tok/s, "
-          f"agent/native {agt / nat:.2f} (median of the rounds' ratios {paired:.2f})", flush=True)
+          f"agent/native {agt / nat:.2f} (median of the rounds' ratios {paired:.2f}); process CPU a generated "
+          f"token, native/agent {statistics.median(cpus['native']) / statistics.median(cpus['agent']):.2f}", flush=True)
     return nat, agt
 
 

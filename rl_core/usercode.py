@@ -3,9 +3,10 @@
 Owns: `DaemonPool`, an executor of daemon threads (a call stuck past its deadline never keeps
 the process from exiting, and `abandon` lets a fresh thread take its place); `UserLoop`, an
 event loop on a daemon thread of its own for user coroutines (agents), so an agent that blocks
-stops its own loop, never the controller's; `Heartbeat`, how long a loop has run no callback;
-`stuck_at`, the innermost frame of the user's code on a thread's stack (module, function,
-file:line, the line); the hooks run before the watchdog ends a process whose loop is blocked
+stops its own loop, never the controller's; `run_on`, a coroutine run on another thread's loop
+(`Mailbox`: calls posted to a loop from other threads, one wakeup a batch); `Heartbeat`, how
+long a loop has run no callback; `stuck_at`, the innermost frame of the user's code on a
+thread's stack; the hooks run before the watchdog ends a process whose loop is blocked
 (`on_hard_exit`, `hard_exit`).
 
 Does not own: deadlines and retries (rl_core.resilience), deciding when a loop is blocked too
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import linecache
 import os
 import queue
@@ -145,18 +147,12 @@ class UserLoop:
             self.loop.close()
 
     async def run(self, coro):
-        """Run `coro` on this loop and return its result here. Cancelled (a deadline, a stale
-        group), it is cancelled there; the CancelledError carries `stuck_at`: where it awaited."""
-        here = asyncio.get_running_loop()
-        waiter = here.create_future()
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        future.add_done_callback(lambda f: here.call_soon_threadsafe(_settle, waiter, f))
-        try:
-            return await waiter
-        except asyncio.CancelledError as exc:
-            exc.stuck_at = awaiting_at(coro)  # before it is cancelled there; read by resilience.with_deadline
-            future.cancel()
-            raise
+        """Run `coro` on this loop and return its result here (`run_on`). Cancelled (a deadline, a
+        stale group), it is cancelled there; the CancelledError carries `stuck_at`: where it awaited."""
+        def where(exc: asyncio.CancelledError) -> None:  # before it is cancelled there
+            exc.stuck_at = awaiting_at(coro)  # read by resilience.with_deadline
+
+        return await run_on(self.loop, coro, where)
 
     async def run_within(self, coro, timeout_s: float):
         """`run`, but give up after `timeout_s` (a loop blocked by user code never answers)."""
@@ -173,15 +169,124 @@ class UserLoop:
             self.loop.call_soon_threadsafe(self.loop.stop)
 
 
-def _settle(waiter: asyncio.Future, future: concurrent.futures.Future) -> None:
-    if waiter.done():
-        return
-    if future.cancelled():
-        waiter.cancel()
-    elif future.exception() is not None:
-        waiter.set_exception(future.exception())
-    else:
-        waiter.set_result(future.result())
+class Mailbox:
+    """Calls posted to event loop `loop` from any thread, run there in the order posted. A post
+    wakes the loop (`call_soon_threadsafe`: a write to its self-pipe) only when no earlier post
+    is still waiting: a burst of posts (the replies of one engine step, the next calls of many
+    agents) costs one wakeup and one loop callback, not one each. Get a loop's with `mailbox`."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = weakref.ref(loop)  # not kept alive by its mailbox (`mailbox`'s weak table)
+        self._lock = threading.Lock()
+        self._calls: list[tuple[Callable, tuple]] = []
+        self._scheduled = False
+
+    def post(self, fn: Callable, *args: Any) -> None:
+        """Run `fn(*args)` on the loop soon (RuntimeError when the loop is closed)."""
+        with self._lock:
+            self._calls.append((fn, args))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            loop = self._loop()
+            if loop is None:
+                raise RuntimeError("the event loop is gone")
+            loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:
+            with self._lock:
+                self._scheduled = False
+                self._calls.clear()
+            raise
+
+    def _drain(self) -> None:
+        with self._lock:
+            calls, self._calls, self._scheduled = self._calls, [], False
+        for fn, args in calls:
+            try:
+                fn(*args)
+            except Exception as exc:  # noqa: BLE001 - one failed call must not drop the others
+                asyncio.get_running_loop().call_exception_handler(
+                    {"message": f"rl_core mailbox call {fn!r} failed", "exception": exc})
+
+
+_MAILBOXES: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Mailbox]" = weakref.WeakKeyDictionary()
+_MAILBOXES_LOCK = threading.Lock()
+
+
+def mailbox(loop: asyncio.AbstractEventLoop) -> Mailbox:
+    """The `Mailbox` of `loop` (one per loop, made on first use)."""
+    box = _MAILBOXES.get(loop)
+    if box is None:
+        with _MAILBOXES_LOCK:
+            box = _MAILBOXES.get(loop)
+            if box is None:
+                box = _MAILBOXES[loop] = Mailbox(loop)
+    return box
+
+
+async def run_on(loop: asyncio.AbstractEventLoop, coro, on_cancel: Callable[[BaseException], Any] | None = None):
+    """Run `coro` as a task on `loop` (another thread's event loop) and return its result (or
+    raise its error) here; cancelling the caller cancels the task there (after
+    `on_cancel(the CancelledError)`). Both hand-offs go through the loops' mailboxes (`Mailbox`).
+    On the caller's own loop, `coro` is awaited."""
+    here = asyncio.get_running_loop()
+    if loop is here:
+        return await coro
+    call = _RemoteCall(coro, here.create_future(), mailbox(here))
+    mailbox(loop).post(call.start)
+    try:
+        return await call.waiter
+    except asyncio.CancelledError as exc:
+        if on_cancel is not None:
+            on_cancel(exc)
+        if call.outcome is None:  # not finished there: cancel it there
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nothing runs there
+                mailbox(loop).post(call.cancel)
+        raise
+
+
+class _RemoteCall:
+    """`run_on`'s call: started, cancelled and finished on the target loop, settled on the caller's."""
+
+    __slots__ = ("coro", "waiter", "back", "task", "cancelled", "outcome")
+
+    def __init__(self, coro, waiter: asyncio.Future, back: Mailbox):
+        self.coro, self.waiter, self.back = coro, waiter, back
+        self.task: asyncio.Task | None = None
+        self.cancelled = False
+        self.outcome: tuple | None = None  # (cancelled, error, result), set on the target loop
+
+    def start(self) -> None:
+        if self.cancelled:  # cancelled before it started
+            self.coro.close()
+            return
+        self.task = asyncio.ensure_future(self.coro)
+        self.task.add_done_callback(self._done)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self.task is not None:
+            self.task.cancel()
+
+    def _done(self, task: asyncio.Task) -> None:
+        if task.cancelled():
+            self.outcome = (True, None, None)
+        else:
+            self.outcome = (False, task.exception(), None if task.exception() else task.result())
+        with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits
+            self.back.post(self._settle)
+
+    def _settle(self) -> None:
+        if self.waiter.done():
+            return
+        cancelled, error, result = self.outcome
+        if cancelled:
+            self.waiter.cancel()
+        elif error is not None:
+            self.waiter.set_exception(error)
+        else:
+            self.waiter.set_result(result)
 
 
 def user_loops() -> list[UserLoop]:

@@ -77,6 +77,7 @@ class AgentEnv(BaseEnv):
         self._loop: UserLoop | None = None  # the agents' event loop, started at the first episode
         self._local = None  # the agents' client over the session server's in-process transport
         self._local_transport = None
+        self._platform = None  # what the first episode's openai client resolved (see _episode)
 
     def _program(self, config: Any) -> tuple[Any, dict[str, Any]]:
         """The agent function and its keyword arguments (checked at recipe load: `load_agent`)."""
@@ -109,9 +110,7 @@ class AgentEnv(BaseEnv):
             self._local_transport = transport
             self._local = None  # the client of the last transport closes with the run (aclose)
             if transport is not None:
-                import httpx
-
-                self._local = httpx.AsyncClient(transport=transport, timeout=None)
+                self._local = transport.client()
 
     def agent_http(self):
         """The HTTP client of the agents' OpenAI clients: the session server's in-process transport
@@ -151,6 +150,11 @@ class AgentEnv(BaseEnv):
         import openai
 
         client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=self.agent_http())
+        # a new client resolves its platform headers in a worker thread at its first call (openai's
+        # `_platform`, the same for every client of this process): a thread round trip an
+        # episode, unless it is handed what an earlier episode's client resolved
+        if self._platform is not None and getattr(client, "_platform", False) is None:
+            client._platform = self._platform
         try:
             out = await self.agent(client, dict(example), **self.kwargs)
         except asyncio.CancelledError:
@@ -162,6 +166,8 @@ class AgentEnv(BaseEnv):
             raise ConnectionError(f"agent {self.config.target}: a model call failed: {exc}") from exc
         except Exception as exc:  # noqa: BLE001 - the agent's own failure: a data failure of the group
             raise AgentError(f"agent {self.config.target} raised {type(exc).__name__}: {exc}") from exc
+        finally:
+            self._platform = self._platform or getattr(client, "_platform", None)
         return self.to_result(out)
 
     def to_result(self, out: Any) -> EnvResult:

@@ -37,6 +37,7 @@ from rl_core.serve.checks import (ApiError, BodyLimit, RequestLimits, body_too_l
 from rl_core.serve.protocol import ChatCompletionRequest, CompletionRequest
 from rl_core.serve.text import TextCodec, chat_logprobs, cut_at_stop
 from rl_core.types import SamplingParams
+from rl_core.usercode import run_on
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed")
@@ -355,11 +356,17 @@ class SessionTransport(httpx.AsyncBaseTransport):
         self.asgi = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         self.loop = asyncio.get_running_loop()  # the server's (the controller's) loop
 
+    def client(self) -> httpx.AsyncClient:
+        """An httpx client over this transport for agents' OpenAI clients (no timeout: the
+        episode's deadline bounds it), without cookie handling: the session routes set no
+        cookie, and httpx would otherwise parse every answer for one (`Cookies.extract_cookies`,
+        a good part of a call's time on the agents' loop: docs/benchmarks.md); nor can a cookie
+        pass from one episode to another through the shared client."""
+        return _CookielessClient(transport=self, timeout=None)
+
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         await request.aread()  # the body in memory: the request can cross to the server's loop
-        if asyncio.get_running_loop() is self.loop:
-            return await self._answer(request)
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._answer(request), self.loop))
+        return await run_on(self.loop, self._answer(request))
 
     async def _answer(self, request: httpx.Request) -> httpx.Response:
         m = self.ROUTE.match(request.url.path)
@@ -384,6 +391,32 @@ class SessionTransport(httpx.AsyncBaseTransport):
             self.server.count(status)
         content = out if isinstance(out, bytes) else json.dumps(out, ensure_ascii=False).encode()
         return httpx.Response(status, headers={"content-type": "application/json"}, content=content)
+
+
+class _NoCookies(httpx.Cookies):
+    """Cookies that stay empty (`SessionTransport.client`): no answer sets one, nor does a caller."""
+
+    def extract_cookies(self, response: httpx.Response) -> None:
+        return None
+
+    def set(self, name: str, value: str, domain: str = "", path: str = "/") -> None:
+        raise ValueError("the agents' client over the in-process session transport keeps no cookies")
+
+
+class _CookielessClient(httpx.AsyncClient):
+    """`httpx.AsyncClient` whose cookies stay empty: answers' Set-Cookie headers are not read."""
+
+    @property
+    def cookies(self) -> httpx.Cookies:
+        return _NO_COOKIES
+
+    @cookies.setter
+    def cookies(self, value) -> None:
+        if value:
+            _NO_COOKIES.update(value)  # refused
+
+
+_NO_COOKIES = _NoCookies()
 
 
 def _usage(prompt: list[int], completion: list[int]) -> dict:

@@ -160,7 +160,10 @@ THIRD_PARTY_PRIVATE = {
     ("rl_core/launch/workflow.py", "os._exit"),  # documented public API despite the underscore
     ("rl_core/usercode.py", "os._exit"),  # the watchdog's exit when the event loop is blocked (documented API)
     ("rl_core/envs/service.py", "os._exit"),  # a forked child whose parent is already gone (documented API)
-    ("rl_core/usercode.py", "sys._current_frames"),  # another thread's stack: the documented way to read it
+    ("rl_core/usercode.py", "sys._current_frames"),
+    # openai's client resolves its platform headers in a worker thread at its first call; each
+    # episode's new client is handed the value an earlier one resolved (no public setting for it)
+    ("rl_core/envs/agent.py", "client._platform"),  # another thread's stack: the documented way to read it
     ("rl_core/launch/completion.py", "p._actions"),  # argparse has no public accessor for a parser's arguments
     ("rl_core/train/fsdp.py", "torch._foreach_mul_"),  # fused in-place scaling of the gradient list
     ("rl_core/train/fsdp.py", "t._local_tensor"),  # DTensor's local shard; to_local() adds an autograd node per call

@@ -22,7 +22,7 @@ import pytest
 from rl_core.envs.service import clean_up_left_behind, pid_file, session_members
 from rl_core.errors import RecipeError
 from rl_core.resilience import FailureKind, classify, with_deadline
-from rl_core.usercode import DaemonPool, Heartbeat, UserLoop, stuck_at
+from rl_core.usercode import DaemonPool, Heartbeat, UserLoop, mailbox, run_on, stuck_at
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,6 +80,69 @@ def test_a_cancelled_agent_says_where_it_awaited_and_is_cancelled_on_its_loop():
         assert classify(exc) is FailureKind.INFRA and exc.stuck_at in str(exc)
         assert cancelled.wait(5)  # cancelled there, on the agents' loop
         assert asyncio.run(loop.run(asyncio.sleep(0, result=3))) == 3  # the loop serves the next episode
+    finally:
+        loop.close()
+
+
+def test_run_on_crosses_loops_both_ways_and_a_burst_costs_one_wakeup():
+    """`run_on`: results, errors and cancellation cross between two threads' loops; the calls a
+    loop posts to another in one turn reach it in one wakeup (`Mailbox`), in the order posted."""
+    loop = UserLoop("run_on test")
+    there = loop.loop
+    started, cancelled = threading.Event(), threading.Event()
+
+    async def where_am_i(i):
+        await asyncio.sleep(0)
+        return i, asyncio.get_running_loop() is there
+
+    async def fails():
+        raise KeyError("from the other loop")
+
+    async def hangs():
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async def main():
+        box = mailbox(there)
+        drains, wakeups = [], []
+        real_drain, real_call = box._drain, there.call_soon_threadsafe
+
+        def counted_drain():
+            drains.append(len(box._calls))
+            real_drain()
+
+        def counted_call(*args):
+            wakeups.append(args[0])
+            return real_call(*args)
+
+        gate = threading.Event()
+        there.call_soon_threadsafe(gate.wait, 5)  # that loop is busy while the 50 calls are posted
+        box._drain, there.call_soon_threadsafe = counted_drain, counted_call
+        try:
+            calls = [asyncio.ensure_future(run_on(there, where_am_i(i))) for i in range(50)]
+            await asyncio.sleep(0)  # each call posted and waits
+            gate.set()
+            results = await asyncio.gather(*calls)
+        finally:
+            del box._drain, there.call_soon_threadsafe
+        assert results == [(i, True) for i in range(50)]
+        assert drains[0] == 50 and len(wakeups) == 1, (drains, len(wakeups))  # 50 posts, one wakeup
+        with pytest.raises(KeyError, match="from the other loop"):
+            await run_on(there, fails())
+        task = asyncio.ensure_future(run_on(there, hangs()))
+        assert await asyncio.to_thread(started.wait, 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await asyncio.to_thread(cancelled.wait, 5)  # cancelled there too
+        assert await run_on(asyncio.get_running_loop(), where_am_i(7)) == (7, False)  # its own loop: awaited
+
+    try:
+        asyncio.run(main())
     finally:
         loop.close()
 

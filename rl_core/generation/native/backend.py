@@ -4,9 +4,10 @@ Owns: the thread that drives the engine, and the hand-off between it and the asy
 loop of the controller. Every engine call happens on the worker thread: the loop side only
 appends commands (generate, abort, update weights, invalidate, stop) to a deque guarded by
 a `threading.Condition` and awaits an asyncio future; the worker drains the commands
-between steps, loops `engine.step()` while there is work and resolves futures with
-`loop.call_soon_threadsafe`. Also: errors (one request, one step, the worker), cancellation,
-streaming (`StreamDelta`) and lockstep stepping for reproducible runs.
+between steps, loops `engine.step()` while there is work and resolves futures through the
+loop's mailbox (`usercode.Mailbox`: one wakeup for a step's results). Also: errors (one
+request, one step, the worker), cancellation, streaming (`StreamDelta`) and lockstep
+stepping for reproducible runs.
 
 Does not own: scheduling, sampling or stop rules (engine.py), or which weights to load
 (the controller's refit calls `update_weights`).
@@ -34,6 +35,7 @@ from rl_core.generation.native.options import EngineOptions
 from rl_core.generation.native.model import load_safetensors_dir
 from rl_core.types import GenerationRequest, GenerationResult, SamplingParams, group_requests
 from rl_core.columns import GroupResults, logprob_array, logprob_rows, token_array, token_rows
+from rl_core.usercode import mailbox
 
 log = logging.getLogger(__name__)
 
@@ -329,7 +331,7 @@ class NativeBackend:
     def _resolve(self, command: _Command, result: Any = None, error: BaseException | None = None) -> None:
         if command.future is not None:
             try:
-                command.loop.call_soon_threadsafe(_settle, command.future, result, error)
+                mailbox(command.loop).post(_settle, command.future, result, error)  # one wakeup a step's results
             except RuntimeError:  # the caller's event loop is closed: nobody is waiting
                 pass
 
@@ -471,7 +473,7 @@ class NativeBackend:
         start, command.sent = command.sent, len(tokens)
         delta = StreamDelta(tokens[start:], logprobs[start:], None if top is None else top[start:])
         try:
-            command.loop.call_soon_threadsafe(command.stream.put_nowait, delta)
+            mailbox(command.loop).post(command.stream.put_nowait, delta)  # in order with the result
         except RuntimeError:  # the caller's event loop is closed
             pass
 
