@@ -278,6 +278,14 @@ def report(res: dict) -> None:
               f"CPU round trip {f['cpu_round_trip_s']:.4f}s ({f['cpu_round_trip_gb_s']:.1f} GB/s); device copy "
               f"{f['device_copy_gb_s']:.0f} GB/s")
     res["trl_final_accuracy_mean"] = trl_final
+    if len(trl) >= 2:  # correctness across systems: the final check against TRL's seed-to-seed spread
+        lo, hi = min(r["curve"][-1]["accuracy"] for r in trl), max(r["curve"][-1]["accuracy"] for r in trl)
+        for name, r in arms.items():
+            if name.startswith("rlcore") and r.get("curve"):
+                acc = r["curve"][-1]["accuracy"]
+                r["within_trl_seed_spread"] = lo <= acc <= hi
+                print(f"{name}: final {acc:.3f}, TRL's seeds {lo:.3f}..{hi:.3f}: "
+                      f"{'within' if lo <= acc <= hi else 'outside'}")
 
 
 if __name__ == "__main__":
