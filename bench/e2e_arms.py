@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from pathlib import Path
+
+from rl_core.fsutil import atomic_write_json
 
 
 def _peak_memory() -> dict:
@@ -166,6 +167,16 @@ def arm_trl(args) -> dict:
         def on_step_end(self, a, state, control, model=None, **kw):
             if state.global_step % args.eval_every == 0 or state.global_step == a.max_steps:
                 evaluate(state.global_step, model)
+            # after every step, so a TRL run stopped by the time box still reports the steps it made
+            atomic_write_json(args.json, {**result(time.time(), int(state.global_step)), "partial": True})
+
+    def result(t_end: float, steps: int) -> dict:
+        return {"setup_s": setup_s, "t_start": clock["start"], "t_end": t_end, "curve": list(curve),
+                "eval_s_total": clock["eval_s"], "train_wall_s": t_end - clock["start"] - clock["eval_s"],
+                "steps": steps, "gen_tokens": stats["gen_tokens"], "trained_tokens": stats["trained_tokens"],
+                "completion_len_max": stats["max_len"], "last_eval_s": curve[-1]["eval_s"] if curve else 0.0,
+                "trl_args": {k: v for k, v in trl_args(cfg, "-", steps, cfg.grpo.seed, device).items()
+                             if k != "output_dir"}, **_peak_memory()}
 
     targs = GRPOConfig(**trl_args(cfg, str(Path(args.run_dir) / "trl"), cfg.grpo.max_num_steps, cfg.grpo.seed,
                                   device))
@@ -173,15 +184,7 @@ def arm_trl(args) -> dict:
                           callbacks=[Held()])
     setup_s = time.time() - t0
     trainer.train()
-    t_end = time.time()
-    steps = int(trainer.state.global_step)
-    last_eval = curve[-1]["eval_s"] if curve else 0.0
-    return {"setup_s": setup_s, "t_start": clock["start"], "t_end": t_end, "curve": curve,
-            "eval_s_total": clock["eval_s"], "train_wall_s": t_end - clock["start"] - clock["eval_s"],
-            "steps": steps, "gen_tokens": stats["gen_tokens"], "trained_tokens": stats["trained_tokens"],
-            "completion_len_max": stats["max_len"], "last_eval_s": last_eval,
-            "trl_args": {k: v for k, v in trl_args(cfg, "-", steps, cfg.grpo.seed, device).items() if k != "output_dir"},
-            **_peak_memory()}
+    return result(time.time(), int(trainer.state.global_step))
 
 
 # --------------------------------------------------------------------------------------- refit
@@ -251,10 +254,7 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
-    res = {"rlcore": arm_rlcore, "trl": arm_trl, "refit": arm_refit}[args.arm](args)
-    tmp = args.json + ".tmp"
-    Path(tmp).write_text(json.dumps(res))
-    os.replace(tmp, args.json)
+    atomic_write_json(args.json, {"rlcore": arm_rlcore, "trl": arm_trl, "refit": arm_refit}[args.arm](args))
 
 
 if __name__ == "__main__":

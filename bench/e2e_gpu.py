@@ -165,7 +165,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=None, help="RL steps per arm (default: the recipe's)")
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--seeds", default="0,1", help="TRL seeds (rl_core async runs seed 0 and, time allowing, 1)")
-    ap.add_argument("--arms", default="refit,async,sync,trl", help="comma-separated subset, run in this order")
+    ap.add_argument("--arms", default="refit,async,sync,trl",
+                    help="comma-separated subset of refit, async, sync, trl, async1, eager, run in this order")
     ap.add_argument("--budget-s", type=float, default=float(os.environ.get("RL_CORE_BENCH_BUDGET_S", "540")))
     ap.add_argument("--arm-cap-s", type=json.loads, default={"rlcore": 150, "trl": 100, "refit": 60},
                     help="seconds each kind of arm may take at most (JSON)")
@@ -209,6 +210,9 @@ def main() -> int:
                 plan.append(("rlcore", "rlcore_sync_s0", ["async_rl.sampler.max_lookahead_versions=0"]))
             elif arm == "trl":
                 plan += [("trl", f"trl_s{s}", [f"grpo.seed={s}"]) for s in seeds]
+            elif arm == "eager":  # the async arm with the trainer uncompiled (no compilation to pay)
+                plan.append(("rlcore", "rlcore_async_eager_s0", ["async_rl.sampler.max_lookahead_versions=1",
+                                                                 "trainer.compile=false"]))
             elif arm == "async1":
                 plan.append(("rlcore", "rlcore_async_s1", ["async_rl.sampler.max_lookahead_versions=1", "grpo.seed=1"]))
         for kind, name, extra in plan:
@@ -274,6 +278,14 @@ def report(res: dict) -> None:
               f"CPU round trip {f['cpu_round_trip_s']:.4f}s ({f['cpu_round_trip_gb_s']:.1f} GB/s); device copy "
               f"{f['device_copy_gb_s']:.0f} GB/s")
     res["trl_final_accuracy_mean"] = trl_final
+    if len(trl) >= 2:  # correctness across systems: the final check against TRL's seed-to-seed spread
+        lo, hi = min(r["curve"][-1]["accuracy"] for r in trl), max(r["curve"][-1]["accuracy"] for r in trl)
+        for name, r in arms.items():
+            if name.startswith("rlcore") and r.get("curve"):
+                acc = r["curve"][-1]["accuracy"]
+                r["within_trl_seed_spread"] = lo <= acc <= hi
+                print(f"{name}: final {acc:.3f}, TRL's seeds {lo:.3f}..{hi:.3f}: "
+                      f"{'within' if lo <= acc <= hi else 'outside'}")
 
 
 if __name__ == "__main__":
