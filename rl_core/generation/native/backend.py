@@ -5,9 +5,8 @@ loop of the controller. Every engine call happens on the worker thread: the loop
 appends commands (generate, abort, update weights, invalidate, stop) to a deque guarded by
 a `threading.Condition` and awaits an asyncio future; the worker drains the commands
 between steps, loops `engine.step()` while there is work and resolves futures through the
-loop's mailbox (`usercode.Mailbox`: one wakeup for a step's results). Also: errors (one
-request, one step, the worker), cancellation, streaming (`StreamDelta`) and lockstep
-stepping for reproducible runs.
+loop's mailbox (`usercode.Mailbox`: one wakeup a step). Also: errors, cancellation,
+streaming (`StreamDelta`) and lockstep stepping for reproducible runs.
 
 Does not own: scheduling, sampling or stop rules (engine.py), or which weights to load
 (the controller's refit calls `update_weights`).
