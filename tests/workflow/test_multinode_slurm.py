@@ -6,11 +6,12 @@ group on node1 and node2; rank 0 starts `rl-core serve` as a job step on node3 a
 by broadcast across nodes. Marked `slurm` and `slow`; needs root (skipped with the reason).
 One module fixture drives two runs, overlapped so that one trains while the other waits:
 1. The whole workflow (its initial policy reused, one epoch of 24 RL steps), with fault (a):
-   the generation server on node3 is SIGKILLed while it generates, after step 4; the run goes
-   on (retries; the server relaunched and caught up by a new broadcast group), every prompt
-   group trains exactly once, `sacct` shows the job and its steps on the intended nodes, the
-   outputs have the local run's layout, and held-out accuracy rises (3 seeds measured:
-   docs/benchmarks.md). The recipe's warm-up (to 50%) runs once, before both runs.
+   the generation server on node3 is SIGKILLed while a generation request is in flight, after
+   step 4 (`_kill_in_flight`: provably); the run goes on (a retry; the server relaunched and
+   caught up by a new broadcast group), every prompt group trains exactly once, every refit
+   crossed nodes, `sacct` shows the job and its steps on the intended nodes, the outputs have
+   the local run's layout, and held-out accuracy rises (3 seeds measured: docs/benchmarks.md).
+   The recipe's warm-up (to 50%) runs once, before both runs.
 2. The same epoch from run 1's initial policy, with faults (b) and (c): (b) trainer rank 1
    (node2) SIGKILLed at the first step checkpoint, while run 1 trains: the controller job fails
    within the heartbeat deadline with an error naming rank 1; once run 1's epoch has left the
@@ -25,13 +26,18 @@ One module fixture drives two runs, overlapped so that one trains while the othe
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -109,23 +115,91 @@ def _layout(run_dir: Path) -> set[str]:
     return out
 
 
-def _cpu_ticks(pid: int) -> int:
-    """CPU time (user + system, in clock ticks) of a process so far, from /proc/<pid>/stat."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
+_PIDFD_GETFD = 438  # the syscall's number (one table for every architecture since Linux 5.1)
+HOLD_S = 3.0  # a stop's longest hold: far below the health check's timeout (connect_timeout_s, 10 s)
 
 
-def _kill_while_busy(pid: int, timeout: float = 60) -> None:
-    """SIGKILL a generation server while it computes, so a request is in flight (not between
-    two refits, when the staleness bound holds requests back): 2 ticks within 0.1 s."""
-    deadline, last = time.monotonic() + timeout, _cpu_ticks(pid)
-    while time.monotonic() < deadline:
-        time.sleep(0.1)
-        now = _cpu_ticks(pid)
-        if now - last >= 2:
-            break
-        last = now
-    os.kill(pid, signal.SIGKILL)
+def _unread_requests(pid: int, port: int) -> list[bytes]:
+    """The first line of each HTTP request that process `pid` holds unread on an established
+    connection to its `port`: the sockets of its network namespace (/proc/<pid>/net/tcp) with
+    data in their receive queue, each one of its descriptors, read through a copy (pidfd_getfd)
+    with MSG_PEEK, which leaves the data in place; the copy is closed at once (the process's own
+    descriptor keeps the connection as it was)."""
+    queued = set()
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        f = line.split()  # sl local rem st tx:rx ... inode
+        if int(f[1].rsplit(":", 1)[1], 16) == port and f[3] == "01" and int(f[4].split(":")[1], 16) > 0:
+            queued.add(f"socket:[{f[9]}]")
+    out: list[bytes] = []
+    if not queued:
+        return out
+    libc, pidfd = ctypes.CDLL(None, use_errno=True), os.pidfd_open(pid)
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") not in queued:
+                    continue
+            except OSError:  # closed meanwhile
+                continue
+            copy = libc.syscall(_PIDFD_GETFD, pidfd, int(fd), 0)
+            if copy < 0:
+                err = ctypes.get_errno()
+                if err == 9:  # EBADF: closed meanwhile
+                    continue
+                raise OSError(err, f"pidfd_getfd of fd {fd} of pid {pid}: {os.strerror(err)} (the test runs as root)")
+            with socket.socket(fileno=copy) as sock:
+                try:
+                    out.append(sock.recv(256, socket.MSG_PEEK | socket.MSG_DONTWAIT).split(b"\r\n", 1)[0])
+                except OSError:
+                    continue
+    finally:
+        os.close(pidfd)
+    return out
+
+
+def _kill_in_flight(pid: int, port: int, metrics: Path, stop: threading.Event, timeout: float) -> dict:
+    """Fault (a): SIGKILL generation server `pid` while a generation request is provably in flight.
+
+    At each new record of `metrics` (a step's end: its refit has loaded the new version, and the
+    next step's first group is dispatched only after the record is written) the server is
+    stopped (SIGSTOP); it is killed once it holds, unread, a `POST /v1/completions` on an
+    established connection (`_unread_requests`). A stopped process reads nothing, so that request
+    got no answer: the kill resets its connection and the controller's HTTP backend retries it
+    (`generation/retries`). Only the controller talks to the server (its token), and with one
+    group in flight (async_rl.max_inflight_groups) a request unread is one the controller waits
+    on. The requests the controller sends besides (GET /health, GET /rl/metrics, the refit's
+    POST /rl/receive_weights) are not generation requests and do not count. Where none comes
+    within HOLD_S (the stop fell while a request was already being answered, or during a
+    refit or a checkpoint) the server continues (SIGCONT) and the next step's end tries again:
+    held shorter than every timeout of the controller, a stop only delays the run (the server
+    runs in lockstep: no result depends on timing)."""
+    deadline, attempts = time.monotonic() + timeout, 0
+    size = metrics.stat().st_size
+    while not stop.is_set():
+        assert time.monotonic() < deadline, f"no generation request caught in flight in {attempts} stops"
+        assert not (metrics.parent / "summary.json").exists(), f"the epoch ended first ({attempts} stops)"
+        if metrics.stat().st_size == size:
+            time.sleep(0.003)
+            continue
+        size, attempts = metrics.stat().st_size, attempts + 1
+        os.kill(pid, signal.SIGSTOP)
+        t_stop, wall_stop, killed = time.monotonic(), time.time(), False
+        try:
+            while time.monotonic() < t_stop + HOLD_S:
+                lines = _unread_requests(pid, port)
+                if any(line.startswith(b"POST /v1/completions ") for line in lines):
+                    os.kill(pid, signal.SIGKILL)
+                    killed = True
+                    steps = _train_steps(metrics)  # the margins: record -> stop -> the request seen
+                    return {"attempts": attempts, "unread": lines, "after_step": len(steps),
+                            "record_to_stop_s": wall_stop - steps[-1]["time"],
+                            "stop_to_request_s": time.monotonic() - t_stop}
+                time.sleep(0.005)
+        finally:
+            if not killed:
+                with contextlib.suppress(ProcessLookupError):  # it ended meanwhile: the run's error tells why
+                    os.kill(pid, signal.SIGCONT)
+    raise AssertionError(f"stopped before a generation request was caught in flight ({attempts} stops)")
 
 
 class _Run:
@@ -158,10 +232,13 @@ def runs(multinode_cluster, tmp_path_factory):
     args2 = (f"results/{name2}/epoch_1/summary.json", *_config(name2, reuse))
     run1, run2 = _Run(wd1, RUN, *_config(RUN, reuse)), _Run(wd2, name2, *args2)  # side by side
     r1, e1, r2, e2 = run1.dir, run1.dir / "epoch_1", run2.dir, run2.dir / "epoch_1"
+    stop_a, pool = threading.Event(), ThreadPoolExecutor(1)
     try:
         _wait(lambda: len(_train_steps(e1 / "metrics.jsonl")) >= 4, 900, run1.proc, "run 1 trained 4 steps")
-        seen["ready"] = json.loads((r1 / "servers" / "server0.ready.json").read_text())
-        _kill_while_busy(seen["ready"]["pid"])  # fault (a): the generation node's server
+        ready = seen["ready"] = json.loads((r1 / "servers" / "server0.ready.json").read_text())
+        # fault (a): the generation node's server, killed from a thread of its own (it waits for a
+        # step's end) while (b) goes on
+        fault_a = pool.submit(_kill_in_flight, ready["pid"], ready["port"], e1 / "metrics.jsonl", stop_a, 900)
         # (b) run 2's trainer rank 1 on node2, SIGKILLed after the first step checkpoint
         _wait(lambda: (e2 / "steps" / f"step_{SAVE_EVERY:06d}" / "manifest.json").is_file(), 900, run2.proc,
               "run 2's first step checkpoint")
@@ -174,6 +251,10 @@ def runs(multinode_cluster, tmp_path_factory):
         seen["failed_after"] = time.monotonic() - t_kill
         seen["task0_b"] = (e2 / "submitit" / f"{job}_0_log.out").read_text()
         print(f"[fault b] the workflow failed {seen['failed_after']:.1f}s after the kill")
+        seen["fault_a"] = fault_a.result(timeout=900)
+        a = seen["fault_a"]
+        print(f"[fault a] killed after step {a['after_step']}, at stop {a['attempts']} (record -> stop "
+              f"{a['record_to_stop_s']:.3f}s, stop -> request seen {a['stop_to_request_s']:.3f}s); unread: {a['unread']}")
         # (c) once run 1's epoch has left the nodes, the same command again; after it resumed
         # and saved a new checkpoint, node2's slurmd stops
         _wait(lambda: (e1 / "summary.json").is_file(), 900, run1.proc, "run 1's epoch")
@@ -207,6 +288,8 @@ def runs(multinode_cluster, tmp_path_factory):
         seen["attempts"] = attempts
         run1.output(900)
     finally:
+        stop_a.set()  # the fault (a) thread, if still waiting, lets the server continue and ends
+        pool.shutdown(wait=True)
         for run in (run1, run2):
             if run is not None:
                 _stop(run.proc)
@@ -237,7 +320,9 @@ def test_three_nodes_learn_on_the_intended_nodes(runs, reference_run):
     assert [(t["nodes"], t["ntasks"], t["state"]) for t in trainer] == [("node[1-2]", "2", "COMPLETED")], rows
     servers = by_name["rl_core-generation-0"]  # ended by the controller (SIGTERM through srun) or killed
     assert len(servers) == 2 and {s["nodes"] for s in servers} == {"node3"}, rows  # killed, relaunched
-    # every refit crossed from node1 to node3: bytes and seconds of each
+    # every refit crossed from node1 to node3: bytes and seconds of each. None found the server
+    # down: it was killed while a group's request was in flight, and the next refit (barrier: a
+    # reproducible run) waits for that group, which the relaunched server generated once caught up
     for step in _train_steps(e / "metrics.jsonl"):
         assert step["refit/bytes"] > 2e6 and step["refit/sync_broadcast_s"] > 0, step["step"]
         assert step["refit/sync_servers"] == 1 and step["refit/sync_recv_s"] > 0
