@@ -27,7 +27,7 @@ from rl_core.launch.preflight import load_recipe
 from rl_core.launch.trainer_group import JOIN_KEY, SlurmTrainerGroup
 from rl_core.launch.trainer_worker import task_rank
 from rl_core.train.spmd import INIT, CommandChannel, WorkerLostError
-from tests.helpers.trainers import channel_worker
+from tests.helpers.trainers import Collective, channel_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "tiny-addition-multinode.yaml"
@@ -118,23 +118,6 @@ def test_a_worker_on_another_node_is_killed_through_a_step_on_its_node(tmp_path,
         if victim.poll() is None:
             victim.kill()
         victim.wait()
-
-
-class Collective:
-    """Rank 0's side of a collective that only ends when its peer's process is gone (as gloo's does)."""
-
-    def _spmd_noop(self) -> None:
-        pass
-
-    def _spmd_wait(self, pid: int) -> None:
-        while True:
-            try:
-                os.kill(pid, 0)
-                if open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z":
-                    raise ProcessLookupError
-            except ProcessLookupError:
-                raise RuntimeError("Connection closed by peer") from None
-            time.sleep(0.05)
 
 
 def test_the_armed_watchdog_kills_a_hung_worker_on_another_node(tmp_path, srun_log):
