@@ -2,7 +2,8 @@
 
 Owns: `detect_env` (rank, world size, local rank, node and rank 0's address, read from
 torchrun, a Slurm job step started by `srun` or submitit, or submitit's local executor, in
-that order; otherwise one process; `expand_nodelist` reads Slurm's compressed `a[01-03,7]`),
+that order; otherwise one process; `expand_nodelist` reads Slurm's compressed `a[01-03,7]`,
+`step_layout` a step's node and local rank per task, `SLURM_STEP_VARIABLES` a step's shape),
 `init_distributed` (the default process group: gloo on CPU, NCCL on GPU with the device
 bound by local rank, the recipe's collective timeout) and `check_world` (the backend
 accepts this many processes, the world is a multiple of the fixed parallel sizes, a trainer
@@ -10,7 +11,6 @@ node group matches: each failure a `RecipeError` naming the field and the fix).
 
 Does not own: what each rank runs (`rl_core.train`), job submission (workflow, submitit)
 or the placement fields themselves (`rl_core.config.schema`).
-
 Read more: docs/distributed-training.md, "How the processes work together".
 """
 
@@ -68,6 +68,35 @@ def expand_nodelist(nodelist: str) -> list[str]:
             expanded = [e + i for e in expanded for i in items]
         hosts += expanded
     return hosts
+
+
+# the variables of a Slurm job step: an `srun` started from inside one would read them as its own shape
+SLURM_STEP_VARIABLES = (
+    "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
+    "SLURM_DISTRIBUTION", "SLURM_CPUS_PER_TASK", "SLURM_MEM_PER_CPU", "SLURM_MEM_PER_NODE", "SLURM_MEM_PER_GPU",
+    "SLURM_GPUS", "SLURM_GPUS_PER_TASK", "SLURM_GPUS_PER_NODE", "SLURM_EXACT", "SLURM_OVERLAP", "SLURM_CPU_BIND",
+    "SLURM_NODELIST", "SLURM_STEP_NODELIST", "SLURM_JOB_NAME", "SLURM_NTASKS_PER_SOCKET", "SLURM_NTASKS_PER_CORE",
+    "SLURM_NTASKS_PER_GPU", "SLURM_OPEN_MODE", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES",
+    "SLURM_STEP_TASKS_PER_NODE", "SLURM_STEPID", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID",
+    "SLURM_GTIDS", "SLURM_HOSTFILE", "SLURM_KILL_BAD_EXIT", "CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE",
+    "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def step_layout(environ: Mapping[str, str] | None = None) -> list[tuple[str, int]]:
+    """The node (Slurm's name) and local rank of every task of this Slurm job step, by rank:
+    `SLURM_STEP_NODELIST` with `SLURM_STEP_TASKS_PER_NODE` (`2(x3),1`), tasks in blocks of a
+    node (srun's default distribution when tasks outnumber nodes, and one task a node otherwise)."""
+    env = os.environ if environ is None else environ
+    nodes = expand_nodelist(env.get("SLURM_STEP_NODELIST", ""))
+    counts: list[int] = []
+    for part in env.get("SLURM_STEP_TASKS_PER_NODE", "").split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if m:
+            counts += [int(m.group(1))] * int(m.group(2) or 1)
+    if not nodes or len(counts) != len(nodes):
+        raise ValueError(f"not inside a Slurm job step (SLURM_STEP_NODELIST={env.get('SLURM_STEP_NODELIST')!r}, "
+                         f"SLURM_STEP_TASKS_PER_NODE={env.get('SLURM_STEP_TASKS_PER_NODE')!r})")
+    return [(node, local) for node, count in zip(nodes, counts) for local in range(count)]
 
 
 def _int(env: Mapping[str, str], key: str, default: int | None = None) -> int:

@@ -109,7 +109,7 @@ class TrainerRecoveryConfig(Section):
     """`trainer.recovery`: in-job recovery of a multi-process trainer group (fsdp2, megatron) whose worker rank died or hung (docs/cluster.md, "Failures")."""
 
     max_restarts: int = Field(2, ge=0)
-    """How many times one run may replace its trainer group after a worker rank is lost (the rollout pump and generation keep running; the new group restores the newest step checkpoint and replays the steps trained since, so nothing is lost or trained twice). 0 = fail fast: the job ends as soon as a worker is lost, naming the rank, and the newest step checkpoint resumes it. Past the budget the job fails the same way. One host for now: a group across nodes fails fast whatever this says."""
+    """How many times one run may replace its trainer group after a worker rank is lost (the rollout pump and generation keep running; the new group restores the newest step checkpoint and replays the steps trained since, so nothing is lost or trained twice). 0 = fail fast: the job ends as soon as a worker is lost, naming the rank, and the newest step checkpoint resumes it. Past the budget the job fails the same way. On one host the new ranks are processes of rank 0; across nodes (a Slurm job step) a new step of the same job (`srun --overlap`), and the controller job's step is started with `--kill-on-bad-exit=0 --wait=0` so that rank 0 outlives a killed task."""
     restart_deadline_s: float = Field(600.0, gt=0)
     """How long one replacement may take, from the lost worker to the new group built (its ranks started, the process group formed, the checkpoint's trainer state loaded); the replay of the steps since that checkpoint comes on top. Past it the job fails, naming the rank and the cause."""
 

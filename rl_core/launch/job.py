@@ -151,8 +151,11 @@ def _local_gpus() -> tuple[int, ...]:
     return tuple(range(sum(1 for line in out.splitlines() if line.startswith("GPU "))))
 
 
-def slurm_parameters(res: SlurmJobConfig, cluster: ClusterConfig, name: str) -> dict[str, Any]:
-    """submitit SlurmExecutor parameters (sbatch options) of one `cluster.*` section."""
+def slurm_parameters(res: SlurmJobConfig, cluster: ClusterConfig, name: str, recovery: bool = False) -> dict[str, Any]:
+    """submitit SlurmExecutor parameters (sbatch options) of one `cluster.*` section. `recovery`: the
+    controller's trainer group is replaced in the job when a rank is lost (`trainer.recovery`), so
+    its step must outlive a killed task: `--kill-on-bad-exit=0 --wait=0`, whatever the cluster's
+    KillOnBadExit and WaitTime say."""
     params: dict[str, Any] = {
         "job_name": name, "time": res.timeout_min, "nodes": res.nodes, "ntasks_per_node": res.tasks_per_node,
         "cpus_per_task": res.cpus_per_task, "mem": f"{max(1, round(res.mem_gb * 1024))}M",
@@ -174,14 +177,17 @@ def slurm_parameters(res: SlurmJobConfig, cluster: ClusterConfig, name: str) -> 
         params.update(nodes=nodes, ntasks_per_node=tasks // nodes,
                       srun_args=[f"--nodes={nodes}", f"--ntasks={tasks}", f"--ntasks-per-node={tasks // nodes}"])
         params["additional_parameters"] = {"nodes": res.nodes, "ntasks_per_node": res.tasks_per_node}
+    if recovery and res is cluster.controller and params["nodes"] * params["ntasks_per_node"] > 1:
+        params["srun_args"] = [*params.get("srun_args", []), "--kill-on-bad-exit=0", "--wait=0"]
     if res.extra_sbatch:
         params["additional_parameters"] = {**params.get("additional_parameters", {}), **res.extra_sbatch}
     return params
 
 
 def make_executor(launcher: str, folder: str | os.PathLike, res: SlurmJobConfig, cluster: ClusterConfig,
-                  name: str) -> submitit.Executor:
-    """A submitit executor for `launcher` ('local' or 'slurm') with the resources `res`."""
+                  name: str, recovery: bool = False) -> submitit.Executor:
+    """A submitit executor for `launcher` ('local' or 'slurm') with the resources `res` (`recovery`:
+    see `slurm_parameters`)."""
     if launcher == "local":
         gpus = _local_gpus()
         section = f"cluster.{'controller' if res is cluster.controller else 'evaluation'}"
@@ -204,7 +210,7 @@ def make_executor(launcher: str, folder: str | os.PathLike, res: SlurmJobConfig,
             raise JobError(f"launcher 'slurm' needs Slurm's commands on this machine ({exc}). Fix: run on a Slurm "
                            f"login node, or use the local launcher (snakemake --cores N, without "
                            f"--profile profiles/slurm).") from None
-        ex.update_parameters(**slurm_parameters(res, cluster, name))
+        ex.update_parameters(**slurm_parameters(res, cluster, name, recovery))
         return ex
     raise JobError(f"Unknown launcher {launcher!r}; expected one of {LAUNCHERS}. Fix: set `launcher` in "
                    f"config/config.yaml (or --config launcher=...) to 'local' or 'slurm'.")
@@ -391,7 +397,8 @@ def submit_train_epoch(resolved_config_path: str, epoch: int, prev_checkpoint: s
     if job is not None:
         print(f"[submit] re-attaching to Slurm job {job.job_id} ({job.state}) of epoch {epoch}", flush=True)
     else:
-        executor = make_executor(launcher, folder, cfg.cluster.controller, cfg.cluster, name)
+        recovery = cfg.trainer.backend != "torch" and cfg.trainer.recovery.max_restarts > 0
+        executor = make_executor(launcher, folder, cfg.cluster.controller, cfg.cluster, name, recovery)
         job = executor.submit(TrainEpochJob(), str(resolved_config_path), int(epoch), str(prev_checkpoint),
                               str(epoch_dir))
         (folder / JOB_RECORD).write_text(json.dumps({"job_id": job.job_id, "launcher": launcher, "name": name}))

@@ -6,10 +6,10 @@ Owns: `CommandChannel`. Rank 0 (the controller) publishes each public call as a 
 (`_spmd_<name>`); every other rank (`CommandChannel.serve`) runs the same bodies in order.
 Workers post `ok` or their traceback (`dead/<rank>` when they leave), and a heartbeat a second;
 rank 0 raises the first worker error with its rank, or `WorkerLostError` naming a worker whose
-heartbeat is `heartbeat_timeout_s` old (a watchdog kills a lost worker of this host, which ends
-a collective that hangs on it; it ends rank 0 only without `recoverable` or if that fails).
-Arguments travel pickle-free (`rl_core.train.wire`); the store, not a broadcast, because a
-worker may wait a whole generation.
+heartbeat is `heartbeat_timeout_s` old (a watchdog kills a lost worker, of this host or through
+the launcher's `kill_far`, which ends a collective that hangs on it; it ends rank 0 only without
+`recoverable` or if that fails). Arguments travel pickle-free (`rl_core.train.wire`); the
+store, not a broadcast, because a worker may wait a whole generation.
 
 Does not own: what the commands do (the trainers), the process group's set-up
 (`rl_core.distributed`). Read more: docs/distributed-training.md."""
@@ -80,8 +80,10 @@ class CommandChannel:
         self._running_since: float | None = None  # a command is running on rank 0 since then
         self._watchdog: threading.Thread | None = None
         self._closed = False  # rank 0 left this group (`abandon`): its watchdog stops
-        # rank 0 with trainer.recovery: a lost worker is killed (this host) rather than rank 0 itself
+        # rank 0 with trainer.recovery: a lost worker is killed rather than rank 0 itself
         self.recoverable = False
+        # rank 0: the launcher's kill of workers on other nodes ({rank: whereabouts} -> ranks not reached)
+        self.kill_far: Callable[[dict[int, dict]], list[int]] | None = None
         self.store = None
         if world_size > 1:
             import torch.distributed as dist
@@ -174,19 +176,21 @@ class CommandChannel:
             return {}
 
     def kill_workers(self, ranks: list[int]) -> list[int]:
-        """Rank 0: SIGKILL the given workers that run on this host (lost ones, or survivors of a group
-        being replaced); returns the ranks it could not reach (other hosts: the launcher's job)."""
-        far = []
+        """Rank 0: SIGKILL the given workers (lost ones, or survivors of a group being replaced): on
+        this host directly, on other nodes through `kill_far`; returns the ranks it could not reach."""
+        far: dict[int, dict] = {}
         for r in ranks:
             info = self.whereabouts(r)
             if info.get("host") != socket.gethostname() or not info.get("pid"):
-                far.append(r)
+                far[r] = info
                 continue
             try:
                 os.kill(int(info["pid"]), signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        return far
+        if far and self.kill_far is not None:
+            return sorted(self.kill_far(far))
+        return sorted(far)
 
     def abandon(self) -> None:
         """Rank 0: leave this group without releasing its workers (it is being replaced)."""
@@ -197,7 +201,8 @@ class CommandChannel:
             _SHARED = None
 
     def _beat_forever(self) -> None:
-        self.store.set(f"who/{self.rank}", json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+        self.store.set(f"who/{self.rank}", json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                                                       "node": os.environ.get("SLURMD_NODENAME")}))
         while True:
             try:
                 self.store.add(f"beat/{self.rank}", 1)

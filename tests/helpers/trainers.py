@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,23 @@ def assert_same_flops(ref: dict, got: dict) -> None:
             assert r[key] and g[key] == pytest.approx(r[key], rel=1e-9), f"step {i} {key}: {r[key]} vs {g[key]}"
 
 
+class Collective:
+    """Rank 0's side of a collective that only ends when its peer's process is gone (as gloo's does)."""
+
+    def _spmd_noop(self) -> None:
+        pass
+
+    def _spmd_wait(self, pid: int) -> None:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                raise RuntimeError("Connection closed by peer") from None
+            if open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z":
+                raise RuntimeError("Connection closed by peer")
+            time.sleep(0.05)
+
+
 CHANNEL_WORKER = """
 import sys
 from datetime import timedelta
@@ -141,8 +159,6 @@ def train_as_ranks(out: Path, name: str, args: list[str], fault: str | None = No
     it (RANK, WORLD_SIZE, MASTER_*) but with no agent that ends rank 0 when another rank dies (as Slurm
     and submitit start tasks). `fault` (RL_CORE_TRAINER_FAULT) goes to rank 1 only. Returns rank 0's
     exit code, its output and the wall seconds until it exited."""
-    import time
-
     cmd = [sys.executable, "-m", "rl_core.launch.cli", "train", *args, f"output_dir={out}", f"run_name={name}"]
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
     base.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", WORLD_SIZE=str(nranks),

@@ -19,7 +19,7 @@ import torch
 from rl_core.train.recovery import RecoveringTrainer, RecoveryFailed
 from rl_core.train.spmd import INIT, CommandChannel, WorkerError, WorkerLostError
 from rl_core.types import TrainChunk
-from tests.helpers.trainers import channel_worker
+from tests.helpers.trainers import Collective, channel_worker
 
 
 def chunk(i: int) -> TrainChunk:
@@ -168,23 +168,6 @@ def test_a_worker_that_raised_is_not_replaced():
     with pytest.raises(WorkerError):
         run_steps(t, range(1))
     assert restarts == [] and t.recoveries == []
-
-
-class Collective:
-    """Rank 0's side of a collective that only ends when its peer's process is gone (as gloo's does)."""
-
-    def _spmd_noop(self) -> None:
-        pass
-
-    def _spmd_wait(self, pid: int) -> None:
-        while True:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                raise RuntimeError("Connection closed by peer") from None
-            if open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z":
-                raise RuntimeError("Connection closed by peer")
-            time.sleep(0.05)
 
 
 def test_the_armed_watchdog_kills_a_hung_worker_instead_of_rank_0():

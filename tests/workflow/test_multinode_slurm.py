@@ -12,8 +12,11 @@ One module fixture drives two runs, overlapped so that one trains while the othe
    crossed nodes, `sacct` shows the job and its steps on the intended nodes, the outputs have
    the local run's layout, and held-out accuracy rises (3 seeds measured: docs/benchmarks.md).
    The recipe's warm-up (to 50%) runs once, before both runs.
-2. The same epoch from run 1's initial policy, with faults (b) and (c): (b) trainer rank 1
-   (node2) SIGKILLed at the first step checkpoint, while run 1 trains: the controller job fails
+2. The same epoch from run 1's initial policy (`trainer.recovery.max_restarts: 1`), with faults
+   (r), (b) and (c): (r) trainer rank 1 (node2) SIGKILLed after 2 steps: rank 0 replaces the
+   group inside the job (a new `srun --overlap` step on node2, the steps since the base replayed)
+   within the deadline, and the epoch goes on; (b) the replacement rank 1 (node2) SIGKILLed at
+   the first step checkpoint, while run 1 trains: past the budget, the controller job fails
    within the heartbeat deadline with an error naming rank 1; once run 1's epoch has left the
    nodes, the same command again resumes from the newest step checkpoint; (c) during that
    rerun node2's slurmd is stopped: slurmctld sets node2 DOWN after SlurmdTimeout, the job
@@ -229,22 +232,36 @@ def runs(multinode_cluster, tmp_path_factory):
     seen["warmup_s"] = time.monotonic() - t0
     reuse = f"model.warmup.reuse_from={init}"
     name2 = "multinode-faults"
-    args2 = (f"results/{name2}/epoch_1/summary.json", *_config(name2, reuse))
+    # one replacement of the trainer group allowed: the first lost rank is replaced, the second fails the job
+    args2 = (f"results/{name2}/epoch_1/summary.json", *_config(name2, reuse, "trainer.recovery.max_restarts=1"))
     run1, run2 = _Run(wd1, RUN, *_config(RUN, reuse)), _Run(wd2, name2, *args2)  # side by side
     r1, e1, r2, e2 = run1.dir, run1.dir / "epoch_1", run2.dir, run2.dir / "epoch_1"
     stop_a, pool = threading.Event(), ThreadPoolExecutor(1)
     try:
+        # (r) run 2's trainer rank 1 on node2 (task 1 of the job's first step), SIGKILLed after 2 steps:
+        # rank 0 replaces it by a new job step on node2 and the epoch goes on
+        _wait(lambda: len(_train_steps(e2 / "metrics.jsonl")) >= 2, 900, run2.proc, "run 2 trained 2 steps")
+        job = seen["job_b"] = _job_id(e2)
+        task1 = (e2 / "submitit" / f"{job}_1_log.out").read_text()
+        first = seen["rank1_first"] = int(re.search(r"\[job\] node2 pid (\d+)", task1).group(1))
+        os.kill(first, signal.SIGKILL)
+        t_kill = time.monotonic()
         _wait(lambda: len(_train_steps(e1 / "metrics.jsonl")) >= 4, 900, run1.proc, "run 1 trained 4 steps")
         ready = seen["ready"] = json.loads((r1 / "servers" / "server0.ready.json").read_text())
         # fault (a): the generation node's server, killed from a thread of its own (it waits for a
         # step's end) while (b) goes on
         fault_a = pool.submit(_kill_in_flight, ready["pid"], ready["port"], e1 / "metrics.jsonl", stop_a, 900)
-        # (b) run 2's trainer rank 1 on node2, SIGKILLed after the first step checkpoint
+        task0 = e2 / "submitit" / f"{job}_0_log.out"
+        _wait(lambda: "[recovery] trainer group replaced" in task0.read_text(), 300, run2.proc, "the replacement")
+        seen["replaced_after"] = time.monotonic() - t_kill
+        print(f"[recovery] run 2's trainer group replaced {seen['replaced_after']:.1f}s after the kill")
+        # (b) the replacement rank 1 (node2), SIGKILLed after the first step checkpoint: past the budget
         _wait(lambda: (e2 / "steps" / f"step_{SAVE_EVERY:06d}" / "manifest.json").is_file(), 900, run2.proc,
               "run 2's first step checkpoint")
-        job = seen["job_b"] = _job_id(e2)
-        task1 = (e2 / "submitit" / f"{job}_1_log.out").read_text()
-        rank1 = seen["rank1"] = int(re.search(r"\[job\] node2 pid (\d+)", task1).group(1))
+        seen["metrics_b"] = _train_steps(e2 / "metrics.jsonl")
+        replacement = (e2 / "trainer_group" / "restart1.log").read_text()
+        rank1 = seen["rank1"] = int(re.search(r"\[trainer_worker\] rank 1 \(local rank 0\) on node2 pid (\d+)",
+                                              replacement).group(1))
         os.kill(rank1, signal.SIGKILL)
         t_kill = time.monotonic()
         seen["out_b"] = run2.output(600, ok=False)
@@ -259,9 +276,13 @@ def runs(multinode_cluster, tmp_path_factory):
         # and saved a new checkpoint, node2's slurmd stops
         _wait(lambda: (e1 / "summary.json").is_file(), 900, run1.proc, "run 1's epoch")
         _wait(lambda: _finished(_sacct(_job_id(e1))), 120, None, "run 1's controller job ended")
-        run2 = _Run(wd2, name2, *args2)
+        run2, t_rerun = _Run(wd2, name2, *args2), time.monotonic()
         slurmd_pid = int((SLURM_RUN / "slurmd.node2.pid").read_text())
         try:
+            # a full restart's cost: the rerun, from its start to its first step trained
+            _wait(lambda: len(_train_steps(e2 / "metrics.jsonl")) > SAVE_EVERY, 900, run2.proc, "the rerun's first step")
+            seen["rerun_first_step_s"] = time.monotonic() - t_rerun
+            print(f"[fault b] the rerun trained its first step {seen['rerun_first_step_s']:.1f}s after it started")
             _wait(lambda: (e2 / "steps" / f"step_{2 * SAVE_EVERY:06d}" / "manifest.json").is_file(), 900,
                   run2.proc, "a new step checkpoint")
             job2 = seen["job_c"] = _job_id(e2)
@@ -368,3 +389,43 @@ def test_a_lost_trainer_rank_and_a_stopped_slurmd(runs):
     for f in ("model/model.safetensors",):
         assert manifest(e / "checkpoint")["files"][f]["sha256"] == \
             manifest(r1 / "epoch_1" / "checkpoint")["files"][f]["sha256"], f"{f} differs from run 1's"
+
+
+def test_a_lost_trainer_rank_on_node2_is_replaced_in_the_job(runs):
+    """(r): run 2's first lost rank 1 is replaced by a new step of the same job on node2, within
+    the deadline; the epoch goes on, trains every group once (the same groups in the same steps as
+    run 1), and ends with run 1's weights (test_a_lost_trainer_rank_and_a_stopped_slurmd)."""
+    import h5py
+
+    r1, r, seen = runs
+    e, job = r / "epoch_1", seen["job_b"]
+    log = seen["task0_b"]
+    assert f"[recovery] on: a lost trainer rank's group is started again as a step of job {job} on ['node2']" in log
+    assert f"[recovery] trainer worker rank 1 (host node2, pid {seen['rank1_first']}) stopped answering" in log
+    assert "[recovery] replacing the trainer group (1/1)" in log
+    done = re.search(r"\[recovery\] trainer group replaced in ([\d.]+)s; replayed (\d+) call\(s\) in ([\d.]+)s "
+                     r"\(RL steps \[([\d, ]+)\], (\d+) samples\) from version 0; ([\d.]+)s lost", log)
+    assert done, log[-4000:]
+    restart_s, replayed = float(done.group(1)), [int(x) for x in done.group(4).split(",")]
+    assert restart_s < 120 and replayed[:2] == [1, 2], done.group(0)  # trainer.recovery.restart_deadline_s
+    print(f"[recovery] {done.group(0)} (kill -> replaced {seen['replaced_after']:.1f}s; a full restart: failed "
+          f"{seen['failed_after']:.1f}s after its kill, the rerun's first step {seen['rerun_first_step_s']:.1f}s after "
+          "it started)")
+    # one recovery reported in the step metrics (steps 1-8 of the first job, kept by the rerun)
+    rows = seen["metrics_b"]
+    counts = [row["recovery/count_total"] for row in rows]
+    assert counts[0] == 0 and counts[-1] == 1 and counts == sorted(counts), counts
+    (hit,) = [row for row in rows if row["recovery/replayed_steps"] > 0]
+    assert hit["recovery/replayed_steps"] == len(replayed) and hit["recovery/seconds_lost"] > 0, hit
+    # the replacement step ran on node2 with one task; the lost rank was killed through a step there
+    steps = {row["name"]: row for row in _sacct(job)}
+    assert (steps["rl_core-trainer-ranks-1"]["nodes"], steps["rl_core-trainer-ranks-1"]["ntasks"]) == ("node2", "1")
+    assert steps["rl_core-trainer-kill"]["nodes"] == "node2"
+    assert "[trainer_worker] rank 1 (local rank 0) on node2" in (e / "trainer_group" / "restart1.log").read_text()
+    # every group trained once: run 2's spool (steps 1-8 from the recovered job) holds run 1's groups
+    with h5py.File(r1 / "epoch_1" / "rollouts.h5", "r") as f:
+        g = f["groups"]
+        want = sorted(zip(g["step"][:].tolist(), g["epoch"][:].tolist(), g["prompt_index"][:].tolist()))
+    got = sorted((s, grp["epoch"], grp["prompt_index"]) for s in range(1, STEPS + 1)
+                 for grp in json.loads((e / "rollouts.spool" / f"step_{s:06d}.json").read_text())["groups"])
+    assert got == want and len(set(got)) == STEPS * PROMPTS_PER_STEP

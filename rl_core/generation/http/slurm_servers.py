@@ -19,20 +19,9 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
-from rl_core.distributed import expand_nodelist
+from rl_core.distributed import SLURM_STEP_VARIABLES, expand_nodelist
 from rl_core.errors import RecipeError
 from rl_core.generation.http.servers import LocalServer
-
-# the variables of the controller's own job step: srun would read them as the new step's shape
-_STEP_VARIABLES = ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
-                   "SLURM_DISTRIBUTION", "SLURM_CPUS_PER_TASK", "SLURM_MEM_PER_CPU", "SLURM_MEM_PER_NODE",
-                   "SLURM_MEM_PER_GPU", "SLURM_GPUS", "SLURM_GPUS_PER_TASK", "SLURM_GPUS_PER_NODE", "SLURM_EXACT",
-                   "SLURM_OVERLAP", "SLURM_CPU_BIND", "SLURM_NODELIST", "SLURM_STEP_NODELIST", "SLURM_JOB_NAME",
-                   "SLURM_NTASKS_PER_SOCKET", "SLURM_NTASKS_PER_CORE", "SLURM_NTASKS_PER_GPU", "SLURM_OPEN_MODE",
-                   "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES", "SLURM_STEP_TASKS_PER_NODE", "SLURM_STEPID",
-                   "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_GTIDS",
-                   "CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                   "MASTER_PORT")
 
 
 def generation_nodes(cfg, environ: Mapping[str, str] | None = None) -> list[str] | None:
@@ -84,7 +73,7 @@ class SlurmServer(LocalServer):
 
     def environment(self) -> dict[str, str]:
         env = super().environment()  # srun forwards it to the task (--export=ALL, the default)
-        for name in _STEP_VARIABLES:
+        for name in SLURM_STEP_VARIABLES:  # the controller's own step: not the server's shape
             env.pop(name, None)
         return env
 
