@@ -4,7 +4,7 @@ armed watchdog, which kills a hung worker of this host instead of rank 0 (rl_cor
 
 The trainer here is a small deterministic one (a running hash of what it trained), so that
 "trained twice" or "lost" shows in its state; the multi-process trainer is
-tests/integration/test_trainer_recovery.py."""
+tests/integration/test_trainer_group_recovery.py."""
 
 from __future__ import annotations
 
