@@ -98,6 +98,7 @@ def run_child(arm: str, args, tmp: Path, name: str, sets: list[str], policy: Pat
     if not out.exists():
         res["failed"] = f"exit {rc}"
         res["log"] = log.read_text()[-3000:]
+        shutil.copyfile(log, Path(args.out) / log.name)  # the whole log of a failed arm, for its first error
     elif rc != 0:  # the results were written; the process was then stopped (time box) or failed on its way out
         res["exit"] = rc
     return res

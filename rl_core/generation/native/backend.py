@@ -450,6 +450,7 @@ class NativeBackend:
         try:
             finished = self.engine.step()
         except Exception as exc:
+            log.exception("the %s engine failed in a step; its %d requests fail with it", self.name, len(self._waiters))
             error = GenerationError(f"the {self.name} engine failed in a step: {exc!r}")
             error.__cause__ = exc
             self.engine.abort_all()
