@@ -76,7 +76,11 @@ def transform_free(tp: Any, _seen: set | None = None) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _create_transform_free() -> bool:
-    return transform_free(completion_create_params.CompletionCreateParamsNonStreaming)
+    """`transform_free` of the chat request type, once; a type it cannot read counts as not free."""
+    try:
+        return transform_free(completion_create_params.CompletionCreateParamsNonStreaming)
+    except Exception:  # noqa: BLE001 - then every call is openai's own create
+        return False
 
 
 class AgentCompletions(AsyncCompletions):
