@@ -2,8 +2,8 @@
 
 Owns: loading and checking the agent function once (`env.target`, an async function
 `agent(client, example, **kwargs)`: `load_agent`), running one episode (`run_agent`, the
-`protocols.EpisodeEnvironment` seam: an `openai.AsyncOpenAI` client bound to the session URL
-it is given, no client-side retries, since a retried call would be a second model turn; or a
+`protocols.EpisodeEnvironment` seam: an `openai.AsyncOpenAI` client, `openai_client.AgentClient`,
+bound to the session URL it is given, no client-side retries, since a retried call would be a second model turn; or a
 POST to the environment service) and turning what comes back into an `EnvResult`: a float is
 the reward, a dict of floats named components (matching `env.reward_names`) summed;
 `env.success` sets `info["correct"]`. `prompt_ids` is what the warm-up trains on.
@@ -149,7 +149,10 @@ class AgentEnv(BaseEnv):
     async def _episode(self, base_url: str, api_key: str, example: dict[str, Any]) -> EnvResult:
         import openai
 
-        client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=self.agent_http())
+        from rl_core.envs.openai_client import AgentClient
+
+        # a real openai.AsyncOpenAI; its plain chat calls skip openai's body transform (rl_core.envs.openai_client)
+        client = AgentClient(base_url=base_url, api_key=api_key, max_retries=0, http_client=self.agent_http())
         # a new client resolves its platform headers in a worker thread at its first call (openai's
         # `_platform`, the same for every client of this process): a thread round trip an
         # episode, unless it is handed what an earlier episode's client resolved
