@@ -20,16 +20,14 @@ from __future__ import annotations
 import re
 
 SYSTEM = "You are a calculator. Reply with the result only."
-BARE = re.compile(r"^\s*(-?\d+)\s*\.?\s*$")
+NUMBER_ONLY, WRONG = "Reply with the number only.", "That is not right. Try again."  # the verdicts
 NUMBER = re.compile(r"-?\d+")
-NUMBER_ONLY = "Reply with the number only."
-WRONG = "That is not right. Try again."
 
 
 def right_alone(choice, expected: int) -> bool:
     """The right number alone, in a reply that ended (not cut off by the token limit)."""
-    m = BARE.match(choice.message.content or "")
-    return choice.finish_reason == "stop" and m is not None and int(m.group(1)) == expected
+    alone = NUMBER.fullmatch((choice.message.content or "").strip().removesuffix(".").strip())
+    return choice.finish_reason == "stop" and alone is not None and int(alone.group()) == expected
 
 
 def verdict(reply: str, expected: int) -> str:
