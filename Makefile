@@ -1,7 +1,8 @@
 # rl_core: the two commands of the README, plus helpers.
 #   make run   - set up .venv and run the embedded default as the Snakemake workflow
 #                (tiny model learns addition on CPU: results/tiny-addition/report.html)
-#   make test  - set up .venv and run every test tier (the vLLM tier in its own venv: ci/vllm_tier.sh)
+#   make test  - set up .venv and run every test tier (the vLLM tier in its own venv: ci/vllm_tier.sh),
+#                except the tests marked `long` (make test-long)
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 VENV ?= .venv
@@ -9,7 +10,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rl_core-installed
 PYTHON ?= python3
 
-.PHONY: setup run test test-unit test-integration test-workflow test-vllm docs clean
+.PHONY: setup run test test-unit test-integration test-workflow test-long test-vllm docs clean
 
 # pyproject.toml declares the ranges and extras; constraints.txt holds the one tested set of pins.
 EXTRAS ?= test,megatron,smollm2,tasks,wandb,mlflow,lora
@@ -68,6 +69,10 @@ test-integration: setup
 
 test-workflow: setup
 	$(PY) -m pytest tests/workflow
+
+# tests marked `long` (pyproject.toml deselects them everywhere else): e.g. an agent's learning, two seeds
+test-long: setup
+	$(PY) -m pytest -m long tests
 
 docs: setup
 	$(VENV)/bin/rl-core docs --format markdown > docs/recipe-reference.md
