@@ -8,29 +8,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sys
 
 from rl_core.metrics.logger import read_jsonl
+from tests.helpers.net import free_port, listening
 from tests.helpers.paths import ROOT
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def test_env_command_starts_before_the_model_loads_and_stops_by_pid(run_recipe, monkeypatch):
     import rl_core.launch.placement as placement
     from rl_core.envs.service import pid_file, session_members
 
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, str(ROOT / "examples" / "agents" / "env_service.py"), "--port", str(port)]
     seen: dict = {}
@@ -44,7 +33,7 @@ def test_env_command_starts_before_the_model_loads_and_stops_by_pid(run_recipe, 
         return out
 
     monkeypatch.setattr(placement, "build_overlapped", spy)
-    assert not _listening(port)
+    assert not listening(port)
     try:
         summary, run_dir = run_recipe("env.type=http", f"env.url={url}", f"env.command={json.dumps(command)}",
                                       "env.reward_names=[turn1,turn2]", "generation.max_tokens=6",
@@ -62,4 +51,4 @@ def test_env_command_starts_before_the_model_loads_and_stops_by_pid(run_recipe, 
     recs = read_jsonl(run_dir / "metrics.jsonl", kind="train")
     assert all("reward/turn1" in r and "reward/turn2" in r for r in recs), recs[-1].keys()
     assert recs[-1]["failures/infra_retries"] == 0
-    assert session_members(record) == [] and not pid_file(url).exists() and not _listening(port)
+    assert session_members(record) == [] and not pid_file(url).exists() and not listening(port)
