@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from tests.helpers.net import free_port  # noqa: F401  (re-exported: the tests that import it from here)
 
 ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 96
@@ -37,12 +38,6 @@ def tiny_hf_dir(out: Path, arch: str = "qwen2", tied: bool = False, seed: int = 
         model = LlamaForCausalLM(LlamaConfig(**common))
     model.save_pretrained(out)
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_check(model_dir: Path, out_dir: Path, backend: str, nproc: int = 1, *sets: str, steps: int = 2,

@@ -12,6 +12,7 @@ import statistics
 
 import pytest
 
+from tests.helpers.net import free_port
 from tests.helpers.paths import ROOT, TINY_RECIPE as RECIPE
 from rl_core.metrics.logger import read_jsonl
 
@@ -125,14 +126,6 @@ def test_stale_agent_episodes_are_cancelled_with_their_model_calls(tmp_path, war
     assert not trained_d & {1, 6}
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start_service(port: int):
     import subprocess
     import sys
@@ -160,7 +153,7 @@ def test_http_env_service_killed_and_restarted_mid_run(tmp_path, warm_policy, mo
 
     from tests.integration.test_loop_knobs import run_knobs
 
-    port = _free_port()
+    port = free_port()
     procs = [_start_service(port)]
     run_dir = tmp_path / "http-env"
     killed = threading.Event()
@@ -211,7 +204,7 @@ def test_stale_http_env_episodes_are_cancelled_with_their_model_calls(tmp_path, 
 
     from tests.integration.test_loop_knobs import run_knobs
 
-    port = _free_port()
+    port = free_port()
     proc = _start_service(port)
     try:
         ctl, backend, recs, cfg = run_knobs(

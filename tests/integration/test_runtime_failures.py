@@ -24,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+from tests.helpers.net import free_port
 from tests.helpers.paths import ROOT, TINY_RECIPE as RECIPE
 from tests.helpers.processes import finish
 
@@ -115,12 +116,6 @@ def test_an_agent_that_never_calls_the_model_is_named(tmp_path):
 # ---------------------------------------------------------------------------- an HTTP service down for 5 s
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Service:
     """The example environment service as a real local process on `port` (exiting by itself
     after `die_after` episodes when that is set); `down_for(5)` stops it (kills it, unless it
@@ -128,7 +123,7 @@ class Service:
     by its PID."""
 
     def __init__(self, tmp_path: Path, die_after: int = 0):
-        self.port = _free_port()
+        self.port = free_port()
         self.script = tmp_path / "counting_service.py"
         self.script.write_text(SERVICE.format(root=str(ROOT)))
         self.procs: list[subprocess.Popen] = []

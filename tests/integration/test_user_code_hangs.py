@@ -20,7 +20,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.net import free_port
 from tests.helpers.paths import ROOT, TINY_RECIPE as RECIPE
 from tests.helpers.processes import finish
 
@@ -140,17 +140,11 @@ def test_a_stuck_environment_ends_the_process_with_its_error(tmp_path, deadline)
 # ---------------------------------------------------------------------------- env.command and SIGKILL
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("wrapped", [False, True], ids=["service", "service_under_a_shell"])
 def test_a_sigkilled_http_env_run_resumes_with_the_same_command(tmp_path, wrapped):
     from rl_core.envs.service import pid_file, session_members
 
-    port, steps = _free_port(), 3
+    port, steps = free_port(), 3
     service = [sys.executable, str(ROOT / "examples" / "agents" / "env_service.py"), "--port", str(port)]
     # a shell that runs the service as its child (no exec): the parent-death signal ends the shell
     # only, its child would keep the port; the rerun's pid-file cleanup must stop it
